@@ -1,0 +1,218 @@
+"""Every mutation of the node as a small, frozen, self-validating event, and the strict parsers
+that turn a control-file write into one.
+
+A parser either returns a complete event or raises `InvalidCommand` with the reason; nothing is
+applied until the whole command has parsed, so a bad write never half-changes the node.
+"""
+from __future__ import annotations
+
+import errno
+import re
+from dataclasses import dataclass
+
+# nvmlMemoryLocation_t order; names are what `inject_ecc` accepts.
+MEMORY_LOCATIONS = ("l1", "l2", "dram", "register", "texture", "texture_shm", "cbu", "sram")
+
+# nvmlClocksEventReasons bits, by the names `throttle` accepts (nvidia-smi's spelling, snake case).
+THROTTLE_REASONS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clocks_setting": 0x100,
+}
+# hw_thermal_slowdown and hw_power_brake_slowdown also set hw_slowdown, as the driver does.
+_IMPLIED = {"hw_thermal_slowdown": "hw_slowdown", "hw_power_brake_slowdown": "hw_slowdown"}
+
+MAX_XID = 999  # NVML reports 999 for an unknown Xid; the catalog ends well below it
+MAX_COUNT = 1_000_000  # one command adds at most this many errors
+
+
+class InvalidCommand(ValueError):
+    """A control write that is not a valid command; the FUSE edge turns it into EINVAL."""
+
+    errno = errno.EINVAL
+
+
+@dataclass(frozen=True)
+class Event:
+    gpu: int | None  # None: the whole node
+
+    def __post_init__(self) -> None:
+        if self.gpu is not None and not (isinstance(self.gpu, int) and self.gpu >= 0):
+            raise InvalidCommand(f"bad gpu index {self.gpu!r}")
+
+
+@dataclass(frozen=True)
+class InjectXid(Event):
+    code: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.code <= MAX_XID:
+            raise InvalidCommand(f"Xid must be 1..{MAX_XID}, got {self.code}")
+
+
+@dataclass(frozen=True)
+class InjectEcc(Event):
+    kind: str  # "sbe" | "dbe"
+    count: int
+    location: str = "dram"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kind not in ("sbe", "dbe"):
+            raise InvalidCommand(f"ECC kind must be sbe or dbe, got {self.kind!r}")
+        if not 1 <= self.count <= MAX_COUNT:
+            raise InvalidCommand(f"ECC count must be 1..{MAX_COUNT}, got {self.count}")
+        if self.location not in MEMORY_LOCATIONS:
+            raise InvalidCommand(f"ECC location must be one of {', '.join(MEMORY_LOCATIONS)}")
+
+
+@dataclass(frozen=True)
+class Pin(Event):
+    """Pin a signal to fixed values, or return it to the simulated curve (`values=None`)."""
+
+    signal: str
+    values: tuple | None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.signal not in PIN_SIGNALS:
+            raise InvalidCommand(f"unknown signal {self.signal!r}")
+
+
+@dataclass(frozen=True)
+class SetLost(Event):
+    lost: bool
+
+
+@dataclass(frozen=True)
+class NvLinkCommand(Event):
+    link: int
+    action: str  # "up" | "down" | "errors"
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.action not in ("up", "down", "errors"):
+            raise InvalidCommand(f"NVLink action must be up, down or errors, got {self.action!r}")
+        if not 0 <= self.link < 18:
+            raise InvalidCommand(f"NVLink link must be 0..17, got {self.link}")
+        if self.action == "errors" and not 1 <= self.count <= MAX_COUNT:
+            raise InvalidCommand(f"NVLink error count must be 1..{MAX_COUNT}, got {self.count}")
+
+
+@dataclass(frozen=True)
+class Reset(Event):
+    """`gpu=None` resets the whole node."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsers: bytes written to a control file -> Event. Strict: ASCII, one command, one optional
+# trailing newline, no leading or trailing junk.
+
+_MAX_COMMAND = 256
+
+
+def _text(data: bytes) -> str:
+    if len(data) > _MAX_COMMAND:
+        raise InvalidCommand(f"command longer than {_MAX_COMMAND} bytes")
+    if data.endswith(b"\n"):
+        data = data[:-1]
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise InvalidCommand("command is not ASCII") from None
+    if not text or not re.fullmatch(r"[ -~]+", text):
+        raise InvalidCommand("empty command or control characters")
+    if text != text.strip() or "  " in text:
+        raise InvalidCommand("stray whitespace")
+    return text
+
+
+def _uint(word: str, what: str, high: int) -> int:
+    if not re.fullmatch(r"[0-9]{1,7}", word):
+        raise InvalidCommand(f"{what} must be a decimal number, got {word!r}")
+    value = int(word)
+    if value > high:
+        raise InvalidCommand(f"{what} must be at most {high}, got {value}")
+    return value
+
+
+def parse_xid(gpu: int, data: bytes) -> InjectXid:
+    return InjectXid(gpu, _uint(_text(data), "Xid", MAX_XID))
+
+
+def parse_ecc(gpu: int, data: bytes) -> InjectEcc:
+    words = _text(data).split(" ")
+    if len(words) not in (2, 3):
+        raise InvalidCommand("expected 'sbe N' or 'dbe N' [location]")
+    kind, count = words[0], _uint(words[1], "count", MAX_COUNT)
+    location = words[2] if len(words) == 3 else "dram"
+    return InjectEcc(gpu, kind, count, location)
+
+
+def parse_lost(gpu: int, data: bytes) -> SetLost:
+    text = _text(data)
+    if text not in ("0", "1"):
+        raise InvalidCommand("expected 0 or 1")
+    return SetLost(gpu, text == "1")
+
+
+def parse_reset(gpu: int | None, data: bytes) -> Reset:
+    if _text(data) != "1":
+        raise InvalidCommand("expected 1")
+    return Reset(gpu)
+
+
+def parse_nvlink(gpu: int, data: bytes) -> NvLinkCommand:
+    words = _text(data).split(" ")
+    if len(words) == 2 and words[1] in ("up", "down"):
+        return NvLinkCommand(gpu, _uint(words[0], "link", 17), words[1])
+    if len(words) == 3 and words[1] == "errors":
+        return NvLinkCommand(gpu, _uint(words[0], "link", 17), "errors", _uint(words[2], "count", MAX_COUNT))
+    raise InvalidCommand("expected 'L up', 'L down' or 'L errors N'")
+
+
+def _pin_parser(signal: str, arity: int, high: int):
+    def parse(gpu: int, data: bytes) -> Pin:
+        text = _text(data)
+        if text == "auto":
+            return Pin(gpu, signal, None)
+        words = text.split(" ")
+        if len(words) != arity:
+            raise InvalidCommand(f"expected {arity} number(s) or 'auto'")
+        return Pin(gpu, signal, tuple(_uint(w, signal, high) for w in words))
+
+    return parse
+
+
+def parse_throttle(gpu: int, data: bytes) -> Pin:
+    text = _text(data)
+    if text == "auto":
+        return Pin(gpu, "throttle", None)
+    if text == "none":
+        return Pin(gpu, "throttle", ())
+    words = text.split(" ")
+    unknown = [w for w in words if w not in THROTTLE_REASONS]
+    if unknown:
+        raise InvalidCommand(
+            f"unknown throttle reason {unknown[0]!r}; known: {', '.join(THROTTLE_REASONS)}, none, auto"
+        )
+    reasons = set(words) | {_IMPLIED[w] for w in words if w in _IMPLIED}
+    return Pin(gpu, "throttle", tuple(sorted(reasons, key=THROTTLE_REASONS.__getitem__)))
+
+
+PIN_SIGNALS = {
+    "temperature": _pin_parser("temperature", 1, 200),
+    "power": _pin_parser("power", 1, 10_000),
+    "utilization": _pin_parser("utilization", 2, 100),
+    "clocks": _pin_parser("clocks", 2, 20_000),
+    "memory_used": _pin_parser("memory_used", 1, 10_000_000),
+    "throttle": parse_throttle,
+}

@@ -1,0 +1,468 @@
+"""The live node: per-GPU state, how events change it, and what it reads at time `now`.
+
+Pure: no I/O, no clock. Time-varying signals are closed-form functions of a per-GPU checkpoint
+(time, temperature, energy) and the inputs that hold since it (utilization, pins, limits), so
+sampling an hour later costs the same as sampling now. Every event first moves the checkpoint
+to `now`, then changes inputs; that keeps temperature continuous and energy exact.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from mokkafs.model.events import (
+    MEMORY_LOCATIONS,
+    THROTTLE_REASONS,
+    Event,
+    InjectEcc,
+    InjectXid,
+    InvalidCommand,
+    NvLinkCommand,
+    Pin,
+    Reset,
+    SetLost,
+)
+from mokkafs.model.identity import GpuIdentity, NodeConfig, gpu_identities
+from mokkafs.model.xid import NEEDS_RESET, kernel_log_line
+
+THERMAL_TAU_S = 40.0  # first-order lag of die temperature behind power
+LOG_LIMIT = 4096  # node event-log lines kept (and persisted)
+
+# NVML event type bits (nvml.h nvmlEventType*), delivered to nvmlEventSetWait callers.
+EVENT_SBE = 0x1
+EVENT_DBE = 0x2
+EVENT_XID = 0x8
+
+NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
+
+# Clock factors while a slowdown reason is active (the driver steps clocks down; these are
+# plausible, not measured).
+_SLOWDOWN_FACTOR = {"hw_slowdown": 0.5, "sw_thermal_slowdown": 0.8, "sw_power_cap": 0.9}
+
+
+@dataclass(frozen=True)
+class Notification:
+    """Something that happened, for subscribers (NVML event sets, metrics, kmsg)."""
+
+    gpu: int
+    event_type: int
+    data: int
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    time: float
+    gpu: int | None
+    text: str
+
+
+@dataclass(frozen=True)
+class Readings:
+    """One GPU's observable values at one instant; every surface renders from this."""
+
+    temperature_c: float
+    memory_temperature_c: float | None
+    power_w: float
+    power_limit_w: float
+    energy_mj: float
+    util_gpu: int
+    util_mem: int
+    clock_graphics: int
+    clock_sm: int
+    clock_mem: int
+    clock_video: int
+    throttle_mask: int
+    memory_total_mib: int
+    memory_reserved_mib: int
+    memory_used_mib: int
+
+    @property
+    def memory_free_mib(self) -> int:
+        return self.memory_total_mib - self.memory_reserved_mib - self.memory_used_mib
+
+    @property
+    def throttle_reasons(self) -> list[str]:
+        return [name for name, bit in THROTTLE_REASONS.items() if self.throttle_mask & bit]
+
+
+def _zero_ecc() -> dict[str, int]:
+    return {
+        f"{scope}.{kind}.{loc}": 0
+        for scope in ("volatile", "aggregate")
+        for kind in ("corrected", "uncorrected")
+        for loc in MEMORY_LOCATIONS
+    }
+
+
+@dataclass
+class GpuState:
+    """The mutable, persisted part of one GPU. Identity lives in GpuIdentity."""
+
+    t0: float
+    temp0: float
+    energy0_mj: float = 0.0
+    lost: bool = False
+    needs_reset: bool = False
+    pins: dict[str, tuple] = field(default_factory=dict)
+    power_limit_w: float | None = None  # None: the profile's default limit
+    ecc: dict[str, int] = field(default_factory=_zero_ecc)
+    retired_sbe: int = 0
+    retired_dbe: int = 0
+    retired_pending: bool = False
+    remapped_corr: int = 0
+    remapped_unc: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+    nvlink_down: list[int] = field(default_factory=list)
+    nvlink_errors: dict[str, dict[str, int]] = field(default_factory=dict)
+    pcie_replay: int = 0
+    last_xid: int | None = None
+    last_xid_time: float | None = None
+    xid_counts: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__, pins={k: list(v) for k, v in self.pins.items()})
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "GpuState":
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        state = cls(**known)
+        state.pins = {k: tuple(v) for k, v in state.pins.items()}
+        state.ecc = {**_zero_ecc(), **state.ecc}
+        return state
+
+
+class Node:
+    def __init__(self, config: NodeConfig, now: float) -> None:
+        self.config = config
+        self.profile = config.profile
+        self.identities: list[GpuIdentity] = gpu_identities(config)
+        self.gpus: list[GpuState] = [
+            GpuState(t0=now, temp0=float(self.profile.thermal.idle_c)) for _ in self.identities
+        ]
+        self.log: deque[LogEntry] = deque(maxlen=LOG_LIMIT)
+        self.generation = 0  # bumped on every applied event; caches key on it
+        self.injections: dict[str, int] = {}  # applied events by kind, for metrics
+
+    # --- events -------------------------------------------------------------------------------
+
+    def validate(self, event: Event) -> None:
+        """Raise InvalidCommand if `event` cannot apply to this node; never changes state."""
+        if event.gpu is not None and event.gpu >= len(self.gpus):
+            raise InvalidCommand(f"no GPU {event.gpu} (node has {len(self.gpus)})")
+        if isinstance(event, Pin) and event.values:
+            self._validate_pin(event)
+        if isinstance(event, NvLinkCommand) and event.link >= self.profile.nvlink.links:
+            raise InvalidCommand(f"{self.profile.name} has {self.profile.nvlink.links} NVLinks, no link {event.link}")
+
+    def _validate_pin(self, pin: Pin) -> None:
+        p = self.profile
+        if pin.signal == "memory_used" and pin.values[0] > p.memory.total_mib - p.memory.reserved_mib:
+            raise InvalidCommand(f"memory_used at most {p.memory.total_mib - p.memory.reserved_mib} MiB")
+        if pin.signal == "clocks":
+            sm, mem = pin.values
+            if not (0 < sm <= p.clocks.max_sm and 0 < mem <= p.clocks.max_mem):
+                raise InvalidCommand(f"clocks must be 1..{p.clocks.max_sm} (sm) and 1..{p.clocks.max_mem} (mem) MHz")
+
+    def apply(self, event: Event, now: float) -> list[Notification]:
+        """Validate, then apply `event` in one step. Returns what subscribers must be told."""
+        self.validate(event)
+        targets = range(len(self.gpus)) if event.gpu is None else [event.gpu]
+        for i in targets:
+            self._checkpoint(i, now)
+        notes: list[Notification] = []
+        if isinstance(event, InjectXid):
+            notes = self._xid(event.gpu, event.code, now)
+        elif isinstance(event, InjectEcc):
+            notes = self._ecc(event, now)
+        elif isinstance(event, Pin):
+            self._pin(event, now)
+        elif isinstance(event, SetLost):
+            self._set_lost(event.gpu, event.lost, now)
+        elif isinstance(event, NvLinkCommand):
+            self._nvlink(event, now)
+        elif isinstance(event, Reset):
+            for i in targets:
+                self._reset(i, now)
+        else:  # pragma: no cover - every event class is handled above
+            raise InvalidCommand(f"unknown event {event!r}")
+        kind = type(event).__name__
+        self.injections[kind] = self.injections.get(kind, 0) + 1
+        self.generation += 1
+        return notes
+
+    def _log(self, now: float, gpu: int | None, text: str) -> None:
+        self.log.append(LogEntry(now, gpu, text))
+
+    def _xid(self, i: int, code: int, now: float) -> list[Notification]:
+        g, ident = self.gpus[i], self.identities[i]
+        details: dict = {}
+        notes = [Notification(i, EVENT_XID, code)]
+        if code in (48, 94, 95):  # uncorrectable ECC in device memory
+            self._count_ecc(g, "uncorrected", "dram", 1)
+            notes.append(Notification(i, EVENT_DBE, 1))
+            self._record_remap_or_retire(g, uncorrectable=True)
+        elif code == 92:  # high single-bit rate: a burst of corrected errors
+            self._count_ecc(g, "corrected", "dram", 10)
+            notes.append(Notification(i, EVENT_SBE, 10))
+        elif code == 63:
+            self._record_remap_or_retire(g, uncorrectable=True)
+        elif code == 64:
+            if self._has_row_remapper():
+                g.remap_failure = True
+            else:
+                g.retired_pending = True
+        elif code == 74:
+            link = self._first_up_link(g)
+            details["link"] = link
+            errs = g.nvlink_errors.setdefault(str(link), dict.fromkeys(NVLINK_COUNTERS, 0))
+            errs["replay"] += 1
+            errs["recovery"] += 1
+        elif code == 79:
+            g.lost = True
+        if code in NEEDS_RESET or code == 95:
+            g.needs_reset = True
+        g.last_xid, g.last_xid_time = code, now
+        g.xid_counts[str(code)] = g.xid_counts.get(str(code), 0) + 1
+        self._log(now, i, kernel_log_line(ident.bdf.xid, code, **details))
+        return notes
+
+    def _has_row_remapper(self) -> bool:
+        # Ampere and later remap rows; Turing and earlier retire pages (nvidia-smi -q shows which).
+        return self.profile.architecture not in ("Turing",)
+
+    def _record_remap_or_retire(self, g: GpuState, uncorrectable: bool) -> None:
+        if self._has_row_remapper():
+            if uncorrectable:
+                g.remapped_unc += 1
+            else:
+                g.remapped_corr += 1
+            g.remap_pending = True
+        else:
+            if uncorrectable:
+                g.retired_dbe += 1
+            else:
+                g.retired_sbe += 1
+            g.retired_pending = True
+
+    def _first_up_link(self, g: GpuState) -> int:
+        for link in range(self.profile.nvlink.links):
+            if link not in g.nvlink_down:
+                return link
+        return 0
+
+    @staticmethod
+    def _count_ecc(g: GpuState, kind: str, location: str, count: int) -> None:
+        for scope in ("volatile", "aggregate"):
+            g.ecc[f"{scope}.{kind}.{location}"] += count
+
+    def _ecc(self, e: InjectEcc, now: float) -> list[Notification]:
+        g = self.gpus[e.gpu]
+        kind = "corrected" if e.kind == "sbe" else "uncorrected"
+        self._count_ecc(g, kind, e.location, e.count)
+        self._log(now, e.gpu, f"mokka: gpu{e.gpu} {e.count} {e.kind.upper()} ECC error(s) in {e.location}")
+        if e.kind == "dbe":
+            if e.location == "dram":
+                self._record_remap_or_retire(g, uncorrectable=True)
+            return [Notification(e.gpu, EVENT_DBE, e.count)]
+        return [Notification(e.gpu, EVENT_SBE, e.count)]
+
+    def _pin(self, e: Pin, now: float) -> None:
+        g = self.gpus[e.gpu]
+        if e.values is None:
+            g.pins.pop(e.signal, None)
+            self._log(now, e.gpu, f"mokka: gpu{e.gpu} {e.signal} auto")
+        else:
+            g.pins[e.signal] = e.values
+            shown = " ".join(str(v) for v in e.values) or "none"
+            self._log(now, e.gpu, f"mokka: gpu{e.gpu} {e.signal} pinned {shown}")
+
+    def _set_lost(self, i: int, lost: bool, now: float) -> None:
+        g = self.gpus[i]
+        if lost and not g.lost:
+            # Writing `lost` is the same fault as Xid 79, with the same consequences and log line.
+            self._xid(i, 79, now)
+        elif not lost and g.lost:
+            g.lost = False
+            self._log(now, i, f"mokka: gpu{i} back on the bus")
+
+    def _nvlink(self, e: NvLinkCommand, now: float) -> None:
+        g = self.gpus[e.gpu]
+        if e.action == "down" and e.link not in g.nvlink_down:
+            g.nvlink_down = sorted(g.nvlink_down + [e.link])
+        elif e.action == "up" and e.link in g.nvlink_down:
+            g.nvlink_down = [link for link in g.nvlink_down if link != e.link]
+        elif e.action == "errors":
+            errs = g.nvlink_errors.setdefault(str(e.link), dict.fromkeys(NVLINK_COUNTERS, 0))
+            errs["replay"] += e.count
+            errs["crc_flit"] += e.count
+        self._log(now, e.gpu, f"mokka: gpu{e.gpu} nvlink {e.link} {e.action}{f' {e.count}' if e.count else ''}")
+
+    def _reset(self, i: int, now: float) -> None:
+        """What a GPU reset does: the GPU comes back, volatile counters clear, pending row remaps
+        and page retirements take effect, links retrain, pins return to the simulated curves.
+        Aggregate (InfoROM) counters, remapped rows and a remap failure stay, as on a real board."""
+        g = self.gpus[i]
+        g.lost = False
+        g.needs_reset = False
+        g.pins.clear()
+        for key in g.ecc:
+            if key.startswith("volatile."):
+                g.ecc[key] = 0
+        g.remap_pending = False
+        g.retired_pending = False
+        g.nvlink_down = []
+        g.nvlink_errors = {}
+        g.last_xid = None
+        g.last_xid_time = None
+        self._log(now, i, f"mokka: gpu{i} reset")
+
+    # --- readings -----------------------------------------------------------------------------
+
+    def _checkpoint(self, i: int, now: float) -> None:
+        g = self.gpus[i]
+        if now <= g.t0:
+            return
+        r = self.readings(i, now)
+        g.energy0_mj, g.temp0, g.t0 = r.energy_mj, r.temperature_c, now
+
+    def power_limit(self, i: int) -> float:
+        return self.gpus[i].power_limit_w or self.profile.power.default_limit_w
+
+    def _utilization(self, g: GpuState) -> tuple[int, int]:
+        pinned = g.pins.get("utilization")
+        return (pinned[0], pinned[1]) if pinned else (0, 0)
+
+    def _power_demand(self, g: GpuState, limit: float) -> float:
+        """Watts the board would draw with no cap: pinned, or idle..limit with utilization."""
+        pinned = g.pins.get("power")
+        if pinned:
+            return float(pinned[0])
+        idle = self.profile.power.idle_w
+        return idle + (limit - idle) * self._utilization(g)[0] / 100.0
+
+    def _target_temperature(self, power: float, limit: float) -> float:
+        t, idle = self.profile.thermal, self.profile.power.idle_w
+        frac = (power - idle) / max(limit - idle, 1.0)
+        return t.idle_c + (t.max_load_c - t.idle_c) * frac
+
+    def readings(self, i: int, now: float) -> Readings:
+        g, p = self.gpus[i], self.profile
+        limit = self.power_limit(i)
+        demand = self._power_demand(g, limit)
+        power = min(demand, limit)
+        dt = max(0.0, now - g.t0)
+        pinned_temp = g.pins.get("temperature")
+        if pinned_temp:
+            temperature = float(pinned_temp[0])
+        else:
+            target = self._target_temperature(power, limit)
+            temperature = target + (g.temp0 - target) * math.exp(-dt / THERMAL_TAU_S)
+        util_gpu, util_mem = self._utilization(g)
+        mask = self._throttle_mask(g, util_gpu, demand, limit, temperature)
+        gr, mem = self._clocks(g, util_gpu, mask)
+        mem_temp = None
+        if p.thermal.memory_idle_c is not None:
+            mem_temp = p.thermal.memory_idle_c + (temperature - p.thermal.idle_c) * 0.8
+        pinned_mem = g.pins.get("memory_used")
+        return Readings(
+            temperature_c=temperature,
+            memory_temperature_c=mem_temp,
+            power_w=power,
+            power_limit_w=limit,
+            energy_mj=g.energy0_mj + power * 1000.0 * dt,
+            util_gpu=util_gpu,
+            util_mem=util_mem,
+            clock_graphics=gr,
+            clock_sm=gr,
+            clock_mem=mem,
+            clock_video=p.clocks.max_video if util_gpu else p.clocks.idle_video,
+            throttle_mask=mask,
+            memory_total_mib=p.memory.total_mib,
+            memory_reserved_mib=p.memory.reserved_mib,
+            memory_used_mib=pinned_mem[0] if pinned_mem else 0,
+        )
+
+    def _throttle_mask(self, g: GpuState, util: int, demand: float, limit: float, temp: float) -> int:
+        pinned = g.pins.get("throttle")
+        if pinned is not None:
+            return sum(THROTTLE_REASONS[r] for r in pinned)
+        t = self.profile.thermal
+        mask = 0
+        if util == 0 and "power" not in g.pins:
+            mask |= THROTTLE_REASONS["gpu_idle"]
+        if demand >= limit:
+            mask |= THROTTLE_REASONS["sw_power_cap"]
+        if temp >= t.max_operating_c:
+            mask |= THROTTLE_REASONS["sw_thermal_slowdown"]
+        if temp >= t.slowdown_c:
+            mask |= THROTTLE_REASONS["hw_thermal_slowdown"] | THROTTLE_REASONS["hw_slowdown"]
+        return mask
+
+    def _clocks(self, g: GpuState, util: int, mask: int) -> tuple[int, int]:
+        c = self.profile.clocks
+        pinned = g.pins.get("clocks")
+        if pinned:
+            return pinned[0], pinned[1]
+        if util == 0:
+            return c.idle_graphics, c.max_mem
+        factor = min(
+            [f for reason, f in _SLOWDOWN_FACTOR.items() if mask & THROTTLE_REASONS[reason]], default=1.0
+        )
+        return max(c.idle_graphics, int(c.max_graphics * factor)), c.max_mem
+
+    # --- queries ------------------------------------------------------------------------------
+
+    def active_faults(self, i: int) -> list[str]:
+        g = self.gpus[i]
+        faults = []
+        if g.lost:
+            faults.append("lost")
+        if g.needs_reset:
+            faults.append("reset_required")
+        if g.remap_pending:
+            faults.append("row_remap_pending")
+        if g.remap_failure:
+            faults.append("row_remap_failure")
+        if g.retired_pending:
+            faults.append("page_retirement_pending")
+        if any(g.ecc[f"volatile.uncorrected.{loc}"] for loc in MEMORY_LOCATIONS):
+            faults.append("uncorrectable_ecc")
+        faults += [f"nvlink{link}_down" for link in g.nvlink_down]
+        faults += [f"pinned_{signal}" for signal in sorted(g.pins)]
+        return faults
+
+    def health(self, i: int) -> str:
+        g = self.gpus[i]
+        if g.lost:
+            return "lost"
+        if g.needs_reset or g.remap_failure or g.remap_pending or g.retired_pending:
+            return "unhealthy"
+        if g.last_xid is not None or g.nvlink_down:
+            return "degraded"
+        return "healthy"
+
+    # --- persistence --------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return {
+            "node": self.config.key,
+            "gpus": [g.to_dict() for g in self.gpus],
+            "log": [[e.time, e.gpu, e.text] for e in self.log],
+            "injections": dict(self.injections),
+        }
+
+    def restore(self, data: dict) -> None:
+        """Load a saved state (from `to_dict`) into this node; raise ValueError if it belongs to
+        another node. Either all of it loads or nothing changes."""
+        if data.get("node") != self.config.key:
+            raise ValueError(f"saved state is for node {data.get('node')}, not {self.config.key}")
+        gpus = [GpuState.from_dict(d) for d in data["gpus"]]
+        if len(gpus) != len(self.gpus):
+            raise ValueError(f"saved state has {len(gpus)} GPUs, node has {len(self.gpus)}")
+        log = [LogEntry(float(t), gpu, str(text)) for t, gpu, text in data.get("log", [])]
+        self.gpus = gpus
+        self.log = deque(log, maxlen=LOG_LIMIT)
+        self.injections = {str(k): int(v) for k, v in data.get("injections", {}).items()}
+        self.generation += 1

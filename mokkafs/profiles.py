@@ -1,0 +1,258 @@
+"""GPU profiles (facts a real board reports) and node compositions (how many, where, which driver).
+
+Profiles are data: `profiles/<name>.yaml`, validated by the pydantic models below. Every number
+in a profile should be traceable to a real capture (`docs/profiles.md` says which).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+PROFILE_DIRS = [
+    Path(__file__).resolve().parent.parent / "profiles",  # a source checkout or editable install
+    Path(__file__).resolve().parent / "profiles_data",  # a wheel (package-dir mapping)
+]
+
+MAX_GPUS = 64
+
+
+class ProfileError(ValueError):
+    """A profile that is missing, unreadable or invalid; the message names the file and key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Hex16 = Annotated[int, Field(ge=0, le=0xFFFF)]
+
+
+class PciIds(_Strict):
+    vendor_id: Hex16 = 0x10DE
+    device_id: Hex16
+    subsystem_vendor_id: Hex16 = 0x10DE
+    subsystem_device_id: Hex16
+    class_code: Literal[0x030000, 0x030200]  # display / 3D controller, as the board reports
+    revision: Annotated[int, Field(ge=0, le=0xFF)] = 0xA1
+    max_link_gen: Annotated[int, Field(ge=1, le=6)]
+    max_link_width: Literal[1, 2, 4, 8, 16]
+
+
+class Memory(_Strict):
+    total_mib: Annotated[int, Field(gt=0)]
+    reserved_mib: Annotated[int, Field(ge=0)]
+    bar1_mib: Annotated[int, Field(gt=0)]
+    bus_width_bits: Annotated[int, Field(gt=0)]
+    ecc: bool
+
+    @model_validator(mode="after")
+    def _reserved_fits(self) -> "Memory":
+        if self.reserved_mib >= self.total_mib:
+            raise ValueError("reserved_mib must be smaller than total_mib")
+        return self
+
+
+class Power(_Strict):
+    idle_w: Annotated[float, Field(gt=0)]
+    default_limit_w: Annotated[float, Field(gt=0)]
+    min_limit_w: Annotated[float, Field(gt=0)]
+    max_limit_w: Annotated[float, Field(gt=0)]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Power":
+        if not (self.min_limit_w <= self.default_limit_w <= self.max_limit_w):
+            raise ValueError("need min_limit_w <= default_limit_w <= max_limit_w")
+        if self.idle_w >= self.min_limit_w and self.idle_w >= self.default_limit_w:
+            raise ValueError("idle_w must be below default_limit_w")
+        return self
+
+
+class Clocks(_Strict):
+    """MHz. idle_* are what an idle board reports (P0 at rest); max_* the boost ceilings."""
+
+    idle_graphics: Annotated[int, Field(gt=0)]
+    idle_video: Annotated[int, Field(gt=0)]
+    max_graphics: Annotated[int, Field(gt=0)]
+    max_sm: Annotated[int, Field(gt=0)]
+    max_mem: Annotated[int, Field(gt=0)]
+    max_video: Annotated[int, Field(gt=0)]
+    default_app_graphics: Annotated[int, Field(gt=0)]
+    default_app_mem: Annotated[int, Field(gt=0)]
+
+
+class Thermal(_Strict):
+    """Degrees C. slowdown/shutdown are absolute; tlimit_c is the T.Limit reference where the
+    architecture reports temperatures relative to it (Hopper and later), else null."""
+
+    idle_c: int
+    memory_idle_c: int | None
+    max_load_c: int  # steady temperature at the power limit, used by the simulated curve
+    slowdown_c: int
+    shutdown_c: int
+    max_operating_c: int
+    tlimit_c: int | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Thermal":
+        if not (self.idle_c < self.max_load_c <= self.shutdown_c and self.slowdown_c <= self.shutdown_c):
+            raise ValueError("need idle_c < max_load_c <= shutdown_c and slowdown_c <= shutdown_c")
+        return self
+
+
+class InfoRom(_Strict):
+    image: str
+    oem: str
+    ecc: str
+    power: str = "N/A"
+
+
+class NvLink(_Strict):
+    links: Annotated[int, Field(ge=0, le=18)]
+    version: Annotated[int, Field(ge=0, le=5)]
+    link_speed_gbps: Annotated[float, Field(ge=0)]  # per-link, per direction
+
+
+class Hca(_Strict):
+    """An InfiniBand / RoCE adapter model carried by nodes of this profile."""
+
+    model: str  # e.g. "ConnectX-7"
+    hca_type: str  # sysfs hca_type, e.g. "MT4129"
+    pci_device_id: Hex16  # Mellanox 0x15b3 device id
+    board_id: str  # e.g. "MT_0000000838"
+    fw_ver: str
+    rate_gbps: Literal[100, 200, 400, 800]
+
+
+class NodeDefaults(_Strict):
+    """The composition a real node with this board usually has; every field is overridable."""
+
+    gpus: Annotated[int, Field(ge=1, le=MAX_GPUS)]
+    driver_version: str
+    cuda_version: str
+    numa_nodes: Annotated[int, Field(ge=1, le=8)]
+    nvswitches: Annotated[int, Field(ge=0, le=18)]
+    nvswitch_device_id: Hex16 | None = None
+    hcas: Annotated[int, Field(ge=0, le=MAX_GPUS)]
+    hca: Hca | None = None
+    pci_domain: Annotated[int, Field(ge=0, le=0xFFFF)] = 0
+
+    @field_validator("driver_version")
+    @classmethod
+    def _driver_version(cls, v: str) -> str:
+        if not re.fullmatch(r"\d+\.\d+(\.\d+)?", v):
+            raise ValueError("driver_version must look like 580.105.08")
+        return v
+
+    @field_validator("cuda_version")
+    @classmethod
+    def _cuda_version(cls, v: str) -> str:
+        if not re.fullmatch(r"\d+\.\d+", v):
+            raise ValueError("cuda_version must look like 13.0")
+        return v
+
+    @model_validator(mode="after")
+    def _hca_model(self) -> "NodeDefaults":
+        if self.hcas and self.hca is None:
+            raise ValueError("hcas > 0 needs an hca model")
+        return self
+
+
+class GpuProfile(_Strict):
+    name: str
+    product_name: str
+    product_brand: str
+    architecture: Literal["Turing", "Ampere", "Ada Lovelace", "Hopper", "Blackwell"]
+    compute_capability: str
+    sm_count: Annotated[int, Field(gt=0)]
+    l2_cache_bytes: Annotated[int, Field(gt=0)]
+    pci: PciIds
+    memory: Memory
+    power: Power
+    clocks: Clocks
+    thermal: Thermal
+    vbios_version: str
+    board_part_number: str
+    gpu_part_number: str
+    inforom: InfoRom
+    nvlink: NvLink
+    mig_capable: bool
+    fabric: bool  # NVLink fabric (GB200/GB300 NVL): nvmlDeviceGetGpuFabricInfo reports a clique
+    has_fan: bool
+    node: NodeDefaults
+
+    @field_validator("compute_capability")
+    @classmethod
+    def _cc(cls, v: str) -> str:
+        if not re.fullmatch(r"\d+\.\d+", v):
+            raise ValueError("compute_capability must look like 9.0")
+        return v
+
+
+def profile_dirs() -> list[Path]:
+    return [d for d in PROFILE_DIRS if d.is_dir()]
+
+
+def available_profiles() -> list[str]:
+    names: set[str] = set()
+    for d in profile_dirs():
+        names.update(p.stem for p in d.glob("*.yaml"))
+    return sorted(names)
+
+
+def _format_validation_error(path: Path, err: ValidationError) -> str:
+    lines = [f"{path}: invalid profile"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed_keys(e["loc"][:-1])
+            msg = f"unknown key; allowed keys here: {', '.join(allowed)}"
+        lines.append(f"  {key}: {msg}")
+    return "\n".join(lines)
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    model: type[BaseModel] = GpuProfile
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            break
+        ann = field.annotation
+        for cand in getattr(ann, "__args__", (ann,)):
+            if isinstance(cand, type) and issubclass(cand, BaseModel):
+                model = cand
+                break
+    return sorted(model.model_fields)
+
+
+def load_profile_file(path: Path) -> GpuProfile:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read profile: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ProfileError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{path}: a profile must be a mapping of keys, got {type(raw).__name__}")
+    try:
+        return GpuProfile.model_validate(raw)
+    except ValidationError as e:
+        raise ProfileError(_format_validation_error(path, e)) from None
+
+
+def load_profile(name_or_path: str) -> GpuProfile:
+    """A shipped profile by name (`h100`) or a YAML file by path."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        return load_profile_file(candidate)
+    for d in profile_dirs():
+        path = d / f"{name_or_path}.yaml"
+        if path.is_file():
+            return load_profile_file(path)
+    raise ProfileError(
+        f"unknown profile {name_or_path!r}; shipped profiles: {', '.join(available_profiles())}"
+    )
