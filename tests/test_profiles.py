@@ -1,0 +1,288 @@
+"""Shipped GPU profiles: they load, they match the real captures, and broken ones fail clearly.
+
+Ground truth is the real `nvidia-smi -q -x` output of each board. The seven captures are kept as
+fixtures in tests/fixtures/captures/ (Apache-2.0, NVIDIA/k8s-test-infra) so these tests never
+skip in CI; MOKKA_CAPTURES, or shared/reference/captures beside the checkout, can point at
+another copy.
+"""
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from mokkafs.profiles import GpuProfile, ProfileError, available_profiles, load_profile
+
+SHIPPED = ["a100", "b200", "gb200", "gb300", "h100", "h200", "l40s", "t4"]
+WITH_CAPTURE = ["a100", "b200", "gb200", "gb300", "h100", "l40s", "t4"]
+
+FIXTURE_CAPTURES = Path(__file__).parent / "fixtures" / "captures"
+SHARED_CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "captures"
+
+
+def _capture_dirs() -> list[Path]:
+    dirs = []
+    if os.environ.get("MOKKA_CAPTURES"):
+        dirs.append(Path(os.environ["MOKKA_CAPTURES"]))
+    dirs += [FIXTURE_CAPTURES, SHARED_CAPTURES]
+    return dirs
+
+
+def _capture_path(name: str) -> Path:
+    filename = f"nvidia-smi-q-x.{name}.xml"
+    for d in _capture_dirs():
+        if (d / filename).is_file():
+            return d / filename
+    pytest.skip(f"capture {filename} not found in {', '.join(str(d) for d in _capture_dirs())}")
+
+
+def _text(gpu: ET.Element, path: str) -> str:
+    node = gpu.find(path)
+    assert node is not None, f"capture has no <{path}>"
+    return (node.text or "").strip()
+
+
+def _num(gpu: ET.Element, path: str) -> float:
+    """'400.00 W' -> 400.0, '81559 MiB' -> 81559.0, '16x' -> 16.0."""
+    return float(_text(gpu, path).split()[0].rstrip("x"))
+
+
+def _hex_pair(value: str) -> tuple[int, int]:
+    """nvidia-smi's 'DDDDVVVV' (device<<16 | vendor) -> (device, vendor)."""
+    raw = int(value, 16)
+    return raw >> 16, raw & 0xFFFF
+
+
+@pytest.fixture(scope="module", params=WITH_CAPTURE)
+def pair(request) -> tuple[GpuProfile, ET.Element, list[ET.Element]]:
+    root = ET.parse(_capture_path(request.param)).getroot()
+    gpus = root.findall("gpu")
+    assert gpus, "capture has no <gpu>"
+    return load_profile(request.param), root, gpus
+
+
+# ---------------------------------------------------------------------------------------------
+# The shipped set
+
+
+def test_available_profiles_lists_exactly_the_eight():
+    assert available_profiles() == SHIPPED
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_profile_loads(name):
+    p = load_profile(name)
+    assert isinstance(p, GpuProfile)
+    assert p.name == name
+    if p.node.nvswitches == 0:
+        assert p.node.nvswitch_device_id is None
+    if p.nvlink.links == 0:
+        assert p.nvlink.version == 0 and p.nvlink.link_speed_gbps == 0
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_profile_loads_by_path_too(name):
+    path = Path(__file__).resolve().parents[1] / "profiles" / f"{name}.yaml"
+    assert load_profile(str(path)) == load_profile(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Identity against the real captures
+
+
+def test_identity_matches_capture(pair):
+    p, _root, gpus = pair
+    g = gpus[0]
+    assert p.product_name == _text(g, "product_name")
+    assert p.product_brand == _text(g, "product_brand")
+    assert p.architecture == _text(g, "product_architecture")
+
+    dev, ven = _hex_pair(_text(g, "pci/pci_device_id"))
+    sdev, sven = _hex_pair(_text(g, "pci/pci_sub_system_id"))
+    assert (p.pci.device_id, p.pci.vendor_id) == (dev, ven)
+    assert (p.pci.subsystem_device_id, p.pci.subsystem_vendor_id) == (sdev, sven)
+    base, sub = int(_text(g, "pci/pci_base_class"), 16), int(_text(g, "pci/pci_sub_class"), 16)
+    assert p.pci.class_code == (base << 16) | (sub << 8)
+    assert p.pci.max_link_gen == int(_num(g, "pci/pci_gpu_link_info/pcie_gen/max_link_gen"))
+    assert p.pci.max_link_width == int(_num(g, "pci/pci_gpu_link_info/link_widths/max_link_width"))
+
+    assert p.vbios_version == _text(g, "vbios_version")
+    assert p.board_part_number == _text(g, "board_part_number")
+    assert p.gpu_part_number == _text(g, "gpu_part_number")
+    assert p.inforom.image == _text(g, "inforom_version/img_version")
+    assert p.inforom.oem == _text(g, "inforom_version/oem_object")
+    assert p.inforom.ecc == _text(g, "inforom_version/ecc_object")
+    assert p.inforom.power == _text(g, "inforom_version/pwr_object")
+
+
+def test_every_gpu_in_capture_is_the_same_board(pair):
+    p, _root, gpus = pair
+    for g in gpus:
+        assert _text(g, "product_name") == p.product_name
+        assert _hex_pair(_text(g, "pci/pci_device_id"))[0] == p.pci.device_id
+        assert _num(g, "fb_memory_usage/total") == p.memory.total_mib
+
+
+def test_memory_matches_capture(pair):
+    p, _root, gpus = pair
+    g = gpus[0]
+    assert p.memory.total_mib == _num(g, "fb_memory_usage/total")
+    assert p.memory.reserved_mib == _num(g, "fb_memory_usage/reserved")
+    assert p.memory.bar1_mib == _num(g, "bar1_memory_usage/total")
+    assert p.memory.ecc == (_text(g, "ecc_mode/current_ecc") == "Enabled")
+
+
+def test_power_matches_capture(pair):
+    p, _root, gpus = pair
+    g = gpus[0]
+    assert p.power.default_limit_w == _num(g, "gpu_power_readings/default_power_limit")
+    assert p.power.min_limit_w == _num(g, "gpu_power_readings/min_power_limit")
+    assert p.power.max_limit_w == _num(g, "gpu_power_readings/max_power_limit")
+    idle = {
+        _text(g, "gpu_power_readings/average_power_draw"),
+        _text(g, "gpu_power_readings/instant_power_draw"),
+    } - {"N/A"}
+    assert p.power.idle_w in {round(float(v.split()[0]), 2) for v in idle}
+
+
+def test_clocks_match_capture(pair):
+    p, _root, gpus = pair
+    g = gpus[0]
+    assert p.clocks.max_graphics == _num(g, "max_clocks/graphics_clock")
+    assert p.clocks.max_sm == _num(g, "max_clocks/sm_clock")
+    assert p.clocks.max_mem == _num(g, "max_clocks/mem_clock")
+    assert p.clocks.max_video == _num(g, "max_clocks/video_clock")
+    assert p.clocks.idle_graphics == _num(g, "clocks/graphics_clock")
+    assert p.clocks.idle_video == _num(g, "clocks/video_clock")
+    default_gr = _text(g, "default_applications_clocks/graphics_clock")
+    if default_gr.endswith("MHz"):  # newer drivers print "Requested functionality has been deprecated"
+        assert p.clocks.default_app_graphics == _num(g, "default_applications_clocks/graphics_clock")
+        assert p.clocks.default_app_mem == _num(g, "default_applications_clocks/mem_clock")
+
+
+def test_thermal_matches_capture(pair):
+    p, _root, gpus = pair
+    g = gpus[0]
+    assert p.thermal.idle_c == _num(g, "temperature/gpu_temp")
+    mem = _text(g, "temperature/memory_temp")
+    assert p.thermal.memory_idle_c == (None if mem == "N/A" else int(_num(g, "temperature/memory_temp")))
+    tlimit = _text(g, "temperature/gpu_temp_tlimit")
+    if tlimit == "N/A":  # absolute thresholds (Turing, Ampere)
+        assert p.thermal.tlimit_c is None
+        assert p.thermal.slowdown_c == _num(g, "temperature/gpu_temp_slow_threshold")
+        assert p.thermal.shutdown_c == _num(g, "temperature/gpu_temp_max_threshold")
+        assert p.thermal.max_operating_c == _num(g, "temperature/gpu_temp_max_gpu_threshold")
+    else:  # margins to T.Limit (Ada, Hopper, Blackwell): absolute = T.Limit - margin
+        assert p.thermal.tlimit_c == _num(g, "temperature/gpu_temp") + float(tlimit.split()[0])
+        t = p.thermal.tlimit_c
+        assert p.thermal.slowdown_c == t - _num(g, "temperature/gpu_temp_slow_tlimit_threshold")
+        assert p.thermal.shutdown_c == t - _num(g, "temperature/gpu_temp_max_tlimit_threshold")
+        assert p.thermal.max_operating_c == t - _num(g, "temperature/gpu_temp_max_gpu_tlimit_threshold")
+
+
+def test_flags_and_node_match_capture(pair):
+    p, root, gpus = pair
+    g = gpus[0]
+    assert p.has_fan == (_text(g, "fan_speed") != "N/A")
+    assert p.mig_capable == (_text(g, "mig_mode/current_mig") != "N/A")
+    fabric_uuid = _text(g, "fabric/clusterUuid")
+    assert p.fabric == (fabric_uuid not in ("N/A", "00000000-0000-0000-0000-000000000000"))
+    assert p.node.driver_version == root.findtext("driver_version")
+    assert p.node.cuda_version == root.findtext("cuda_version")
+    assert p.node.pci_domain == int(_text(g, "pci/pci_domain"), 16)
+    attached = int(root.findtext("attached_gpus"))
+    if attached > 1:  # single-GPU captures are VMs or slices; the node default is documented
+        assert p.node.gpus == attached
+
+
+def test_h200_matches_reference_values():
+    """No capture in the reference set: check consumer-contracts.md section 2.1."""
+    p = load_profile("h200")
+    assert p.product_name == "NVIDIA H200"
+    assert p.memory.total_mib == 143771
+    assert p.power.default_limit_w == 700
+    assert p.pci.device_id == 0x2335
+    assert p.architecture == "Hopper" and p.compute_capability == "9.0"
+    assert (p.nvlink.links, p.nvlink.version) == (18, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Broken profiles
+
+
+def _valid_yaml() -> str:
+    return (Path(__file__).resolve().parents[1] / "profiles" / "h100.yaml").read_text()
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "broken.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_unknown_key_names_file_key_and_allowed_keys(tmp_path):
+    text = _valid_yaml().replace("  max_link_width: 16", "  max_link_width: 16\n  max_lnk_gen: 5", 1)
+    path = _write(tmp_path, text)
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    msg = str(e.value)
+    assert str(path) in msg
+    assert "pci.max_lnk_gen" in msg
+    assert "unknown key" in msg
+    for allowed in ("device_id", "max_link_gen", "max_link_width", "subsystem_device_id"):
+        assert allowed in msg
+
+
+def test_unknown_top_level_key(tmp_path):
+    path = _write(tmp_path, _valid_yaml() + "colour: green\n")
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    msg = str(e.value)
+    assert str(path) in msg and "colour" in msg and "product_name" in msg
+
+
+def test_wrong_type_names_file_and_key(tmp_path):
+    path = _write(tmp_path, _valid_yaml().replace("  total_mib: 81559", "  total_mib: lots", 1))
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    assert str(path) in str(e.value)
+    assert "memory.total_mib" in str(e.value)
+
+
+def test_missing_key_names_file_and_key(tmp_path):
+    path = _write(tmp_path, _valid_yaml().replace("vbios_version: 96.00.99.00.01\n", "", 1))
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    assert str(path) in str(e.value)
+    assert "vbios_version" in str(e.value)
+
+
+def test_not_a_mapping(tmp_path):
+    path = _write(tmp_path, "- just\n- a list\n")
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    assert str(path) in str(e.value) and "mapping" in str(e.value)
+
+
+def test_bad_yaml(tmp_path):
+    path = _write(tmp_path, "name: [unclosed\n")
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    assert str(path) in str(e.value) and "YAML" in str(e.value)
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    assert str(path) in str(e.value)
+
+
+def test_unknown_profile_name_lists_shipped():
+    with pytest.raises(ProfileError) as e:
+        load_profile("v100")
+    assert "v100" in str(e.value)
+    for name in SHIPPED:
+        assert name in str(e.value)
