@@ -11,6 +11,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from pydantic import TypeAdapter
+
 from mokkafs.model.events import (
     MEMORY_LOCATIONS,
     THROTTLE_REASONS,
@@ -126,11 +128,19 @@ class GpuState:
 
     @classmethod
     def from_dict(cls, data: dict) -> "GpuState":
+        """Raises ValueError (pydantic's, naming the field) on a record of the wrong shape."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a GPU record must be a mapping, got {type(data).__name__}")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        state = cls(**known)
-        state.pins = {k: tuple(v) for k, v in state.pins.items()}
+        state = _GPU_STATE_ADAPTER.validate_python(known)
+        unknown = set(state.ecc) - set(_zero_ecc())
+        if unknown:
+            raise ValueError(f"unknown ECC counter {sorted(unknown)[0]!r}")
         state.ecc = {**_zero_ecc(), **state.ecc}
         return state
+
+
+_GPU_STATE_ADAPTER = TypeAdapter(GpuState)
 
 
 class Node:
@@ -143,6 +153,7 @@ class Node:
         ]
         self.log: deque[LogEntry] = deque(maxlen=LOG_LIMIT)
         self.generation = 0  # bumped on every applied event; caches key on it
+        self.log_seq = 0  # log lines ever appended (the deque keeps the last LOG_LIMIT)
         self.injections: dict[str, int] = {}  # applied events by kind, for metrics
 
     # --- events -------------------------------------------------------------------------------
@@ -192,8 +203,14 @@ class Node:
         self.generation += 1
         return notes
 
+    def log_since(self, seq: int) -> list[LogEntry]:
+        """The log lines appended after `log_seq` was `seq`."""
+        n = min(self.log_seq - seq, len(self.log))
+        return list(self.log)[len(self.log) - n :] if n > 0 else []
+
     def _log(self, now: float, gpu: int | None, text: str) -> None:
         self.log.append(LogEntry(now, gpu, text))
+        self.log_seq += 1
 
     def _xid(self, i: int, code: int, now: float) -> list[Notification]:
         g, ident = self.gpus[i], self.identities[i]
@@ -445,24 +462,12 @@ class Node:
 
     # --- persistence --------------------------------------------------------------------------
 
-    def to_dict(self) -> dict:
-        return {
-            "node": self.config.key,
-            "gpus": [g.to_dict() for g in self.gpus],
-            "log": [[e.time, e.gpu, e.text] for e in self.log],
-            "injections": dict(self.injections),
-        }
-
-    def restore(self, data: dict) -> None:
-        """Load a saved state (from `to_dict`) into this node; raise ValueError if it belongs to
-        another node. Either all of it loads or nothing changes."""
-        if data.get("node") != self.config.key:
-            raise ValueError(f"saved state is for node {data.get('node')}, not {self.config.key}")
-        gpus = [GpuState.from_dict(d) for d in data["gpus"]]
+    def restore(self, gpus: list[dict], log: list[LogEntry]) -> None:
+        """Load saved per-GPU states (`GpuState.to_dict`) and log lines into this node. Raises
+        ValueError on anything that does not fit; either all of it loads or nothing changes."""
         if len(gpus) != len(self.gpus):
             raise ValueError(f"saved state has {len(gpus)} GPUs, node has {len(self.gpus)}")
-        log = [LogEntry(float(t), gpu, str(text)) for t, gpu, text in data.get("log", [])]
-        self.gpus = gpus
+        states = [GpuState.from_dict(d) for d in gpus]
+        self.gpus = states
         self.log = deque(log, maxlen=LOG_LIMIT)
-        self.injections = {str(k): int(v) for k, v in data.get("injections", {}).items()}
         self.generation += 1

@@ -1,0 +1,250 @@
+"""`mokka`: mount, unmount, inspect and break a simulated GPU node from the shell."""
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mokkafs.daemon import DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, Options, is_mounted, pid_file
+
+log = logging.getLogger("mokka")
+
+READY_TIMEOUT_S = 30
+
+# `mokka inject GPU KIND ...` writes to gpuN/<file>.
+INJECT_FILES = {
+    "xid": "inject_xid",
+    "ecc": "inject_ecc",
+    "temperature": "temperature",
+    "power": "power",
+    "utilization": "utilization",
+    "clocks": "clocks",
+    "throttle": "throttle",
+    "memory_used": "memory_used",
+    "lost": "lost",
+    "nvlink": "nvlink",
+    "reset": "reset",
+}
+
+
+def _fail(msg: str, code: int = 1) -> int:
+    print(f"mokka: {msg}", file=sys.stderr)
+    return code
+
+
+def _setup_logging(stream) -> None:
+    logging.basicConfig(
+        stream=stream, level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True
+    )
+
+
+def _serve_in_this_process(opts: Options, ready_fd: int | None) -> int:
+    """Run the daemon here until unmounted; report readiness (or the error) on `ready_fd`."""
+    import trio
+
+    from mokkafs.daemon import serve
+    from mokkafs.persist import StateError
+    from mokkafs.profiles import ProfileError
+
+    def report(line: str) -> None:
+        if ready_fd is not None:
+            os.write(ready_fd, line.encode())
+            os.close(ready_fd)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve, opts)
+            report("ready\n")
+
+    try:
+        trio.run(main)
+    except (ProfileError, StateError, RuntimeError, OSError) as e:
+        msg = str(e).replace("\n", "\n  ")
+        log.error("%s", msg)
+        report(f"error: {msg}\n")
+        return 1
+    return 0
+
+
+def cmd_mount(args) -> int:
+    opts = Options(
+        mountpoint=args.mountpoint,
+        profile=args.profile,
+        gpus=args.gpus,
+        state_dir=args.state_dir,
+        kmsg=args.kmsg,
+        driver_version=args.driver_version,
+        cuda_version=args.cuda_version,
+    )
+    if args.hostname:
+        opts.hostname = args.hostname
+    if args.foreground:
+        _setup_logging(sys.stderr)
+        return _serve_in_this_process(opts, None)
+    Path(opts.state_dir).mkdir(parents=True, exist_ok=True)
+    logfile = Path(opts.state_dir) / "daemon.log"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the daemon: its own session, output to the log file
+        os.close(r)
+        os.setsid()
+        fd = os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        _setup_logging(sys.stderr)
+        os._exit(_serve_in_this_process(opts, w))
+    os.close(w)
+    with os.fdopen(r, "rb") as pipe:
+        answer = pipe.read().decode(errors="replace")
+    if answer.startswith("ready"):
+        print(f"mokka: {opts.mountpoint} ready (log: {logfile})")
+        return 0
+    os.waitpid(pid, 0)
+    return _fail(answer.removeprefix("error: ").strip() or f"daemon exited before it was ready; see {logfile}")
+
+
+def cmd_umount(args) -> int:
+    mnt = args.mountpoint
+    pidf = pid_file(mnt)
+    try:
+        pid = int(pidf.read_text())
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        pid = None
+    deadline = time.monotonic() + 10
+    while pid is not None and time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.02)
+    try:
+        os.stat(mnt)
+    except OSError as e:
+        if e.errno != errno.ENOTCONN:
+            return _fail(f"{mnt}: {e.strerror}")
+    if is_mounted(mnt):
+        res = subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True, text=True)
+        if res.returncode != 0:
+            return _fail(f"{mnt}: {res.stderr.strip()}")
+    return 0
+
+
+def _read(root: Path, rel: str) -> str:
+    return (root / rel).read_text().strip()
+
+
+def cmd_status(args) -> int:
+    root = Path(args.root)
+    try:
+        count = int(_read(root, "node/gpu_count"))
+        profile = _read(root, "node/profile")
+        driver = _read(root, "node/driver_version")
+        cuda = _read(root, "node/cuda_version")
+    except OSError as e:
+        return _fail(f"{root}: not a mokkafs mount ({e.strerror})")
+    print(f"{root}: {count} x {profile}, driver {driver}, CUDA {cuda}")
+    header = f"{'GPU':<4} {'NAME':<24} {'BUS-ID':<17} {'TEMP':>5} {'POWER':>9} {'MEM-USED':>10} {'UTIL':>5}  {'HEALTH':<10} FAULTS"
+    print(header)
+    for i in range(count):
+        info = dict(line.split(": ", 1) for line in _read(root, f"gpu{i}/info").splitlines())
+        temp = _read(root, f"gpu{i}/temperature")
+        power = _read(root, f"gpu{i}/power")
+        mem = _read(root, f"gpu{i}/memory_used")
+        util = _read(root, f"gpu{i}/utilization").split()[0]
+        print(
+            f"{i:<4} {info['name'][:24]:<24} {info['bus_id']:<17} {temp + 'C':>5} {power + 'W':>9} "
+            f"{mem + 'MiB':>10} {util + '%':>5}  {info['health']:<10} {info['faults']}"
+        )
+    return 0
+
+
+def cmd_inject(args) -> int:
+    from mokkafs.model.events import InvalidCommand
+    from mokkafs.render.control import gpu_dir
+    from mokkafs.vfs import File
+
+    name = INJECT_FILES[args.kind]
+    command = " ".join(args.value).encode() or b"1"
+    entry = gpu_dir(args.gpu).children(None)[name]  # the same parser the daemon uses
+    assert isinstance(entry, File) and entry.write
+    try:
+        entry.write(command)
+    except InvalidCommand as e:
+        return _fail(f"gpu{args.gpu}/{name}: {e}", 2)
+    path = Path(args.root) / f"gpu{args.gpu}" / name
+    try:
+        with open(path, "wb", buffering=0) as f:
+            f.write(command + b"\n")
+    except OSError as e:
+        return _fail(f"{path}: {e.strerror}", 2)
+    return 0
+
+
+def cmd_profiles(args) -> int:
+    from mokkafs.profiles import ProfileError, available_profiles, load_profile
+
+    for name in available_profiles():
+        try:
+            p = load_profile(name)
+        except ProfileError as e:
+            print(f"{name:<7} INVALID: {e}")
+            continue
+        print(
+            f"{name:<7} {p.product_name:<24} {p.architecture:<12} {p.memory.total_mib:>7} MiB "
+            f"{p.power.default_limit_w:>6.0f} W  {p.node.gpus} GPUs, driver {p.node.driver_version}"
+        )
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="mokka", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("mount", help="mount a simulated node; returns once the tree is ready")
+    m.add_argument("mountpoint", nargs="?", default=DEFAULT_MOUNTPOINT)
+    m.add_argument("--profile", default="h100", help="a shipped profile name or a YAML file")
+    m.add_argument("--gpus", type=int, help="GPU count (default: the profile's node)")
+    m.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    m.add_argument("--hostname", help="seeds UUIDs and serials (default: this host's name)")
+    m.add_argument("--driver-version")
+    m.add_argument("--cuda-version")
+    m.add_argument("--kmsg", action="store_true", help="also write Xid lines to /dev/kmsg")
+    m.add_argument("-f", "--foreground", action="store_true")
+    m.set_defaults(func=cmd_mount)
+
+    u = sub.add_parser("umount", help="unmount and stop the daemon")
+    u.add_argument("mountpoint", nargs="?", default=DEFAULT_MOUNTPOINT)
+    u.set_defaults(func=cmd_umount)
+
+    s = sub.add_parser("status", help="a table of GPUs, health and active faults")
+    s.add_argument("--root", default=DEFAULT_MOUNTPOINT)
+    s.set_defaults(func=cmd_status)
+
+    i = sub.add_parser("inject", help="write a control file: mokka inject 0 xid 79")
+    i.add_argument("--root", default=DEFAULT_MOUNTPOINT)
+    i.add_argument("gpu", type=int)
+    i.add_argument("kind", choices=sorted(INJECT_FILES))
+    i.add_argument("value", nargs="*")
+    i.set_defaults(func=cmd_inject)
+
+    p = sub.add_parser("profiles", help="the shipped profiles, one line each")
+    p.set_defaults(func=cmd_profiles)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

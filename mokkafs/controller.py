@@ -1,0 +1,39 @@
+"""The one place events are applied: validate and apply on the model, persist, tell subscribers.
+
+Every writer (control files, the CLI through them, the Kubernetes agent) goes through
+`Controller.apply`, so each event is persisted and published exactly once, in order.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mokkafs.model import Event, Node, Notification
+from mokkafs.model.node import LogEntry
+from mokkafs.persist import StateDir
+
+
+Subscriber = Callable[[Node, list[Notification], list[LogEntry]], None]
+
+
+class Controller:
+    def __init__(self, node: Node, state: StateDir | None, clock: Callable[[], float]) -> None:
+        self.node = node
+        self.state = state
+        self.clock = clock
+        self.subscribers: list[Subscriber] = []
+
+    def apply(self, event: Event) -> list[Notification]:
+        """Apply one event; raises InvalidCommand (state untouched) if it does not fit. The
+        caller logs the rejection, once."""
+        now = self.clock()
+        seq = self.node.log_seq
+        notes = self.node.apply(event, now)
+        new_entries = self.node.log_since(seq)
+        if self.state is not None:
+            targets = range(len(self.node.gpus)) if event.gpu is None else [event.gpu]
+            for i in targets:
+                self.state.save_gpu(self.node, i)
+            self.state.append_log(self.node, new_entries)
+        for subscriber in self.subscribers:
+            subscriber(self.node, notes, new_entries)
+        return notes

@@ -1,0 +1,139 @@
+"""One daemon lifetime, top to bottom: load the node, restore its state, mount, serve until a
+signal or an unmount, tear down in reverse order."""
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from mokkafs.controller import Controller
+from mokkafs.fuse_ops import MokkaOperations
+from mokkafs.kmsg import KmsgWriter
+from mokkafs.model import Node, compose
+from mokkafs.persist import StateDir
+from mokkafs.profiles import load_profile
+from mokkafs.render.tree import root
+from mokkafs.vfs import Tree
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MOUNTPOINT = "/mokka"
+DEFAULT_STATE_DIR = "/run/mokka"
+RUNTIME_DIR = Path(os.environ.get("MOKKA_RUNTIME_DIR", "/run/mokka/mounts"))
+
+
+@dataclass
+class Options:
+    mountpoint: str = DEFAULT_MOUNTPOINT
+    profile: str = "h100"
+    gpus: int | None = None
+    state_dir: str = DEFAULT_STATE_DIR
+    hostname: str = field(default_factory=socket.gethostname)
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    kmsg: bool = False
+    allow_other: bool = True
+
+
+def pid_file(mountpoint: str) -> Path:
+    """Where the daemon serving `mountpoint` records its pid, for `mokka umount`."""
+    name = os.path.realpath(mountpoint).strip("/").replace("/", "_") or "root"
+    return RUNTIME_DIR / f"{name}.pid"
+
+
+def clear_stale_mount(mountpoint: str) -> None:
+    """A daemon killed without unmounting leaves a mount whose every access fails ENOTCONN;
+    detach it so the new daemon can mount in its place."""
+    try:
+        os.stat(mountpoint)
+    except OSError as e:
+        if e.errno != errno.ENOTCONN:
+            return
+        log.warning("%s: clearing stale mount left by a dead daemon", mountpoint)
+        subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False, capture_output=True)
+        with contextlib.suppress(OSError):
+            os.stat(mountpoint)
+
+
+def is_mounted(mountpoint: str) -> bool:
+    real = os.path.realpath(mountpoint)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == real for line in f if len(line.split()) > 1)
+
+
+def build(opts: Options, clock=time.time) -> tuple[Controller, Tree, bool]:
+    """The node, its restored state and its tree; no mounting. Raises ProfileError/StateError."""
+    config = compose(
+        load_profile(opts.profile),
+        gpus=opts.gpus,
+        driver_version=opts.driver_version,
+        cuda_version=opts.cuda_version,
+        hostname=opts.hostname,
+    )
+    node = Node(config, clock())
+    state = StateDir(Path(opts.state_dir))
+    restored = state.open(node)
+    controller = Controller(node, state, clock)
+    return controller, Tree(root(config)), restored
+
+
+async def _watch_signals() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("signal %d: unmounting", signum)
+            pyfuse3.terminate()
+            return
+
+
+async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    controller, tree, restored = build(opts)
+    node = controller.node
+    with contextlib.ExitStack() as stack:
+        if opts.kmsg:
+            writer = KmsgWriter()
+            stack.callback(writer.close)
+            controller.subscribers.append(writer)
+        ops = MokkaOperations(tree, controller, time.time)
+        mountpoint = opts.mountpoint
+        os.makedirs(mountpoint, exist_ok=True)
+        clear_stale_mount(mountpoint)
+        if is_mounted(mountpoint):
+            raise RuntimeError(f"{mountpoint} is already a mount point; `mokka umount {mountpoint}` first")
+        options = set(pyfuse3.default_options)
+        options.add("fsname=mokkafs")
+        options.add("subtype=mokkafs")
+        options.discard("default_permissions")
+        if opts.allow_other:
+            options.add("allow_other")
+        # Resolve the pid file's name before mounting: realpath() would stat the mount point,
+        # and a FUSE daemon that stats its own mount before serving deadlocks.
+        pidf = pid_file(mountpoint)
+        pyfuse3.init(ops, mountpoint, options)
+        stack.callback(pyfuse3.close, unmount=True)
+        pidf.parent.mkdir(parents=True, exist_ok=True)
+        pidf.write_text(f"{os.getpid()}\n")
+        stack.callback(lambda: pidf.unlink(missing_ok=True))
+        log.info(
+            "%s: %d x %s (%s), state %s%s",
+            mountpoint,
+            len(node.gpus),
+            node.profile.name,
+            node.profile.product_name,
+            opts.state_dir,
+            " (restored)" if restored else "",
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_signals)
+            task_status.started()
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()

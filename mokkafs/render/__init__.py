@@ -1,0 +1,1 @@
+"""Pure renderers: model (and `now`) to bytes, one module per tree."""

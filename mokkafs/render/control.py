@@ -1,0 +1,137 @@
+"""`node/` and `gpuN/`: the control and status files of DESIGN §4, rendered from the model."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from functools import partial
+
+from mokkafs.model.events import (
+    MEMORY_LOCATIONS,
+    PIN_SIGNALS,
+    parse_ecc,
+    parse_lost,
+    parse_nvlink,
+    parse_reset,
+    parse_xid,
+)
+from mokkafs.model.node import NVLINK_COUNTERS, LogEntry
+from mokkafs.vfs import Ctx, Dir, File, const, static_dir, text
+
+
+def iso_time(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def log_line(entry: LogEntry) -> str:
+    return f"{iso_time(entry.time)} {entry.text}\n"
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def render_info(ctx: Ctx, i: int) -> str:
+    node, ident = ctx.node, ctx.node.identities[i]
+    faults = node.active_faults(i)
+    rows = [
+        ("name", node.profile.product_name),
+        ("index", ident.index),
+        ("minor", ident.minor),
+        ("uuid", ident.uuid),
+        ("serial", ident.serial),
+        ("bus_id", ident.bdf.nvml),
+        ("numa_node", ident.numa_node),
+        ("profile", node.profile.name),
+        ("health", node.health(i)),
+        ("faults", " ".join(faults) if faults else "none"),
+    ]
+    return "".join(f"{k}: {v}\n" for k, v in rows)
+
+
+def render_xid(ctx: Ctx, i: int) -> str:
+    g = ctx.node.gpus[i]
+    if g.last_xid is None:
+        return "none\n"
+    return f"{g.last_xid} {iso_time(g.last_xid_time)}\n"
+
+
+def render_ecc(ctx: Ctx, i: int) -> str:
+    g = ctx.node.gpus[i]
+    lines = []
+    for scope in ("volatile", "aggregate"):
+        for kind, short in (("corrected", "sbe"), ("uncorrected", "dbe")):
+            total = sum(g.ecc[f"{scope}.{kind}.{loc}"] for loc in MEMORY_LOCATIONS)
+            lines.append(f"{scope} {short} {total}")
+            lines += [
+                f"{scope} {short} {loc} {g.ecc[f'{scope}.{kind}.{loc}']}"
+                for loc in MEMORY_LOCATIONS
+                if g.ecc[f"{scope}.{kind}.{loc}"]
+            ]
+    lines.append(f"retired_pages sbe {g.retired_sbe} dbe {g.retired_dbe} pending {_yes(g.retired_pending)}")
+    lines.append(
+        f"remapped_rows correctable {g.remapped_corr} uncorrectable {g.remapped_unc} "
+        f"pending {_yes(g.remap_pending)} failure {_yes(g.remap_failure)}"
+    )
+    return "".join(f"{line}\n" for line in lines)
+
+
+def render_nvlink(ctx: Ctx, i: int) -> str:
+    g = ctx.node.gpus[i]
+    out = []
+    for link in range(ctx.node.profile.nvlink.links):
+        errs = g.nvlink_errors.get(str(link), {})
+        counters = " ".join(f"{c}={errs.get(c, 0)}" for c in NVLINK_COUNTERS)
+        out.append(f"{link} {'down' if link in g.nvlink_down else 'up'} {counters}\n")
+    return "".join(out)
+
+
+def _reading(ctx: Ctx, i: int, fmt) -> str:
+    return fmt(ctx.node.readings(i, ctx.now)) + "\n"
+
+
+_SIGNALS = {
+    "temperature": lambda r: f"{round(r.temperature_c)}",
+    "power": lambda r: f"{r.power_w:.2f}",
+    "utilization": lambda r: f"{r.util_gpu} {r.util_mem}",
+    "clocks": lambda r: f"{r.clock_sm} {r.clock_mem}",
+    "memory_used": lambda r: f"{r.memory_used_mib}",
+    "throttle": lambda r: " ".join(r.throttle_reasons) or "none",
+}
+
+
+def _events(ctx: Ctx, gpu: int | None) -> str:
+    return "".join(log_line(e) for e in ctx.node.log if gpu is None or e.gpu == gpu)
+
+
+def gpu_dir(i: int) -> Dir:
+    files: dict[str, File] = {
+        "info": text(partial(render_info, i=i)),
+        "inject_xid": text(partial(render_xid, i=i), write=partial(parse_xid, i)),
+        "inject_ecc": text(partial(render_ecc, i=i), write=partial(parse_ecc, i)),
+        "lost": text(lambda ctx: "1\n" if ctx.node.gpus[i].lost else "0\n", write=partial(parse_lost, i)),
+        "nvlink": text(partial(render_nvlink, i=i), write=partial(parse_nvlink, i)),
+        "reset": const(b"", write=partial(parse_reset, i), mode=0o200),
+        "events": text(partial(_events, gpu=i)),
+    }
+    for signal, fmt in _SIGNALS.items():
+        files[signal] = text(partial(_reading, i=i, fmt=fmt), write=partial(PIN_SIGNALS[signal], i))
+    return static_dir(files)
+
+
+def node_dir() -> Dir:
+    return static_dir(
+        {
+            "profile": text(lambda ctx: f"{ctx.node.profile.name}\n"),
+            "driver_version": text(lambda ctx: f"{ctx.node.config.driver_version}\n"),
+            "cuda_version": text(lambda ctx: f"{ctx.node.config.cuda_version}\n"),
+            "gpu_count": text(lambda ctx: f"{len(ctx.node.gpus)}\n"),
+            "events": text(partial(_events, gpu=None)),
+            "reset": const(b"", write=partial(parse_reset, None), mode=0o200),
+        }
+    )
+
+
+def control_tree(gpu_count: int) -> dict[str, Dir]:
+    """The `node/` and `gpuN/` directories for the mount's root."""
+    tree: dict[str, Dir] = {"node": node_dir()}
+    tree.update({f"gpu{i}": gpu_dir(i) for i in range(gpu_count)})
+    return tree
