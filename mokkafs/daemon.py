@@ -95,45 +95,55 @@ async def _watch_signals() -> None:
             return
 
 
+def _mount_options(opts: Options) -> set[str]:
+    options = set(pyfuse3.default_options)
+    options.add("fsname=mokkafs")
+    options.add("subtype=mokkafs")
+    # Permissions are ours to enforce (control files refuse what they cannot parse).
+    options.discard("default_permissions")
+    if opts.allow_other:
+        options.add("allow_other")
+    return options
+
+
 async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
     controller, tree, restored = build(opts)
     node = controller.node
+    mountpoint = opts.mountpoint
     with contextlib.ExitStack() as stack:
         if opts.kmsg:
             writer = KmsgWriter()
             stack.callback(writer.close)
             controller.subscribers.append(writer)
-        ops = MokkaOperations(tree, controller, time.time)
-        mountpoint = opts.mountpoint
-        os.makedirs(mountpoint, exist_ok=True)
-        clear_stale_mount(mountpoint)
-        if is_mounted(mountpoint):
-            raise RuntimeError(f"{mountpoint} is already a mount point; `mokka umount {mountpoint}` first")
-        options = set(pyfuse3.default_options)
-        options.add("fsname=mokkafs")
-        options.add("subtype=mokkafs")
-        options.discard("default_permissions")
-        if opts.allow_other:
-            options.add("allow_other")
-        # Resolve the pid file's name before mounting: realpath() would stat the mount point,
-        # and a FUSE daemon that stats its own mount before serving deadlocks.
-        pidf = pid_file(mountpoint)
-        pyfuse3.init(ops, mountpoint, options)
-        stack.callback(pyfuse3.close, unmount=True)
-        pidf.parent.mkdir(parents=True, exist_ok=True)
-        pidf.write_text(f"{os.getpid()}\n")
-        stack.callback(lambda: pidf.unlink(missing_ok=True))
-        log.info(
-            "%s: %d x %s (%s), state %s%s",
-            mountpoint,
-            len(node.gpus),
-            node.profile.name,
-            node.profile.product_name,
-            opts.state_dir,
-            " (restored)" if restored else "",
-        )
         async with trio.open_nursery() as nursery:
+            # Services the mount depends on start here, before it (the shared state file must
+            # exist before any consumer can find the tree).
+
+            os.makedirs(mountpoint, exist_ok=True)
+            clear_stale_mount(mountpoint)
+            if is_mounted(mountpoint):
+                raise RuntimeError(f"{mountpoint} is already a mount point; `mokka umount {mountpoint}` first")
+            # Resolve the pid file's name before mounting: realpath() would stat the mount
+            # point, and a FUSE daemon that stats its own mount before serving deadlocks.
+            pidf = pid_file(mountpoint)
+            pyfuse3.init(MokkaOperations(tree, controller, time.time), mountpoint, _mount_options(opts))
+            stack.callback(pyfuse3.close, unmount=True)
+            pidf.parent.mkdir(parents=True, exist_ok=True)
+            pidf.write_text(f"{os.getpid()}\n")
+            stack.callback(lambda: pidf.unlink(missing_ok=True))
+
+            # Services that serve the mounted node (metrics) start here.
+
             nursery.start_soon(_watch_signals)
+            log.info(
+                "%s: %d x %s (%s), state %s%s",
+                mountpoint,
+                len(node.gpus),
+                node.profile.name,
+                node.profile.product_name,
+                opts.state_dir,
+                " (restored)" if restored else "",
+            )
             task_status.started()
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
