@@ -7,6 +7,7 @@ to `now`, then changes inputs; that keeps temperature continuous and energy exac
 """
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -124,7 +125,10 @@ class GpuState:
     xid_counts: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__, pins={k: list(v) for k, v in self.pins.items()})
+        """A deep copy, JSON-ready: later changes to this state never show through it."""
+        data = copy.deepcopy(self.__dict__)
+        data["pins"] = {k: list(v) for k, v in self.pins.items()}
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "GpuState":

@@ -1,0 +1,136 @@
+"""Level 2: the FUSE operations called directly, without a kernel mount."""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import pyfuse3
+import pytest
+
+from mokkafs.controller import Controller
+from mokkafs.fuse_ops import MokkaOperations
+from mokkafs.model import Node, compose
+from mokkafs.profiles import load_profile
+from mokkafs.render.tree import root
+from mokkafs.vfs import ROOT_INO, Tree
+
+T0 = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def ops():
+    clock = Clock()
+    config = compose(load_profile("h100"), gpus=2, hostname="ops")
+    node = Node(config, clock())
+    return MokkaOperations(Tree(root(config)), Controller(node, None, clock), clock)
+
+
+async def walk(ops, path: str) -> int:
+    inode = ROOT_INO
+    for part in path.split("/"):
+        inode = (await ops.lookup(inode, part.encode(), None)).st_ino
+    return inode
+
+
+async def read_file(ops, path: str) -> bytes:
+    inode = await walk(ops, path)
+    info = await ops.open(inode, os.O_RDONLY, None)
+    try:
+        return await ops.read(info.fh, 0, 65536)
+    finally:
+        await ops.release(info.fh)
+
+
+async def write_file(ops, path: str, data: bytes) -> int:
+    inode = await walk(ops, path)
+    info = await ops.open(inode, os.O_WRONLY, None)
+    try:
+        return await ops.write(info.fh, 0, data)
+    finally:
+        await ops.release(info.fh)
+
+
+async def test_lookup_gives_stable_inodes_and_types(ops):
+    gpu0 = await ops.lookup(ROOT_INO, b"gpu0", None)
+    assert stat.S_ISDIR(gpu0.st_mode)
+    temp = await ops.lookup(gpu0.st_ino, b"temperature", None)
+    assert stat.S_ISREG(temp.st_mode) and temp.st_mode & 0o777 == 0o644
+    reset = await ops.lookup(gpu0.st_ino, b"reset", None)
+    assert reset.st_mode & 0o777 == 0o200
+    again = await ops.lookup(gpu0.st_ino, b"temperature", None)
+    assert again.st_ino == temp.st_ino
+    assert (await ops.getattr(temp.st_ino, None)).st_ino == temp.st_ino
+
+
+async def test_missing_names_are_enoent(ops):
+    with pytest.raises(pyfuse3.FUSEError) as err:
+        await ops.lookup(ROOT_INO, b"gpu2", None)
+    assert err.value.errno == errno.ENOENT
+    with pytest.raises(pyfuse3.FUSEError) as err:
+        await ops.getattr(999_999, None)
+    assert err.value.errno == errno.ENOENT
+
+
+async def test_read_renders_at_open_and_slices_the_snapshot(ops):
+    inode = await walk(ops, "gpu0/info")
+    info = await ops.open(inode, os.O_RDONLY, None)
+    first = await ops.read(info.fh, 0, 10)
+    await write_file(ops, "gpu0/inject_xid", b"79\n")  # the model changes while the file is open
+    rest = await ops.read(info.fh, 10, 65536)
+    await ops.release(info.fh)
+    snapshot = first + rest
+    assert b"health: healthy" in snapshot  # one consistent render, not a torn mix
+    assert b"health: lost" in await read_file(ops, "gpu0/info")
+
+
+async def test_a_control_write_applies_one_event(ops):
+    assert await write_file(ops, "gpu1/temperature", b"85\n") == 3
+    assert await read_file(ops, "gpu1/temperature") == b"85\n"
+    assert await write_file(ops, "gpu1/temperature", b"auto") == 4
+    assert await read_file(ops, "gpu1/temperature") == b"29\n"
+
+
+@pytest.mark.parametrize(
+    "path,data",
+    [
+        ("gpu0/inject_xid", b"banana\n"),
+        ("gpu0/inject_xid", b"0\n"),
+        ("gpu0/utilization", b"90\n"),
+        ("gpu0/clocks", b"99999 1\n"),
+        ("gpu0/lost", b"2\n"),
+        ("node/reset", b"yes\n"),
+    ],
+)
+async def test_a_bad_write_is_einval_and_changes_nothing(ops, expect_log, path, data):
+    expect_log("^EINVAL write")
+    node = ops.controller.node
+    before = [g.to_dict() for g in node.gpus]
+    with pytest.raises(pyfuse3.FUSEError) as err:
+        await write_file(ops, path, data)
+    assert err.value.errno == errno.EINVAL
+    assert [g.to_dict() for g in node.gpus] == before
+
+
+async def test_read_only_files_refuse_writers(ops):
+    inode = await walk(ops, "gpu0/info")
+    with pytest.raises(pyfuse3.FUSEError) as err:
+        await ops.open(inode, os.O_WRONLY, None)
+    assert err.value.errno == errno.EACCES
+
+
+async def test_an_internal_error_is_eio_not_a_dead_daemon(ops, expect_log, monkeypatch):
+    expect_log("internal error in open")
+    monkeypatch.setattr(ops.controller.node, "readings", lambda *a: 1 / 0)
+    inode = await walk(ops, "gpu0/temperature")
+    with pytest.raises(pyfuse3.FUSEError) as err:
+        await ops.open(inode, os.O_RDONLY, None)
+    assert err.value.errno == errno.EIO

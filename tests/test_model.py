@@ -1,0 +1,327 @@
+"""Level 0: the pure model — composition, every Xid's consequences, reset, and dynamics in
+virtual time."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+import trio
+
+from mokkafs.model import InvalidCommand, Node, compose
+from mokkafs.model.events import (
+    InjectEcc,
+    InjectXid,
+    NvLinkCommand,
+    Pin,
+    Reset,
+    SetLost,
+    parse_ecc,
+    parse_nvlink,
+    parse_throttle,
+    parse_xid,
+)
+from mokkafs.model.node import EVENT_DBE, EVENT_SBE, EVENT_XID, THERMAL_TAU_S
+from mokkafs.profiles import ProfileError, load_profile
+
+T0 = 1_800_000_000.0
+
+
+@pytest.fixture
+def h100():
+    return Node(compose(load_profile("h100"), hostname="test"), T0)
+
+
+@pytest.fixture
+def t4():
+    return Node(compose(load_profile("t4"), gpus=2, hostname="test"), T0)
+
+
+def test_composition_is_deterministic_and_consistent(h100):
+    again = Node(compose(load_profile("h100"), hostname="test"), T0)
+    assert [i.uuid for i in h100.identities] == [i.uuid for i in again.identities]
+    assert len({i.uuid for i in h100.identities}) == 8
+    assert len({i.bdf for i in h100.identities}) == 8
+    first = h100.identities[0]
+    assert first.bdf.nvml == "00000000:18:00.0"
+    assert first.bdf.sysfs == "0000:18:00.0"
+    assert first.bdf.xid == "0000:18:00"
+    assert [i.numa_node for i in h100.identities] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [i.minor for i in h100.identities] == list(range(8))
+    other_host = Node(compose(load_profile("h100"), hostname="other"), T0)
+    assert other_host.identities[0].uuid != first.uuid
+
+
+def test_64_gpus_fit_in_valid_bus_numbers():
+    node = Node(compose(load_profile("b200"), gpus=64, hostname="big"), T0)
+    bdfs = [i.bdf for i in node.identities]
+    assert len(set(bdfs)) == 64
+    assert all(0 < b.bus <= 0xFF for b in bdfs)
+    assert {b.domain for b in bdfs} == {0, 1}
+
+
+@pytest.mark.parametrize("gpus", [0, 65, -1])
+def test_gpu_count_out_of_range_is_refused(gpus):
+    with pytest.raises(ProfileError, match="between 1 and 64"):
+        compose(load_profile("h100"), gpus=gpus)
+
+
+def test_idle_readings_match_the_profile(h100):
+    r = h100.readings(0, T0)
+    p = h100.profile
+    assert r.temperature_c == p.thermal.idle_c
+    assert r.power_w == pytest.approx(p.power.idle_w)
+    assert r.clock_graphics == p.clocks.idle_graphics
+    assert r.clock_mem == p.clocks.max_mem
+    assert r.memory_used_mib == 0
+    assert r.memory_free_mib == p.memory.total_mib - p.memory.reserved_mib
+    assert r.throttle_reasons == ["gpu_idle"]
+
+
+# --- each Xid and its consequences (DESIGN §5) ---------------------------------------------
+
+
+@pytest.mark.parametrize("code", [13, 31, 43, 45])
+def test_application_xids_change_nothing_but_the_log(h100, code):
+    before = h100.gpus[0].to_dict()
+    notes = h100.apply(InjectXid(0, code), T0)
+    after = h100.gpus[0].to_dict()
+    assert [(n.event_type, n.data) for n in notes] == [(EVENT_XID, code)]
+    assert {k for k in after if after[k] != before[k]} == {"last_xid", "last_xid_time", "xid_counts"}
+    assert h100.health(0) == "degraded"
+    assert h100.log[-1].text.startswith(f"NVRM: Xid (PCI:0000:18:00): {code}, pid='<unknown>', name=<unknown>, ")
+
+
+def test_xid_48_counts_a_dbe_raises_the_dbe_event_and_pends_a_row_remap(h100):
+    notes = h100.apply(InjectXid(3, 48), T0)
+    g = h100.gpus[3]
+    assert (EVENT_XID, 48) in [(n.event_type, n.data) for n in notes]
+    assert (EVENT_DBE, 1) in [(n.event_type, n.data) for n in notes]
+    assert g.ecc["volatile.uncorrected.dram"] == 1
+    assert g.ecc["aggregate.uncorrected.dram"] == 1
+    assert g.remapped_unc == 1 and g.remap_pending
+    assert h100.health(3) == "unhealthy"
+
+
+def test_xid_48_on_turing_retires_a_page_instead(t4):
+    t4.apply(InjectXid(1, 48), T0)
+    g = t4.gpus[1]
+    assert g.retired_dbe == 1 and g.retired_pending
+    assert g.remapped_unc == 0
+
+
+def test_xid_63_and_64_record_a_remap_and_its_failure(h100):
+    h100.apply(InjectXid(0, 63), T0)
+    assert h100.gpus[0].remap_pending and not h100.gpus[0].remap_failure
+    h100.apply(InjectXid(0, 64), T0)
+    assert h100.gpus[0].remap_failure and h100.gpus[0].needs_reset
+
+
+def test_xid_74_raises_nvlink_error_counters(h100):
+    h100.apply(NvLinkCommand(1, 0, "down"), T0)
+    h100.apply(InjectXid(1, 74), T0)
+    errs = h100.gpus[1].nvlink_errors["1"]  # link 0 is down; the first link up takes the error
+    assert errs["replay"] == 1 and errs["recovery"] == 1
+    assert "link 1(" in h100.log[-1].text
+
+
+def test_xid_79_loses_the_gpu_and_reset_brings_it_back(h100):
+    h100.apply(InjectXid(2, 79), T0)
+    assert h100.gpus[2].lost and h100.health(2) == "lost"
+    assert h100.log[-1].text == "NVRM: Xid (PCI:0000:24:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    h100.apply(Reset(2), T0 + 1)
+    assert not h100.gpus[2].lost and h100.health(2) == "healthy"
+
+
+def test_writing_lost_is_xid_79(h100):
+    h100.apply(SetLost(0, True), T0)
+    assert h100.gpus[0].lost and h100.gpus[0].last_xid == 79
+    h100.apply(SetLost(0, False), T0)
+    assert not h100.gpus[0].lost
+
+
+def test_xid_92_raises_corrected_counters_and_the_sbe_event(h100):
+    notes = h100.apply(InjectXid(0, 92), T0)
+    assert h100.gpus[0].ecc["volatile.corrected.dram"] > 0
+    assert EVENT_SBE in [n.event_type for n in notes]
+
+
+def test_xid_94_is_contained_and_95_requires_reset(h100):
+    h100.apply(InjectXid(0, 94), T0)
+    assert h100.gpus[0].ecc["volatile.uncorrected.dram"] == 1 and not h100.gpus[0].needs_reset
+    h100.apply(InjectXid(1, 95), T0)
+    assert h100.gpus[1].needs_reset and h100.health(1) == "unhealthy"
+
+
+@pytest.mark.parametrize("code", [119, 120])
+def test_gsp_errors_require_reset(h100, code):
+    h100.apply(InjectXid(0, code), T0)
+    assert h100.gpus[0].needs_reset
+
+
+def test_reset_clears_volatile_state_but_keeps_inforom_counters(h100):
+    h100.apply(InjectXid(0, 48), T0)
+    h100.apply(Pin(0, "temperature", (90,)), T0)
+    h100.apply(NvLinkCommand(0, 3, "down"), T0)
+    h100.apply(Reset(0), T0 + 5)
+    g = h100.gpus[0]
+    assert g.ecc["volatile.uncorrected.dram"] == 0
+    assert g.ecc["aggregate.uncorrected.dram"] == 1
+    assert g.remapped_unc == 1 and not g.remap_pending  # the pending remap took effect
+    assert g.pins == {} and g.nvlink_down == []
+    assert h100.health(0) == "healthy"
+
+
+def test_node_reset_resets_every_gpu(h100):
+    for i in range(8):
+        h100.apply(InjectXid(i, 79), T0)
+    h100.apply(Reset(None), T0)
+    assert not any(g.lost for g in h100.gpus)
+
+
+def test_ecc_injection_by_location(h100):
+    notes = h100.apply(parse_ecc(5, b"sbe 7 l2\n"), T0)
+    assert h100.gpus[5].ecc["volatile.corrected.l2"] == 7
+    assert [(n.event_type, n.data) for n in notes] == [(EVENT_SBE, 7)]
+    notes = h100.apply(parse_ecc(5, b"dbe 2"), T0)
+    assert h100.gpus[5].ecc["aggregate.uncorrected.dram"] == 2
+    assert [(n.event_type, n.data) for n in notes] == [(EVENT_DBE, 2)]
+
+
+# --- validation: a bad event changes nothing ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        InjectXid(8, 79),  # no GPU 8
+        Pin(0, "clocks", (99999, 1)),
+        Pin(0, "memory_used", (10_000_000,)),
+    ],
+)
+def test_invalid_events_change_nothing(h100, event):
+    before = [g.to_dict() for g in h100.gpus]
+    generation = h100.generation
+    with pytest.raises(InvalidCommand):
+        h100.apply(event, T0)
+    assert [g.to_dict() for g in h100.gpus] == before
+    assert h100.generation == generation
+
+
+def test_nvlink_link_beyond_the_profile_is_refused(t4):
+    with pytest.raises(InvalidCommand, match="0 NVLinks"):
+        t4.apply(NvLinkCommand(0, 0, "down"), T0)
+
+
+@pytest.mark.parametrize(
+    "parse,data",
+    [
+        (parse_xid, b""),
+        (parse_xid, b"79 "),
+        (parse_xid, b" 79"),
+        (parse_xid, b"79\n\n"),
+        (parse_xid, b"0"),
+        (parse_xid, b"1000"),
+        (parse_xid, b"-1"),
+        (parse_xid, b"0x4f"),
+        (parse_xid, b"\xff\xfe"),
+        (parse_xid, b"7" * 300),
+        (parse_ecc, b"sbe"),
+        (parse_ecc, b"sbe 0"),
+        (parse_ecc, b"tbe 1"),
+        (parse_ecc, b"sbe 1 moon"),
+        (parse_ecc, b"sbe  1"),
+        (parse_nvlink, b"18 down"),
+        (parse_nvlink, b"0 sideways"),
+        (parse_nvlink, b"0 errors"),
+        (parse_throttle, b"hw_thermal_slowdown bogus"),
+    ],
+)
+def test_parsers_reject_junk(parse, data):
+    with pytest.raises(InvalidCommand):
+        parse(0, data)
+
+
+def test_throttle_parser_adds_implied_reasons():
+    pin = parse_throttle(0, b"hw_thermal_slowdown\n")
+    assert pin.values == ("hw_slowdown", "hw_thermal_slowdown")
+
+
+# --- dynamics ---------------------------------------------------------------------------------
+
+
+def test_power_follows_utilization_and_temperature_lags_it(h100):
+    p = h100.profile
+    h100.apply(Pin(0, "utilization", (100, 50)), T0)
+    r0 = h100.readings(0, T0)
+    assert r0.power_w == pytest.approx(p.power.default_limit_w)
+    assert r0.temperature_c == pytest.approx(p.thermal.idle_c)  # no jump
+    r_tau = h100.readings(0, T0 + THERMAL_TAU_S)
+    expected = p.thermal.max_load_c + (p.thermal.idle_c - p.thermal.max_load_c) * math.exp(-1)
+    assert r_tau.temperature_c == pytest.approx(expected)
+    r_hour = h100.readings(0, T0 + 3600)
+    assert r_hour.temperature_c == pytest.approx(p.thermal.max_load_c, abs=0.01)
+    assert r_hour.energy_mj == pytest.approx(p.power.default_limit_w * 1000 * 3600)
+    assert "sw_power_cap" in r_hour.throttle_reasons
+    assert r_hour.clock_sm == int(p.clocks.max_sm * 0.9)
+
+
+def test_energy_integrates_piecewise_power(h100):
+    p = h100.profile
+    h100.apply(Pin(0, "power", (300,)), T0)
+    h100.apply(Pin(0, "power", (500,)), T0 + 10)
+    h100.apply(Pin(0, "power", None), T0 + 30)
+    expected_mj = (300 * 10 + 500 * 20 + p.power.idle_w * 70) * 1000
+    assert h100.readings(0, T0 + 100).energy_mj == pytest.approx(expected_mj)
+
+
+def test_power_pin_is_clamped_to_the_limit(h100):
+    h100.apply(Pin(0, "power", (5000,)), T0)
+    r = h100.readings(0, T0)
+    assert r.power_w == h100.profile.power.default_limit_w
+    assert "sw_power_cap" in r.throttle_reasons
+
+
+def test_pinned_temperature_above_slowdown_throttles_and_unpinning_is_continuous(h100):
+    p = h100.profile
+    h100.apply(Pin(0, "temperature", (p.thermal.slowdown_c + 1,)), T0)
+    r = h100.readings(0, T0 + 1)
+    assert {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown"} <= set(r.throttle_reasons)
+    h100.apply(Pin(0, "temperature", None), T0 + 2)
+    assert h100.readings(0, T0 + 2).temperature_c == pytest.approx(p.thermal.slowdown_c + 1)
+    assert h100.readings(0, T0 + 600).temperature_c == pytest.approx(p.thermal.idle_c, abs=0.5)
+
+
+def test_throttle_pin_overrides_the_simulated_reasons(h100):
+    h100.apply(Pin(0, "throttle", ("sw_power_cap",)), T0)
+    assert h100.readings(0, T0).throttle_reasons == ["sw_power_cap"]
+    h100.apply(Pin(0, "throttle", ()), T0)
+    assert h100.readings(0, T0).throttle_reasons == []
+
+
+async def test_an_hour_of_dynamics_in_virtual_time(h100, autojump_clock):
+    """Drive the model with trio's clock for an hour of virtual time, sampling every second,
+    the way the daemon's tick does; it must take milliseconds of real time."""
+    start_real = time.monotonic()
+    base = trio.current_time()
+    h100.apply(Pin(0, "utilization", (100, 80)), T0)
+    temps = []
+    while trio.current_time() - base < 3600:
+        await trio.sleep(1)
+        temps.append(h100.readings(0, T0 + trio.current_time() - base).temperature_c)
+    assert len(temps) == 3600
+    assert all(b >= a for a, b in zip(temps, temps[1:]))  # monotone warm-up, no overshoot
+    assert temps[-1] == pytest.approx(h100.profile.thermal.max_load_c, abs=0.01)
+    assert time.monotonic() - start_real < 5
+
+
+def test_model_and_renderers_import_without_io_libraries():
+    """STYLE.md 1: the pure core imports neither trio, pyfuse3 nor cffi."""
+    code = (
+        "import sys\n"
+        "for m in ('trio', 'pyfuse3', 'cffi'): sys.modules[m] = None\n"
+        "import mokkafs.model, mokkafs.render.control, mokkafs.render.tree, mokkafs.vfs\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
