@@ -22,6 +22,7 @@ from mokkafs.kmsg import KmsgWriter
 from mokkafs.model import Node, compose
 from mokkafs.persist import StateDir
 from mokkafs.profiles import load_profile
+from mokkafs.publisher import Publisher, state_path
 from mokkafs.render.tree import root
 from mokkafs.vfs import Tree
 
@@ -118,6 +119,11 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             # Services the mount depends on start here, before it (the shared state file must
             # exist before any consumer can find the tree).
+            publisher = Publisher(state_path(opts.state_dir))
+            publisher.open()
+            stack.callback(publisher.close)
+            controller.subscribers.append(publisher)
+            await nursery.start(publisher.run, node)
 
             os.makedirs(mountpoint, exist_ok=True)
             clear_stale_mount(mountpoint)

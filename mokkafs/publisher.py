@@ -1,0 +1,316 @@
+"""The daemon's side of the shared state file: maps `<state-dir>/state` (layout in
+shims/include/mokka_state.h, read through cffi in ABI mode) and publishes the node into it under
+the seqlock, on every event and on a short tick, appending events and waking futex waiters."""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import platform
+import re
+import time
+from pathlib import Path
+
+import trio
+from cffi import FFI
+
+from mokkafs.model import Node, Notification
+from mokkafs.model.events import MEMORY_LOCATIONS
+from mokkafs.model.node import NVLINK_COUNTERS, LogEntry
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.1
+STATE_FILE = "state"
+STATE_ENV = "MOKKA_STATE"
+DEFAULT_STATE_PATH = "/run/mokka/state"
+
+_HERE = Path(__file__).resolve().parent
+HEADER_CANDIDATES = [
+    _HERE.parent / "shims" / "include" / "mokka_state.h",  # a source checkout or editable install
+    _HERE / "_native" / "include" / "mokka_state.h",  # a wheel (setup.py copies it there)
+]
+
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+_FUTEX_WAKE = 1
+_INT_MAX = 0x7FFFFFFF
+
+BRANDS = {"Quadro": 1, "Tesla": 2, "NVS": 3, "GeForce": 5, "Titan": 6, "NVIDIA RTX": 13, "NVIDIA": 14}
+ARCHITECTURES = {"Turing": 6, "Ampere": 7, "Ada Lovelace": 8, "Hopper": 9, "Blackwell": 10}
+NVSWITCH_BUS_BASE = 0xC0  # where the simulated NVSwitches sit on the remote end of NVLinks
+
+
+def header_path() -> Path:
+    for p in HEADER_CANDIDATES:
+        if p.is_file():
+            return p
+    raise FileNotFoundError(f"mokka_state.h not found in {', '.join(map(str, HEADER_CANDIDATES))}")
+
+
+def cdef_source(path: Path | None = None) -> str:
+    """The part of the header between the CDEF markers: what cffi parses."""
+    text = (path or header_path()).read_text()
+    m = re.search(r"/\* BEGIN CDEF[^\n]*\n(.*?)/\* END CDEF \*/", text, re.S)
+    if not m:
+        raise ValueError("mokka_state.h has no BEGIN CDEF / END CDEF region")
+    return m.group(1)
+
+
+def make_ffi() -> FFI:
+    ffi = FFI()
+    ffi.cdef(cdef_source())
+    ffi.cdef("long syscall(long number, ...);")
+    return ffi
+
+
+ffi = make_ffi()
+_libc = ffi.dlopen(None)
+MAGIC = 0x4554415453414B4D
+VERSION = _libc.MOKKA_STATE_VERSION
+MAX_GPUS = _libc.MOKKA_MAX_GPUS
+RING = _libc.MOKKA_EVENT_RING
+STATE_SIZE = ffi.sizeof("struct mokka_state")
+
+
+def cuda_version_int(version: str) -> int:
+    major, minor = version.split(".")[:2]
+    return int(major) * 1000 + int(minor) * 10
+
+
+def _put(field, value: str) -> None:
+    raw = value.encode()[: len(field) - 1]
+    ffi.memmove(field, raw, len(raw))
+
+
+def fill_gpu(g, node: Node, i: int, now: float) -> None:
+    """Write GPU `i`'s record at `now` into the zeroed cffi struct `g`."""
+    p, ident, st = node.profile, node.identities[i], node.gpus[i]
+    r = node.readings(i, now)
+    mib = 1 << 20
+    _put(g.name, p.product_name)
+    _put(g.uuid, ident.uuid)
+    _put(g.serial, ident.serial)
+    _put(g.board_part_number, p.board_part_number)
+    _put(g.vbios_version, p.vbios_version)
+    _put(g.inforom_image, p.inforom.image)
+    _put(g.inforom_oem, p.inforom.oem)
+    _put(g.inforom_ecc, p.inforom.ecc)
+    _put(g.inforom_power, p.inforom.power)
+    _put(g.bus_id, ident.bdf.nvml)
+    _put(g.bus_id_legacy, ident.bdf.legacy)
+    g.index, g.minor = ident.index, ident.minor
+    g.brand = BRANDS.get(p.product_brand, 0)
+    g.architecture = ARCHITECTURES.get(p.architecture, 0xFFFFFFFF)
+    g.cc_major, g.cc_minor = (int(x) for x in p.compute_capability.split("."))
+    g.board_id = (ident.bdf.domain << 16) | (ident.bdf.bus << 8)
+    g.module_id = ident.module_id
+    g.numa_node = ident.numa_node
+    g.multiprocessor_count = p.sm_count
+    g.pci_domain, g.pci_bus, g.pci_device = ident.bdf.domain, ident.bdf.bus, ident.bdf.device
+    g.pci_device_id = (p.pci.device_id << 16) | p.pci.vendor_id
+    g.pci_subsystem_id = (p.pci.subsystem_device_id << 16) | p.pci.subsystem_vendor_id
+    g.pcie_max_gen = g.pcie_cur_gen = p.pci.max_link_gen
+    g.pcie_max_width = g.pcie_cur_width = p.pci.max_link_width
+    g.pcie_replay = st.pcie_replay
+    g.has_fan = int(p.has_fan)
+    g.fan_speed = 30 if p.has_fan else 0
+    g.ecc_enabled = int(p.memory.ecc)
+    g.mig_capable = int(p.mig_capable)
+    g.has_row_remapper = int(p.architecture != "Turing")
+    g.has_fabric = int(p.fabric)
+    if p.fabric:
+        g.fabric_state = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+        g.fabric_clique_id = 1
+        cluster = ident.uuid.removeprefix("GPU-").replace("-", "")
+        ffi.memmove(g.fabric_cluster_uuid, bytes.fromhex(cluster)[:8] + b"\x00" * 7 + b"\x01", 16)
+    g.persistence_mode = 1
+    g.compute_mode = 0
+    g.mem_total = r.memory_total_mib * mib
+    g.mem_reserved = r.memory_reserved_mib * mib
+    g.mem_used = r.memory_used_mib * mib
+    g.mem_free = r.memory_free_mib * mib
+    g.bar1_total = p.memory.bar1_mib * mib
+    g.bar1_used = 1 * mib
+    g.mem_bus_width = p.memory.bus_width_bits
+    g.pstate = 0
+    c = p.clocks
+    g.clock_cur = [r.clock_graphics, r.clock_sm, r.clock_mem, r.clock_video]
+    g.clock_max = [c.max_graphics, c.max_sm, c.max_mem, c.max_video]
+    g.clock_app = [c.default_app_graphics, c.default_app_graphics, c.default_app_mem, c.max_video]
+    g.clock_default_app = [c.default_app_graphics, c.default_app_graphics, c.default_app_mem, c.max_video]
+    g.power_usage = int(round(r.power_w * 1000))
+    g.power_limit = g.power_enforced_limit = int(round(r.power_limit_w * 1000))
+    g.power_default_limit = int(round(p.power.default_limit_w * 1000))
+    g.power_min_limit = int(round(p.power.min_limit_w * 1000))
+    g.power_max_limit = int(round(p.power.max_limit_w * 1000))
+    g.energy_mj = int(r.energy_mj)
+    t = p.thermal
+    g.temp_gpu = int(round(r.temperature_c))
+    g.temp_mem = -1 if r.memory_temperature_c is None else int(round(r.memory_temperature_c))
+    thresholds = [-1] * 8
+    thresholds[0], thresholds[1], thresholds[3] = t.shutdown_c, t.slowdown_c, t.max_operating_c
+    if t.memory_idle_c is not None:
+        thresholds[2] = 95  # HBM/GDDR max operating temperature as nvidia-smi -q reports it
+    g.temp_threshold = thresholds
+    g.temp_tlimit = -1 if t.tlimit_c is None else t.tlimit_c
+    g.util_gpu, g.util_mem = r.util_gpu, r.util_mem
+    g.throttle_mask = r.throttle_mask
+    for s, scope in enumerate(("volatile", "aggregate")):
+        for k, kind in enumerate(("corrected", "uncorrected")):
+            for loc_i, loc in enumerate(MEMORY_LOCATIONS):
+                g.ecc[s][k][loc_i] = st.ecc[f"{scope}.{kind}.{loc}"]
+    g.retired_sbe, g.retired_dbe = st.retired_sbe, st.retired_dbe
+    g.retired_pending = int(st.retired_pending)
+    g.remapped_corr, g.remapped_unc = st.remapped_corr, st.remapped_unc
+    g.remap_pending, g.remap_failure = int(st.remap_pending), int(st.remap_failure)
+    g.nvlink_count = p.nvlink.links
+    switches = node.config.nvswitches
+    for link in range(p.nvlink.links):
+        nl = g.nvlink[link]
+        nl.state = 0 if link in st.nvlink_down else 1
+        nl.version = p.nvlink.version
+        errs = st.nvlink_errors.get(str(link), {})
+        for n, name in enumerate(NVLINK_COUNTERS):
+            nl.errors[n] = errs.get(name, 0)
+        if switches:
+            nl.remote_type = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
+            nl.remote_bus = NVSWITCH_BUS_BASE + link % switches
+            nl.remote_pci_device_id = ((node.config.profile.node.nvswitch_device_id or 0) << 16) | 0x10DE
+        else:
+            nl.remote_type = 0
+            peer = node.identities[(i + 1) % len(node.identities)]
+            nl.remote_domain, nl.remote_bus = peer.bdf.domain, peer.bdf.bus
+            nl.remote_pci_device_id = g.pci_device_id
+    g.lost = int(st.lost)
+    g.needs_reset = int(st.needs_reset)
+    g.last_xid = st.last_xid or 0
+
+
+class Publisher:
+    """Owns `<state-dir>/state`. Call `publish(node)` after any change; `run` ticks."""
+
+    def __init__(self, path: Path, clock=time.time) -> None:
+        self.path = Path(path)
+        self.clock = clock
+        self._fd = -1
+        self._mm: mmap.mmap | None = None
+        self._st = None
+        self._scratch = ffi.new("struct mokka_gpu[]", MAX_GPUS)
+
+    # --- lifetime ------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create or adopt the file. A valid file of this version keeps its event counters, so
+        consumers that mapped it under a previous daemon keep receiving events."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            reuse = size == STATE_SIZE and self._valid(fd)
+            if not reuse:
+                if size:
+                    # Wrong size or version: replace the file rather than resize it under a
+                    # reader's mapping (a shrink would SIGBUS the reader).
+                    log.warning("%s: replacing an incompatible state file (%d bytes)", self.path, size)
+                    os.close(fd)
+                    tmp = self.path.with_name(f".{self.path.name}.new")
+                    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                    os.ftruncate(fd, STATE_SIZE)
+                    os.replace(tmp, self.path)
+                else:
+                    os.ftruncate(fd, STATE_SIZE)
+            self._mm = mmap.mmap(fd, STATE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self._st = ffi.from_buffer("struct mokka_state *", self._mm)
+        st = self._st
+        if not reuse:
+            st.event_head = 0
+            st.event_wake = 0
+            st.generation = 0
+        if st.seq & 1:
+            st.seq += 1  # a previous daemon died mid-publish
+        st.magic = MAGIC
+        st.version = VERSION
+        st.size = STATE_SIZE
+
+    @staticmethod
+    def _valid(fd: int) -> bool:
+        head = os.pread(fd, 16, 0)
+        return int.from_bytes(head[:8], "little") == MAGIC and int.from_bytes(head[8:12], "little") == VERSION
+
+    def close(self) -> None:
+        if self._st is not None:
+            ffi.release(self._st)
+            self._st = None
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    # --- publishing ----------------------------------------------------------------------------
+
+    def publish(self, node: Node) -> None:
+        """Write every record under the seqlock, at once."""
+        st, now = self._st, self.clock()
+        count = min(len(node.gpus), MAX_GPUS)
+        scratch = self._scratch
+        ffi.memmove(scratch, b"\x00" * ffi.sizeof(scratch[0]) * count, ffi.sizeof(scratch[0]) * count)
+        for i in range(count):
+            fill_gpu(scratch[i], node, i, now)
+        cfg = node.config
+        st.seq += 1  # odd: records are changing (x86 keeps stores in program order)
+        st.gpu_count = count
+        st.daemon_pid = os.getpid()
+        st.cuda_version = cuda_version_int(cfg.cuda_version)
+        _put(st.driver_version, cfg.driver_version + "\0")
+        _put(st.nvml_version, f"{cfg.cuda_version.split('.')[0]}.{cfg.driver_version}" + "\0")
+        _put(st.hostname, cfg.hostname + "\0")
+        ffi.memmove(ffi.addressof(st.gpus, 0), scratch, ffi.sizeof(scratch[0]) * count)
+        st.publish_time_ns = int(now * 1e9)
+        st.generation += 1
+        st.seq += 1
+
+    def append_events(self, notes: list[Notification], now: float | None = None) -> None:
+        """Append to the ring, then wake every waiter once."""
+        if not notes:
+            return
+        st = self._st
+        t_ns = int((self.clock() if now is None else now) * 1e9)
+        for note in notes:
+            n = st.event_head
+            slot = st.ring[n % RING]
+            slot.seq = 0  # a reader that sees 0 (or another number) skips the slot as torn
+            slot.type, slot.data, slot.gpu, slot.time_ns = note.event_type, note.data, note.gpu, t_ns
+            slot.seq = n + 1
+            st.event_head = n + 1
+        st.event_wake = (st.event_wake + 1) & 0xFFFFFFFF
+        self._futex_wake()
+
+    def _futex_wake(self) -> None:
+        if _SYS_FUTEX is None:
+            return  # waiters fall back to their timeout slices
+        addr = ffi.cast("uint32_t *", ffi.addressof(self._st, "event_wake"))
+        _libc.syscall(ffi.cast("long", _SYS_FUTEX), ffi.cast("void *", addr), ffi.cast("int", _FUTEX_WAKE),
+                      ffi.cast("int", _INT_MAX), ffi.NULL, ffi.NULL, ffi.cast("int", 0))
+
+    def __call__(self, node: Node, notes: list[Notification], entries: list[LogEntry]) -> None:
+        """Controller subscriber: the new state first, then its events."""
+        self.publish(node)
+        self.append_events(notes)
+
+    async def run(self, node: Node, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Publish now, report started, then republish every TICK_S for time-varying values."""
+        self.publish(node)
+        task_status.started()
+        while True:
+            await trio.sleep(TICK_S)
+            self.publish(node)
+
+
+def state_path(state_dir: str | os.PathLike) -> Path:
+    return Path(state_dir) / STATE_FILE

@@ -1,0 +1,206 @@
+/*
+ * mokka_state.h -- the one definition of the shared state file <state-dir>/state.
+ *
+ * Theory of operation
+ * -------------------
+ * The mokkafs daemon is the only writer. It creates the file at its full size
+ * (MOKKA_STATE_SIZE, fixed for a given MOKKA_STATE_VERSION) and maps it; every
+ * shim maps it read-only (MAP_SHARED) and never writes to it.
+ *
+ * Validity: a reader checks, in this order, that the file is at least
+ * sizeof(struct mokka_state) bytes long (before touching the mapping, so a
+ * short file can never SIGBUS), that `magic` is MOKKA_STATE_MAGIC, `version`
+ * is MOKKA_STATE_VERSION and `size` equals sizeof(struct mokka_state). Anything
+ * else is "no driver" to the shim, never a crash.
+ *
+ * Seqlock: `seq` is even while the records are stable and odd while the daemon
+ * rewrites them. The daemon publishes every record at once (after each event and
+ * on a ~100 ms tick for time-varying values): seq+1, write, seq+1. A reader
+ * copies what it needs between two loads of `seq` and retries while they differ
+ * or are odd; the retry is bounded, and a writer that died mid-write leaves the
+ * last copy to be used (stale, never a hang).
+ *
+ * Events: `ring` holds the last MOKKA_EVENT_RING events. Event number n lives in
+ * ring[n % MOKKA_EVENT_RING] with its `seq` field set to n+1 (0 = never written).
+ * The daemon writes the slot, then bumps `event_head` (events ever written),
+ * then increments `event_wake` and FUTEX_WAKEs every waiter on it (a shared,
+ * not private, futex). A waiter loads `event_wake`, then `event_head`, and if
+ * it has nothing new sleeps in FUTEX_WAIT on the `event_wake` value it loaded,
+ * so a wake between the check and the sleep is never lost. Each NVML event set
+ * keeps its own cursor, so every set in every process sees each event once.
+ *
+ * Restart: a daemon that finds a valid file of this version rewrites it in
+ * place and continues `event_head`/`event_wake`, so consumers that hold the
+ * mapping across a daemon restart keep working.
+ *
+ * Layout rules: only fixed-width integers and char arrays, every field
+ * naturally aligned with explicit padding, so Python (cffi, reading the
+ * region between the CDEF markers) and C agree; tests/test_state_layout.py
+ * compiles this header and compares every offset. Units are NVML's: bytes,
+ * MHz, milliwatts, millijoules, degrees C, percent.
+ */
+#ifndef MOKKA_STATE_H
+#define MOKKA_STATE_H
+
+#include <stdint.h>
+
+/* BEGIN CDEF -- parsed by mokkafs/publisher.py; plain #defines and structs only */
+#define MOKKA_STATE_MAGIC 0x4554415453414b4d
+#define MOKKA_STATE_VERSION 1
+#define MOKKA_MAX_GPUS 64
+#define MOKKA_MAX_NVLINKS 18
+#define MOKKA_EVENT_RING 256
+#define MOKKA_ECC_LOCATIONS 8
+#define MOKKA_NVLINK_COUNTERS 4
+#define MOKKA_MAX_RETIRED 64
+
+struct mokka_nvlink {
+    uint32_t state;            /* 1 = up (NVML_FEATURE_ENABLED), 0 = down */
+    uint32_t version;          /* nvmlDeviceGetNvLinkVersion */
+    uint64_t errors[MOKKA_NVLINK_COUNTERS]; /* replay, recovery, crc_flit, crc_data */
+    uint32_t remote_domain;
+    uint32_t remote_bus;
+    uint32_t remote_device;
+    uint32_t remote_pci_device_id; /* (device << 16) | vendor */
+    uint32_t remote_type;      /* nvmlIntNvLinkDeviceType_t: 0 GPU, 1 IBMNPU, 2 SWITCH */
+    uint32_t pad0;
+};
+
+struct mokka_gpu {
+    /* identity (static for the daemon's lifetime) */
+    char name[96];
+    char uuid[96];
+    char serial[32];
+    char board_part_number[32];
+    char vbios_version[32];
+    char inforom_image[16];
+    char inforom_oem[16];
+    char inforom_ecc[16];
+    char inforom_power[16];
+    char bus_id[32];           /* 00000000:18:00.0 */
+    char bus_id_legacy[16];    /* 0000:18:00.0 */
+    uint32_t index;
+    uint32_t minor;
+    uint32_t brand;            /* nvmlBrandType_t */
+    uint32_t architecture;     /* NVML_DEVICE_ARCH_* */
+    uint32_t cc_major;
+    uint32_t cc_minor;
+    uint32_t board_id;
+    uint32_t module_id;
+    int32_t numa_node;
+    uint32_t multiprocessor_count;
+    uint32_t pci_domain;
+    uint32_t pci_bus;
+    uint32_t pci_device;
+    uint32_t pci_device_id;    /* (device << 16) | vendor */
+    uint32_t pci_subsystem_id; /* (subsystem device << 16) | subsystem vendor */
+    uint32_t pcie_max_gen;
+    uint32_t pcie_max_width;
+    uint32_t pcie_cur_gen;
+    uint32_t pcie_cur_width;
+    uint32_t pcie_replay;
+    uint32_t pcie_tx_kbps;
+    uint32_t pcie_rx_kbps;
+    /* capabilities */
+    uint32_t has_fan;
+    uint32_t fan_speed;        /* percent */
+    uint32_t ecc_enabled;
+    uint32_t mig_capable;
+    uint32_t has_row_remapper; /* 0: retires pages instead */
+    uint32_t has_fabric;
+    uint32_t fabric_clique_id;
+    uint32_t fabric_state;     /* nvmlGpuFabricState_t */
+    uint8_t fabric_cluster_uuid[16];
+    uint32_t persistence_mode;
+    uint32_t compute_mode;
+    /* memory, bytes */
+    uint64_t mem_total;
+    uint64_t mem_reserved;
+    uint64_t mem_used;         /* excludes reserved (nvmlMemory_v2_t.used) */
+    uint64_t mem_free;
+    uint64_t bar1_total;
+    uint64_t bar1_used;
+    uint32_t mem_bus_width;
+    uint32_t pstate;           /* nvmlPstates_t */
+    /* clocks, MHz, indexed by nvmlClockType_t (graphics, sm, mem, video) */
+    uint32_t clock_cur[4];
+    uint32_t clock_max[4];
+    uint32_t clock_app[4];
+    uint32_t clock_default_app[4];
+    /* power, milliwatts / millijoules */
+    uint32_t power_usage;
+    uint32_t power_limit;
+    uint32_t power_default_limit;
+    uint32_t power_min_limit;
+    uint32_t power_max_limit;
+    uint32_t power_enforced_limit;
+    uint64_t energy_mj;
+    /* temperature, degrees C */
+    int32_t temp_gpu;
+    int32_t temp_mem;          /* -1: no memory sensor */
+    int32_t temp_threshold[8]; /* by nvmlTemperatureThresholds_t; -1: not supported */
+    int32_t temp_tlimit;       /* T.Limit reference; -1: the architecture has none */
+    uint32_t util_gpu;
+    uint32_t util_mem;
+    uint32_t util_enc;
+    uint32_t util_dec;
+    uint32_t pad0;
+    uint64_t throttle_mask;    /* nvmlClocksEventReasons bits */
+    /* ECC counters, [counter type: volatile, aggregate][error type: corrected,
+       uncorrected][nvmlMemoryLocation_t] */
+    uint64_t ecc[2][2][MOKKA_ECC_LOCATIONS];
+    uint32_t retired_sbe;
+    uint32_t retired_dbe;
+    uint32_t retired_pending;
+    uint32_t remapped_corr;
+    uint32_t remapped_unc;
+    uint32_t remap_pending;
+    uint32_t remap_failure;
+    uint32_t nvlink_count;
+    struct mokka_nvlink nvlink[MOKKA_MAX_NVLINKS];
+    /* faults */
+    uint32_t lost;             /* fallen off the bus: NVML_ERROR_GPU_IS_LOST */
+    uint32_t needs_reset;
+    uint32_t last_xid;         /* 0: none since reset */
+    uint32_t pad1;
+};
+
+struct mokka_event {
+    uint64_t seq;              /* event number + 1; 0 = slot never written */
+    uint64_t type;             /* nvmlEventType bits */
+    uint64_t data;             /* Xid for XID_CRITICAL_ERROR, count for ECC */
+    uint32_t gpu;              /* index */
+    uint32_t pad0;
+    uint64_t time_ns;          /* CLOCK_REALTIME when published */
+};
+
+struct mokka_state {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t gpu_count;
+    uint64_t size;             /* sizeof(struct mokka_state) */
+    uint32_t seq;              /* seqlock over everything below */
+    uint32_t event_wake;       /* futex word, incremented after each event */
+    uint64_t event_head;       /* events ever appended */
+    uint64_t generation;       /* publishes ever made */
+    uint64_t publish_time_ns;  /* CLOCK_REALTIME of the last publish */
+    uint32_t daemon_pid;
+    uint32_t cuda_version;     /* nvmlSystemGetCudaDriverVersion, e.g. 13000 */
+    char driver_version[80];
+    char nvml_version[80];
+    char hostname[64];
+    struct mokka_event ring[MOKKA_EVENT_RING];
+    struct mokka_gpu gpus[MOKKA_MAX_GPUS];
+};
+/* END CDEF */
+
+#ifdef __cplusplus
+static_assert(sizeof(struct mokka_state) % 8 == 0, "mokka_state size");
+#else
+_Static_assert(sizeof(struct mokka_state) % 8 == 0, "mokka_state size");
+#endif
+
+#define MOKKA_STATE_DEFAULT_PATH "/run/mokka/state"
+#define MOKKA_STATE_ENV "MOKKA_STATE"
+
+#endif /* MOKKA_STATE_H */

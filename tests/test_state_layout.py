@@ -1,0 +1,96 @@
+"""The shared state layout: Python (cffi) and C agree on every size and offset, and the publisher
+writes what a reader of the header expects."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from mokkafs.model import Node, compose
+from mokkafs.model.node import Notification
+from mokkafs.profiles import load_profile
+from mokkafs.publisher import MAGIC, STATE_SIZE, VERSION, Publisher, ffi, header_path
+
+STRUCTS = ["mokka_nvlink", "mokka_gpu", "mokka_event", "mokka_state"]
+
+
+def _python_layout() -> dict[str, int]:
+    out = {}
+    for name in STRUCTS:
+        t = ffi.typeof(f"struct {name}")
+        out[f"sizeof {name}"] = ffi.sizeof(t)
+        for field, _ in t.fields:
+            out[f"{name}.{field}"] = ffi.offsetof(t, field)
+    return out
+
+
+def test_c_and_cffi_agree(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) on PATH")
+    layout = _python_layout()
+    lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "mokka_state.h"', "int main(void) {"]
+    for key in layout:
+        if key.startswith("sizeof "):
+            struct = key.split()[1]
+            lines.append(f'printf("%s %zu\\n", "{key}", sizeof(struct {struct}));')
+        else:
+            struct, field = key.split(".")
+            lines.append(f'printf("%s %zu\\n", "{key}", offsetof(struct {struct}, {field}));')
+    lines += ["return 0;", "}"]
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-I", str(header_path().parent), str(src), "-o", str(exe)],
+                   check=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    c_layout = {line.rsplit(" ", 1)[0]: int(line.rsplit(" ", 1)[1]) for line in out.splitlines()}
+    assert c_layout == layout
+    assert len(layout) > 100  # every field was compared, not just the sizes
+
+
+def test_publisher_writes_a_valid_file(tmp_path):
+    node = Node(compose(load_profile("h100"), gpus=4), 1000.0)
+    pub = Publisher(tmp_path / "state", clock=lambda: 1000.0)
+    pub.open()
+    try:
+        pub.publish(node)
+        st = pub._st
+        assert (st.magic, st.version, st.size, st.gpu_count) == (MAGIC, VERSION, STATE_SIZE, 4)
+        assert st.seq % 2 == 0 and st.generation == 1
+        g = st.gpus[2]
+        assert ffi.string(g.name) == b"NVIDIA H100 80GB HBM3"
+        assert ffi.string(g.bus_id) == node.identities[2].bdf.nvml.encode()
+        assert g.mem_total == 81559 << 20
+        assert g.pci_device_id == 0x233010DE
+        pub.append_events([Notification(2, 0x8, 48), Notification(2, 0x2, 1)])
+        assert st.event_head == 2 and st.event_wake == 1
+        assert (st.ring[0].seq, st.ring[0].gpu, st.ring[0].type, st.ring[0].data) == (1, 2, 8, 48)
+        assert (st.ring[1].seq, st.ring[1].type) == (2, 2)
+    finally:
+        pub.close()
+    assert os.path.getsize(tmp_path / "state") == STATE_SIZE
+
+
+def test_restart_keeps_event_counters_and_replaces_bad_files(tmp_path, expect_log):
+    expect_log(r"replacing an incompatible state file")
+    path = tmp_path / "state"
+    node = Node(compose(load_profile("t4"), gpus=1), time.time())
+    pub = Publisher(path)
+    pub.open()
+    pub.publish(node)
+    pub.append_events([Notification(0, 0x8, 13)])
+    pub.close()
+    pub = Publisher(path)
+    pub.open()
+    assert pub._st.event_head == 1 and pub._st.event_wake == 1
+    pub.close()
+    path.write_bytes(b"garbage")  # short and wrong: replaced, counters start over
+    pub = Publisher(path)
+    pub.open()
+    assert pub._st.event_head == 0 and pub._st.magic == MAGIC
+    pub.close()
+    assert os.path.getsize(path) == STATE_SIZE
