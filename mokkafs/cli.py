@@ -62,9 +62,15 @@ def _serve_in_this_process(opts: Options, ready_fd: int | None) -> int:
             await nursery.start(serve, opts)
             report("ready\n")
 
+    expected = (ProfileError, StateError, RuntimeError, OSError)
     try:
         trio.run(main)
-    except (ProfileError, StateError, RuntimeError, OSError) as e:
+    except BaseException as e:
+        # trio wraps what a nursery raises in exception groups; a start-up failure is one leaf.
+        while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+            e = e.exceptions[0]
+        if not isinstance(e, expected):
+            raise
         msg = str(e).replace("\n", "\n  ")
         log.error("%s", msg)
         report(f"error: {msg}\n")
@@ -79,6 +85,7 @@ def cmd_mount(args) -> int:
         gpus=args.gpus,
         state_dir=args.state_dir,
         kmsg=args.kmsg,
+        metrics=args.metrics,
         driver_version=args.driver_version,
         cuda_version=args.cuda_version,
     )
@@ -111,6 +118,15 @@ def cmd_mount(args) -> int:
     return _fail(answer.removeprefix("error: ").strip() or f"daemon exited before it was ready; see {logfile}")
 
 
+def _alive(pid: int) -> bool:
+    """True while `pid` runs; an exited daemon waiting to be reaped (a zombie) counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def cmd_umount(args) -> int:
     mnt = args.mountpoint
     pidf = pid_file(mnt)
@@ -120,12 +136,8 @@ def cmd_umount(args) -> int:
     except (OSError, ValueError):
         pid = None
     deadline = time.monotonic() + 10
-    while pid is not None and time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.02)
+    while pid is not None and _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
     try:
         os.stat(mnt)
     except OSError as e:
@@ -205,6 +217,16 @@ def cmd_profiles(args) -> int:
     return 0
 
 
+def _listen_address(spec: str) -> str:
+    from mokkafs.metrics import parse_listen
+
+    try:
+        parse_listen(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return spec
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mokka", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -218,6 +240,14 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--driver-version")
     m.add_argument("--cuda-version")
     m.add_argument("--kmsg", action="store_true", help="also write Xid lines to /dev/kmsg")
+    m.add_argument(
+        "--metrics",
+        nargs="?",
+        const="127.0.0.1:9400",
+        type=_listen_address,
+        metavar="[HOST:]PORT",
+        help="serve dcgm-exporter-style /metrics (bare flag: 127.0.0.1:9400; :PORT binds all interfaces)",
+    )
     m.add_argument("-f", "--foreground", action="store_true")
     m.set_defaults(func=cmd_mount)
 

@@ -44,6 +44,7 @@ class Options:
     cuda_version: str | None = None
     kmsg: bool = False
     allow_other: bool = True
+    metrics: str | None = None  # [HOST:]PORT to serve /metrics on (mokkafs.metrics)
 
 
 def pid_file(mountpoint: str) -> Path:
@@ -125,20 +126,26 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
             controller.subscribers.append(publisher)
             await nursery.start(publisher.run, node)
 
-            os.makedirs(mountpoint, exist_ok=True)
             clear_stale_mount(mountpoint)
+            os.makedirs(mountpoint, exist_ok=True)
             if is_mounted(mountpoint):
                 raise RuntimeError(f"{mountpoint} is already a mount point; `mokka umount {mountpoint}` first")
             # Resolve the pid file's name before mounting: realpath() would stat the mount
             # point, and a FUSE daemon that stats its own mount before serving deadlocks.
             pidf = pid_file(mountpoint)
-            pyfuse3.init(MokkaOperations(tree, controller, time.time), mountpoint, _mount_options(opts))
+            ops = MokkaOperations(tree, controller, time.time)
+            pyfuse3.init(ops, mountpoint, _mount_options(opts))
             stack.callback(pyfuse3.close, unmount=True)
             pidf.parent.mkdir(parents=True, exist_ok=True)
             pidf.write_text(f"{os.getpid()}\n")
             stack.callback(lambda: pidf.unlink(missing_ok=True))
 
             # Services that serve the mounted node (metrics) start here.
+            if opts.metrics is not None:
+                from mokkafs import metrics
+
+                server = metrics.MetricsServer(controller, lambda: (ops.operations, ops.errors))
+                await nursery.start(metrics.serve, opts.metrics, server)
 
             nursery.start_soon(_watch_signals)
             log.info(

@@ -132,12 +132,10 @@ class MountedNode:
     def kill9(self) -> None:
         pid = self.daemon_pid()
         os.kill(pid, signal.SIGKILL)
+        from mokkafs.cli import _alive
+
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
+        while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.01)
 
     def unexpected_log_lines(self) -> list[str]:

@@ -1,0 +1,169 @@
+"""Level 3: a real mount in a subprocess, driven from a shell the way a user drives it."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import MountedNode
+
+
+def sh(script: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, **kw)
+
+
+def test_the_readme_walkthrough(mounted: MountedNode):
+    m = mounted.mnt
+    out = sh(f"cat {m}/gpu0/info {m}/gpu0/temperature")
+    assert out.returncode == 0, out.stderr
+    assert "name: NVIDIA H100 80GB HBM3\n" in out.stdout
+    assert "bus_id: 00000000:18:00.0\n" in out.stdout
+    assert out.stdout.endswith("29\n")
+    assert sh(f"echo 79 > {m}/gpu0/inject_xid").returncode == 0
+    events = mounted.read("node/events")
+    assert "NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus." in events
+    assert mounted.read("gpu0/lost") == "1\n"
+    assert "health: lost" in mounted.read("gpu0/info")
+    status = mounted.cli("status", "--root", str(m)).stdout
+    assert "lost" in status.splitlines()[2] and "healthy" in status.splitlines()[3]
+    assert sh(f"echo 1 > {m}/gpu0/reset").returncode == 0
+    assert "health: healthy" in mounted.read("gpu0/info")
+
+
+def test_tree_listing(mounted: MountedNode):
+    top = sorted(os.listdir(mounted.mnt))
+    assert {f"gpu{i}" for i in range(8)} | {"node"} <= set(top)
+    assert sorted(os.listdir(mounted.path("gpu3"))) == sorted(
+        [
+            "info", "inject_xid", "inject_ecc", "temperature", "power", "utilization", "clocks",
+            "throttle", "memory_used", "lost", "nvlink", "reset", "events",
+        ]
+    )
+    assert sorted(os.listdir(mounted.path("node"))) == sorted(
+        ["profile", "driver_version", "cuda_version", "gpu_count", "events", "reset"]
+    )
+    assert mounted.read("node/gpu_count") == "8\n"
+    assert mounted.read("node/driver_version") == "580.105.08\n"
+
+
+def test_junk_writes_are_einval_and_change_nothing(mounted: MountedNode):
+    mounted.expect_warning("EINVAL write")
+    before = {f: mounted.read(f"gpu1/{f}") for f in ("info", "inject_xid", "inject_ecc", "nvlink", "throttle")}
+    for rel, data in [
+        ("gpu1/inject_xid", b"junk\n"),
+        ("gpu1/inject_xid", b"79 79\n"),
+        ("gpu1/inject_ecc", b"dbe -1\n"),
+        ("gpu1/temperature", b"\x00\x01"),
+        ("gpu1/nvlink", b"99 down\n"),
+        ("gpu1/throttle", b"everything\n"),
+        ("gpu1/lost", b"true\n"),
+    ]:
+        assert mounted.write(rel, data) == errno.EINVAL, rel
+    assert {f: mounted.read(f"gpu1/{f}") for f in before} == before
+    out = sh(f"echo banana > {mounted.mnt}/gpu1/inject_xid")
+    assert out.returncode != 0 and "Invalid argument" in out.stderr
+    log = (mounted.state_dir / "daemon.log").read_text()
+    assert "gpu1/inject_xid: b'banana\\n': Xid must be a decimal number" in log
+
+
+def test_read_only_files_and_unknown_paths(mounted: MountedNode):
+    with pytest.raises(PermissionError):
+        mounted.path("gpu0/info").write_text("x")
+    with pytest.raises(FileNotFoundError):
+        mounted.read("gpu8/info")
+    with pytest.raises(OSError):
+        (mounted.mnt / "newfile").write_text("x")
+
+
+def test_pins_show_on_read(mounted: MountedNode):
+    assert mounted.write("gpu2/utilization", b"90 40\n") == 0
+    assert mounted.read("gpu2/utilization") == "90 40\n"
+    assert float(mounted.read("gpu2/power")) > 600
+    assert mounted.write("gpu2/throttle", b"hw_thermal_slowdown\n") == 0
+    assert mounted.read("gpu2/throttle") == "hw_slowdown hw_thermal_slowdown\n"
+    assert mounted.write("gpu2/memory_used", b"40000\n") == 0
+    assert mounted.read("gpu2/memory_used") == "40000\n"
+    assert mounted.write("gpu2/clocks", b"1400 2619\n") == 0
+    assert mounted.read("gpu2/clocks") == "1400 2619\n"
+    assert mounted.write("gpu2/nvlink", b"3 down\n") == 0
+    assert mounted.read("gpu2/nvlink").splitlines()[3].startswith("3 down")
+    assert mounted.write("node/reset", b"1\n") == 0
+    assert mounted.read("gpu2/utilization") == "0 0\n"
+
+
+def test_cli_inject_and_its_errors(mounted: MountedNode):
+    root = str(mounted.mnt)
+    assert mounted.cli("inject", "--root", root, "3", "xid", "48").returncode == 0
+    assert "volatile dbe 1" in mounted.read("gpu3/inject_ecc")
+    bad = mounted.cli("inject", "--root", root, "3", "xid", "zero", check=False)
+    assert bad.returncode == 2 and "Xid must be a decimal number" in bad.stderr
+    missing = mounted.cli("inject", "--root", root, "9", "xid", "79", check=False)
+    assert missing.returncode == 2 and "No such file" in missing.stderr
+
+
+def test_sigterm_unmounts_cleanly(mounted: MountedNode):
+    os.kill(mounted.daemon_pid(), signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while os.path.ismount(mounted.mnt) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.ismount(mounted.mnt)
+    assert os.listdir(mounted.mnt) == []
+
+
+def test_kill_9_then_remount_clears_the_stale_mount_and_restores_state(node_factory):
+    node = node_factory(profile="h100", gpus=4)
+    node.expect_warning("clearing stale mount")
+    assert node.write("gpu1/inject_xid", b"79\n") == 0
+    assert node.write("gpu2/inject_ecc", b"sbe 12 l2\n") == 0
+    assert node.write("gpu3/temperature", b"91\n") == 0
+    node.kill9()
+    with pytest.raises(OSError) as err:
+        os.stat(node.mnt / "node")
+    assert err.value.errno == errno.ENOTCONN
+    node.mount()
+    assert node.read("gpu1/lost") == "1\n"
+    assert "volatile sbe l2 12" in node.read("gpu2/inject_ecc")
+    assert node.read("gpu3/temperature") == "91\n"
+    assert node.read("node/events").count("NVRM: Xid (PCI:0000:1e:00): 79,") == 1
+
+
+def test_mounting_twice_is_refused(node_factory):
+    node = node_factory(gpus=1)
+    other_state = node.state_dir.parent / "other-state"
+    out = node.cli("mount", str(node.mnt), "--gpus", "1", "--state-dir", str(other_state), check=False)
+    assert out.returncode == 1 and "already a mount point" in out.stderr
+    assert node.read("node/gpu_count") == "1\n"
+
+
+def test_bad_profile_and_state_are_clear_errors(tmp_path, node_factory):
+    node = node_factory(mount=False)
+    node.expect_warning(" ERROR ")
+    out = node.cli("mount", str(node.mnt), "--profile", "h900", "--state-dir", str(node.state_dir), check=False)
+    assert out.returncode == 1 and "unknown profile 'h900'" in out.stderr and "h100" in out.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\nproduct_nam: y\n")
+    out = node.cli("mount", str(node.mnt), "--profile", str(broken), "--state-dir", str(node.state_dir), check=False)
+    assert out.returncode == 1 and "broken.yaml" in out.stderr and "product_nam" in out.stderr
+    node.state_dir.mkdir(exist_ok=True)
+    (node.state_dir / "node.json").write_text("{torn")
+    out = node.cli("mount", str(node.mnt), "--state-dir", str(node.state_dir), check=False)
+    assert out.returncode == 1 and "node.json" in out.stderr and "unreadable state" in out.stderr
+    assert not os.path.ismount(node.mnt)
+
+
+def test_profiles_command_lists_all_eight(node_factory):
+    node = node_factory(mount=False)
+    lines = node.cli("profiles").stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["a100", "b200", "gb200", "gb300", "h100", "h200", "l40s", "t4"]
+    assert "NVIDIA H100 80GB HBM3" in lines[4]
+
+
+def test_state_files_are_plain_json(mounted: MountedNode):
+    assert mounted.write("gpu0/inject_xid", b"63\n") == 0
+    saved = json.loads((mounted.state_dir / "gpu0.json").read_text())
+    assert saved["remap_pending"] is True and saved["last_xid"] == 63
