@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Set up mokkafs on a fresh Debian/Ubuntu machine: system packages, a virtual environment with
+# mokkafs and its test dependencies (this builds the native shims), then mount an 8 x H100 node
+# at /mokka and show it. `--no-mount` stops after the install (CI and the test script use it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mount_node=1
+[ "${1:-}" = "--no-mount" ] && mount_node=0
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+# System packages: FUSE, a C toolchain for the shims, and the real tools the tests run.
+packages=(fuse3 libfuse3-dev pkg-config gcc python3-venv python3-dev pciutils infiniband-diags util-linux)
+# kubectl may already come from another package (kubernetes-client conflicts with it).
+command -v kubectl >/dev/null 2>&1 || packages+=(kubernetes-client)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PYTHON="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'
+
+if [ "$mount_node" -eq 1 ]; then
+  .venv/bin/mokka umount /mokka >/dev/null 2>&1 || true
+  $SUDO .venv/bin/mokka mount /mokka --profile h100 --gpus 8
+  .venv/bin/mokka status --root /mokka
+  echo
+  echo "Try: echo 79 > /mokka/gpu0/inject_xid; cat /mokka/node/events; .venv/bin/mokka status"
+fi
