@@ -57,7 +57,9 @@ def clear_stale_mount(mountpoint: str) -> None:
     """A daemon killed without unmounting leaves a mount whose every access fails ENOTCONN;
     detach it so the new daemon can mount in its place."""
     try:
-        os.stat(mountpoint)
+        # statfs always reaches the daemon (the kernel caches no answer to it), so a dead
+        # daemon's mount answers ENOTCONN here even where attributes are cached.
+        os.statvfs(mountpoint)
     except OSError as e:
         if e.errno != errno.ENOTCONN:
             return

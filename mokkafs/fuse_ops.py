@@ -22,6 +22,8 @@ from mokkafs.vfs import CharDev, Ctx, Dir, Entry, File, Symlink, Tree, file_type
 
 log = logging.getLogger(__name__)
 
+STABLE_TIMEOUT_S = 300
+
 
 @dataclass
 class _Handle:
@@ -37,6 +39,7 @@ def _fuse_errors(handler):
 
     @functools.wraps(handler)
     async def wrapper(self, *args):
+        self.operations += 1
         try:
             return await handler(self, *args)
         except pyfuse3.FUSEError:
@@ -66,7 +69,8 @@ class MokkaOperations(pyfuse3.Operations):
         self._handles: dict[int, _Handle] = {}
         self._dirs: dict[int, list[tuple[str, int, Entry]]] = {}
         self._next_fh = itertools.count(1)
-        self.errors = 0
+        self.errors = 0  # requests answered EINVAL/EIO by _fuse_errors (metrics count them)
+        self.operations = 0  # requests handled, whatever the answer
 
     def _ctx(self) -> Ctx:
         return Ctx(self.controller.node, self.clock())
@@ -81,9 +85,12 @@ class MokkaOperations(pyfuse3.Operations):
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = inode
         attr.generation = 0
-        # Everything is computed on read and may change at any event: let the kernel cache nothing.
-        attr.entry_timeout = 0
-        attr.attr_timeout = 0
+        # Contents are rendered at open and never cached (direct_io). Names and attributes may be
+        # cached only where they cannot change: in a stable directory (gpuN/, node/); anything
+        # that can appear or vanish with an event (a lost GPU's sysfs entry) is never cached.
+        timeout = STABLE_TIMEOUT_S if self.tree.in_stable_dir(inode, ctx) else 0
+        attr.entry_timeout = timeout
+        attr.attr_timeout = timeout
         kind = file_type(entry)
         if isinstance(entry, File):
             attr.st_mode = kind | entry.perm
@@ -210,9 +217,8 @@ class MokkaOperations(pyfuse3.Operations):
     async def release(self, fh):
         self._handles.pop(fh, None)
 
-    @_fuse_errors
-    async def flush(self, fh):
-        pass
+    # No flush(): pyfuse3's default answers ENOSYS, after which the kernel stops sending FLUSH
+    # on every close(), one round trip less per read of a control file.
 
     @_fuse_errors
     async def statfs(self, ctx):

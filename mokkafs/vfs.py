@@ -44,6 +44,7 @@ class File(Entry):
 class Dir(Entry):
     children: Callable[[Ctx], Mapping[str, Entry]]
     mode: int = 0o555
+    stable: bool = False  # True: the set of children never changes (the kernel may cache it)
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,7 +65,7 @@ class CharDev(Entry):
 def static_dir(children: Mapping[str, Entry], mode: int = 0o555) -> Dir:
     """A directory whose children never change."""
     frozen = dict(children)
-    return Dir(lambda ctx: frozen, mode)
+    return Dir(lambda ctx: frozen, mode, stable=True)
 
 
 def text(render: Callable[[Ctx], str], **kw) -> File:
@@ -145,6 +146,15 @@ class Tree:
         if cached.children is None:
             cached.children = entry.children(ctx)
         return cached.children
+
+    def in_stable_dir(self, ino: int, ctx: Ctx) -> bool:
+        """True if `ino` sits in a directory whose children never change, so the kernel may
+        keep its name and attributes cached."""
+        path = self._path_of.get(ino)
+        if not path:
+            return False  # the root: tools probe it to tell a live mount from a dead one
+        parent = self.entry(self.ino(path.rpartition("/")[0]), ctx)
+        return isinstance(parent, Dir) and parent.stable
 
     def lookup(self, parent_ino: int, name: str, ctx: Ctx) -> tuple[int, Entry] | None:
         kids = self.children(parent_ino, ctx)

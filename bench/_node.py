@@ -1,0 +1,55 @@
+"""Mount a node for a benchmark, through the real CLI, and take it down again."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+class BenchNode:
+    def __init__(self, profile: str = "h100", gpus: int = 8) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="mokka-bench-"))
+        self.mnt = self.tmp / "mnt"
+        self.state = self.tmp / "state"
+        self.env = dict(os.environ, MOKKA_RUNTIME_DIR=str(self.tmp / "run"))
+        self.profile, self.gpus = profile, gpus
+
+    def mount(self) -> float:
+        """Mount; return seconds from the command's start to the tree answering."""
+        t0 = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "mokkafs.cli", "mount", str(self.mnt), "--profile", self.profile,
+             "--gpus", str(self.gpus), "--state-dir", str(self.state)],
+            check=True, env=self.env, capture_output=True,
+        )
+        (self.mnt / "node" / "gpu_count").read_text()
+        return time.perf_counter() - t0
+
+    def umount(self) -> None:
+        subprocess.run([sys.executable, "-m", "mokkafs.cli", "umount", str(self.mnt)], env=self.env,
+                       capture_output=True)
+
+    def pid(self) -> int:
+        name = os.path.realpath(self.mnt).strip("/").replace("/", "_")
+        return int((self.tmp / "run" / f"{name}.pid").read_text())
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.pid()}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmRSS")
+
+    def __enter__(self) -> "BenchNode":
+        self.mount()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.umount()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
