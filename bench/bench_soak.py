@@ -1,0 +1,116 @@
+"""Soak: 16 concurrent readers over every file of the tree while a writer injects 100 faults/s.
+Reports read errors, the daemon's RSS growth, and its RSS at 8 and 64 GPUs.
+Targets (issue 2): 0 errors, RSS growth <= 5 MB, RSS <= 80 MB at 8 GPUs and <= 150 MB at 64."""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+
+from _node import BenchNode
+
+FAULTS = [
+    ("inject_xid", b"13\n"), ("inject_xid", b"48\n"), ("inject_xid", b"79\n"), ("reset", b"1\n"),
+    ("inject_ecc", b"sbe 3 l2\n"), ("temperature", b"88\n"), ("temperature", b"auto\n"),
+    ("utilization", b"90 40\n"), ("utilization", b"auto\n"), ("inject_xid", b"74\n"),
+    ("nvlink", b"2 down\n"), ("nvlink", b"2 up\n"), ("throttle", b"sw_power_cap\n"), ("throttle", b"auto\n"),
+]
+
+
+def all_files(root: Path) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        # Skip device nodes and write-only files; readers read what a monitoring agent reads.
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            if (st.st_mode & 0o170000) == 0o100000 and st.st_mode & 0o444:
+                out.append(p)
+    return out
+
+
+def reader(files: list[str], seconds: float, q) -> None:
+    reads = errors = 0
+    first_error = ""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for p in files:
+            try:
+                with open(p, "rb") as f:
+                    f.read()
+                reads += 1
+            except FileNotFoundError:
+                reads += 1  # a lost GPU's sysfs entry vanishing mid-walk is the simulation, not an error
+            except OSError as e:
+                errors += 1
+                first_error = first_error or f"{p}: {e}"
+            if time.monotonic() >= end:
+                break
+    q.put((reads, errors, first_error))
+
+
+def writer(root: Path, gpus: int, seconds: float, rate: float, q) -> None:
+    n = errors = 0
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        name, data = FAULTS[n % len(FAULTS)]
+        gpu = n % gpus
+        try:
+            fd = os.open(root / f"gpu{gpu}" / name, os.O_WRONLY)
+            os.write(fd, data)
+            os.close(fd)
+        except OSError:
+            errors += 1
+        n += 1
+        delay = start + n / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    q.put((n, errors))
+
+
+def soak(gpus: int, seconds: float, readers: int, rate: float) -> None:
+    with BenchNode(gpus=gpus) as node:
+        files = all_files(node.mnt)
+        rss0 = node.rss_kib()
+        q = mp.Queue()
+        procs = [mp.Process(target=reader, args=(files, seconds, q)) for _ in range(readers)]
+        wq = mp.Queue()
+        w = mp.Process(target=writer, args=(node.mnt, gpus, seconds, rate, wq))
+        for p in procs + [w]:
+            p.start()
+        results = [q.get() for _ in procs]
+        injected, write_errors = wq.get()
+        for p in procs + [w]:
+            p.join()
+        rss1 = node.rss_kib()
+    reads = sum(r[0] for r in results)
+    errors = sum(r[1] for r in results)
+    first = next((r[2] for r in results if r[2]), "")
+    print(f"{gpus} GPUs, {len(files)} files, {readers} readers, {seconds:.0f} s: {reads} reads, {errors} read errors, "
+          f"{injected} faults injected ({injected / seconds:.0f}/s), {write_errors} write errors")
+    if first:
+        print(f"  first error: {first}")
+    print(f"  daemon RSS {rss0 / 1024:.1f} MB -> {rss1 / 1024:.1f} MB, growth {(rss1 - rss0) / 1024:.2f} MB (target <= 5)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--readers", type=int, default=16)
+    ap.add_argument("--rate", type=float, default=100)
+    args = ap.parse_args()
+    soak(8, args.seconds, args.readers, args.rate)
+    print(f"{'GPUs':>5} {'RSS MB':>7} {'target MB':>10} {'ratio':>6}")
+    for gpus, target in ((8, 80), (64, 150)):
+        with BenchNode(gpus=gpus) as node:
+            for p in all_files(node.mnt):  # touch every file once so the tree is fully resolved
+                with open(p, "rb") as f:
+                    f.read()
+            rss = node.rss_kib() / 1024
+        print(f"{gpus:>5} {rss:>7.1f} {target:>10} {rss / target:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()
