@@ -107,11 +107,16 @@ def test_cli_inject_and_its_errors(mounted: MountedNode):
 
 
 def test_sigterm_unmounts_cleanly(mounted: MountedNode):
-    os.kill(mounted.daemon_pid(), signal.SIGTERM)
+    from mokkafs.cli import _alive
+    from mokkafs.daemon import is_mounted
+
+    pid = mounted.daemon_pid()
+    os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
-    while os.path.ismount(mounted.mnt) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not os.path.ismount(mounted.mnt)
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _alive(pid)
+    assert not is_mounted(str(mounted.mnt))  # unmounted by the daemon itself, not left dead
     assert os.listdir(mounted.mnt) == []
 
 
