@@ -172,3 +172,27 @@ def test_state_files_are_plain_json(mounted: MountedNode):
     assert mounted.write("gpu0/inject_xid", b"63\n") == 0
     saved = json.loads((mounted.state_dir / "gpu0.json").read_text())
     assert saved["remap_pending"] is True and saved["last_xid"] == 63
+
+
+def test_kmsg_gets_the_driver_line(node_factory):
+    """`--kmsg`: each Xid also lands in the kernel log, where node-problem-detector reads it."""
+    node = node_factory(gpus=2, mount=False)
+    node.mount(extra=("--kmsg",))
+    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        os.lseek(fd, 0, os.SEEK_END)  # only records written from now on
+        assert node.write("gpu1/inject_xid", b"48\n") == 0
+        assert node.write("gpu1/temperature", b"80\n") == 0  # not an Xid: not for the kernel log
+        records = []
+        while True:
+            try:
+                records.append(os.read(fd, 8192).decode(errors="replace"))
+            except BlockingIOError:
+                break
+    finally:
+        os.close(fd)
+    ours = [r.split(";", 1)[1].strip() for r in records if "NVRM" in r or "mokka:" in r]
+    assert ours == [
+        "NVRM: Xid (PCI:0000:1e:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error "
+        "(DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0."
+    ]
