@@ -1,0 +1,15 @@
+"""Where the native shims built by setup.py live inside the installed package."""
+from __future__ import annotations
+
+from pathlib import Path
+
+LIB_DIR = Path(__file__).resolve().parent / "_native" / "lib"
+NVML_SONAME = "libnvidia-ml.so.1"
+
+
+def nvml_library() -> Path:
+    """The built libnvidia-ml.so.1; FileNotFoundError if the package was installed without it."""
+    path = LIB_DIR / NVML_SONAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: reinstall mokkafs (`pip install .`) to build the shims")
+    return path

@@ -1,0 +1,22 @@
+"""driver/: a driver root as `--driver-root` users expect (usr/lib64/libnvidia-ml.so.*), whose
+libraries are symlinks to the shims this package built, named like the real driver's files."""
+from __future__ import annotations
+
+from mokkafs import native
+from mokkafs.model import NodeConfig
+from mokkafs.vfs import Dir, Symlink, static_dir
+
+
+def lib64_children(config: NodeConfig) -> dict[str, Symlink]:
+    """As the driver installs them: the soname links to the versioned file, which is ours.
+    nvidia-ctk infers the driver version from the `.so.<version>` suffix."""
+    versioned = f"libnvidia-ml.so.{config.driver_version}"
+    return {
+        versioned: Symlink(str(native.LIB_DIR / native.NVML_SONAME)),
+        native.NVML_SONAME: Symlink(versioned),
+    }
+
+
+def driver_tree(config: NodeConfig) -> Dir:
+    lib64 = static_dir(lib64_children(config))
+    return static_dir({"usr": static_dir({"lib64": lib64})})

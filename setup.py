@@ -1,0 +1,55 @@
+"""Builds the native shims (shims/) with the system C compiler into the package, so that
+`pip install .` (and `pip install -e .`) ship mokkafs/_native/lib/libnvidia-ml.so.1.
+Everything else about the package is in pyproject.toml."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+HERE = Path(__file__).resolve().parent
+SHIMS = HERE / "shims"
+CFLAGS = ["-O2", "-g", "-fPIC", "-Wall", "-Wextra", "-std=gnu11"]
+
+
+def build_nvml(out: Path) -> None:
+    cc = shlex.split(os.environ.get("CC", "cc"))
+    (out / "lib").mkdir(parents=True, exist_ok=True)
+    (out / "include").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(SHIMS / "include" / "mokka_state.h", out / "include" / "mokka_state.h")
+    src = SHIMS / "libnvml"
+    target = out / "lib" / "libnvidia-ml.so.1"
+    cmd = [
+        *cc, *CFLAGS, "-shared", "-I", str(SHIMS / "include"),
+        f"-Wl,--version-script={src / 'libnvidia-ml.map'}", "-Wl,-soname,libnvidia-ml.so.1", "-Wl,--no-undefined",
+        str(src / "nvml.c"), str(src / "nvml_stubs.c"), "-pthread", "-o", str(target) + ".tmp",
+    ]
+    print(" ".join(cmd))
+    subprocess.run(cmd, check=True)
+    os.replace(str(target) + ".tmp", target)
+    (out / ".gitignore").write_text("# build output of setup.py\n*\n")
+
+
+class BuildPyWithShims(build_py):
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):
+            build_nvml(HERE / "mokkafs" / "_native")
+        else:
+            build_nvml(Path(self.build_lib) / "mokkafs" / "_native")
+
+
+class BinaryDistribution(Distribution):
+    """The wheel carries a native library: tag it for the platform, not py3-none-any."""
+
+    def has_ext_modules(self) -> bool:
+        return True
+
+
+setup(cmdclass={"build_py": BuildPyWithShims}, distclass=BinaryDistribution)

@@ -1,0 +1,56 @@
+"""Helpers for the NVML shim tests: where the built library is, a published state file
+without a mount, and the environment a consumer process needs."""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from mokkafs import native
+from mokkafs.model import Node, compose
+from mokkafs.profiles import load_profile
+from mokkafs.publisher import Publisher
+
+
+def nvml_path() -> Path:
+    try:
+        return native.nvml_library()
+    except FileNotFoundError as e:
+        pytest.skip(f"libnvidia-ml.so.1 not built ({e}); run `pip install -e .`")
+
+
+def consumer_env(state: Path) -> dict[str, str]:
+    env = dict(os.environ, MOKKA_STATE=str(state))
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(nvml_path().parent), env.get("LD_LIBRARY_PATH")]))
+    return env
+
+
+class Published:
+    """A node published into `<dir>/state` by an in-process Publisher (no FUSE)."""
+
+    def __init__(self, directory: Path, profile: str = "h100", gpus: int | None = None) -> None:
+        self.node = Node(compose(load_profile(profile), gpus=gpus), time.time())
+        self.path = directory / "state"
+        self.publisher = Publisher(self.path)
+        self.publisher.open()
+        self.publisher.publish(self.node)
+
+    def apply(self, event) -> None:
+        notes = self.node.apply(event, time.time())
+        self.publisher(self.node, notes, [])
+
+    def close(self) -> None:
+        self.publisher.close()
+
+
+class Nvml:
+    """ctypes access to the built library, loaded into this process."""
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL(str(nvml_path()))
+
+    def __getattr__(self, name: str):
+        return getattr(self.lib, name)
