@@ -1,0 +1,192 @@
+"""The NVML shim's behaviour against a published state file, called through ctypes: init and
+bad state files, handles, getters, faults and events."""
+from __future__ import annotations
+
+import ctypes as C
+import os
+import threading
+import time
+
+import pytest
+
+from helpers_nvml import Nvml, Published
+from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin
+from mokkafs.publisher import STATE_SIZE
+
+SUCCESS, UNINITIALIZED, INVALID_ARGUMENT, NOT_SUPPORTED, NOT_FOUND, INSUFFICIENT_SIZE = 0, 1, 2, 3, 6, 7
+DRIVER_NOT_LOADED, TIMEOUT, GPU_IS_LOST, RM_MISMATCH, VERSION_MISMATCH = 9, 10, 15, 18, 25
+
+
+class PciInfo(C.Structure):
+    _fields_ = [("busIdLegacy", C.c_char * 16), ("domain", C.c_uint), ("bus", C.c_uint), ("device", C.c_uint),
+                ("pciDeviceId", C.c_uint), ("pciSubSystemId", C.c_uint), ("busId", C.c_char * 32)]
+
+
+class MemoryV2(C.Structure):
+    _fields_ = [("version", C.c_uint), ("total", C.c_ulonglong), ("reserved", C.c_ulonglong),
+                ("free", C.c_ulonglong), ("used", C.c_ulonglong)]
+
+
+class EventData(C.Structure):
+    _fields_ = [("device", C.c_void_p), ("eventType", C.c_ulonglong), ("eventData", C.c_ulonglong),
+                ("gpuInstanceId", C.c_uint), ("computeInstanceId", C.c_uint)]
+
+
+@pytest.fixture
+def nvml():
+    lib = Nvml()
+    yield lib
+    while lib.nvmlShutdown() == SUCCESS:
+        pass
+
+
+@pytest.fixture
+def published(tmp_path, monkeypatch):
+    pub = Published(tmp_path, "h100", gpus=4)
+    monkeypatch.setenv("MOKKA_STATE", str(pub.path))
+    yield pub
+    pub.close()
+
+
+def handle(nvml, i: int) -> C.c_void_p:
+    h = C.c_void_p()
+    assert nvml.nvmlDeviceGetHandleByIndex_v2(i, C.byref(h)) == SUCCESS
+    return h
+
+
+def test_no_or_bad_state_file_is_an_error_code_never_a_crash(nvml, tmp_path, monkeypatch):
+    path = tmp_path / "state"
+    monkeypatch.setenv("MOKKA_STATE", str(path))
+    assert nvml.nvmlInit_v2() == DRIVER_NOT_LOADED  # missing
+    path.write_bytes(b"")
+    assert nvml.nvmlInitWithFlags(0) == DRIVER_NOT_LOADED  # empty
+    path.write_bytes(b"MKASTATE" + b"\x00" * 100)
+    assert nvml.nvmlInit() == DRIVER_NOT_LOADED  # short: never mapped, so never SIGBUS
+    os.mkdir(tmp_path / "dir")
+    monkeypatch.setenv("MOKKA_STATE", str(tmp_path / "dir"))
+    assert nvml.nvmlInit_v2() == DRIVER_NOT_LOADED  # not a regular file
+    for name, head in [("magic", b"\xff" * 8 + (1).to_bytes(4, "little")),
+                       ("version", (0x4554415453414B4D).to_bytes(8, "little") + (99).to_bytes(4, "little"))]:
+        bad = tmp_path / name
+        bad.write_bytes(head + b"\x00" * (STATE_SIZE - len(head)))
+        monkeypatch.setenv("MOKKA_STATE", str(bad))
+        assert nvml.nvmlInit_v2() == RM_MISMATCH, name
+    count = C.c_uint()
+    assert nvml.nvmlDeviceGetCount_v2(C.byref(count)) == UNINITIALIZED
+    assert nvml.nvmlShutdown() == UNINITIALIZED
+
+
+def test_errno_is_preserved(nvml, tmp_path, monkeypatch):
+    monkeypatch.setenv("MOKKA_STATE", str(tmp_path / "missing"))
+    C.set_errno(1234)
+    lib = C.CDLL(nvml.lib._name, use_errno=True)
+    C.set_errno(1234)
+    assert lib.nvmlInit_v2() == DRIVER_NOT_LOADED
+    assert C.get_errno() == 1234
+
+
+def test_init_refcount_counts_and_handles(nvml, published):
+    assert nvml.nvmlInit_v2() == SUCCESS
+    assert nvml.nvmlInitWithFlags(0) == SUCCESS
+    assert nvml.nvmlShutdown() == SUCCESS
+    count = C.c_uint()
+    assert nvml.nvmlDeviceGetCount_v2(C.byref(count)) == SUCCESS and count.value == 4
+    h = C.c_void_p()
+    assert nvml.nvmlDeviceGetHandleByIndex_v2(4, C.byref(h)) == INVALID_ARGUMENT
+    ident = published.node.identities[2]
+    h2 = handle(nvml, 2)
+    for bus_id in (ident.bdf.nvml, ident.bdf.legacy, ident.bdf.sysfs, ident.bdf.nvml.lower()):
+        assert nvml.nvmlDeviceGetHandleByPciBusId_v2(bus_id.encode(), C.byref(h)) == SUCCESS, bus_id
+        assert h.value == h2.value
+    assert nvml.nvmlDeviceGetHandleByUUID(ident.uuid.encode(), C.byref(h)) == SUCCESS and h.value == h2.value
+    assert nvml.nvmlDeviceGetHandleByUUID(b"GPU-nope", C.byref(h)) == NOT_FOUND
+    assert nvml.nvmlDeviceGetHandleByPciBusId_v2(b"garbage", C.byref(h)) == INVALID_ARGUMENT
+    assert nvml.nvmlDeviceGetName(C.c_void_p(12345), C.create_string_buffer(96), 96) == INVALID_ARGUMENT
+    assert nvml.nvmlShutdown() == SUCCESS
+    assert nvml.nvmlDeviceGetCount_v2(C.byref(count)) == UNINITIALIZED
+
+
+def test_getters_return_the_profile(nvml, published):
+    assert nvml.nvmlInit_v2() == SUCCESS
+    h = handle(nvml, 1)
+    buf = C.create_string_buffer(96)
+    assert nvml.nvmlDeviceGetName(h, buf, 96) == SUCCESS and buf.value == b"NVIDIA H100 80GB HBM3"
+    assert nvml.nvmlDeviceGetName(h, buf, 5) == INSUFFICIENT_SIZE
+    pci = PciInfo()
+    assert nvml.nvmlDeviceGetPciInfo_v3(h, C.byref(pci)) == SUCCESS
+    bdf = published.node.identities[1].bdf
+    assert (pci.busId, pci.busIdLegacy, pci.bus) == (bdf.nvml.encode(), bdf.legacy.encode(), bdf.bus)
+    assert pci.pciDeviceId == 0x233010DE and pci.pciSubSystemId == 0x16C110DE
+    mem = MemoryV2(version=0x02000028)
+    assert nvml.nvmlDeviceGetMemoryInfo_v2(h, C.byref(mem)) == SUCCESS
+    assert (mem.total, mem.reserved, mem.used) == (81559 << 20, 480 << 20, 0)
+    assert nvml.nvmlDeviceGetMemoryInfo_v2(h, C.byref(MemoryV2(version=1))) == VERSION_MISMATCH
+    v = C.c_uint()
+    assert nvml.nvmlDeviceGetTemperature(h, 0, C.byref(v)) == SUCCESS and v.value == 29
+    assert nvml.nvmlDeviceGetTemperatureThreshold(h, 1, C.byref(v)) == SUCCESS and v.value == 89
+    assert nvml.nvmlDeviceGetPowerManagementLimit(h, C.byref(v)) == SUCCESS and v.value == 700000
+    assert nvml.nvmlDeviceGetMaxClockInfo(h, 2, C.byref(v)) == SUCCESS and v.value == 2619
+    assert nvml.nvmlDeviceGetFanSpeed(h, C.byref(v)) == NOT_SUPPORTED  # H100 SXM has no fan
+    major, minor = C.c_int(), C.c_int()
+    assert nvml.nvmlDeviceGetCudaComputeCapability(h, C.byref(major), C.byref(minor)) == SUCCESS
+    assert (major.value, minor.value) == (9, 0)
+    cnt = C.c_uint(0)
+    assert nvml.nvmlDeviceGetComputeRunningProcesses_v3(h, C.byref(cnt), None) == SUCCESS and cnt.value == 0
+    published.apply(Pin(gpu=1, signal="temperature", values=(83,)))
+    assert nvml.nvmlDeviceGetTemperature(h, 0, C.byref(v)) == SUCCESS and v.value == 83
+
+
+def test_faults_lost_gpu_and_counters(nvml, published):
+    assert nvml.nvmlInit_v2() == SUCCESS
+    h = handle(nvml, 3)
+    n = C.c_ulonglong()
+    published.apply(InjectEcc(gpu=3, kind="dbe", count=2))
+    assert nvml.nvmlDeviceGetTotalEccErrors(h, 1, 0, C.byref(n)) == SUCCESS and n.value == 2
+    rows = [C.c_uint() for _ in range(4)]
+    assert nvml.nvmlDeviceGetRemappedRows(h, *map(C.byref, rows)) == SUCCESS
+    assert rows[1].value == 1 and rows[2].value == 1
+    published.apply(NvLinkCommand(gpu=3, link=2, action="down"))
+    state = C.c_int()
+    assert nvml.nvmlDeviceGetNvLinkState(h, 2, C.byref(state)) == SUCCESS and state.value == 0
+    assert nvml.nvmlDeviceGetNvLinkState(h, 18, C.byref(state)) == INVALID_ARGUMENT
+    published.apply(InjectXid(gpu=3, code=79))
+    v = C.c_uint()
+    assert nvml.nvmlDeviceGetTemperature(h, 0, C.byref(v)) == GPU_IS_LOST
+    assert nvml.nvmlDeviceGetHandleByIndex_v2(3, C.byref(C.c_void_p())) == GPU_IS_LOST
+    buf = C.create_string_buffer(96)
+    assert nvml.nvmlDeviceGetUUID(h, buf, 96) == SUCCESS  # identity stays, for health checkers
+
+
+def test_event_wait_wakes_within_a_millisecond_and_every_set_gets_each_event(nvml, published):
+    assert nvml.nvmlInit_v2() == SUCCESS
+    h = handle(nvml, 3)
+    sets = [C.c_void_p(), C.c_void_p()]
+    for s in sets:
+        assert nvml.nvmlEventSetCreate(C.byref(s)) == SUCCESS
+        assert nvml.nvmlDeviceRegisterEvents(h, 0x8 | 0x2 | 0x1, s) == SUCCESS
+    data = EventData()
+    t0 = time.monotonic()
+    assert nvml.nvmlEventSetWait_v2(sets[0], C.byref(data), 50) == TIMEOUT
+    assert 0.045 < time.monotonic() - t0 < 0.5
+    got: list[tuple[int, int, float]] = []
+
+    def waiter(s):
+        d = EventData()
+        while nvml.nvmlEventSetWait_v2(s, C.byref(d), 5000) == SUCCESS:
+            got.append((d.eventType, d.eventData, time.monotonic()))
+            if d.eventType == 0x2:
+                return
+
+    threads = [threading.Thread(target=waiter, args=(s,)) for s in sets]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)  # both are blocked in FUTEX_WAIT now
+    t_inject = time.monotonic()
+    published.apply(InjectXid(gpu=3, code=48))
+    for t in threads:
+        t.join(10)
+    assert sorted((t, d) for t, d, _ in got) == [(0x2, 0), (0x2, 0), (0x8, 48), (0x8, 48)]
+    assert max(at for _, _, at in got) - t_inject < 0.05  # generous for a loaded CI box; bench/ measures
+    assert nvml.nvmlEventSetWait_v2(sets[0], C.byref(data), 0) == TIMEOUT  # each event once
+    for s in sets:
+        assert nvml.nvmlEventSetFree(s) == SUCCESS
