@@ -1,0 +1,128 @@
+"""Real, unmodified NVML consumers (pynvml, gpustat, nvitop) against a mounted node."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from helpers_nvml import consumer_env
+
+pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+
+
+def run_py(env, code: str, timeout: float = 60) -> str:
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name, path=str(__import__("pathlib").Path(sys.executable).parent))
+    if path is None:
+        pytest.skip(f"{name} not installed (test extra)")
+    return path
+
+
+@pytest.mark.parametrize("profile", ["h100", "a100", "t4", "gb200"])
+def test_pynvml_sees_the_profile(node_factory, profile):
+    node = node_factory(profile=profile, gpus=2)
+    env = consumer_env(node.state_dir / "state")
+    out = json.loads(run_py(env, """
+        import json, pynvml as p
+        p.nvmlInit()
+        h = p.nvmlDeviceGetHandleByIndex(1)
+        m = p.nvmlDeviceGetMemoryInfo(h, version=p.nvmlMemory_v2)
+        def opt(f, *a):
+            try:
+                return f(*a)
+            except p.NVMLError as e:
+                return str(e)
+        print(json.dumps(dict(
+            count=p.nvmlDeviceGetCount(), driver=p.nvmlSystemGetDriverVersion(),
+            cuda=p.nvmlSystemGetCudaDriverVersion(), name=p.nvmlDeviceGetName(h), uuid=p.nvmlDeviceGetUUID(h),
+            bus=p.nvmlDeviceGetPciInfo_v3(h).busId, total=m.total, reserved=m.reserved,
+            temp=p.nvmlDeviceGetTemperature(h, 0), limit=p.nvmlDeviceGetPowerManagementLimit(h),
+            cc=list(p.nvmlDeviceGetCudaComputeCapability(h)), minor=p.nvmlDeviceGetMinorNumber(h),
+            vbios=p.nvmlDeviceGetVbiosVersion(h), serial=p.nvmlDeviceGetSerial(h),
+            clocks=[p.nvmlDeviceGetMaxClockInfo(h, c) for c in range(4)],
+            procs=len(p.nvmlDeviceGetComputeRunningProcesses(h)), util=p.nvmlDeviceGetUtilizationRates(h).gpu,
+            ecc=opt(p.nvmlDeviceGetTotalEccErrors, h, 1, 0), mig=opt(p.nvmlDeviceGetMigMode, h),
+            remap=opt(p.nvmlDeviceGetRemappedRows, h), nvlinks=opt(p.nvmlDeviceGetNvLinkState, h, 0),
+            fabric=opt(lambda: (lambda f: (p.nvmlDeviceGetGpuFabricInfo(h, p.byref(f)), f.cliqueId)[1])(p.c_nvmlGpuFabricInfo_t())),
+            throttle=p.nvmlDeviceGetCurrentClocksEventReasons(h),
+        )))
+        p.nvmlShutdown()
+    """))
+    from mokkafs.model import compose, gpu_identities
+    from mokkafs.profiles import load_profile
+
+    prof = load_profile(profile)
+    ident = gpu_identities(compose(prof, gpus=2, hostname=__import__("socket").gethostname()))[1]
+    assert out["count"] == 2
+    assert out["driver"] == prof.node.driver_version
+    assert out["name"] == prof.product_name
+    assert out["uuid"] == ident.uuid and out["bus"] == ident.bdf.nvml and out["minor"] == ident.minor
+    assert out["total"] == prof.memory.total_mib << 20 and out["reserved"] == prof.memory.reserved_mib << 20
+    assert out["temp"] == prof.thermal.idle_c
+    assert out["limit"] == int(prof.power.default_limit_w * 1000)
+    assert out["cc"] == [int(x) for x in prof.compute_capability.split(".")]
+    assert out["vbios"] == prof.vbios_version and out["serial"] == ident.serial
+    assert out["clocks"] == [prof.clocks.max_graphics, prof.clocks.max_sm, prof.clocks.max_mem, prof.clocks.max_video]
+    assert out["procs"] == 0 and out["util"] == 0
+    assert out["mig"] == ([0, 0] if prof.mig_capable else "Not Supported")
+    assert out["nvlinks"] == (1 if prof.nvlink.links else "Not Supported")
+    assert (out["fabric"] == 1) == prof.fabric
+
+
+def test_gpustat_and_nvitop_show_the_gpus_and_a_lost_one(node_factory):
+    node = node_factory(profile="h100", gpus=4)
+    env = consumer_env(node.state_dir / "state")
+    gpustat, nvitop = tool("gpustat"), tool("nvitop")
+    out = subprocess.run([gpustat, "--no-color"], env=env, capture_output=True, text=True, timeout=60).stdout
+    assert out.count("NVIDIA H100 80GB HBM3") == 4 and "/ 81559 MB" in out and "29°C" in out, out
+    out = subprocess.run([nvitop, "-1"], env=env, capture_output=True, text=True, timeout=60).stdout
+    assert out.count("H100 80GB HBM3") == 4 and "700W" in out and "79.65GiB" in out, out
+    node.expect_warning(r"Xid")
+    assert node.write("gpu3/inject_xid", b"79\n") == 0
+    out = subprocess.run([gpustat, "--no-color"], env=env, capture_output=True, text=True, timeout=60).stdout
+    lines = out.splitlines()
+    assert "GPU is lost" in lines[4] and "GPU is lost" not in "".join(lines[1:4]), out
+
+
+def test_a_blocked_event_wait_receives_xid_48(node_factory):
+    node = node_factory(profile="h100", gpus=4)
+    env = consumer_env(node.state_dir / "state")
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import threading, pynvml as p
+        p.nvmlInit()
+        s = p.nvmlEventSetCreate()
+        h = p.nvmlDeviceGetHandleByIndex(3)
+        p.nvmlDeviceRegisterEvents(h, p.nvmlEventTypeXidCriticalError, s)
+        got = []
+        def wait():
+            d = p.nvmlEventSetWait_v2(s, 10000)
+            got.append((d.eventType, d.eventData, p.nvmlDeviceGetUUID(d.device)))
+        t = threading.Thread(target=wait)
+        t.start()
+        print("waiting", flush=True)
+        t.join()
+        print(*got[0], flush=True)
+    """)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "waiting\n"
+        node.expect_warning(r"Xid")
+        assert node.write("gpu3/inject_xid", b"48\n") == 0
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    uuid = node.read("gpu3/info").split("uuid:")[1].split()[0] if "uuid:" in node.read("gpu3/info") else None
+    event_type, data, got_uuid = out.split()
+    assert (event_type, data) == ("8", "48")
+    if uuid:
+        assert got_uuid == uuid
