@@ -254,13 +254,15 @@ class Publisher:
 
     # --- publishing ----------------------------------------------------------------------------
 
-    def publish(self, node: Node) -> None:
-        """Write every record under the seqlock, at once."""
+    def publish(self, node: Node, only: set[int] | None = None) -> None:
+        """Write every record (or only the GPUs in `only`: an event's targets, the tick
+        refreshes the rest within TICK_S) under the seqlock, at once."""
         st, now = self._st, self.clock()
         count = min(len(node.gpus), MAX_GPUS)
-        scratch = self._scratch
-        ffi.memmove(scratch, b"\x00" * ffi.sizeof(scratch[0]) * count, ffi.sizeof(scratch[0]) * count)
-        for i in range(count):
+        targets = range(count) if only is None else sorted(i for i in only if 0 <= i < count)
+        scratch, rec = self._scratch, ffi.sizeof("struct mokka_gpu")
+        for i in targets:
+            ffi.memmove(ffi.addressof(scratch, i), b"\x00" * rec, rec)
             fill_gpu(scratch[i], node, i, now)
         cfg = node.config
         st.seq += 1  # odd: records are changing (x86 keeps stores in program order)
@@ -270,7 +272,11 @@ class Publisher:
         _put(st.driver_version, cfg.driver_version + "\0")
         _put(st.nvml_version, f"{cfg.cuda_version.split('.')[0]}.{cfg.driver_version}" + "\0")
         _put(st.hostname, cfg.hostname + "\0")
-        ffi.memmove(ffi.addressof(st.gpus, 0), scratch, ffi.sizeof(scratch[0]) * count)
+        if only is None:
+            ffi.memmove(ffi.addressof(st.gpus, 0), scratch, rec * count)
+        else:
+            for i in targets:
+                ffi.memmove(ffi.addressof(st.gpus, i), ffi.addressof(scratch, i), rec)
         st.publish_time_ns = int(now * 1e9)
         st.generation += 1
         st.seq += 1
@@ -299,8 +305,11 @@ class Publisher:
                       ffi.cast("int", _INT_MAX), ffi.NULL, ffi.NULL, ffi.cast("int", 0))
 
     def __call__(self, node: Node, notes: list[Notification], entries: list[LogEntry]) -> None:
-        """Controller subscriber: the new state first, then its events."""
-        self.publish(node)
+        """Controller subscriber: the new state first, then its events. Only the GPUs the
+        event touched are rewritten, so the event reaches waiters sooner; a node-wide event
+        (log lines without a GPU, or none at all) rewrites everything."""
+        gpus = {n.gpu for n in notes} | {e.gpu for e in entries}
+        self.publish(node, None if not gpus or None in gpus else gpus)
         self.append_events(notes)
 
     async def run(self, node: Node, task_status=trio.TASK_STATUS_IGNORED) -> None:
