@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Build bench/bench_nvml.c against the shim, mount a node and print the NVML numbers.
+
+    python bench/bench_nvml.py [--profile h100] [--gpus 8]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mokkafs import native  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="h100")
+    ap.add_argument("--gpus", type=int, default=8)
+    args = ap.parse_args()
+    lib = native.nvml_library()
+    with tempfile.TemporaryDirectory(prefix="bench-nvml-") as tmp:
+        tmp = Path(tmp)
+        exe = tmp / "bench_nvml"
+        subprocess.run(["cc", "-O2", "-I", str(ROOT / "shims" / "include"), str(ROOT / "bench" / "bench_nvml.c"),
+                        "-o", str(exe), f"-L{lib.parent}", f"-Wl,-rpath,{lib.parent}", "-l:libnvidia-ml.so.1",
+                        "-pthread"], check=True)
+        mnt, state = tmp / "mnt", tmp / "state"
+        env = dict(os.environ, MOKKA_RUNTIME_DIR=str(tmp / "run"))
+        mokka = [sys.executable, "-m", "mokkafs.cli"]
+        subprocess.run([*mokka, "mount", str(mnt), "--profile", args.profile, "--gpus", str(args.gpus),
+                        "--state-dir", str(state)], check=True, env=env)
+        try:
+            print(f"# {args.gpus} x {args.profile}, {os.cpu_count()} CPUs")
+            subprocess.run([str(exe), str(mnt)], check=True, env=dict(env, MOKKA_STATE=str(state / "state")))
+        finally:
+            subprocess.run([*mokka, "umount", str(mnt)], env=env)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
