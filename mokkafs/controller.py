@@ -33,6 +33,8 @@ class Controller:
             targets = range(len(self.node.gpus)) if event.gpu is None else [event.gpu]
             for i in targets:
                 self.state.save_gpu(self.node, i)
+            if event.gpu is None:  # node-level events (node reset, InfiniBand ports) touch the HCAs
+                self.state.save_hcas(self.node)
             self.state.append_log(self.node, new_entries)
         for subscriber in self.subscribers:
             subscriber(self.node, notes, new_entries)

@@ -2,6 +2,7 @@
 
     <state-dir>/node.json     which node this is (profile, GPU count, hostname); checked at start
     <state-dir>/gpuN.json     GPU N's faults, counters and pins; replaced atomically on each change
+    <state-dir>/hcas.json     the InfiniBand ports' state and error counters (absent: all fresh)
     <state-dir>/events.log    the node event log, one JSON array per line, append-only
 
 Each write completes (write to a temporary file, then rename) before the control write that
@@ -62,6 +63,7 @@ class StateDir:
         if not meta_path.exists():
             for i in range(len(node.gpus)):
                 self.save_gpu(node, i)
+            self.save_hcas(node)
             _write_atomic(meta_path, json.dumps(meta).encode())
             (self.path / "events.log").write_bytes(b"")
             return False
@@ -73,10 +75,16 @@ class StateDir:
             )
         gpus = [self._load_json(f"gpu{i}.json") for i in range(len(node.gpus))]
         entries = self._load_log()
+        hcas = self._load_json("hcas.json") if (self.path / "hcas.json").exists() else None
         try:
             node.restore(gpus, entries)
         except ValueError as e:
             raise StateError(f"{self.path}: saved GPU state is invalid: {e}") from None
+        if hcas is not None:
+            try:
+                node.restore_hcas(hcas)
+            except (ValueError, TypeError) as e:
+                raise StateError(f"{self.path / 'hcas.json'}: saved HCA state is invalid: {e}") from None
         return True
 
     def _load_log(self) -> list[LogEntry]:
@@ -100,6 +108,9 @@ class StateDir:
 
     def save_gpu(self, node: Node, i: int) -> None:
         _write_atomic(self.path / f"gpu{i}.json", json.dumps(node.gpus[i].to_dict()).encode())
+
+    def save_hcas(self, node: Node) -> None:
+        _write_atomic(self.path / "hcas.json", json.dumps([h.to_dict() for h in node.hcas]).encode())
 
     def append_log(self, node: Node, entries: list[LogEntry]) -> None:
         if not entries:

@@ -112,6 +112,50 @@ class Reset(Event):
     """`gpu=None` resets the whole node."""
 
 
+# InfiniBand port counters a control write may raise (kernel ports/N/counters/ names).
+IB_ERROR_COUNTERS = (
+    "symbol_error",
+    "link_error_recovery",
+    "link_downed",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_discards",
+    "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "VL15_dropped",
+)
+
+
+@dataclass(frozen=True)
+class IbPortCommand(Event):
+    """Take an HCA port down or up, or add to one of its error counters. A node-level event
+    (`gpu` is None); the node checks that the HCA exists."""
+
+    hca: int = 0
+    port: int = 1
+    action: str = "up"  # "up" | "down" | "errors"
+    counter: str = "symbol_error"
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.gpu is not None:
+            raise InvalidCommand("an InfiniBand port command belongs to the node, not a GPU")
+        if not (isinstance(self.hca, int) and 0 <= self.hca < 64):
+            raise InvalidCommand(f"bad HCA index {self.hca!r}")
+        if self.port != 1:
+            raise InvalidCommand(f"HCAs have one port, port 1; got {self.port!r}")
+        if self.action not in ("up", "down", "errors"):
+            raise InvalidCommand(f"port action must be up, down or errors, got {self.action!r}")
+        if self.counter not in IB_ERROR_COUNTERS:
+            raise InvalidCommand(f"unknown counter {self.counter!r}; known: {', '.join(IB_ERROR_COUNTERS)}")
+        if self.action == "errors" and not 1 <= self.count <= MAX_COUNT:
+            raise InvalidCommand(f"error count must be 1..{MAX_COUNT}, got {self.count}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Parsers: bytes written to a control file -> Event. Strict: ASCII, one command, one optional
 # trailing newline, no leading or trailing junk.
@@ -177,6 +221,18 @@ def parse_nvlink(gpu: int, data: bytes) -> NvLinkCommand:
     if len(words) == 3 and words[1] == "errors":
         return NvLinkCommand(gpu, _uint(words[0], "link", 17), "errors", _uint(words[2], "count", MAX_COUNT))
     raise InvalidCommand("expected 'L up', 'L down' or 'L errors N'")
+
+
+def parse_ib_port(hca: int, port: int, data: bytes) -> IbPortCommand:
+    """`down`, `up`, `errors N` (symbol errors) or `errors COUNTER N`."""
+    words = _text(data).split(" ")
+    if len(words) == 1 and words[0] in ("up", "down"):
+        return IbPortCommand(None, hca, port, words[0])
+    if len(words) == 2 and words[0] == "errors":
+        return IbPortCommand(None, hca, port, "errors", "symbol_error", _uint(words[1], "count", MAX_COUNT))
+    if len(words) == 3 and words[0] == "errors":
+        return IbPortCommand(None, hca, port, "errors", words[1], _uint(words[2], "count", MAX_COUNT))
+    raise InvalidCommand("expected 'down', 'up', 'errors N' or 'errors COUNTER N'")
 
 
 def _pin_parser(signal: str, arity: int, high: int):

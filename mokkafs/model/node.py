@@ -18,6 +18,8 @@ from mokkafs.model.events import (
     MEMORY_LOCATIONS,
     THROTTLE_REASONS,
     Event,
+    IB_ERROR_COUNTERS,
+    IbPortCommand,
     InjectEcc,
     InjectXid,
     InvalidCommand,
@@ -147,6 +149,32 @@ class GpuState:
 _GPU_STATE_ADAPTER = TypeAdapter(GpuState)
 
 
+@dataclass
+class HcaState:
+    """The mutable, persisted part of one InfiniBand HCA (one port, port 1)."""
+
+    port_down: bool = False
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(IB_ERROR_COUNTERS, 0))
+
+    def to_dict(self) -> dict:
+        return {"port_down": self.port_down, "counters": dict(self.counters)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "HcaState":
+        if not isinstance(data, dict):
+            raise ValueError(f"an HCA record must be a mapping, got {type(data).__name__}")
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        state = _HCA_STATE_ADAPTER.validate_python(known)
+        unknown = set(state.counters) - set(IB_ERROR_COUNTERS)
+        if unknown:
+            raise ValueError(f"unknown InfiniBand counter {sorted(unknown)[0]!r}")
+        state.counters = {**dict.fromkeys(IB_ERROR_COUNTERS, 0), **state.counters}
+        return state
+
+
+_HCA_STATE_ADAPTER = TypeAdapter(HcaState)
+
+
 class Node:
     def __init__(self, config: NodeConfig, now: float) -> None:
         self.config = config
@@ -155,6 +183,7 @@ class Node:
         self.gpus: list[GpuState] = [
             GpuState(t0=now, temp0=float(self.profile.thermal.idle_c)) for _ in self.identities
         ]
+        self.hcas: list[HcaState] = [HcaState() for _ in range(config.hcas)]
         self.log: deque[LogEntry] = deque(maxlen=LOG_LIMIT)
         self.generation = 0  # bumped on every applied event; caches key on it
         self.log_seq = 0  # log lines ever appended (the deque keeps the last LOG_LIMIT)
@@ -170,6 +199,8 @@ class Node:
             self._validate_pin(event)
         if isinstance(event, NvLinkCommand) and event.link >= self.profile.nvlink.links:
             raise InvalidCommand(f"{self.profile.name} has {self.profile.nvlink.links} NVLinks, no link {event.link}")
+        if isinstance(event, IbPortCommand) and event.hca >= len(self.hcas):
+            raise InvalidCommand(f"no HCA mlx5_{event.hca} (node has {len(self.hcas)})")
 
     def _validate_pin(self, pin: Pin) -> None:
         p = self.profile
@@ -200,6 +231,10 @@ class Node:
         elif isinstance(event, Reset):
             for i in targets:
                 self._reset(i, now)
+            if event.gpu is None:
+                self._reset_hcas(now)
+        elif isinstance(event, IbPortCommand):
+            self._ib_port(event, now)
         else:  # pragma: no cover - every event class is handled above
             raise InvalidCommand(f"unknown event {event!r}")
         kind = type(event).__name__
@@ -338,6 +373,33 @@ class Node:
         g.last_xid = None
         g.last_xid_time = None
         self._log(now, i, f"mokka: gpu{i} reset")
+
+    def _ib_port(self, e: IbPortCommand, now: float) -> None:
+        h = self.hcas[e.hca]
+        name = f"mlx5_{e.hca} port {e.port}"
+        if e.action == "down" and not h.port_down:
+            h.port_down = True
+            h.counters["link_downed"] += 1  # the port counts each time its link goes down
+            self._log(now, None, f"mokka: {name} down")
+        elif e.action == "up" and h.port_down:
+            h.port_down = False
+            self._log(now, None, f"mokka: {name} up")
+        elif e.action == "errors":
+            h.counters[e.counter] += e.count
+            self._log(now, None, f"mokka: {name} {e.count} {e.counter}")
+
+    def _reset_hcas(self, now: float) -> None:
+        """A node reset brings every port up and clears its counters (as `perfquery -R` would)."""
+        if any(h.port_down or any(h.counters.values()) for h in self.hcas):
+            self.hcas = [HcaState() for _ in self.hcas]
+            self._log(now, None, "mokka: InfiniBand ports reset")
+
+    def restore_hcas(self, hcas: list[dict]) -> None:
+        """Load saved HCA states (`HcaState.to_dict`); all or nothing, ValueError on a misfit."""
+        if len(hcas) != len(self.hcas):
+            raise ValueError(f"saved state has {len(hcas)} HCAs, node has {len(self.hcas)}")
+        self.hcas = [HcaState.from_dict(d) for d in hcas]
+        self.generation += 1
 
     # --- readings -----------------------------------------------------------------------------
 

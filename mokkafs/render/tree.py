@@ -2,12 +2,41 @@
 from __future__ import annotations
 
 from mokkafs.model import NodeConfig
+from mokkafs.model.topology import Layout, pci_layout
+from mokkafs.render import infiniband, sysfs_pci
 from mokkafs.render.control import control_tree
 from mokkafs.render.driver import driver_tree
-from mokkafs.vfs import Dir, Entry, static_dir
+from mokkafs.render.dev import dev_tree
+from mokkafs.render.proc_nvidia import proc_tree
+from mokkafs.vfs import Dir, Entry, const, static_dir
 
 
-def root(config: NodeConfig) -> Dir:
+def sys_tree(config: NodeConfig, layout: Layout) -> Dir:
+    """sys/: the PCI bus and devices, the InfiniBand classes and the nvidia module."""
+    pci = sysfs_pci.PciTree(layout, lambda fn: infiniband.device_children(config, fn))
+    return static_dir(
+        {
+            "bus": static_dir({"pci": pci.bus_pci()}, mode=0o755),
+            "devices": static_dir(pci.devices_children(), mode=0o755),
+            "class": static_dir(infiniband.class_dirs(layout, pci.rel_path), mode=0o755),
+            "module": static_dir({"nvidia": sysfs_pci.module_nvidia()}, mode=0o755),
+        },
+        mode=0o755,
+    )
+
+
+def root(config: NodeConfig, state_dir: str | None = None) -> Dir:
     top: dict[str, Entry] = dict(control_tree(config.gpus))
+    if state_dir is not None:
+        # `mokka run` reads this to point MOKKA_STATE at the daemon's shared state file.
+        node = dict(top["node"].children(None))
+        node["state_dir"] = const(f"{state_dir}\n")
+        top["node"] = static_dir(node)
+    layout = pci_layout(config)
+    top["sys"] = sys_tree(config, layout)
+    top["proc"] = proc_tree(config, layout)
+    top["dev"] = dev_tree(config, layout)
+    if config.hcas:
+        top["ib"] = infiniband.control_dir(config)
     top["driver"] = driver_tree(config)
     return static_dir(top)
