@@ -42,6 +42,8 @@ class Options:
     hostname: str = field(default_factory=socket.gethostname)
     driver_version: str | None = None
     cuda_version: str | None = None
+    numa_nodes: int | None = None
+    hcas: int | None = None
     kmsg: bool = False
     allow_other: bool = True
     metrics: str | None = None  # [HOST:]PORT to serve /metrics on (mokkafs.metrics)
@@ -82,13 +84,15 @@ def build(opts: Options, clock=time.time) -> tuple[Controller, Tree, bool]:
         gpus=opts.gpus,
         driver_version=opts.driver_version,
         cuda_version=opts.cuda_version,
+        numa_nodes=opts.numa_nodes,
+        hcas=opts.hcas,
         hostname=opts.hostname,
     )
     node = Node(config, clock())
     state = StateDir(Path(opts.state_dir))
     restored = state.open(node)
     controller = Controller(node, state, clock)
-    return controller, Tree(root(config)), restored
+    return controller, Tree(root(config, state_dir=os.path.abspath(opts.state_dir))), restored
 
 
 async def _watch_signals() -> None:
