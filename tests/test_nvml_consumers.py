@@ -126,3 +126,14 @@ def test_a_blocked_event_wait_receives_xid_48(node_factory):
     assert (event_type, data) == ("8", "48")
     if uuid:
         assert got_uuid == uuid
+
+
+def test_driver_root_and_mokka_env(node_factory):
+    node = node_factory(profile="h100", gpus=1)
+    lib64 = node.path("driver/usr/lib64")
+    from mokkafs import native
+
+    versioned = lib64 / "libnvidia-ml.so.580.105.08"
+    assert (lib64 / "libnvidia-ml.so.1").resolve() == versioned.resolve() == native.nvml_library().resolve()
+    out = node.cli("env", "--root", str(node.mnt)).stdout
+    assert f"export LD_LIBRARY_PATH={native.LIB_DIR}" in out and "export MOKKA_STATE=" in out
