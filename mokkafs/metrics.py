@@ -1,0 +1,156 @@
+"""The metrics edge: a small trio HTTP/1.x server answering `GET /metrics` with a render of the
+live node, in the daemon's own trio loop (so it reads the model between events, never during one).
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from mokkafs.controller import Controller
+from mokkafs.render.metrics import CONTENT_TYPE, DEFAULT_HOSTNAME_LABEL, render
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9400  # dcgm-exporter's
+DEFAULT_HOST = "127.0.0.1"  # loopback unless asked: a simulator should not appear on the network
+DEFAULT_LISTEN = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
+
+MAX_REQUEST_BYTES = 16 * 1024  # request line and headers; a scraper sends a few hundred
+REQUEST_TIMEOUT_S = 10.0  # a client that sends nothing is dropped, not waited on forever
+
+
+def parse_listen(spec: str) -> tuple[str | None, int]:
+    """`[HOST:]PORT` -> (host, port). `PORT` alone binds loopback; `:PORT` (Go's spelling, as in
+    dcgm-exporter's `-a :9400`) binds every interface, returned as host None; `[::1]:PORT` is
+    IPv6. Raises ValueError naming what is wrong."""
+    spec = spec.strip()
+    if not spec:
+        raise ValueError("empty address; expected [HOST:]PORT")
+    if spec.startswith("["):
+        host, sep, port = spec[1:].partition("]:")
+        if not sep or not host:
+            raise ValueError(f"{spec!r}: expected [IPV6]:PORT")
+    elif ":" in spec:
+        host, _, port = spec.rpartition(":")
+        if ":" in host:
+            raise ValueError(f"{spec!r}: an IPv6 address goes in brackets, [ADDR]:PORT")
+    else:
+        host, port = DEFAULT_HOST, spec
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{spec!r}: port must be a number 0..65535")
+    return (host or None), int(port)
+
+
+@dataclass
+class Response:
+    status: int
+    reason: str
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+
+    def encode(self, head_only: bool = False) -> bytes:
+        head = (
+            f"HTTP/1.1 {self.status} {self.reason}\r\n"
+            f"Content-Type: {self.content_type}\r\n"
+            f"Content-Length: {len(self.body)}\r\n"
+            "Connection: close\r\n\r\n"
+        ).encode()
+        return head if head_only else head + self.body
+
+
+class MetricsServer:
+    """Answers scrapes from the model that `controller` holds; `fuse_counters` returns
+    (operations, errors) of the FUSE edge, or is None when there is none."""
+
+    def __init__(
+        self,
+        controller: Controller,
+        fuse_counters: Callable[[], tuple[int, int]] | None = None,
+        clock: Callable[[], float] = time.time,
+        hostname_label: str = DEFAULT_HOSTNAME_LABEL,
+    ) -> None:
+        self.controller = controller
+        self.fuse_counters = fuse_counters
+        self.clock = clock
+        self.hostname_label = hostname_label
+        self.scrapes = 0
+
+    def respond(self, request_line: str) -> tuple[Response, bool]:
+        """The response to one request line, and whether it is a HEAD (no body sent)."""
+        parts = request_line.split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            return Response(400, "Bad Request", b"bad request\n"), False
+        method, target, _ = parts
+        path = target.split("?", 1)[0]
+        if path != "/metrics":
+            return Response(404, "Not Found", b"404 page not found\n"), method == "HEAD"
+        if method not in ("GET", "HEAD"):
+            return Response(405, "Method Not Allowed", b"method not allowed\n"), False
+        ops, errs = self.fuse_counters() if self.fuse_counters else (0, 0)
+        body = render(
+            self.controller.node,
+            self.clock(),
+            fuse_operations=ops,
+            fuse_errors=errs,
+            hostname_label=self.hostname_label,
+        )
+        self.scrapes += 1
+        return Response(200, "OK", body, CONTENT_TYPE), method == "HEAD"
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        """One connection, one request. Never raises: a bad client must not stop the daemon."""
+        try:
+            async with stream:
+                request_line = await self._read_request(stream)
+                if request_line is None:
+                    return
+                try:
+                    response, head_only = self.respond(request_line)
+                except Exception:
+                    log.exception("metrics: rendering %r failed", request_line)
+                    response, head_only = Response(500, "Internal Server Error", b"internal error\n"), False
+                with trio.move_on_after(REQUEST_TIMEOUT_S):
+                    await stream.send_all(response.encode(head_only))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            log.info("metrics: client went away: %s", e)
+
+    async def _read_request(self, stream: trio.SocketStream) -> str | None:
+        buf = bytearray()
+        with trio.move_on_after(REQUEST_TIMEOUT_S):
+            while b"\r\n\r\n" not in buf and b"\n\n" not in buf:
+                chunk = await stream.receive_some(4096)
+                if not chunk:
+                    break
+                buf += chunk
+                if len(buf) > MAX_REQUEST_BYTES:
+                    log.info("metrics: request headers over %d bytes; refused", MAX_REQUEST_BYTES)
+                    await stream.send_all(Response(431, "Request Header Fields Too Large", b"too large\n").encode())
+                    return None
+        line = bytes(buf).split(b"\n", 1)[0].rstrip(b"\r")
+        if not line:
+            return None
+        return line.decode("latin-1")
+
+
+async def serve(
+    listen: str,
+    server: MetricsServer,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Bind `listen` ([HOST:]PORT) and serve until cancelled. Reports the bound (host, port)
+    through `task_status`, so a bind failure surfaces before the daemon says it is ready."""
+    host, port = parse_listen(listen)
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    except OSError as e:
+        raise OSError(e.errno or errno.EADDRINUSE, f"metrics on {listen}: {e.strerror or e}") from None
+    bound = listeners[0].socket.getsockname()[:2]
+    log.info("metrics: serving http://%s:%d/metrics", *bound)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, server.handle, listeners)
+        task_status.started(bound)

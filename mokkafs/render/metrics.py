@@ -1,0 +1,336 @@
+"""`/metrics`: the node as dcgm-exporter (4.8.x, default counters) would expose it, plus
+mokkafs' own counters. Pure: `(node, now) -> bytes`; docs/metrics.md says what is simulated.
+
+The DCGM part is written here line by line rather than through prometheus_client's
+`generate_latest`, because that function appends `_total` to every counter and sorts labels,
+and dcgm-exporter does neither: its template prints `NAME{gpu=..,UUID=..,...} value` with the
+field name verbatim and the labels in a fixed order. mokkafs' own metrics are ordinary
+prometheus_client families on a private registry.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from mokkafs.model import Node, Readings
+from mokkafs.model.events import MEMORY_LOCATIONS
+from mokkafs.model.node import GpuState
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# dcgm-exporter <= 4.8.2 spells it `Hostname`; 4.8.3 renamed it `hostname` (NVIDIA/dcgm-exporter
+# #655). Dashboards and alerts in the field were written against the older spelling.
+DEFAULT_HOSTNAME_LABEL = "Hostname"
+
+# What the simulated DCP (profiling) gauges are made of: there is no profiler, so they follow
+# utilization. A tensor-heavy workload keeps its tensor pipes busy about half the active time.
+TENSOR_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One GPU at one instant: what every field's value is computed from."""
+
+    r: Readings
+    g: GpuState
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str  # the DCGM field name, which dcgm-exporter uses verbatim as the metric name
+    kind: str  # Prometheus type: gauge or counter
+    help: str  # column 3 of dcgm-exporter's counters CSV
+    value: Callable[[Sample], float]
+    is_float: bool = False  # DCGM double fields print as Go's %f ("40.979000"); int64 as %d
+    polled: bool = True  # False: set from driver events, so DCGM still has it for a lost GPU
+
+
+def _ecc(scope: str, kind: str) -> Callable[[Sample], int]:
+    keys = [f"{scope}.{kind}.{loc}" for loc in MEMORY_LOCATIONS]
+    return lambda s: sum(s.g.ecc[k] for k in keys)
+
+
+def _nvlink(counter: str) -> Callable[[Sample], int]:
+    return lambda s: sum(errs.get(counter, 0) for errs in s.g.nvlink_errors.values())
+
+
+# Rows enabled in dcgm-exporter 4.8.x's etc/default-counters.csv, in the file's order, with its
+# types and help texts (the DCGM_FI_DRIVER_VERSION `label` row becomes a label, below).
+DEFAULT_FIELDS: tuple[Field, ...] = (
+    Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", lambda s: s.r.clock_sm),
+    Field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", lambda s: s.r.clock_mem),
+    # A board without a memory sensor reads 0 through DCGM, not blank (seen on Ada parts).
+    Field(
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        "gauge",
+        "Memory temperature (in C).",
+        lambda s: round(s.r.memory_temperature_c or 0),
+    ),
+    Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", lambda s: round(s.r.temperature_c)),
+    Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", lambda s: s.r.power_w, is_float=True),
+    Field(
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "counter",
+        "Total energy consumption since boot (in mJ).",
+        lambda s: int(s.r.energy_mj),
+    ),
+    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.", lambda s: s.g.pcie_replay),
+    Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", lambda s: s.r.util_gpu),
+    Field("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", lambda s: s.r.util_mem),
+    Field("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", lambda s: 0),
+    Field("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", lambda s: 0),
+    Field(
+        "DCGM_FI_DEV_XID_ERRORS",
+        "gauge",
+        "Value of the last XID error encountered.",
+        lambda s: s.g.last_xid or 0,
+        polled=False,
+    ),
+    Field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", lambda s: s.r.memory_free_mib),
+    Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", lambda s: s.r.memory_used_mib),
+    Field(
+        "DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).", lambda s: s.r.memory_reserved_mib
+    ),
+    Field(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "counter",
+        "Total number of NVLink bandwidth counters for all lanes.",
+        lambda s: 0,
+    ),
+    Field("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge", "vGPU License status", lambda s: 0),
+    Field(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for uncorrectable errors",
+        lambda s: s.g.remapped_unc,
+    ),
+    Field(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for correctable errors",
+        lambda s: s.g.remapped_corr,
+    ),
+    Field(
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "gauge",
+        "Whether remapping of rows has failed",
+        lambda s: int(s.g.remap_failure),
+    ),
+    Field(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "gauge",
+        "Ratio of time the graphics engine is active.",
+        lambda s: s.r.util_gpu / 100.0,
+        is_float=True,
+    ),
+    Field(
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "gauge",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+        lambda s: s.r.util_gpu / 100.0 * TENSOR_SHARE,
+        is_float=True,
+    ),
+    Field(
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "gauge",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+        lambda s: s.r.util_mem / 100.0,
+        is_float=True,
+    ),
+    Field(
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "gauge",
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - "
+        "in bytes per second.",
+        lambda s: 0.0,
+        is_float=True,
+    ),
+    Field(
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "gauge",
+        "The rate of data received over the PCIe bus - including both protocol headers and data payloads - "
+        "in bytes per second.",
+        lambda s: 0.0,
+        is_float=True,
+    ),
+)
+
+# Rows that ship commented out in the CSV (or in dcgm-exporter's other counter files), enabled
+# here because they are what health checks and alerts watch: ECC, retired pages, NVLink errors,
+# clock throttle reasons (under both the pre- and post-DCGM-3.3 names of field 112).
+EXTRA_FIELDS: tuple[Field, ...] = (
+    Field(
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "counter",
+        "Total number of single-bit volatile ECC errors.",
+        _ecc("volatile", "corrected"),
+    ),
+    Field(
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "counter",
+        "Total number of double-bit volatile ECC errors.",
+        _ecc("volatile", "uncorrected"),
+    ),
+    Field(
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        "counter",
+        "Total number of single-bit persistent ECC errors.",
+        _ecc("aggregate", "corrected"),
+    ),
+    Field(
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "counter",
+        "Total number of double-bit persistent ECC errors.",
+        _ecc("aggregate", "uncorrected"),
+    ),
+    Field(
+        "DCGM_FI_DEV_RETIRED_SBE",
+        "counter",
+        "Total number of retired pages due to single-bit errors.",
+        lambda s: s.g.retired_sbe,
+    ),
+    Field(
+        "DCGM_FI_DEV_RETIRED_DBE",
+        "counter",
+        "Total number of retired pages due to double-bit errors.",
+        lambda s: s.g.retired_dbe,
+    ),
+    Field(
+        "DCGM_FI_DEV_RETIRED_PENDING",
+        "counter",
+        "Total number of pages pending retirement.",
+        lambda s: int(s.g.retired_pending),
+    ),
+    Field(
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "counter",
+        "Total number of NVLink flow-control CRC errors.",
+        _nvlink("crc_flit"),
+    ),
+    Field(
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        "counter",
+        "Total number of NVLink data CRC errors.",
+        _nvlink("crc_data"),
+    ),
+    Field(
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        "counter",
+        "Total number of NVLink retries.",
+        _nvlink("replay"),
+    ),
+    Field(
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        "counter",
+        "Total number of NVLink recovery errors.",
+        _nvlink("recovery"),
+    ),
+    Field(
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+        "gauge",
+        "Current clock throttle reasons.",
+        lambda s: s.r.throttle_mask,
+    ),
+    Field(
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "gauge",
+        "Current clock event reasons.",
+        lambda s: s.r.throttle_mask,
+    ),
+)
+
+FIELDS: tuple[Field, ...] = DEFAULT_FIELDS + EXTRA_FIELDS
+
+
+def _escape(value: str) -> str:
+    """A label value as the text format wants it."""
+    return value.replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n")
+
+
+def gpu_labels(node: Node, i: int, hostname: str, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> dict[str, str]:
+    """dcgm-exporter's labels for GPU `i`, in its order."""
+    ident = node.identities[i]
+    return {
+        "gpu": str(ident.index),
+        "UUID": ident.uuid,
+        "pci_bus_id": ident.bdf.nvml,
+        "device": f"nvidia{ident.minor}",
+        "modelName": node.profile.product_name,
+        hostname_label: hostname,
+        "DCGM_FI_DRIVER_VERSION": node.config.driver_version,
+    }
+
+
+def _format(value: float, is_float: bool) -> str:
+    return f"{value:f}" if is_float else str(int(value))
+
+
+def render_dcgm(
+    node: Node, now: float, hostname: str | None = None, hostname_label: str = DEFAULT_HOSTNAME_LABEL
+) -> str:
+    """The dcgm-exporter part of a scrape, every value read from the model at `now`.
+
+    A lost GPU reads blank for every polled field, and dcgm-exporter drops blank values, so such
+    a GPU keeps only the event-sourced DCGM_FI_DEV_XID_ERRORS (which is how Xid 79 is seen)."""
+    host = node.config.hostname if hostname is None else hostname
+    prefixes: list[str] = []
+    samples: list[Sample] = []
+    for i, g in enumerate(node.gpus):
+        labels = gpu_labels(node, i, host, hostname_label)
+        prefixes.append("{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "} ")
+        samples.append(Sample(node.readings(i, now), g))
+    out: list[str] = []
+    for f in FIELDS:
+        out.append(f"# HELP {f.name} {f.help}\n# TYPE {f.name} {f.kind}\n")
+        for prefix, s in zip(prefixes, samples):
+            if f.polled and s.g.lost:
+                continue
+            out.append(f"{f.name}{prefix}{_format(f.value(s), f.is_float)}\n")
+    return "".join(out)
+
+
+class _OwnMetrics(Collector):
+    def __init__(self, injections: Mapping[str, int], fuse_operations: int, fuse_errors: int) -> None:
+        self.injections = injections
+        self.fuse_operations = fuse_operations
+        self.fuse_errors = fuse_errors
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        inj = CounterMetricFamily(
+            "mokka_injections", "Events applied to the simulated node, by event kind.", labels=["kind"]
+        )
+        for kind in sorted(self.injections):
+            inj.add_metric([kind], self.injections[kind])
+        yield inj
+        yield CounterMetricFamily(
+            "mokka_fuse_operations", "FUSE requests served by the mokkafs daemon.", value=self.fuse_operations
+        )
+        yield CounterMetricFamily(
+            "mokka_fuse_errors",
+            "FUSE requests answered with an error (EINVAL for a refused command, EIO for a bug).",
+            value=self.fuse_errors,
+        )
+
+
+def render_own(node: Node, fuse_operations: int = 0, fuse_errors: int = 0) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_OwnMetrics(dict(node.injections), fuse_operations, fuse_errors))
+    return generate_latest(registry)
+
+
+def render(
+    node: Node,
+    now: float,
+    hostname: str | None = None,
+    *,
+    fuse_operations: int = 0,
+    fuse_errors: int = 0,
+    hostname_label: str = DEFAULT_HOSTNAME_LABEL,
+) -> bytes:
+    """One whole scrape: the dcgm-exporter series, then mokkafs' own."""
+    dcgm = render_dcgm(node, now, hostname, hostname_label).encode()
+    return dcgm + render_own(node, fuse_operations, fuse_errors)

@@ -1,0 +1,471 @@
+"""/metrics: the pure renderer against dcgm-exporter's published names, the HTTP edge, and a real
+mount scraped over loopback while faults are injected through the tree."""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from mokkafs import metrics as edge
+from mokkafs.controller import Controller
+from mokkafs.model import Node, compose
+from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin, Reset
+from mokkafs.profiles import load_profile
+from mokkafs.render import metrics as rm
+from mokkafs.render.control import gpu_dir
+from mokkafs.vfs import Ctx
+
+FIXTURES = Path(__file__).parent / "fixtures" / "dcgm-exporter"
+REPO = Path(__file__).resolve().parents[1]
+LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
+OWN = {"mokka_injections": "counter", "mokka_fuse_operations": "counter", "mokka_fuse_errors": "counter"}
+
+
+def make_node(profile: str = "h100", gpus: int = 8, hostname: str = "node-a") -> Node:
+    return Node(compose(load_profile(profile), gpus=gpus, hostname=hostname), now=1000.0)
+
+
+def families(body: bytes | str) -> dict:
+    text = body.decode() if isinstance(body, bytes) else body
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def series(body, name: str) -> dict[str, float]:
+    """gpu index -> value of metric `name`."""
+    return {s.labels["gpu"]: s.value for s in families(body)[name].samples}
+
+
+def default_counters() -> list[tuple[str, str, str]]:
+    rows = []
+    for line in (FIXTURES / "default-counters.csv").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, kind, help_ = (part.strip() for part in line.split(",", 2))
+            rows.append((name, kind, help_))
+    return rows
+
+
+# --- the pure renderer -------------------------------------------------------------------------
+
+
+def test_every_default_counter_has_its_name_type_and_help():
+    body = rm.render(make_node(), 1000.0)
+    fams = families(body)
+    for name, kind, help_ in default_counters():
+        if kind == "label":
+            assert all(s.labels[name] == "580.105.08" for f in fams.values() for s in f.samples if "gpu" in s.labels)
+            continue
+        assert name in fams, name
+        assert fams[name].type == kind, name
+        assert fams[name].documentation == help_, name
+
+
+def test_counters_keep_dcgm_names_without_a_total_suffix():
+    text = rm.render(make_node(gpus=1), 1000.0).decode()
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n" in text
+    assert re.search(r"^DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION\{", text, re.M)
+    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total" not in text
+    # mokkafs' own counters follow the Prometheus convention instead.
+    assert re.search(r"^mokka_fuse_operations_total 0", text, re.M)
+
+
+def test_one_series_per_gpu_per_metric_with_dcgm_labels_in_order():
+    node = make_node(gpus=8)
+    body = rm.render(node, 1000.0)
+    fams = families(body)
+    dcgm = [f for name, f in fams.items() if name.startswith("DCGM_")]
+    assert {f.name for f in dcgm} == {f.name for f in rm.FIELDS}
+    assert {name for name in fams if not name.startswith("DCGM_")} == set(OWN)
+    for f in dcgm:
+        assert sorted(s.labels["gpu"] for s in f.samples) == sorted(str(i) for i in range(8)), f.name
+        for s in f.samples:
+            ident = node.identities[int(s.labels["gpu"])]
+            assert s.labels == {
+                "gpu": str(ident.index),
+                "UUID": ident.uuid,
+                "pci_bus_id": ident.bdf.nvml,
+                "device": f"nvidia{ident.minor}",
+                "modelName": "NVIDIA H100 80GB HBM3",
+                "Hostname": "node-a",
+                "DCGM_FI_DRIVER_VERSION": "580.105.08",
+            }
+    for name, kind in OWN.items():
+        assert fams[name].type == kind
+    # The order is dcgm-exporter's template order, not alphabetical.
+    line = next(ln for ln in body.decode().splitlines() if ln.startswith("DCGM_FI_DEV_GPU_TEMP{"))
+    assert re.findall(r'(\w+)="', line) == LABELS
+
+
+def test_exact_lines_for_one_gpu():
+    node = make_node(gpus=1)
+    ident = node.identities[0]
+    labels = (
+        f'gpu="0",UUID="{ident.uuid}",pci_bus_id="00000000:18:00.0",device="nvidia0",'
+        f'modelName="NVIDIA H100 80GB HBM3",Hostname="node-a",DCGM_FI_DRIVER_VERSION="580.105.08"'
+    )
+    text = rm.render(node, 1000.0).decode()
+    r = node.readings(0, 1000.0)
+    for line in (
+        f"DCGM_FI_DEV_GPU_TEMP{{{labels}}} {round(r.temperature_c)}",
+        f"DCGM_FI_DEV_POWER_USAGE{{{labels}}} {r.power_w:f}",  # Go's %f, as DCGM doubles print
+        f"DCGM_FI_DEV_FB_USED{{{labels}}} 0",
+        f"DCGM_FI_DEV_XID_ERRORS{{{labels}}} 0",
+        f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{labels}}} 0.000000",
+    ):
+        assert f"\n{line}\n" in text, line
+
+
+def test_xid_79_via_the_controller_shows_on_the_next_render():
+    node = make_node(gpus=4)
+    controller = Controller(node, None, clock=lambda: 1001.0)
+    assert series(rm.render(node, 1001.0), "DCGM_FI_DEV_XID_ERRORS")["2"] == 0
+    controller.apply(InjectXid(gpu=2, code=79))
+    body = rm.render(node, 1002.0)
+    assert series(body, "DCGM_FI_DEV_XID_ERRORS") == {"0": 0, "1": 0, "2": 79, "3": 0}
+    assert re.search(r'^DCGM_FI_DEV_XID_ERRORS\{gpu="2",.*\} 79$', body.decode(), re.M)
+    # A lost GPU reads blank for every polled field, which dcgm-exporter drops.
+    assert set(series(body, "DCGM_FI_DEV_GPU_TEMP")) == {"0", "1", "3"}
+    assert set(series(body, "DCGM_FI_DEV_FB_USED")) == {"0", "1", "3"}
+    inj = {s.labels["kind"]: s.value for s in families(body)["mokka_injections"].samples}
+    assert inj == {"InjectXid": 1}
+    controller.apply(Reset(gpu=2))
+    body = rm.render(node, 1003.0)
+    assert series(body, "DCGM_FI_DEV_XID_ERRORS")["2"] == 0
+    assert set(series(body, "DCGM_FI_DEV_GPU_TEMP")) == {"0", "1", "2", "3"}
+
+
+def test_ecc_remap_nvlink_and_throttle_counters_follow_the_model():
+    node = make_node(gpus=2)
+    c = Controller(node, None, clock=lambda: 1001.0)
+    c.apply(InjectEcc(gpu=1, kind="sbe", count=5, location="dram"))
+    c.apply(InjectXid(gpu=1, code=48))
+    c.apply(NvLinkCommand(gpu=0, action="errors", link=3, count=4))
+    c.apply(Pin(gpu=0, signal="throttle", values=("hw_thermal_slowdown",)))
+    body = rm.render(node, 1001.0)
+    assert series(body, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL") == {"0": 0, "1": 5}
+    assert series(body, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL") == {"0": 0, "1": 5}
+    assert series(body, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") == {"0": 0, "1": 1}
+    assert series(body, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS") == {"0": 0, "1": 1}
+    assert series(body, "DCGM_FI_DEV_XID_ERRORS") == {"0": 0, "1": 48}
+    assert series(body, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL") == {"0": 4, "1": 0}
+    assert series(body, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL") == {"0": 4, "1": 0}
+    mask = node.readings(0, 1001.0).throttle_mask
+    assert mask & 0x40  # nvmlClocksEventReasonHwThermalSlowdown
+    assert series(body, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")["0"] == mask
+    assert series(body, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")["0"] == mask
+
+
+def test_pinned_utilization_and_memory_drive_util_fb_and_simulated_prof_gauges():
+    node = make_node(gpus=1)
+    c = Controller(node, None, clock=lambda: 1001.0)
+    c.apply(Pin(gpu=0, signal="utilization", values=(90, 40)))
+    c.apply(Pin(gpu=0, signal="memory_used", values=(40000,)))
+    body = rm.render(node, 1001.0)
+    p = node.profile.memory
+    assert series(body, "DCGM_FI_DEV_GPU_UTIL")["0"] == 90
+    assert series(body, "DCGM_FI_DEV_MEM_COPY_UTIL")["0"] == 40
+    assert series(body, "DCGM_FI_DEV_FB_USED")["0"] == 40000
+    assert series(body, "DCGM_FI_DEV_FB_RESERVED")["0"] == p.reserved_mib
+    assert series(body, "DCGM_FI_DEV_FB_FREE")["0"] == p.total_mib - p.reserved_mib - 40000
+    assert series(body, "DCGM_FI_PROF_GR_ENGINE_ACTIVE")["0"] == pytest.approx(0.9)
+    assert series(body, "DCGM_FI_PROF_DRAM_ACTIVE")["0"] == pytest.approx(0.4)
+    assert series(body, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")["0"] == pytest.approx(0.45)
+
+
+@pytest.mark.parametrize("later", [0.0, 7.5, 120.0, 3600.0])
+def test_values_agree_with_the_tree_at_the_same_instant(later):
+    node = make_node(gpus=2)
+    c = Controller(node, None, clock=lambda: 1000.0)
+    c.apply(Pin(gpu=1, signal="utilization", values=(75, 30)))
+    c.apply(Pin(gpu=1, signal="memory_used", values=(12345,)))
+    now = 1000.0 + later
+    body = rm.render(node, now)
+    for i in range(2):
+        files = gpu_dir(i).children(None)
+        tree = {name: files[name].read(Ctx(node, now)).decode().strip() for name in ("temperature", "power", "memory_used")}
+        assert series(body, "DCGM_FI_DEV_GPU_TEMP")[str(i)] == int(tree["temperature"])
+        assert series(body, "DCGM_FI_DEV_POWER_USAGE")[str(i)] == pytest.approx(float(tree["power"]), abs=0.005)
+        assert series(body, "DCGM_FI_DEV_FB_USED")[str(i)] == int(tree["memory_used"])
+
+
+def test_a_board_without_a_memory_sensor_reads_memory_temp_zero():
+    node = make_node("l40s", gpus=2)
+    assert node.readings(0, 1000.0).memory_temperature_c is None
+    assert series(rm.render(node, 1000.0), "DCGM_FI_DEV_MEMORY_TEMP") == {"0": 0, "1": 0}
+
+
+def test_hostname_label_spelling_and_escaping():
+    node = make_node(gpus=1)
+    body = rm.render(node, 1000.0, 'we"ird\\host', hostname_label="hostname")
+    s = families(body)["DCGM_FI_DEV_GPU_TEMP"].samples[0]
+    assert s.labels["hostname"] == 'we"ird\\host'
+    assert "Hostname" not in s.labels
+
+
+def test_every_metric_the_nvidia_grafana_dashboard_queries_exists():
+    exprs = [ln for ln in (FIXTURES / "dashboard-exprs.txt").read_text().splitlines() if ln and ln[0] != "#"]
+    wanted = {name for e in exprs for name in re.findall(r"\b(DCGM_FI_[A-Z0-9_]+)\b", e)}
+    assert len(wanted) == 6  # the dashboard's panels: temp, power, SM clock, util, FB used, tensor
+    fams = families(rm.render(make_node(gpus=2), 1000.0))
+    assert wanted <= set(fams), wanted - set(fams)
+    # Its templating variables come from the `gpu` label of DCGM_FI_DEV_GPU_TEMP.
+    assert {s.labels["gpu"] for s in fams["DCGM_FI_DEV_GPU_TEMP"].samples} == {"0", "1"}
+
+
+def test_the_renderer_imports_neither_trio_nor_pyfuse3():
+    code = (
+        "import sys\n"
+        "for m in ('trio', 'pyfuse3', 'cffi'): sys.modules[m] = None\n"
+        "from mokkafs.model import Node, compose\n"
+        "from mokkafs.profiles import load_profile\n"
+        "from mokkafs.render.metrics import render\n"
+        "n = Node(compose(load_profile('h100'), gpus=2), 0.0)\n"
+        "assert b'DCGM_FI_DEV_GPU_TEMP{' in render(n, 1.0)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# --- the HTTP edge, without FUSE ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("9400", ("127.0.0.1", 9400)),
+        ("127.0.0.1:9401", ("127.0.0.1", 9401)),
+        (":9400", (None, 9400)),
+        ("0.0.0.0:0", ("0.0.0.0", 0)),
+        ("[::1]:9400", ("::1", 9400)),
+        ("localhost:80", ("localhost", 80)),
+    ],
+)
+def test_parse_listen(spec, expected):
+    assert edge.parse_listen(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["", " ", "abc", "70000", "-1", "host:", "::1:9400", "[::1]9400", "[]:1", "1.2.3.4:x"])
+def test_parse_listen_refuses(spec):
+    with pytest.raises(ValueError):
+        edge.parse_listen(spec)
+
+
+def test_cli_refuses_a_bad_metrics_address_before_mounting(capsys):
+    from mokkafs.cli import parser
+
+    with pytest.raises(SystemExit) as e:
+        parser().parse_args(["mount", "/tmp/nowhere", "--metrics", "nine"])
+    assert e.value.code == 2
+    assert "--metrics" in capsys.readouterr().err
+    assert parser().parse_args(["mount", "/m", "--metrics"]).metrics == "127.0.0.1:9400"
+    assert parser().parse_args(["mount", "/m"]).metrics is None
+
+
+@pytest.mark.parametrize(
+    "request_line, status",
+    [
+        ("GET /metrics HTTP/1.1", 200),
+        ("GET /metrics?x=1 HTTP/1.0", 200),
+        ("HEAD /metrics HTTP/1.1", 200),
+        ("GET / HTTP/1.1", 404),
+        ("GET /metricsx HTTP/1.1", 404),
+        ("POST /metrics HTTP/1.1", 405),
+        ("GET /metrics", 400),
+        ("GET /metrics SPDY/3", 400),
+        ("\x00\xff garbage", 400),
+    ],
+)
+def test_respond(request_line, status):
+    server = edge.MetricsServer(Controller(make_node(gpus=1), None, lambda: 1000.0), clock=lambda: 1000.0)
+    response, head_only = server.respond(request_line)
+    assert response.status == status
+    if status == 200:
+        assert response.content_type == rm.CONTENT_TYPE
+        assert head_only == request_line.startswith("HEAD")
+        assert b"\r\n\r\n" not in response.encode(head_only=True)[:-4]
+
+
+async def _exchange(port: int, data: bytes) -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        if data:
+            await stream.send_all(data)
+        out = bytearray()
+        while chunk := await stream.receive_some(65536):
+            out += chunk
+        return bytes(out)
+
+
+async def test_server_over_loopback_answers_and_survives_bad_clients(autojump_clock):
+    node = make_node(gpus=2)
+    server = edge.MetricsServer(Controller(node, None, lambda: 1000.0), lambda: (5, 1), clock=lambda: 1000.0)
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(edge.serve, "127.0.0.1:0", server)
+        assert host == "127.0.0.1"
+        ok = await _exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, _, body = ok.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert f"Content-Length: {len(body)}".encode() in head
+        assert set(series(body, "DCGM_FI_DEV_GPU_TEMP")) == {"0", "1"}
+        assert families(body)["mokka_fuse_operations"].samples[0].value == 5
+        assert families(body)["mokka_fuse_errors"].samples[0].value == 1
+        assert (await _exchange(port, b"GET /nope HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 404 ")
+        assert (await _exchange(port, b"HEAD /metrics HTTP/1.1\r\n\r\n")).endswith(b"\r\n\r\n")
+        assert (await _exchange(port, b"junk\r\n\r\n")).startswith(b"HTTP/1.1 400 ")
+        # Oversized headers: refused with 431 (the client may see a reset instead, since the
+        # server closes with the rest unread); either way nothing is buffered without bound.
+        try:
+            answer = await _exchange(port, b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 40000)
+        except trio.BrokenResourceError:
+            answer = b"HTTP/1.1 431 (reset)"
+        assert answer.startswith(b"HTTP/1.1 431 ")
+        assert await _exchange(port, b"") == b""  # silent client: dropped after the timeout
+        # A client that hangs up mid-request does not take the server down.
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /met")
+        await stream.aclose()
+        assert (await _exchange(port, b"GET /metrics HTTP/1.0\r\n\r\n")).startswith(b"HTTP/1.1 200 OK")
+        assert server.scrapes == 3
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_taken_port_is_an_oserror_naming_metrics():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = edge.MetricsServer(Controller(make_node(gpus=1), None, lambda: 1000.0))
+        with pytest.raises(BaseExceptionGroup) as raised:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(edge.serve, f"127.0.0.1:{port}", server)
+        assert raised.group_contains(OSError, match=f"metrics on 127.0.0.1:{port}: ")
+
+
+# --- a real mount ------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _mokka(env, *args, check=True):
+    return subprocess.run(
+        [sys.executable, "-m", "mokkafs.cli", *args], capture_output=True, text=True, env=env, timeout=60, check=check
+    )
+
+
+def _is_mounted(path: Path) -> bool:
+    real = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == real for line in f)
+
+
+@pytest.fixture
+def metrics_mount(tmp_path):
+    """A 4 x H100 node mounted by `mokka mount --metrics 127.0.0.1:PORT`; yields (mnt, url)."""
+    env = dict(os.environ, MOKKA_RUNTIME_DIR=str(tmp_path / "run"))
+    mnt, state = tmp_path / "mnt", tmp_path / "state"
+    port = _free_port()
+    _mokka(env, "mount", str(mnt), "--gpus", "4", "--state-dir", str(state), "--metrics", f"127.0.0.1:{port}")
+    try:
+        yield mnt, f"http://127.0.0.1:{port}/metrics"
+    finally:
+        _mokka(env, "umount", str(mnt), check=False)
+        if _is_mounted(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+        log = (state / "daemon.log").read_text()
+        bad = [ln for ln in log.splitlines() if (" WARNING " in ln or " ERROR " in ln) and "EINVAL" not in ln]
+        assert not bad, bad
+
+
+def scrape(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        assert r.headers["Content-Type"] == rm.CONTENT_TYPE
+        return r.read()
+
+
+def _write(path: Path, data: bytes) -> int:
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, data)
+        return 0
+    except OSError as e:
+        return e.errno
+    finally:
+        os.close(fd)
+
+
+def test_mounted_scrape_sees_an_injected_xid_79(metrics_mount):
+    mnt, url = metrics_mount
+    before = scrape(url)
+    assert series(before, "DCGM_FI_DEV_XID_ERRORS") == {"0": 0, "1": 0, "2": 0, "3": 0}
+    assert _write(mnt / "gpu2" / "inject_xid", b"79\n") == 0
+    after = scrape(url)
+    assert re.search(rb'^DCGM_FI_DEV_XID_ERRORS\{gpu="2",.*\} 79$', after, re.M)
+    assert series(after, "DCGM_FI_DEV_XID_ERRORS")["2"] == 79
+    assert "2" not in series(after, "DCGM_FI_DEV_GPU_TEMP")
+
+
+def test_mounted_values_agree_with_the_tree(metrics_mount):
+    mnt, url = metrics_mount
+    for cmd, file in ((b"90 40", "utilization"), (b"23456", "memory_used")):
+        assert _write(mnt / "gpu1" / file, cmd) == 0
+
+    def tree(name: str) -> float:
+        return float((mnt / "gpu1" / name).read_text().split()[0])
+
+    # Under load the temperature climbs; bracket the scrape between two tree reads.
+    t0, p0 = tree("temperature"), tree("power")
+    body = scrape(url)
+    t1, p1 = tree("temperature"), tree("power")
+    assert t0 <= series(body, "DCGM_FI_DEV_GPU_TEMP")["1"] <= t1
+    assert min(p0, p1) - 0.005 <= series(body, "DCGM_FI_DEV_POWER_USAGE")["1"] <= max(p0, p1) + 0.005
+    assert series(body, "DCGM_FI_DEV_FB_USED")["1"] == tree("memory_used") == 23456
+    assert series(body, "DCGM_FI_DEV_GPU_UTIL")["1"] == 90
+
+
+def test_mounted_fuse_counters_count_requests_and_refusals(metrics_mount):
+    mnt, url = metrics_mount
+    ops0 = families(scrape(url))["mokka_fuse_operations"].samples[0].value
+    (mnt / "gpu0" / "info").read_text()
+    assert _write(mnt / "gpu0" / "inject_xid", b"not-a-code") == errno.EINVAL
+    fams = families(scrape(url))
+    assert fams["mokka_fuse_operations"].samples[0].value > ops0
+    assert fams["mokka_fuse_errors"].samples[0].value == 1
+    assert {s.labels["kind"]: s.value for s in fams["mokka_injections"].samples} == {}
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(url.replace("/metrics", "/"), timeout=10)
+    assert e.value.code == 404
+    e.value.close()
+
+
+def test_mount_fails_cleanly_when_the_metrics_port_is_taken(tmp_path):
+    env = dict(os.environ, MOKKA_RUNTIME_DIR=str(tmp_path / "run"))
+    mnt = tmp_path / "mnt"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = _mokka(env, "mount", str(mnt), "--gpus", "1", "--state-dir", str(tmp_path / "s"),
+                     "--metrics", f"127.0.0.1:{port}", check=False)
+    try:
+        assert res.returncode != 0
+        assert f"metrics on 127.0.0.1:{port}" in res.stderr
+        deadline = time.monotonic() + 10
+        while _is_mounted(mnt) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _is_mounted(mnt)
+    finally:
+        if _is_mounted(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
