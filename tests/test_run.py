@@ -1,0 +1,151 @@
+"""`mokka run` against a real mount: Debian's real lspci, ibstat and ibstatus see the simulated node
+at the real paths, faults show up there, CMD's exit code and environment pass through, and the
+host's mount table is untouched. No mocks: the tools and the namespace are real."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import MountedNode, force_unmount, mokka_cmd
+
+TOOLS = ("lspci", "ibstat", "ibstatus", "unshare", "fusermount3")
+H100_LINE = re.compile(r"^[0-9a-f]{2}:00\.0 3D controller \[0302\]: NVIDIA Corporation GH100 ?\[H100 SXM5 80GB\] \[10de:2330\]")
+
+
+@pytest.fixture(scope="module")
+def node():
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    assert not missing, f"real tools missing (apt install pciutils infiniband-diags fuse3): {missing}"
+    # Not under pytest's 0700 tmp dir: the unprivileged test must be able to reach the mount.
+    tmp = Path(tempfile.mkdtemp(prefix="mokka-run-"))
+    tmp.chmod(0o755)
+    n = MountedNode(tmp, "h100")
+    n.expected_warnings.append(re.compile("EINVAL"))
+    n.mount()
+    yield n
+    n.umount()
+    force_unmount(n.mnt)
+    problems = n.unexpected_log_lines()
+    shutil.rmtree(tmp, ignore_errors=True)
+    assert problems == []
+
+
+def run(node: MountedNode, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*mokka_cmd(), "run", "--root", str(node.mnt), "--", *cmd],
+        capture_output=True, text=True, env=node.env, timeout=60, check=check,
+    )
+
+
+def gpu_lines(node: MountedNode) -> list[str]:
+    return [line for line in run(node, "lspci", "-nn").stdout.splitlines() if H100_LINE.match(line)]
+
+
+def test_lspci_lists_the_gpus_by_their_pci_ids_names(node):
+    out = run(node, "lspci", "-nn").stdout
+    assert len(gpu_lines(node)) == 8, out
+    assert out.count("Infiniband controller [0207]: Mellanox Technologies MT2910 Family [ConnectX-7] [15b3:1021]") == 8
+    assert out.count("[10de:22a3]") == 4  # the NVSwitches
+
+
+def test_lspci_vvv_shows_numa_and_links(node):
+    out = run(node, "lspci", "-vvv", "-s", "36:00.0").stdout
+    assert "NUMA node: 1" in out
+    assert "LnkCap:\tPort #0, Speed 32GT/s, Width x16" in out
+    assert "LnkSta:\tSpeed 32GT/s, Width x16" in out
+    assert "Region 1: Memory at" in out and "[virtual]" not in out
+    assert "Kernel driver in use: nvidia" in out
+
+
+def test_lspci_t_shows_the_root_complexes(node):
+    out = run(node, "lspci", "-t").stdout
+    for bus in ("15", "1b", "21", "27", "2d", "33", "39", "3f", "d8"):
+        assert f"[0000:{bus}]" in out
+    assert "-[17-19]--+-00.0-[18]----00.0" in out
+
+
+def test_ibstat_and_ibstatus_show_every_hca_active(node):
+    out = run(node, "ibstat").stdout
+    assert out.count("CA type: MT4129") == 8
+    assert out.count("State: Active") == 8 and out.count("Physical state: LinkUp") == 8
+    assert out.count("Rate: 400") == 8 and "Firmware version: 28.43.3608" in out
+    assert run(node, "ibstat", "-l").stdout.split() == [f"mlx5_{j}" for j in range(8)]
+    status = run(node, "ibstatus").stdout
+    assert status.count("state:\t\t 4: ACTIVE") == 8
+    assert status.count("phys state:\t 5: LinkUp") == 8
+    assert status.count("rate:\t\t 400 Gb/sec (4X NDR)") == 8
+
+
+def test_xid_79_takes_a_gpu_off_the_bus_until_reset(node):
+    assert node.write("gpu2/inject_xid", b"79\n") == 0
+    assert len(gpu_lines(node)) == 7
+    gone = run(node, "sh", "-c", "ls /proc/driver/nvidia/gpus; ls /sys/bus/pci/devices").stdout
+    assert "0000:24:00.0" not in gone
+    assert node.write("gpu2/reset", b"1\n") == 0
+    assert len(gpu_lines(node)) == 8
+
+
+def test_ib_port_down_and_up(node):
+    assert node.write("ib/mlx5_3/port1", b"down\n") == 0
+    for bad in (b"sideways\n", b"errors -3\n", b"errors nope 1\n", b"down down\n"):
+        assert node.write("ib/mlx5_3/port1", bad) == 22  # EINVAL, nothing changed
+    out = run(node, "ibstat", "mlx5_3").stdout
+    assert "State: Down" in out and "Physical state: Disabled" in out
+    status = run(node, "ibstatus", "mlx5_3").stdout
+    assert "1: DOWN" in status and "3: Disabled" in status
+    assert node.write("ib/mlx5_3/port1", b"up\n") == 0
+    assert "State: Active" in run(node, "ibstat", "mlx5_3").stdout
+    assert node.write("node/reset", b"1\n") == 0
+
+
+def test_exit_code_environment_and_device_nodes(node):
+    res = run(node, "sh", "-c", "exit 42", check=False)
+    assert res.returncode == 42
+    env = run(node, "sh", "-c", 'echo "$MOKKA_STATE"; echo "$LD_LIBRARY_PATH"; echo "$PATH"').stdout.split("\n")
+    assert env[0] == f"{node.state_dir.resolve()}/state"
+    assert env[1].split(":")[0] == f"{node.mnt}/driver/usr/lib64"
+    assert env[2].split(":")[0] == f"{node.mnt}/driver/usr/bin"
+    stat = run(node, "stat", "-c", "%n %t:%T", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm",
+               "/dev/nvidia-caps/nvidia-cap1").stdout.split("\n")
+    assert stat[:4] == ["/dev/nvidia0 c3:0", "/dev/nvidiactl c3:ff", "/dev/nvidia-uvm 1fe:0",
+                        "/dev/nvidia-caps/nvidia-cap1 1fa:1"]
+    assert "NVRM version: NVIDIA UNIX Open Kernel Module" in run(node, "cat", "/proc/driver/nvidia/version").stdout
+    assert run(node, "cat", "/sys/module/nvidia/version").stdout == "580.105.08\n"
+    # the host's own entries are still there inside the namespace
+    assert run(node, "sh", "-c", "test -e /dev/null && test -d /sys/devices/system/cpu && echo ok").stdout == "ok\n"
+
+
+def test_the_host_is_untouched(node):
+    with open("/proc/self/mountinfo") as f:
+        before = f.read()
+    run(node, "true")
+    with open("/proc/self/mountinfo") as f:
+        assert f.read() == before
+    assert not os.path.exists("/dev/nvidia0") and not os.path.exists("/sys/class/infiniband/mlx5_0")
+
+
+def test_command_not_found_and_not_a_mount(node, tmp_path):
+    res = run(node, "no-such-command-xyz", check=False)
+    assert res.returncode == 127 and "no-such-command-xyz" in res.stderr
+    res = subprocess.run([*mokka_cmd(), "run", "--root", str(tmp_path), "--", "true"], capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 2 and "not a mokkafs mount" in res.stderr
+    res = subprocess.run([*mokka_cmd(), "run", "--root", str(node.mnt)], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and "no command given" in res.stderr
+
+
+def test_unprivileged_user_gets_a_user_namespace_or_a_clear_error(node):
+    res = subprocess.run(
+        ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", *mokka_cmd(), "run",
+         "--root", str(node.mnt), "--", "lspci", "-n"],
+        capture_output=True, text=True, timeout=60, env=node.env, cwd="/",
+    )
+    if res.returncode == 0:
+        assert res.stdout.count("0302: 10de:2330") == 8
+    else:
+        assert "cannot create a mount namespace" in res.stderr and "unprivileged user namespaces" in res.stderr
