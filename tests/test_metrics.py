@@ -469,3 +469,35 @@ def test_mount_fails_cleanly_when_the_metrics_port_is_taken(tmp_path):
     finally:
         if _is_mounted(mnt):
             subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+
+
+def test_mounted_values_agree_with_pynvml_within_a_tick(metrics_mount):
+    """The issue's acceptance: temperature, power and memory used as pynvml reads them through
+    the NVML shim, against a scrape taken around the same moment (the shim's state is published
+    on every event and on a 100 ms tick, so NVML may trail by one tick)."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    from helpers_nvml import consumer_env
+
+    mnt, url = metrics_mount
+    assert _write(mnt / "gpu1" / "utilization", b"90 40") == 0
+    assert _write(mnt / "gpu1" / "memory_used", b"23456") == 0
+    env = consumer_env(mnt.parent / "state" / "state")
+    code = (
+        "import json, pynvml as p\n"
+        "p.nvmlInit()\n"
+        "h = p.nvmlDeviceGetHandleByIndex(1)\n"
+        "print(json.dumps(dict(temp=p.nvmlDeviceGetTemperature(h, 0), power_mw=p.nvmlDeviceGetPowerUsage(h),\n"
+        "    used=p.nvmlDeviceGetMemoryInfo(h, version=p.nvmlMemory_v2).used)))\n"
+        "p.nvmlShutdown()\n"
+    )
+    before = scrape(url)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    after = scrape(url)
+    assert out.returncode == 0, out.stderr
+    nvml = __import__("json").loads(out.stdout)
+    temps = [series(b, "DCGM_FI_DEV_GPU_TEMP")["1"] for b in (before, after)]
+    assert min(temps) - 1 <= nvml["temp"] <= max(temps) + 1
+    powers = [series(b, "DCGM_FI_DEV_POWER_USAGE")["1"] for b in (before, after)]
+    assert min(powers) - 1 <= nvml["power_mw"] / 1000 <= max(powers) + 1
+    assert series(after, "DCGM_FI_DEV_FB_USED")["1"] == 23456
+    assert nvml["used"] // (1024 * 1024) == 23456
