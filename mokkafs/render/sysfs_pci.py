@@ -214,7 +214,10 @@ class PciTree:
         self._children: dict = {}
         for fn in layout.functions:
             self._children.setdefault(fn.parent, []).append(fn)
-        self._dirs = {fn.bdf: self._device_dir(fn) for fn in layout.functions}
+        self._dirs: dict = {}
+        # Deepest first: a bridge's directory refers to its children's.
+        for fn in sorted(layout.functions, key=lambda f: -len(layout.chain(f))):
+            self._dirs[fn.bdf] = self._device_dir(fn)
 
     def rel_path(self, fn: PciFunction) -> str:
         """`devices/pci0000:15/0000:15:01.0/.../0000:18:00.0`, relative to sys/."""
@@ -265,8 +268,9 @@ class PciTree:
             files["current_link_width"] = const(f"{fn.link_width}\n")
         files.update(self.extra(fn))
         kids = self._children.get(fn.bdf, [])
-        if not kids:
-            return static_dir(files, mode=0o755)
+        if not any(kid.kind == "gpu" for kid in kids):
+            # Children that never leave the bus: a stable directory the kernel may cache.
+            return static_dir({**files, **{kid.bdf.sysfs: self._dirs[kid.bdf] for kid in kids}}, mode=0o755)
 
         def children(ctx: Ctx) -> Mapping[str, Entry]:
             out = dict(files)
