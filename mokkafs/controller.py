@@ -29,6 +29,10 @@ class Controller:
         seq = self.node.log_seq
         notes = self.node.apply(event, now)
         new_entries = self.node.log_since(seq)
+        # Subscribers first: a blocked nvmlEventSetWait wakes as soon as the event is in the
+        # shared state; the write that caused it still returns only once it is persisted.
+        for subscriber in self.subscribers:
+            subscriber(self.node, notes, new_entries)
         if self.state is not None:
             targets = range(len(self.node.gpus)) if event.gpu is None else [event.gpu]
             for i in targets:
@@ -36,6 +40,4 @@ class Controller:
             if event.gpu is None:  # node-level events (node reset, InfiniBand ports) touch the HCAs
                 self.state.save_hcas(self.node)
             self.state.append_log(self.node, new_entries)
-        for subscriber in self.subscribers:
-            subscriber(self.node, notes, new_entries)
         return notes
