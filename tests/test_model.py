@@ -325,3 +325,10 @@ def test_model_and_renderers_import_without_io_libraries():
         "import mokkafs.model, mokkafs.render.control, mokkafs.render.tree, mokkafs.vfs\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_throttle_pin_built_directly_gets_the_implied_reasons(h100):
+    h100.apply(Pin(0, "throttle", ("hw_power_brake_slowdown",)), T0)
+    assert h100.readings(0, T0).throttle_reasons == ["hw_slowdown", "hw_power_brake_slowdown"]
+    with pytest.raises(InvalidCommand, match="unknown throttle reason"):
+        Pin(0, "throttle", ("sideways",))

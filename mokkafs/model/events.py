@@ -84,6 +84,15 @@ class Pin(Event):
         super().__post_init__()
         if self.signal not in PIN_SIGNALS:
             raise InvalidCommand(f"unknown signal {self.signal!r}")
+        if self.signal == "throttle" and self.values is not None:
+            unknown = [r for r in self.values if r not in THROTTLE_REASONS]
+            if unknown:
+                raise InvalidCommand(
+                    f"unknown throttle reason {unknown[0]!r}; known: {', '.join(THROTTLE_REASONS)}, none, auto"
+                )
+            # The reasons the driver reports together, whoever built the event.
+            reasons = set(self.values) | {_IMPLIED[r] for r in self.values if r in _IMPLIED}
+            object.__setattr__(self, "values", tuple(sorted(reasons, key=THROTTLE_REASONS.__getitem__)))
 
 
 @dataclass(frozen=True)
@@ -254,14 +263,7 @@ def parse_throttle(gpu: int, data: bytes) -> Pin:
         return Pin(gpu, "throttle", None)
     if text == "none":
         return Pin(gpu, "throttle", ())
-    words = text.split(" ")
-    unknown = [w for w in words if w not in THROTTLE_REASONS]
-    if unknown:
-        raise InvalidCommand(
-            f"unknown throttle reason {unknown[0]!r}; known: {', '.join(THROTTLE_REASONS)}, none, auto"
-        )
-    reasons = set(words) | {_IMPLIED[w] for w in words if w in _IMPLIED}
-    return Pin(gpu, "throttle", tuple(sorted(reasons, key=THROTTLE_REASONS.__getitem__)))
+    return Pin(gpu, "throttle", tuple(text.split(" ")))
 
 
 PIN_SIGNALS = {
