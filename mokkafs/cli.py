@@ -88,6 +88,8 @@ def cmd_mount(args) -> int:
         metrics=args.metrics,
         driver_version=args.driver_version,
         cuda_version=args.cuda_version,
+        numa_nodes=args.numa_nodes,
+        hcas=args.hcas,
     )
     if args.hostname:
         opts.hostname = args.hostname
@@ -217,6 +219,13 @@ def cmd_profiles(args) -> int:
     return 0
 
 
+def cmd_run(args) -> int:
+    from mokkafs.run import run
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    return run(args.root, cmd)
+
+
 def _listen_address(spec: str) -> str:
     from mokkafs.metrics import parse_listen
 
@@ -258,6 +267,8 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--hostname", help="seeds UUIDs and serials (default: this host's name)")
     m.add_argument("--driver-version")
     m.add_argument("--cuda-version")
+    m.add_argument("--numa-nodes", type=int, help="NUMA nodes the GPUs spread over (default: the profile's)")
+    m.add_argument("--hcas", type=int, help="InfiniBand HCAs (default: the profile's)")
     m.add_argument("--kmsg", action="store_true", help="also write Xid lines to /dev/kmsg")
     m.add_argument(
         "--metrics",
@@ -284,6 +295,11 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("kind", choices=sorted(INJECT_FILES))
     i.add_argument("value", nargs="*")
     i.set_defaults(func=cmd_inject)
+
+    r = sub.add_parser("run", help="run a command that sees the node at /sys, /proc and /dev: mokka run -- lspci")
+    r.add_argument("--root", default=DEFAULT_MOUNTPOINT)
+    r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS]")
+    r.set_defaults(func=cmd_run)
 
     e = sub.add_parser("env", help="exports for LD_LIBRARY_PATH, PATH and MOKKA_STATE: eval \"$(mokka env)\"")
     e.add_argument("--root", default=DEFAULT_MOUNTPOINT)
