@@ -226,6 +226,13 @@ def cmd_run(args) -> int:
     return run(args.root, cmd)
 
 
+def cmd_agent(args) -> int:
+    from mokkafs import agent
+
+    _setup_logging(sys.stderr)
+    return agent.main(args)
+
+
 def _listen_address(spec: str) -> str:
     from mokkafs.metrics import parse_listen
 
@@ -304,6 +311,22 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("env", help="exports for LD_LIBRARY_PATH, PATH and MOKKA_STATE: eval \"$(mokka env)\"")
     e.add_argument("--root", default=DEFAULT_MOUNTPOINT)
     e.set_defaults(func=cmd_env)
+
+    from mokkafs import agent as _agent
+
+    g = sub.add_parser("agent", help="in a Kubernetes DaemonSet: mount, inject from Node annotations, report health")
+    g.add_argument("--node-name", help="this Node's name (default: $NODE_NAME)")
+    g.add_argument("--kubeconfig", help="default: in-cluster config, else ~/.kube/config")
+    g.add_argument("--mountpoint", default=_agent.DEFAULT_MOUNTPOINT)
+    g.add_argument("--state-dir", default=_agent.DEFAULT_STATE_DIR)
+    g.add_argument("--profile", help="default: label mokkafs.io/profile, else $MOKKA_PROFILE, else h100")
+    g.add_argument("--gpus", help="default: label mokkafs.io/gpus, else $MOKKA_GPUS, else the profile's")
+    g.add_argument("--no-mount", action="store_true", help="use a node already mounted at --mountpoint")
+    g.add_argument("--kmsg", action="store_true", help="also write Xid lines to /dev/kmsg")
+    g.add_argument("--cdi-spec", default=_agent.DEFAULT_CDI_SPEC, help="'' to skip")
+    g.add_argument("--nfd-features", default=_agent.DEFAULT_NFD_FEATURES, help="'' to skip")
+    g.add_argument("--resync", type=float, default=30.0, help="seconds between health checks and rewatches")
+    g.set_defaults(func=cmd_agent)
 
     p = sub.add_parser("profiles", help="the shipped profiles, one line each")
     p.set_defaults(func=cmd_profiles)

@@ -1,0 +1,245 @@
+"""A fake Kubernetes API server for the agent's tests: one Node, on 127.0.0.1 only, answering the
+few calls `mokka agent` makes (GET/PATCH the Node and its status, list+watch by field selector,
+POST Events) with the API server's real response shapes, plus knobs to make it conflict (409),
+end a watch early, or expire a watch (410 Gone)."""
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+
+def status(code: int, reason: str, message: str, details: dict | None = None) -> dict:
+    out = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        out["details"] = details
+    return out
+
+
+def merge_patch(target, patch):
+    """RFC 7386."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+class FakeCluster:
+    def __init__(self, node_name: str = "gpu-node-1", labels: dict | None = None) -> None:
+        self.lock = threading.Condition()
+        self.rv = 100
+        self.node = {
+            "kind": "Node",
+            "apiVersion": "v1",
+            "metadata": {
+                "name": node_name,
+                "uid": "6f1c2a9e-0d7b-4c1e-9a51-3d1f8f0e2b71",
+                "resourceVersion": str(self.rv),
+                "creationTimestamp": "2026-12-01T10:00:00Z",
+                "labels": {"kubernetes.io/hostname": node_name, **(labels or {})},
+                "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+            },
+            "spec": {"podCIDR": "10.244.1.0/24"},
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "kubelet is posting ready status",
+                        "lastHeartbeatTime": "2026-12-01T10:00:00Z",
+                        "lastTransitionTime": "2026-12-01T10:00:00Z",
+                    }
+                ]
+            },
+        }
+        self.history: list[dict] = [copy.deepcopy(self.node)]  # one snapshot per resourceVersion
+        self.events: list[dict] = []
+        self.patches: list[tuple[str, str, dict]] = []  # (path, content type, body)
+        self.requests: list[tuple[str, str]] = []
+        self.conflicts = 0  # the next N node patches meet a concurrent writer first (409)
+        self.end_watches = 0  # the next N watches end at once, as an API server restart does
+        self.expire_watches = 0  # the next N watches answer 410 Gone
+        self.server: ThreadingHTTPServer | None = None
+
+    # -- changes, as another writer (a user with kubectl, the kubelet) makes them ---------------
+
+    def _bump(self) -> None:
+        self.rv += 1
+        self.node["metadata"]["resourceVersion"] = str(self.rv)
+        self.history.append(copy.deepcopy(self.node))
+        self.lock.notify_all()
+
+    def annotate(self, key: str, value: str | None) -> None:
+        with self.lock:
+            ann = self.node["metadata"].setdefault("annotations", {})
+            if value is None:
+                ann.pop(key, None)
+            else:
+                ann[key] = value
+            self._bump()
+
+    def heartbeat(self) -> None:
+        with self.lock:
+            self.node["status"]["conditions"][0]["lastHeartbeatTime"] = f"2026-12-01T10:{self.rv % 60:02d}:00Z"
+            self._bump()
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return copy.deepcopy(self.node)
+
+    def condition(self, type_: str) -> dict | None:
+        with self.lock:
+            return next((copy.deepcopy(c) for c in self.node["status"]["conditions"] if c["type"] == type_), None)
+
+    # -- serving -------------------------------------------------------------------------------
+
+    def start(self) -> str:
+        cluster = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _send(self, code: int, obj: dict) -> None:
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _body(self) -> dict:
+                n = int(self.headers.get("Content-Length") or 0)
+                return json.loads(self.rfile.read(n) or b"{}")
+
+            def do_GET(self) -> None:
+                url = urlsplit(self.path)
+                q = {k: v[0] for k, v in parse_qs(url.query).items()}
+                cluster.requests.append(("GET", self.path))
+                name = cluster.node["metadata"]["name"]
+                if url.path == f"/api/v1/nodes/{name}":
+                    return self._send(200, cluster.snapshot())
+                if url.path == "/api/v1/nodes" and q.get("watch") == "true":
+                    return self._watch(q)
+                if url.path == "/api/v1/nodes":
+                    node = cluster.snapshot()
+                    items = [node] if q.get("fieldSelector", f"metadata.name={name}") == f"metadata.name={name}" else []
+                    return self._send(200, {"kind": "NodeList", "apiVersion": "v1",
+                                            "metadata": {"resourceVersion": str(cluster.rv)}, "items": items})  # fmt: skip
+                self._send(404, status(404, "NotFound", f"the server could not find {url.path}"))
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+            def _watch(self, q: dict) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                since = int(q.get("resourceVersion") or cluster.rv)
+                timeout = float(q.get("timeoutSeconds") or 5)
+                with cluster.lock:
+                    if cluster.expire_watches:
+                        cluster.expire_watches -= 1
+                        err = status(410, "Expired", f"too old resource version: {since} ({cluster.rv})")
+                        self._chunk(json.dumps({"type": "ERROR", "object": err}).encode() + b"\n")
+                        self._chunk(b"")
+                        return
+                    if cluster.end_watches:
+                        cluster.end_watches -= 1
+                        self._chunk(b"")
+                        return
+                    deadline = timeout
+                    while True:
+                        for snap in cluster.history:
+                            rv = int(snap["metadata"]["resourceVersion"])
+                            if rv > since:
+                                self._chunk(json.dumps({"type": "MODIFIED", "object": snap}).encode() + b"\n")
+                                since = rv
+                        if deadline <= 0:
+                            break
+                        cluster.lock.wait(0.1)
+                        deadline -= 0.1
+                self._chunk(b"")
+
+            def do_PATCH(self) -> None:
+                url = urlsplit(self.path)
+                body = self._body()
+                ctype = self.headers.get("Content-Type", "")
+                cluster.requests.append(("PATCH", self.path))
+                name = cluster.node["metadata"]["name"]
+                with cluster.lock:
+                    cluster.patches.append((url.path, ctype, body))
+                    if url.path == f"/api/v1/nodes/{name}":
+                        if ctype != "application/merge-patch+json":
+                            return self._send(415, status(415, "UnsupportedMediaType", ctype))
+                        if cluster.conflicts:
+                            cluster.conflicts -= 1
+                            cluster.node["metadata"]["annotations"]["other-writer"] = str(cluster.rv)
+                            cluster._bump()
+                        want = (body.get("metadata") or {}).get("resourceVersion")
+                        if want is not None and want != str(cluster.rv):
+                            return self._send(409, status(
+                                409, "Conflict",
+                                f'Operation cannot be fulfilled on nodes "{name}": the object has been modified; '
+                                "please apply your changes to the latest version and try again",
+                                {"name": name, "kind": "nodes"}))  # fmt: skip
+                        patched = merge_patch(cluster.node, body)
+                        patched["metadata"]["resourceVersion"] = str(cluster.rv)
+                        cluster.node = patched
+                        cluster._bump()
+                        return self._send(200, copy.deepcopy(cluster.node))
+                    if url.path == f"/api/v1/nodes/{name}/status":
+                        if ctype != "application/strategic-merge-patch+json":
+                            return self._send(415, status(415, "UnsupportedMediaType", ctype))
+                        conds = cluster.node["status"]["conditions"]
+                        for c in (body.get("status") or {}).get("conditions") or []:
+                            old = next((o for o in conds if o["type"] == c["type"]), None)
+                            if old is None:
+                                conds.append(c)
+                            else:
+                                old.update(c)
+                        cluster._bump()
+                        return self._send(200, copy.deepcopy(cluster.node))
+                self._send(404, status(404, "NotFound", url.path))
+
+            def do_POST(self) -> None:
+                url = urlsplit(self.path)
+                body = self._body()
+                cluster.requests.append(("POST", self.path))
+                if url.path.startswith("/api/v1/namespaces/") and url.path.endswith("/events"):
+                    with cluster.lock:
+                        body.setdefault("metadata", {})["uid"] = f"ev-{len(cluster.events)}"
+                        body["metadata"]["resourceVersion"] = str(cluster.rv)
+                        cluster.events.append(body)
+                    return self._send(201, body)
+                self._send(404, status(404, "NotFound", url.path))
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        if self.server:
+            self.server.shutdown()
+            self.server.server_close()

@@ -1,0 +1,314 @@
+"""`mokka agent`: the injection grammar and reconcile decisions (pure), then the agent against a
+fake API server (tests/k8s_fake.py) driving a real mounted node: conflicts, watch restarts,
+rejected annotations, the health condition and Events."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("kubernetes", reason="the kubernetes client is not installed (pip install kubernetes)")
+
+from conftest import mokka_cmd  # noqa: E402
+from k8s_fake import FakeCluster  # noqa: E402
+
+from mokkafs import agent  # noqa: E402
+from mokkafs.model.events import InvalidCommand  # noqa: E402
+
+# --- the grammar --------------------------------------------------------------------------------
+
+GOOD = [
+    ("gpu=3 xid=79", [("gpu3/inject_xid", b"79")]),
+    ("gpu=1 ecc=dbe 2", [("gpu1/inject_ecc", b"dbe 2")]),
+    ("gpu=1 ecc=sbe 5 l2", [("gpu1/inject_ecc", b"sbe 5 l2")]),
+    ("gpu=0 temperature=90", [("gpu0/temperature", b"90")]),
+    ("gpu=0 temperature=auto", [("gpu0/temperature", b"auto")]),
+    ("gpu=2 reset=1", [("gpu2/reset", b"1")]),
+    ("node reset=1", [("node/reset", b"1")]),
+    ("gpu=0 utilization=90 40", [("gpu0/utilization", b"90 40")]),
+    ("gpu=0 nvlink=3 down", [("gpu0/nvlink", b"3 down")]),
+    ("gpu=0 throttle=hw_thermal_slowdown sw_power_cap", [("gpu0/throttle", b"hw_thermal_slowdown sw_power_cap")]),
+    ("gpu=0 xid=48; gpu=1 lost=1", [("gpu0/inject_xid", b"48"), ("gpu1/lost", b"1")]),
+    ("gpu=0 xid=48;gpu=1 lost=1\n", [("gpu0/inject_xid", b"48"), ("gpu1/lost", b"1")]),
+]
+
+BAD = [
+    ("", "empty"),
+    ("gpu=4 xid=79", "no gpu4, the node has 4 GPUs"),
+    ("gpu=03 xid=79", "target must be"),
+    ("gpu=-1 xid=79", "target must be"),
+    ("gpu=0 xid=abc", "Xid must be a decimal number"),
+    ("gpu=0 xid=0", "Xid must be 1..999"),
+    ("gpu=0 xid=1000", "at most 999"),
+    ("gpu=0 xid=79 80", "Xid must be a decimal number"),
+    ("gpu=0 frobnicate=1", "unknown key 'frobnicate'"),
+    ("node xid=79", "unknown key 'xid'"),
+    ("node reset=2", "expected 1"),
+    ("gpu=0", "expected 'gpu=N KEY=VALUE'"),
+    ("xid=79 gpu=0", "target must be"),
+    ("gpu=0 ecc=dbe", "expected 'sbe N' or 'dbe N'"),
+    ("gpu=0 ecc=tbe 1", "ECC kind must be sbe or dbe"),
+    ("gpu=0  xid=79", "stray whitespace"),
+    ("gpu=0 xid=79;", "empty command"),
+    ("gpu=0 xid=79;;gpu=1 xid=79", "empty command"),
+    ("gpu=0 xid=79\ngpu=1 xid=79", "one line"),
+    ("gpu=0 temperature=9\u00b0", "printable ASCII"),
+    ("gpu=0 lost=1; gpu=9 lost=1", "no gpu9"),  # a later bad command rejects the whole value
+    (";".join(["gpu=0 xid=79"] * 17), "more than 16 commands"),
+    ("gpu=0 temperature=" + "9" * 2000, "longer than 1024 bytes"),
+]
+
+
+@pytest.mark.parametrize("value,expected", GOOD)
+def test_grammar_accepts(value, expected):
+    commands = agent.parse_injection(value, gpu_count=4)
+    assert [(c.path, c.payload) for c in commands] == expected
+
+
+@pytest.mark.parametrize("value,reason", BAD)
+def test_grammar_rejects_with_the_reason(value, reason):
+    with pytest.raises(InvalidCommand, match=None) as e:
+        agent.parse_injection(value, gpu_count=4)
+    assert reason in str(e.value)
+
+
+def _node(annotations=None, rv="7", conditions=None, labels=None):
+    return {
+        "metadata": {"name": "n1", "uid": "u1", "resourceVersion": rv, "annotations": annotations or {}, "labels": labels or {}},
+        "status": {"conditions": conditions or []},
+    }
+
+
+def test_decide():
+    assert agent.decide(_node(), 4) is None
+    act = agent.decide(_node({agent.ANNOTATION_INJECT: "gpu=3 xid=79"}), 4)
+    assert isinstance(act, agent.Apply) and act.resource_version == "7"
+    rej = agent.decide(_node({agent.ANNOTATION_INJECT: "gpu=3 xid=79"}), 2)
+    assert isinstance(rej, agent.Reject) and "no gpu3" in rej.reason
+    patch = agent.claim_patch(act, "2026-12-01T00:00:00Z")
+    assert patch["metadata"]["resourceVersion"] == "7"
+    assert patch["metadata"]["annotations"][agent.ANNOTATION_INJECT] is None
+    assert patch["metadata"]["annotations"][agent.ANNOTATION_APPLIED] == "2026-12-01T00:00:00Z gpu=3 xid=79"
+    rpatch = agent.claim_patch(rej, "T")
+    assert rpatch["metadata"]["annotations"][agent.ANNOTATION_REJECTED].startswith("T gpu=3 xid=79: ")
+
+
+def test_health_condition_only_on_change():
+    H = agent.GpuHealth
+    ok = [H(0, "healthy", "none"), H(1, "healthy", "none")]
+    c = agent.health_condition(ok, None, "T1")
+    assert (c["status"], c["reason"], c["message"]) == ("True", "GPUsHealthy", "all 2 GPUs healthy")
+    assert agent.health_condition(ok, c, "T2") is None  # unchanged: no write
+    bad = [H(0, "healthy", "none"), H(1, "lost", "lost")]
+    c2 = agent.health_condition(bad, c, "T3")
+    assert (c2["status"], c2["reason"], c2["lastTransitionTime"]) == ("False", "GPUsUnhealthy", "T3")
+    assert c2["message"] == "gpu1 lost (lost)"
+    deg = [H(0, "degraded", "none"), H(1, "healthy", "none")]
+    c3 = agent.health_condition(deg, c, "T4")
+    assert (c3["status"], c3["reason"], c3["lastTransitionTime"]) == ("True", "GPUsDegraded", "T1")
+
+
+def test_node_settings_labels_win_over_configmap():
+    assert agent.node_settings(_node(), "t4", "1") == ("t4", 1)
+    assert agent.node_settings(_node(), None, None) == ("h100", None)
+    labels = {agent.LABEL_PROFILE: "b200", agent.LABEL_GPUS: "4"}
+    assert agent.node_settings(_node(labels=labels), "t4", "1") == ("b200", 4)
+    for bad in ({agent.LABEL_GPUS: "0"}, {agent.LABEL_GPUS: "65"}, {agent.LABEL_GPUS: "x"}, {agent.LABEL_PROFILE: "../etc"}):
+        with pytest.raises(ValueError):
+            agent.node_settings(_node(labels=bad), None, None)
+
+
+def test_cdi_spec_shape():
+    gpus = [agent.GpuDevice(0, 0, "GPU-aaaa"), agent.GpuDevice(1, 1, "GPU-bbbb")]
+    text = agent.cdi_spec("/m", "/s/state", gpus, ["usr/lib64/libnvidia-ml.so.1", "usr/bin/nvidia-smi"], "x86_64")
+    assert text.startswith("---\ncdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n  - name: '0'\n")
+    assert "&" not in text and "*" not in text, "no YAML anchors or aliases"
+    spec = yaml.safe_load(text)
+    names = [d["name"] for d in spec["devices"]]
+    assert names == ["0", "GPU-aaaa", "1", "GPU-bbbb", "all"]
+    by = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}
+    assert by["GPU-bbbb"] == [{"path": "/dev/nvidia1", "hostPath": "/m/dev/nvidia1"}]
+    assert [n["path"] for n in by["all"]] == ["/dev/nvidia0", "/dev/nvidia1"]
+    edits = spec["containerEdits"]
+    assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+    assert mounts == {
+        "/run/mokka/state": "/s/state",
+        "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1": "/m/driver/usr/lib64/libnvidia-ml.so.1",
+        "/usr/bin/nvidia-smi": "/m/driver/usr/bin/nvidia-smi",
+    }
+    assert "NVIDIA_VISIBLE_DEVICES=void" in edits["env"]
+
+
+def test_nfd_feature_file_is_name_value_lines():
+    text = agent.nfd_features("h100", 8, "590.48.01")
+    lines = text.splitlines()
+    assert text.endswith("\n") and "pci-10de.present=true" in lines
+    assert all("=" in line and " " not in line and not line.startswith("#") for line in lines)
+
+
+# --- against a fake API server and a real mount ----------------------------------------------------
+
+
+def wait_until(pred, what: str, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def cluster():
+    c = FakeCluster()
+    c.base_url = c.start()
+    yield c
+    c.stop()
+
+
+def core_api(base_url: str):
+    from kubernetes import client
+
+    cfg = client.Configuration(host=base_url)
+    cfg.proxy = None
+    return client.CoreV1Api(client.ApiClient(cfg))
+
+
+@pytest.fixture
+def running(cluster, node_factory):
+    """A mounted 4 x H100 node and an agent thread watching the fake cluster's Node."""
+    node = node_factory(gpus=4)
+    a = agent.Agent(core_api(cluster.base_url), cluster.node["metadata"]["name"], agent.MountedTree(str(node.mnt)), resync_s=1)
+    t = threading.Thread(target=a.run, daemon=True)
+    t.start()
+    yield cluster, node, a
+    a.stopping = True
+    t.join(timeout=10)
+    assert not t.is_alive(), "the agent did not stop within a resync period"
+
+
+def annotations(cluster) -> dict:
+    return cluster.snapshot()["metadata"].get("annotations") or {}
+
+
+def events(cluster, reason: str) -> list[dict]:
+    return [e for e in cluster.events if e["reason"] == reason]
+
+
+def test_injection_applied_once_despite_a_conflict(running):
+    cluster, node, _ = running
+    wait_until(lambda: cluster.condition(agent.CONDITION_TYPE), "the first health report")
+    assert cluster.condition(agent.CONDITION_TYPE)["status"] == "True"
+    cluster.conflicts = 1  # the kubelet writes the Node between our read and our claim
+    cluster.annotate(agent.ANNOTATION_INJECT, "gpu=3 xid=79")
+    wait_until(lambda: events(cluster, "InjectionApplied"), "the InjectionApplied event")
+
+    assert node.read("gpu3/lost") == "1\n"
+    assert "health: lost" in node.read("gpu3/info")
+    assert node.read("gpu3/events").count(": 79, ") == 1, "applied exactly once"
+    ann = annotations(cluster)
+    assert agent.ANNOTATION_INJECT not in ann
+    assert ann[agent.ANNOTATION_APPLIED].endswith(" gpu=3 xid=79")
+    codes = [p for p in cluster.patches if p[0].endswith("/gpu-node-1")]
+    # The first claim meets the 409; stale watch events may try (and 409) again; one wins.
+    assert len(codes) >= 2 and len(events(cluster, "InjectionApplied")) == 1
+    cond = wait_until(
+        lambda: (c := cluster.condition(agent.CONDITION_TYPE)) and c["status"] == "False" and c, "condition False"
+    )
+    assert cond["reason"] == "GPUsUnhealthy" and cond["message"].startswith("gpu3 lost")
+    assert cluster.condition("Ready")["status"] == "True", "the kubelet's conditions are untouched"
+    (ev,) = events(cluster, "InjectionApplied")
+    assert ev["type"] == "Normal" and ev["message"] == "gpu=3 xid=79"
+    assert ev["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1",
+                                    "uid": "6f1c2a9e-0d7b-4c1e-9a51-3d1f8f0e2b71"}  # fmt: skip
+    assert ev["metadata"]["namespace"] == "default" and ev["source"]["component"] == "mokkafs-agent"
+
+    # Recovery: reset the node through the annotation; the condition follows.
+    cluster.annotate(agent.ANNOTATION_INJECT, "node reset=1")
+    wait_until(lambda: cluster.condition(agent.CONDITION_TYPE)["status"] == "True", "condition True again")
+    assert node.read("gpu3/lost") == "0\n"
+
+
+@pytest.mark.parametrize("value,reason", [
+    ("gpu=7 xid=79", "no gpu7, the node has 4 GPUs"),
+    ("gpu=0 xid=banana", "Xid must be a decimal number"),
+    ("gpu=0 lost=1; gpu=1 frobnicate=2", "unknown key 'frobnicate'"),
+    ("gpu=0 xid=79;", "empty command"),
+])  # fmt: skip
+def test_bad_annotation_gets_an_event_and_changes_nothing(running, expect_log, value, reason):
+    expect_log(r"rejected mokkafs.io/inject")
+    cluster, node, _ = running
+    wait_until(lambda: cluster.condition(agent.CONDITION_TYPE), "the first health report")
+    before = {p: node.read(p) for p in ("node/events", "gpu0/info", "gpu0/lost", "gpu1/info")}
+    cluster.annotate(agent.ANNOTATION_INJECT, value)
+    (ev,) = wait_until(lambda: events(cluster, "InjectionRejected"), "the InjectionRejected event")
+    assert ev["type"] == "Warning" and reason in ev["message"]
+    assert {p: node.read(p) for p in before} == before
+    ann = annotations(cluster)
+    assert agent.ANNOTATION_INJECT not in ann and reason in ann[agent.ANNOTATION_REJECTED]
+    assert cluster.condition(agent.CONDITION_TYPE)["status"] == "True"
+
+
+def test_watch_that_ends_and_watch_that_expires(running):
+    cluster, node, _ = running
+    wait_until(lambda: cluster.condition(agent.CONDITION_TYPE), "the first health report")
+    gets = lambda: sum(1 for m, p in cluster.requests if m == "GET" and p.startswith("/api/v1/nodes/"))  # noqa: E731
+    watches = lambda: sum(1 for m, p in cluster.requests if "watch=true" in p)  # noqa: E731
+    cluster.end_watches, cluster.expire_watches = 1, 1
+    n_gets, n_watches = gets(), watches()
+    wait_until(lambda: cluster.expire_watches == 0 and watches() >= n_watches + 3, "watches after the restarts")
+    assert gets() > n_gets, "a 410 Gone makes the agent list (GET) again"
+    cluster.heartbeat()
+    cluster.annotate(agent.ANNOTATION_INJECT, "gpu=1 ecc=dbe 2")
+    wait_until(lambda: events(cluster, "InjectionApplied"), "the injection after the restarts")
+    assert "volatile dbe 2" in node.read("gpu1/inject_ecc")
+
+
+# --- `mokka agent` as a process: mounts, writes the node files, applies, unmounts on SIGTERM ----
+
+
+def test_mokka_agent_command(cluster, tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": cluster.base_url}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
+    }))  # fmt: skip
+    cluster.node["metadata"]["labels"].update({agent.LABEL_PROFILE: "t4", agent.LABEL_GPUS: "2"})
+    mnt, state = tmp_path / "root", tmp_path / "state"
+    cdi, nfd = tmp_path / "cdi" / "nvidia.yaml", tmp_path / "features.d" / "mokkafs"
+    env = dict(os.environ, MOKKA_RUNTIME_DIR=str(tmp_path / "run"), NODE_NAME="gpu-node-1", MOKKA_PROFILE="h100")
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    proc = subprocess.Popen(
+        [*mokka_cmd(), "agent", "--kubeconfig", str(kubeconfig), "--mountpoint", str(mnt), "--state-dir", str(state),
+         "--cdi-spec", str(cdi), "--nfd-features", str(nfd), "--resync", "1"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: nfd.exists() or proc.poll() is not None, "the NFD feature file", timeout=60)
+        assert proc.poll() is None, proc.stdout.read()
+        assert (mnt / "node/profile").read_text() == "t4\n", "the Node's labels chose the profile"
+        assert (mnt / "node/gpu_count").read_text() == "2\n"
+        spec = yaml.safe_load(cdi.read_text())
+        uuids = [line.split(": ")[1] for i in range(2) for line in (mnt / f"gpu{i}/info").read_text().splitlines() if line.startswith("uuid: ")]
+        assert [d["name"] for d in spec["devices"]] == ["0", uuids[0], "1", uuids[1], "all"]
+        assert "pci-10de.present=true\n" in nfd.read_text() and "mokkafs.profile=t4\n" in nfd.read_text()
+        cluster.annotate(agent.ANNOTATION_INJECT, "gpu=1 temperature=91")
+        wait_until(lambda: events(cluster, "InjectionApplied"), "the injection")
+        assert (mnt / "gpu1/temperature").read_text() == "91\n"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+    assert proc.returncode == 0, out
+    assert not Path(mnt / "node").exists(), "unmounted on SIGTERM"
+    assert "Traceback" not in out and " WARNING " not in out, out
