@@ -1,0 +1,378 @@
+#!/usr/bin/env python3
+"""Generates shims/nvidia-smi/smi_gen.h from the real captures: the help texts, the
+--query-gpu field table (names, aliases, units) and, per captured board, the -q -x element
+skeleton and the -q text skeleton that nvidia-smi.c fills with values from NVML.
+`--check` fails if the committed header is stale (CI runs it)."""
+from __future__ import annotations
+
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+CAPTURES = ROOT / "tests" / "fixtures" / "captures"
+OUT = HERE / "smi_gen.h"
+TEXT_H100 = "nvidia-smi-text.h100-80gb-hbm3.590.48.01.txt"
+TEXT_L40S = "nvidia-smi-text.l40s.595.80.txt"
+XML_BOARDS = ["a100", "h100", "b200", "gb200", "gb300", "l40s", "t4"]
+
+# Extra value keys (beyond the --query-gpu fields) used by -q and -q -x.
+EXTRA_KEYS = [
+    "x.product_brand", "x.product_architecture", "x.minor_number", "x.multigpu_board", "x.board_id",
+    "x.board_part_number", "x.gsp_firmware_version", "x.module_id", "x.bar1.total", "x.bar1.used",
+    "x.bar1.free", "x.clocks.max.video", "x.clocks.max_boost.graphics", "x.numa", "x.power_state",
+    "x.temp.shutdown", "x.temp.slowdown", "x.temp.max_gpu", "x.temp.max_mem", "x.temp.target",
+    "x.temp.shutdown_tlimit", "x.temp.slowdown_tlimit", "x.temp.max_gpu_tlimit",
+    "x.temp.max_mem_tlimit", "x.pcie.replay", "x.pcie.tx", "x.pcie.rx", "x.ecc.dram.corr.vol",
+    "x.ecc.dram.unc.vol", "x.ecc.dram.corr.agg", "x.ecc.dram.unc.agg", "x.ecc.sram.corr.vol",
+    "x.ecc.sram.corr.agg", "x.supported_mem_clock", "x.supported_graphics_clock",
+    "x.cuda_version", "x.display_clock_setting",
+]
+
+# -q -x leaf path -> (value key, suffix appended to a value that is available)
+XML_MAP = {
+    "product_name": "name", "product_brand": "x.product_brand",
+    "product_architecture": "x.product_architecture", "persistence_mode": "persistence_mode",
+    "mig_mode/current_mig": "mig.mode.current", "mig_mode/pending_mig": "mig.mode.pending",
+    "serial": "serial", "uuid": "uuid", "minor_number": "x.minor_number",
+    "vbios_version": "vbios_version", "multigpu_board": "x.multigpu_board", "board_id": "x.board_id",
+    "board_part_number": "x.board_part_number", "platformInfo/module_id": "platform.module_id",
+    "inforom_version/img_version": "inforom.img", "inforom_version/oem_object": "inforom.oem",
+    "inforom_version/ecc_object": "inforom.ecc", "inforom_version/pwr_object": "inforom.pwr",
+    "gsp_firmware_version": "x.gsp_firmware_version",
+    "pci/pci_bus": "pci.bus", "pci/pci_device": "pci.device", "pci/pci_domain": "pci.domain",
+    "pci/pci_base_class": "pci.baseClass", "pci/pci_sub_class": "pci.subClass",
+    "pci/pci_device_id": "pci.device_id", "pci/pci_bus_id": "pci.bus_id",
+    "pci/pci_sub_system_id": "pci.sub_device_id",
+    "pci/pci_gpu_link_info/pcie_gen/max_link_gen": "pcie.link.gen.max",
+    "pci/pci_gpu_link_info/pcie_gen/current_link_gen": "pcie.link.gen.current",
+    "pci/pci_gpu_link_info/pcie_gen/device_current_link_gen": "pcie.link.gen.gpucurrent",
+    "pci/pci_gpu_link_info/pcie_gen/max_device_link_gen": "pcie.link.gen.gpumax",
+    "pci/pci_gpu_link_info/pcie_gen/max_host_link_gen": "pcie.link.gen.hostmax",
+    "pci/pci_gpu_link_info/link_widths/max_link_width": ("pcie.link.width.max", "x"),
+    "pci/pci_gpu_link_info/link_widths/current_link_width": ("pcie.link.width.current", "x"),
+    "pci/replay_counter": "x.pcie.replay", "pci/tx_util": "x.pcie.tx", "pci/rx_util": "x.pcie.rx",
+    "fan_speed": "fan.speed", "performance_state": "pstate",
+    "clocks_event_reasons/clocks_event_reason_gpu_idle": "clocks_event_reasons.gpu_idle",
+    "clocks_event_reasons/clocks_event_reason_applications_clocks_setting":
+        "clocks_event_reasons.applications_clocks_setting",
+    "clocks_event_reasons/clocks_event_reason_sw_power_cap": "clocks_event_reasons.sw_power_cap",
+    "clocks_event_reasons/clocks_event_reason_hw_slowdown": "clocks_event_reasons.hw_slowdown",
+    "clocks_event_reasons/clocks_event_reason_hw_thermal_slowdown": "clocks_event_reasons.hw_thermal_slowdown",
+    "clocks_event_reasons/clocks_event_reason_hw_power_brake_slowdown":
+        "clocks_event_reasons.hw_power_brake_slowdown",
+    "clocks_event_reasons/clocks_event_reason_sync_boost": "clocks_event_reasons.sync_boost",
+    "clocks_event_reasons/clocks_event_reason_sw_thermal_slowdown": "clocks_event_reasons.sw_thermal_slowdown",
+    "clocks_event_reasons/clocks_event_reason_display_clocks_setting": "x.display_clock_setting",
+    "fb_memory_usage/total": "memory.total", "fb_memory_usage/reserved": "memory.reserved",
+    "fb_memory_usage/used": "memory.used", "fb_memory_usage/free": "memory.free",
+    "bar1_memory_usage/total": "x.bar1.total", "bar1_memory_usage/used": "x.bar1.used",
+    "bar1_memory_usage/free": "x.bar1.free", "compute_mode": "compute_mode",
+    "utilization/gpu_util": "utilization.gpu", "utilization/memory_util": "utilization.memory",
+    "utilization/encoder_util": "utilization.encoder", "utilization/decoder_util": "utilization.decoder",
+    "ecc_mode/current_ecc": "ecc.mode.current", "ecc_mode/pending_ecc": "ecc.mode.pending",
+    "ecc_errors/volatile/sram_correctable": "x.ecc.sram.corr.vol",
+    "ecc_errors/volatile/dram_correctable": "x.ecc.dram.corr.vol",
+    "ecc_errors/volatile/dram_uncorrectable": "x.ecc.dram.unc.vol",
+    "ecc_errors/aggregate/sram_correctable": "x.ecc.sram.corr.agg",
+    "ecc_errors/aggregate/dram_correctable": "x.ecc.dram.corr.agg",
+    "ecc_errors/aggregate/dram_uncorrectable": "x.ecc.dram.unc.agg",
+    "retired_pages/multiple_single_bit_retirement/retired_count": "retired_pages.single_bit_ecc.count",
+    "retired_pages/double_bit_retirement/retired_count": "retired_pages.double_bit.count",
+    "retired_pages/pending_retirement": "retired_pages.pending",
+    "remapped_rows/remapped_row_corr": "remapped_rows.correctable",
+    "remapped_rows/remapped_row_unc": "remapped_rows.uncorrectable",
+    "remapped_rows/remapped_row_pending": "remapped_rows.pending",
+    "remapped_rows/remapped_row_failure": "remapped_rows.failure",
+    "temperature/gpu_temp": ("temperature.gpu", " C"),
+    "temperature/gpu_temp_tlimit": ("temperature.gpu.tlimit", " C"),
+    "temperature/gpu_temp_max_threshold": "x.temp.shutdown",
+    "temperature/gpu_temp_slow_threshold": "x.temp.slowdown",
+    "temperature/gpu_temp_max_gpu_threshold": "x.temp.max_gpu",
+    "temperature/gpu_temp_max_mem_threshold": "x.temp.max_mem",
+    "temperature/gpu_temp_max_tlimit_threshold": "x.temp.shutdown_tlimit",
+    "temperature/gpu_temp_slow_tlimit_threshold": "x.temp.slowdown_tlimit",
+    "temperature/gpu_temp_max_gpu_tlimit_threshold": "x.temp.max_gpu_tlimit",
+    "temperature/gpu_temp_max_mem_tlimit_threshold": "x.temp.max_mem_tlimit",
+    "temperature/gpu_target_temperature": "x.temp.target",
+    "temperature/memory_temp": ("temperature.memory", " C"),
+    "gpu_power_readings/power_state": "x.power_state",
+    "gpu_power_readings/power_draw": "power.draw",
+    "gpu_power_readings/average_power_draw": "power.draw.average",
+    "gpu_power_readings/instant_power_draw": "power.draw.instant",
+    "gpu_power_readings/current_power_limit": "enforced.power.limit",
+    "gpu_power_readings/requested_power_limit": "power.limit",
+    "gpu_power_readings/default_power_limit": "power.default_limit",
+    "gpu_power_readings/min_power_limit": "power.min_limit",
+    "gpu_power_readings/max_power_limit": "power.max_limit",
+    "clocks/graphics_clock": "clocks.current.graphics", "clocks/sm_clock": "clocks.current.sm",
+    "clocks/mem_clock": "clocks.current.memory", "clocks/video_clock": "clocks.current.video",
+    "applications_clocks/graphics_clock": "clocks.applications.graphics",
+    "applications_clocks/mem_clock": "clocks.applications.memory",
+    "default_applications_clocks/graphics_clock": "clocks.default_applications.graphics",
+    "default_applications_clocks/mem_clock": "clocks.default_applications.memory",
+    "max_clocks/graphics_clock": "clocks.max.graphics", "max_clocks/sm_clock": "clocks.max.sm",
+    "max_clocks/mem_clock": "clocks.max.memory", "max_clocks/video_clock": "x.clocks.max.video",
+    "max_customer_boost_clocks/graphics_clock": "x.clocks.max_boost.graphics",
+    "fabric/state": "fabric.state", "fabric/status": "fabric.status", "fabric/cliqueId": "fabric.cliqueId",
+    "fabric/clusterUuid": "fabric.clusterUuid",
+    "supported_clocks/supported_mem_clock/value": "x.supported_mem_clock",
+    "supported_clocks/supported_mem_clock/supported_graphics_clock": "x.supported_graphics_clock",
+}
+
+# -q text label path -> value key (same values, the text spelling of the same data)
+TEXT_MAP = {
+    "Product Name": "name", "Product Brand": "x.product_brand",
+    "Product Architecture": "x.product_architecture", "Persistence Mode": "persistence_mode",
+    "MIG Mode/Current": "mig.mode.current", "MIG Mode/Pending": "mig.mode.pending",
+    "Serial Number": "serial", "GPU UUID": "uuid", "Minor Number": "x.minor_number",
+    "VBIOS Version": "vbios_version", "MultiGPU Board": "x.multigpu_board", "Board ID": "x.board_id",
+    "Board Part Number": "x.board_part_number", "Platform Info/Module Id": "platform.module_id",
+    "Inforom Version/Image Version": "inforom.img", "Inforom Version/OEM Object": "inforom.oem",
+    "Inforom Version/ECC Object": "inforom.ecc", "Inforom Version/Power Management Object": "inforom.pwr",
+    "GSP Firmware Version": "x.gsp_firmware_version",
+    "PCI/Bus": "pci.bus", "PCI/Device": "pci.device", "PCI/Domain": "pci.domain",
+    "PCI/Base Classcode": "pci.baseClass", "PCI/Sub Classcode": "pci.subClass",
+    "PCI/Device Id": "pci.device_id", "PCI/Bus Id": "pci.bus_id", "PCI/Sub System Id": "pci.sub_device_id",
+    "PCI/GPU Link Info/PCIe Generation/Max": "pcie.link.gen.max",
+    "PCI/GPU Link Info/PCIe Generation/Current": "pcie.link.gen.current",
+    "PCI/GPU Link Info/PCIe Generation/Device Current": "pcie.link.gen.gpucurrent",
+    "PCI/GPU Link Info/PCIe Generation/Device Max": "pcie.link.gen.gpumax",
+    "PCI/GPU Link Info/PCIe Generation/Host Max": "pcie.link.gen.hostmax",
+    "PCI/GPU Link Info/Link Width/Max": ("pcie.link.width.max", "x"),
+    "PCI/GPU Link Info/Link Width/Current": ("pcie.link.width.current", "x"),
+    "PCI/Replays Since Reset": "x.pcie.replay", "PCI/Tx Throughput": "x.pcie.tx",
+    "PCI/Rx Throughput": "x.pcie.rx", "Fan Speed": "fan.speed", "Performance State": "pstate",
+    "Clocks Event Reasons/Idle": "clocks_event_reasons.gpu_idle",
+    "Clocks Event Reasons/Applications Clocks Setting": "clocks_event_reasons.applications_clocks_setting",
+    "Clocks Event Reasons/SW Power Cap": "clocks_event_reasons.sw_power_cap",
+    "Clocks Event Reasons/HW Slowdown": "clocks_event_reasons.hw_slowdown",
+    "Clocks Event Reasons/HW Slowdown/HW Thermal Slowdown": "clocks_event_reasons.hw_thermal_slowdown",
+    "Clocks Event Reasons/HW Slowdown/HW Power Brake Slowdown": "clocks_event_reasons.hw_power_brake_slowdown",
+    "Clocks Event Reasons/Sync Boost": "clocks_event_reasons.sync_boost",
+    "Clocks Event Reasons/SW Thermal Slowdown": "clocks_event_reasons.sw_thermal_slowdown",
+    "Clocks Event Reasons/Display Clock Setting": "x.display_clock_setting",
+    "FB Memory Usage/Total": "memory.total", "FB Memory Usage/Reserved": "memory.reserved",
+    "FB Memory Usage/Used": "memory.used", "FB Memory Usage/Free": "memory.free",
+    "BAR1 Memory Usage/Total": "x.bar1.total", "BAR1 Memory Usage/Used": "x.bar1.used",
+    "BAR1 Memory Usage/Free": "x.bar1.free", "Compute Mode": "compute_mode",
+    "Utilization/GPU": "utilization.gpu", "Utilization/Memory": "utilization.memory",
+    "Utilization/Encoder": "utilization.encoder", "Utilization/Decoder": "utilization.decoder",
+    "ECC Mode/Current": "ecc.mode.current", "ECC Mode/Pending": "ecc.mode.pending",
+    "ECC Errors/Volatile/SRAM Correctable": "x.ecc.sram.corr.vol",
+    "ECC Errors/Volatile/DRAM Correctable": "x.ecc.dram.corr.vol",
+    "ECC Errors/Volatile/DRAM Uncorrectable": "x.ecc.dram.unc.vol",
+    "ECC Errors/Aggregate/SRAM Correctable": "x.ecc.sram.corr.agg",
+    "ECC Errors/Aggregate/DRAM Correctable": "x.ecc.dram.corr.agg",
+    "ECC Errors/Aggregate/DRAM Uncorrectable": "x.ecc.dram.unc.agg",
+    "Retired Pages/Single Bit ECC": "retired_pages.single_bit_ecc.count",
+    "Retired Pages/Double Bit ECC": "retired_pages.double_bit.count",
+    "Retired Pages/Pending Page Blacklist": "retired_pages.pending",
+    "Remapped Rows/Correctable Error": "remapped_rows.correctable",
+    "Remapped Rows/Uncorrectable Error": "remapped_rows.uncorrectable",
+    "Remapped Rows/Pending": "remapped_rows.pending",
+    "Remapped Rows/Remapping Failure Occurred": "remapped_rows.failure",
+    "Temperature/GPU Current Temp": ("temperature.gpu", " C"),
+    "Temperature/GPU T.Limit Temp": ("temperature.gpu.tlimit", " C"),
+    "Temperature/GPU Shutdown T.Limit Temp": "x.temp.shutdown_tlimit",
+    "Temperature/GPU Slowdown T.Limit Temp": "x.temp.slowdown_tlimit",
+    "Temperature/GPU Max Operating T.Limit Temp": "x.temp.max_gpu_tlimit",
+    "Temperature/GPU Shutdown Temp": "x.temp.shutdown",
+    "Temperature/GPU Slowdown Temp": "x.temp.slowdown",
+    "Temperature/GPU Max Operating Temp": "x.temp.max_gpu",
+    "Temperature/GPU Target Temperature": "x.temp.target",
+    "Temperature/Memory Current Temp": ("temperature.memory", " C"),
+    "Temperature/Memory Max Operating T.Limit Temp": "x.temp.max_mem_tlimit",
+    "Temperature/Memory Max Operating Temp": "x.temp.max_mem",
+    "GPU Power Readings/Average Power Draw": "power.draw.average",
+    "GPU Power Readings/Instantaneous Power Draw": "power.draw.instant",
+    "GPU Power Readings/Current Power Limit": "enforced.power.limit",
+    "GPU Power Readings/Requested Power Limit": "power.limit",
+    "GPU Power Readings/Default Power Limit": "power.default_limit",
+    "GPU Power Readings/Min Power Limit": "power.min_limit",
+    "GPU Power Readings/Max Power Limit": "power.max_limit",
+    "Clocks/Graphics": "clocks.current.graphics", "Clocks/SM": "clocks.current.sm",
+    "Clocks/Memory": "clocks.current.memory", "Clocks/Video": "clocks.current.video",
+    "Applications Clocks/Graphics": "clocks.applications.graphics",
+    "Applications Clocks/Memory": "clocks.applications.memory",
+    "Default Applications Clocks/Graphics": "clocks.default_applications.graphics",
+    "Default Applications Clocks/Memory": "clocks.default_applications.memory",
+    "Max Clocks/Graphics": "clocks.max.graphics", "Max Clocks/SM": "clocks.max.sm",
+    "Max Clocks/Memory": "clocks.max.memory", "Max Clocks/Video": "x.clocks.max.video",
+    "Max Customer Boost Clocks/Graphics": "x.clocks.max_boost.graphics",
+    "Fabric/State": "fabric.state", "Fabric/Status": "fabric.status", "Fabric/CliqueId": "fabric.cliqueId",
+    "Fabric/ClusterUUID": "fabric.clusterUuid",
+}
+
+# Leaves whose structure is rebuilt at run time (lists): their subtree is not copied.
+DYNAMIC = {"processes": "processes", "accounted_processes": "accounted_processes", "mig_devices": "mig_devices"}
+
+
+def section(text: str, title: str) -> str:
+    """The body of one `# <title>` section of an nvidia_gpu_exporter capture."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line == f"# {title}":
+            j = i + 1
+            while not lines[j].startswith("####"):
+                j += 1
+            body = []
+            for k in range(j + 1, len(lines)):
+                if lines[k].startswith("################"):
+                    break
+                body.append(lines[k])
+            while body and body[-1] == "":
+                body.pop()
+            return "\n".join(body) + "\n"
+    raise SystemExit(f"section {title!r} not in capture")
+
+
+def c_str(s: str) -> str:
+    out = []
+    for line in s.splitlines(keepends=True):
+        esc = line.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+        out.append(f'    "{esc}"')
+    return "\n".join(out) if out else '    ""'
+
+
+def ident(name: str) -> str:
+    return "K_" + re.sub(r"[^A-Za-z0-9]", "_", name)
+
+
+def query_fields(text: str) -> list[tuple[str, str, str]]:
+    """(name, alias, unit) in --help-query-gpu order; units from the captured CSV header."""
+    help_text = section(text, "capabilities :: help-query-gpu")
+    fields = []
+    for line in help_text.splitlines():
+        m = re.fullmatch(r'"([^"]+)"(?: or "([^"]+)")?', line.strip())
+        if m:
+            fields.append((m.group(1), m.group(2) or ""))
+    header = section(text, "idle :: query-gpu (csv, what the exporter parses)").splitlines()[0]
+    units = {}
+    for col in header.split(", "):
+        m = re.fullmatch(r"(\S+) \[([^\]]+)\]", col)
+        if m:
+            units[m.group(1)] = m.group(2)
+    return [(n, a, units.get(n, "")) for n, a in fields]
+
+
+def xml_skeleton(path: Path) -> tuple[str, list[tuple[int, int, str, str, str]]]:
+    """(product name, rows) for the first GPU of a capture. A row: (depth, kind, tag, key, suffix);
+    kind 0 opens an element, 1 is a leaf, 2 closes, 3 is a run-time list."""
+    gpu = ET.parse(path).getroot().find("gpu")
+    rows: list[tuple[int, int, str, str, str]] = []
+
+    def walk(e: ET.Element, prefix: str, depth: int) -> None:
+        seen_children: set[str] = set()
+        for c in e:
+            p = f"{prefix}{c.tag}"
+            if c.tag in seen_children:  # repeated list entries (supported clocks): keep one
+                continue
+            seen_children.add(c.tag)
+            if p in DYNAMIC:
+                rows.append((depth, 3, c.tag, DYNAMIC[p], ""))
+            elif len(c):
+                rows.append((depth, 0, c.tag, "", ""))
+                walk(c, p + "/", depth + 1)
+                rows.append((depth, 2, c.tag, "", ""))
+            else:
+                m = XML_MAP.get(p, "")
+                key, suffix = m if isinstance(m, tuple) else (m, "")
+                rows.append((depth, 1, c.tag, key, suffix))
+
+    walk(gpu, "", 2)
+    return gpu.findtext("product_name"), rows
+
+
+def text_skeleton(text: str) -> list[tuple[int, int, str, str, str]]:
+    """Rows of the first GPU of the idle -q section: (depth, kind 0 header / 1 leaf, label, key, suffix)."""
+    body = section(text, "idle :: query (-q)").splitlines()
+    start = next(i for i, l in enumerate(body) if l.startswith("GPU ")) + 1
+    rows = []
+    stack: list[str] = []
+    for line in body[start:]:
+        if not line.strip():
+            break
+        depth = (len(line) - len(line.lstrip(" "))) // 4 - 1
+        label = line[:55].strip() if len(line) > 55 and line[55] == ":" else line.rstrip()
+        label = label.strip()
+        del stack[depth:]
+        path = "/".join(stack + [label])
+        if len(line) > 55 and line[55] == ":":
+            if path == "Processes":
+                rows.append((depth, 3, line[:55].rstrip(" ").lstrip(" "), "processes", ""))
+                continue
+            m = TEXT_MAP.get(path, "")
+            key, suffix = m if isinstance(m, tuple) else (m, "")
+            rows.append((depth, 1, line[:55].strip(), key, suffix))
+            stack.append(label)
+        else:
+            # a header keeps its trailing space ("GPU Memory Power Readings "), as the driver prints it
+            rows.append((depth, 0, line.lstrip(" "), "", ""))
+            stack.append(label)
+    return rows
+
+
+def rows_c(name: str, rows, keys: dict[str, int]) -> str:
+    out = [f"static const struct skel {name}[] = {{"]
+    for depth, kind, tag, key, suffix in rows:
+        k = ident(key) if key else "K_NONE"
+        if key and key not in keys:
+            raise SystemExit(f"{name}: unknown key {key!r}")
+        out.append(f'    {{{depth}, {kind}, {k}, "{tag}", "{suffix}"}},')
+    out.append("    {0, 9, K_NONE, 0, 0},\n};")
+    return "\n".join(out)
+
+
+def generate() -> str:
+    h100 = (CAPTURES / TEXT_H100).read_text()
+    l40s = (CAPTURES / TEXT_L40S).read_text()
+    fields = query_fields(h100)
+    keys: dict[str, int] = {}
+    for n, _, _ in fields:
+        keys.setdefault(n, len(keys))
+    for k in EXTRA_KEYS + ["processes", "accounted_processes", "mig_devices"]:
+        keys.setdefault(k, len(keys))
+    parts = ["/* Generated by shims/nvidia-smi/gen_smi.py from tests/fixtures/captures; do not edit. */",
+             "#ifndef SMI_GEN_H", "#define SMI_GEN_H", "", "enum key {", "    K_NONE = -1,"]
+    parts += [f"    {ident(k)} = {v}," for k, v in keys.items()]
+    parts += ["    K_COUNT", "};", ""]
+    parts.append("struct qfield { const char *name, *alias, *unit; enum key key; };")
+    parts.append("struct skel { signed char depth, kind; short key; const char *tag, *suffix; };")
+    parts.append("static const struct qfield QUERY_GPU_FIELDS[] = {")
+    parts += [f'    {{"{n}", "{a}", "{u}", {ident(n)}}},' for n, a, u in fields]
+    parts.append("    {0, 0, 0, K_NONE},\n};\n")
+    for var, title in [("HELP_TEXT", "capabilities :: help (-h)"),
+                       ("HELP_QUERY_GPU", "capabilities :: help-query-gpu"),
+                       ("HELP_QUERY_COMPUTE_APPS", "capabilities :: help-query-compute-apps")]:
+        parts.append(f"static const char {var}[] =\n{c_str(section(h100, title))};\n")
+    boards = []
+    for b in XML_BOARDS:
+        product, rows = xml_skeleton(CAPTURES / f"nvidia-smi-q-x.{b}.xml")
+        parts.append(rows_c(f"XML_{b.upper()}", rows, keys))
+        boards.append((b, product))
+    parts.append("struct board { const char *profile, *product; const struct skel *xml; };")
+    parts.append("static const struct board XML_BOARDS[] = {")
+    parts += [f'    {{"{b}", "{p}", XML_{b.upper()}}},' for b, p in boards]
+    parts.append("    {0, 0, 0},\n};\n")
+    parts.append(rows_c("TEXT_590", text_skeleton(h100), keys))
+    parts.append(rows_c("TEXT_595", text_skeleton(l40s), keys))
+    parts.append("\n#endif")
+    return "\n".join(parts) + "\n"
+
+
+def main() -> int:
+    out = generate()
+    if "--check" in sys.argv[1:]:
+        if not OUT.exists() or OUT.read_text() != out:
+            print(f"{OUT} is stale: run {Path(__file__).name}", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
