@@ -1,0 +1,1831 @@
+/*
+ * nvidia-smi for a simulated node: the real tool's modes and output formats, answered by
+ * calling libnvidia-ml.so.1 through dlopen/dlsym the way the real tool does, so it runs in
+ * containers without Python and exercises our NVML. Links nothing but libc.
+ *
+ * Layouts come from real captures (tests/fixtures/captures): help texts, the --query-gpu
+ * field table and the -q / -q -x element skeletons are generated into smi_gen.h by
+ * gen_smi.py; this file fills them with values. A getter that NVML does not support prints
+ * what the real tool prints for an unsupported field ([N/A] in CSV, N/A in -q and XML).
+ *
+ * Host safety: no abort(), no unbounded loops; every buffer write is bounded.
+ */
+#define _GNU_SOURCE
+#define NVML_NO_UNVERSIONED_FUNC_DEFS
+#include "nvml.h"
+#include "mokka_state.h"
+#include "smi_gen.h"
+
+#include <ctype.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+/* Cells are fixed-width: a value longer than its cell is cut, as intended. */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+/* ---- NVML, resolved at run time ------------------------------------------------------- */
+
+#define NVML_FUNCS(X)                                                                         \
+    X(nvmlInit_v2) X(nvmlShutdown) X(nvmlErrorString) X(nvmlSystemGetDriverVersion)          \
+    X(nvmlSystemGetNVMLVersion) X(nvmlSystemGetCudaDriverVersion_v2) X(nvmlDeviceGetCount_v2) \
+    X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetName) X(nvmlDeviceGetUUID)               \
+    X(nvmlDeviceGetSerial) X(nvmlDeviceGetBoardPartNumber) X(nvmlDeviceGetVbiosVersion)      \
+    X(nvmlDeviceGetInforomImageVersion) X(nvmlDeviceGetInforomVersion)                       \
+    X(nvmlDeviceGetMultiGpuBoard) X(nvmlDeviceGetBoardId) X(nvmlDeviceGetMinorNumber)        \
+    X(nvmlDeviceGetBrand) X(nvmlDeviceGetArchitecture) X(nvmlDeviceGetCudaComputeCapability) \
+    X(nvmlDeviceGetPciInfo_v3) X(nvmlDeviceGetMaxPcieLinkGeneration)                         \
+    X(nvmlDeviceGetGpuMaxPcieLinkGeneration) X(nvmlDeviceGetCurrPcieLinkGeneration)          \
+    X(nvmlDeviceGetMaxPcieLinkWidth) X(nvmlDeviceGetCurrPcieLinkWidth)                       \
+    X(nvmlDeviceGetPcieReplayCounter) X(nvmlDeviceGetPcieThroughput) X(nvmlDeviceGetFanSpeed) \
+    X(nvmlDeviceGetPerformanceState) X(nvmlDeviceGetCurrentClocksEventReasons)               \
+    X(nvmlDeviceGetSupportedClocksEventReasons) X(nvmlDeviceGetMemoryInfo_v2)                \
+    X(nvmlDeviceGetBAR1MemoryInfo) X(nvmlDeviceGetComputeMode) X(nvmlDeviceGetUtilizationRates) \
+    X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization) X(nvmlDeviceGetEccMode) \
+    X(nvmlDeviceGetMemoryErrorCounter) X(nvmlDeviceGetTotalEccErrors)                        \
+    X(nvmlDeviceGetRetiredPages) X(nvmlDeviceGetRetiredPagesPendingStatus)                   \
+    X(nvmlDeviceGetRemappedRows) X(nvmlDeviceGetTemperature) X(nvmlDeviceGetTemperatureThreshold) \
+    X(nvmlDeviceGetPowerUsage) X(nvmlDeviceGetPowerManagementLimit)                          \
+    X(nvmlDeviceGetEnforcedPowerLimit) X(nvmlDeviceGetPowerManagementDefaultLimit)           \
+    X(nvmlDeviceGetPowerManagementLimitConstraints) X(nvmlDeviceGetClockInfo)                \
+    X(nvmlDeviceGetMaxClockInfo) X(nvmlDeviceGetApplicationsClock)                           \
+    X(nvmlDeviceGetDefaultApplicationsClock) X(nvmlDeviceGetMaxCustomerBoostClock)           \
+    X(nvmlDeviceGetMigMode) X(nvmlDeviceGetPersistenceMode) X(nvmlDeviceGetDisplayMode)      \
+    X(nvmlDeviceGetDisplayActive) X(nvmlDeviceGetGpuFabricInfo)                              \
+    X(nvmlDeviceGetComputeRunningProcesses_v3) X(nvmlDeviceGetGraphicsRunningProcesses_v3)   \
+    X(nvmlSystemGetProcessName) X(nvmlDeviceGetNvLinkState) X(nvmlDeviceGetNvLinkVersion)    \
+    X(nvmlDeviceGetNvLinkCapability) X(nvmlDeviceGetNvLinkErrorCounter)                      \
+    X(nvmlDeviceGetNvLinkRemotePciInfo_v2) X(nvmlDeviceGetTopologyCommonAncestor)            \
+    X(nvmlDeviceGetCpuAffinity) X(nvmlDeviceGetMemoryAffinity) X(nvmlDeviceGetModuleId)      \
+    X(nvmlDeviceGetGspFirmwareVersion) X(nvmlDeviceGetPowerState) X(nvmlDeviceGetMarginTemperature)  \
+    X(nvmlDeviceGetFieldValues) X(nvmlDeviceGetPciInfoExt) X(nvmlDeviceGetNvLinkRemoteDeviceType)
+
+#define DECLARE(f) static __typeof__(f) *p_##f;
+NVML_FUNCS(DECLARE)
+#undef DECLARE
+
+/* A symbol the library lacks answers like an unsupported getter. */
+#define NV(f, ...) (p_##f ? p_##f(__VA_ARGS__) : NVML_ERROR_FUNCTION_NOT_FOUND)
+
+static void *g_lib;
+static int g_branch = 590;          /* driver major: picks layouts that changed between branches */
+static char g_driver[96] = "N/A";
+static char g_cuda[16] = "N/A";
+static unsigned g_count;
+
+enum { EXIT_OK = 0, EXIT_INVALID = 2, EXIT_NOT_FOUND = 6, EXIT_NO_DRIVER = 9, EXIT_NO_LIB = 12,
+       EXIT_LOST = 15, EXIT_OTHER = 255 };
+
+static const char MSG_INVALID[] = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n";
+static const char MSG_NO_DEVICES[] = "No devices were found\n";
+
+static int load_nvml(void)
+{
+    /* The real tool dlopens the soname (and the unversioned name as a fallback). */
+    g_lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!g_lib)
+        g_lib = dlopen("libnvidia-ml.so", RTLD_NOW | RTLD_LOCAL);
+    if (!g_lib)
+        return -1;
+#define RESOLVE(f) p_##f = (__typeof__(p_##f))dlsym(g_lib, #f);
+    NVML_FUNCS(RESOLVE)
+#undef RESOLVE
+    return 0;
+}
+
+static const char *nvml_error(nvmlReturn_t r)
+{
+    const char *s = p_nvmlErrorString ? p_nvmlErrorString(r) : NULL;
+    return s ? s : "Unknown Error";
+}
+
+/* ---- devices -------------------------------------------------------------------------- */
+
+struct dev {
+    unsigned index;
+    nvmlDevice_t h;
+    nvmlReturn_t err;           /* SUCCESS, or why there is no handle (GPU_IS_LOST, ...) */
+};
+
+static struct dev g_devs[MOKKA_MAX_GPUS];
+static unsigned g_ndevs;        /* selected by -i, in index order */
+
+/* The bus id of a GPU NVML gives no handle for. The real tool learns it from the kernel; we
+   read the one field from the shared state the daemon publishes (identity is static). */
+static void lost_bus_id(unsigned index, char *out, size_t n)
+{
+    snprintf(out, n, "%u", index);
+    const char *path = getenv(MOKKA_STATE_ENV);
+    if (!path || !*path)
+        path = MOKKA_STATE_DEFAULT_PATH;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    struct { uint64_t magic; uint32_t version, count; } head;
+    char bus[sizeof(((struct mokka_gpu *)0)->bus_id_legacy) + 1] = {0};
+    off_t off = (off_t)(offsetof(struct mokka_state, gpus) + (size_t)index * sizeof(struct mokka_gpu) +
+                        offsetof(struct mokka_gpu, bus_id_legacy));
+    if (index < MOKKA_MAX_GPUS && pread(fd, &head, sizeof(head), 0) == (ssize_t)sizeof(head) &&
+        head.magic == MOKKA_STATE_MAGIC && head.version == MOKKA_STATE_VERSION &&
+        pread(fd, bus, sizeof(bus) - 1, off) == (ssize_t)(sizeof(bus) - 1) && bus[0])
+        snprintf(out, n, "%s", bus);
+    close(fd);
+}
+
+/* "Unable to determine the device handle for GPU0000:18:00.0: GPU is lost.  Reboot the system
+   to recover this GPU" -- the driver's own wording for each failing handle. */
+static void print_handle_error(const struct dev *d)
+{
+    char bus[32];
+    lost_bus_id(d->index, bus, sizeof(bus));
+    if (d->err == NVML_ERROR_GPU_IS_LOST)
+        printf("Unable to determine the device handle for GPU%s: GPU is lost.  Reboot the system to recover this GPU\n", bus);
+    else
+        printf("Unable to determine the device handle for GPU%s: %s\n", bus, nvml_error(d->err));
+}
+
+static int bus_matches(const char *want, const char *busid)
+{
+    /* busid is 00000000:18:00.0; accept that, 0000:18:00.0 and 18:00.0, any case */
+    size_t lw = strlen(want), lb = strlen(busid);
+    return lw <= lb && lw >= 7 && strcasecmp(busid + lb - lw, want) == 0 &&
+           (lw == lb || busid[lb - lw - 1] == ':' || busid[lb - lw - 1] == '0');
+}
+
+/* -i: indices, UUIDs or bus ids, comma-separated. 0 on success, else an exit code. */
+static int select_devices(const char *ids)
+{
+    unsigned all = g_count > MOKKA_MAX_GPUS ? MOKKA_MAX_GPUS : g_count;
+    struct dev every[MOKKA_MAX_GPUS];
+    for (unsigned i = 0; i < all; i++) {
+        every[i].index = i;
+        every[i].h = NULL;
+        every[i].err = NV(nvmlDeviceGetHandleByIndex_v2, i, &every[i].h);
+    }
+    g_ndevs = 0;
+    if (!ids) {
+        memcpy(g_devs, every, sizeof(every[0]) * all);
+        g_ndevs = all;
+        return 0;
+    }
+    int picked[MOKKA_MAX_GPUS] = {0};
+    char buf[1024];
+    snprintf(buf, sizeof(buf), "%s", ids);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ')
+            tok++;
+        int found = -1;
+        if (*tok && strspn(tok, "0123456789") == strlen(tok)) {
+            unsigned long v = strtoul(tok, NULL, 10);
+            if (strlen(tok) < 6 && v < all)
+                found = (int)v;
+        } else if (*tok) {
+            for (unsigned i = 0; i < all && found < 0; i++) {
+                char s[96];
+                if (every[i].err == NVML_SUCCESS) {
+                    if (NV(nvmlDeviceGetUUID, every[i].h, s, sizeof(s)) == NVML_SUCCESS && strcasecmp(s, tok) == 0)
+                        found = (int)i;
+                    nvmlPciInfo_t pci;
+                    if (found < 0 && NV(nvmlDeviceGetPciInfo_v3, every[i].h, &pci) == NVML_SUCCESS &&
+                        strchr(tok, ':') && bus_matches(tok, pci.busId))
+                        found = (int)i;
+                } else if (strchr(tok, ':')) {
+                    lost_bus_id(i, s, sizeof(s));
+                    char full[40];
+                    snprintf(full, sizeof(full), "0000%s", s);
+                    if (bus_matches(tok, full))
+                        found = (int)i;
+                }
+            }
+        }
+        if (found < 0)
+            return EXIT_NOT_FOUND;
+        picked[found] = 1;
+    }
+    for (unsigned i = 0; i < all; i++)
+        if (picked[i])
+            g_devs[g_ndevs++] = every[i];
+    return 0;
+}
+
+/* ---- values --------------------------------------------------------------------------- */
+
+enum vr { V_OK, V_NA, V_DEPRECATED };
+
+static enum vr from(nvmlReturn_t r)
+{
+    return r == NVML_SUCCESS ? V_OK : r == NVML_ERROR_DEPRECATED ? V_DEPRECATED : V_NA;
+}
+
+static const char *arch_name(unsigned a)
+{
+    switch (a) {
+    case NVML_DEVICE_ARCH_KEPLER: return "Kepler";
+    case NVML_DEVICE_ARCH_MAXWELL: return "Maxwell";
+    case NVML_DEVICE_ARCH_PASCAL: return "Pascal";
+    case NVML_DEVICE_ARCH_VOLTA: return "Volta";
+    case NVML_DEVICE_ARCH_TURING: return "Turing";
+    case NVML_DEVICE_ARCH_AMPERE: return "Ampere";
+    case NVML_DEVICE_ARCH_ADA: return "Ada Lovelace";
+    case NVML_DEVICE_ARCH_HOPPER: return "Hopper";
+    case 10: return "Blackwell";
+    default: return "N/A";
+    }
+}
+
+static const char *brand_name(unsigned b)
+{
+    switch (b) {
+    case NVML_BRAND_QUADRO: return "Quadro";
+    case NVML_BRAND_TESLA: return "Tesla";
+    case NVML_BRAND_NVS: return "NVS";
+    case NVML_BRAND_GRID: return "Grid";
+    case NVML_BRAND_GEFORCE: return "GeForce";
+    case NVML_BRAND_TITAN: return "Titan";
+    case NVML_BRAND_NVIDIA_RTX: return "NVIDIA RTX";
+    case NVML_BRAND_NVIDIA: return "NVIDIA";
+    default: return "Unknown";
+    }
+}
+
+static const char *compute_mode_name(unsigned m)
+{
+    switch (m) {
+    case NVML_COMPUTEMODE_DEFAULT: return "Default";
+    case NVML_COMPUTEMODE_EXCLUSIVE_THREAD: return "Exclusive_Thread";
+    case NVML_COMPUTEMODE_PROHIBITED: return "Prohibited";
+    case NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: return "Exclusive_Process";
+    default: return "Unknown";
+    }
+}
+
+__attribute__((format(printf, 3, 4))) static enum vr put(char *out, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(out, n, fmt, ap);
+    va_end(ap);
+    return V_OK;
+}
+#define PUT(...) put(out, n, __VA_ARGS__)
+
+/* v is read after the call that fills it (a by-value argument could be read before). */
+static enum vr u32v(nvmlReturn_t r, const unsigned *v, char *out, size_t n)
+{
+    if (r != NVML_SUCCESS)
+        return from(r);
+    return PUT("%u", *v);
+}
+
+static enum vr reason(nvmlDevice_t h, unsigned long long bit, char *out, size_t n)
+{
+    unsigned long long m = 0;
+    nvmlReturn_t r = NV(nvmlDeviceGetCurrentClocksEventReasons, h, &m);
+    if (r != NVML_SUCCESS)
+        return from(r);
+    return PUT("%s", (m & bit) ? "Active" : "Not Active");
+}
+
+static enum vr memv(const struct dev *d, int which, char *out, size_t n)
+{
+    nvmlMemory_v2_t m = {.version = nvmlMemory_v2};
+    nvmlReturn_t r = NV(nvmlDeviceGetMemoryInfo_v2, d->h, &m);
+    if (r != NVML_SUCCESS)
+        return from(r);
+    unsigned long long v = which == 0 ? m.total : which == 1 ? m.reserved : which == 2 ? m.used : m.free;
+    return PUT("%llu", v >> 20);
+}
+
+static enum vr watts(nvmlReturn_t r, const unsigned *mw, char *out, size_t n)
+{
+    if (r != NVML_SUCCESS)
+        return from(r);
+    return PUT("%u.%02u", *mw / 1000, (*mw % 1000) / 10);
+}
+
+static enum vr clockv(nvmlReturn_t r, const unsigned *mhz, char *out, size_t n) { return u32v(r, mhz, out, n); }
+
+static enum vr ecc_count(const struct dev *d, nvmlMemoryErrorType_t t, nvmlEccCounterType_t c,
+                         nvmlMemoryLocation_t loc, char *out, size_t n)
+{
+    unsigned long long v = 0;
+    nvmlReturn_t r = NV(nvmlDeviceGetMemoryErrorCounter, d->h, t, c, loc, &v);
+    if (r != NVML_SUCCESS)
+        return from(r);
+    return PUT("%llu", v);
+}
+
+static enum vr ecc_total(const struct dev *d, nvmlMemoryErrorType_t t, nvmlEccCounterType_t c, char *out, size_t n)
+{
+    unsigned long long v = 0;
+    nvmlReturn_t r = NV(nvmlDeviceGetTotalEccErrors, d->h, t, c, &v);
+    if (r != NVML_SUCCESS)
+        return from(r);
+    return PUT("%llu", v);
+}
+
+static enum vr temp_threshold(const struct dev *d, nvmlTemperatureThresholds_t t, int with_unit, char *out, size_t n)
+{
+    unsigned v = 0;
+    nvmlReturn_t r = NV(nvmlDeviceGetTemperatureThreshold, d->h, t, &v);
+    if (r != NVML_SUCCESS)
+        return from(r);
+    return with_unit ? PUT("%d C", (int)v) : PUT("%d", (int)v);
+}
+
+static enum vr retired(const struct dev *d, nvmlPageRetirementCause_t cause, char *out, size_t n)
+{
+    unsigned count = 0;
+    nvmlReturn_t r = NV(nvmlDeviceGetRetiredPages, d->h, cause, &count, NULL);
+    if (r != NVML_SUCCESS && r != NVML_ERROR_INSUFFICIENT_SIZE)
+        return from(r);
+    return PUT("%u", count);
+}
+
+static void timestamp(char *out, size_t n, int csv)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    struct tm tm;
+    localtime_r(&tv.tv_sec, &tm);
+    if (csv) {
+        char b[32];
+        strftime(b, sizeof(b), "%Y/%m/%d %H:%M:%S", &tm);
+        snprintf(out, n, "%s.%03ld", b, (long)(tv.tv_usec / 1000));
+    } else {
+        strftime(out, n, "%a %b %e %H:%M:%S %Y", &tm);
+    }
+}
+
+/* One value, without its unit. V_NA / V_DEPRECATED leave `out` unspecified. */
+static enum vr value(const struct dev *d, int key, char *out, size_t n)
+{
+    nvmlDevice_t h = d->h;
+    unsigned u = 0, u2 = 0;
+    nvmlReturn_t r;
+    nvmlPciInfo_t pci;
+    nvmlEnableState_t e1, e2;
+    /* Getters the driver retired: the tool prints the deprecation, by branch (captures). */
+    if ((key == K_display_mode && g_branch >= 580) || (key == K_power_management && g_branch >= 590) ||
+        (g_branch >= 590 && (key == K_clocks_applications_graphics || key == K_clocks_applications_memory ||
+                             key == K_clocks_default_applications_graphics ||
+                             key == K_clocks_default_applications_memory)))
+        return V_DEPRECATED;
+    switch (key) {
+    case K_timestamp: timestamp(out, n, 1); return V_OK;
+    case K_driver_version: return PUT("%s", g_driver);
+    case K_x_cuda_version: return PUT("%s", g_cuda);
+    case K_count: return PUT("%u", g_count);
+    case K_index: return PUT("%u", d->index);
+    case K_name: return from(NV(nvmlDeviceGetName, h, out, (unsigned)n));
+    case K_serial: return from(NV(nvmlDeviceGetSerial, h, out, (unsigned)n));
+    case K_uuid: return from(NV(nvmlDeviceGetUUID, h, out, (unsigned)n));
+    case K_vbios_version: return from(NV(nvmlDeviceGetVbiosVersion, h, out, (unsigned)n));
+    case K_x_board_part_number: return from(NV(nvmlDeviceGetBoardPartNumber, h, out, (unsigned)n));
+    case K_inforom_img: return from(NV(nvmlDeviceGetInforomImageVersion, h, out, (unsigned)n));
+    case K_inforom_oem: return from(NV(nvmlDeviceGetInforomVersion, h, NVML_INFOROM_OEM, out, (unsigned)n));
+    case K_inforom_ecc: return from(NV(nvmlDeviceGetInforomVersion, h, NVML_INFOROM_ECC, out, (unsigned)n));
+    case K_inforom_pwr: return from(NV(nvmlDeviceGetInforomVersion, h, NVML_INFOROM_POWER, out, (unsigned)n));
+    case K_x_gsp_firmware_version: return from(NV(nvmlDeviceGetGspFirmwareVersion, h, out));
+    case K_pci_bus_id: case K_pci_domain: case K_pci_bus: case K_pci_device: case K_pci_device_id:
+    case K_pci_sub_device_id: case K_pci_baseClass: case K_pci_subClass:
+        r = NV(nvmlDeviceGetPciInfo_v3, h, &pci);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        switch (key) {
+        case K_pci_bus_id: return PUT("%s", pci.busId);
+        case K_pci_domain: return PUT("0x%04X", pci.domain);
+        case K_pci_bus: return PUT("0x%02X", pci.bus);
+        case K_pci_device: return PUT("0x%02X", pci.device);
+        case K_pci_device_id: return PUT("0x%08X", pci.pciDeviceId);
+        case K_pci_sub_device_id: return PUT("0x%08X", pci.pciSubSystemId);
+        default: {
+            nvmlPciInfoExt_t ext = {.version = nvmlPciInfoExt_v1};
+            r = NV(nvmlDeviceGetPciInfoExt, h, &ext);
+            if (r != NVML_SUCCESS)
+                return from(r);
+            return PUT("0x%X", key == K_pci_baseClass ? ext.baseClass : ext.subClass);
+        }
+        }
+    case K_pcie_link_gen_current: case K_pcie_link_gen_gpucurrent:
+        return u32v(NV(nvmlDeviceGetCurrPcieLinkGeneration, h, &u), &u, out, n);
+    case K_pcie_link_gen_max: return u32v(NV(nvmlDeviceGetMaxPcieLinkGeneration, h, &u), &u, out, n);
+    case K_pcie_link_gen_gpumax: return u32v(NV(nvmlDeviceGetGpuMaxPcieLinkGeneration, h, &u), &u, out, n);
+    case K_pcie_link_width_current: return u32v(NV(nvmlDeviceGetCurrPcieLinkWidth, h, &u), &u, out, n);
+    case K_pcie_link_width_max: return u32v(NV(nvmlDeviceGetMaxPcieLinkWidth, h, &u), &u, out, n);
+    case K_x_pcie_replay: return u32v(NV(nvmlDeviceGetPcieReplayCounter, h, &u), &u, out, n);
+    case K_x_pcie_tx: case K_x_pcie_rx:
+        r = NV(nvmlDeviceGetPcieThroughput, h, key == K_x_pcie_tx ? NVML_PCIE_UTIL_TX_BYTES : NVML_PCIE_UTIL_RX_BYTES, &u);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        return PUT("%u KB/s", u);
+    case K_display_mode:
+        r = NV(nvmlDeviceGetDisplayMode, h, &e1);
+        return r == NVML_SUCCESS ? PUT("%s", e1 ? "Enabled" : "Disabled") : from(r);
+    case K_display_active:
+        r = NV(nvmlDeviceGetDisplayActive, h, &e1);
+        return r == NVML_SUCCESS ? PUT("%s", e1 ? "Enabled" : "Disabled") : from(r);
+    case K_persistence_mode:
+        r = NV(nvmlDeviceGetPersistenceMode, h, &e1);
+        return r == NVML_SUCCESS ? PUT("%s", e1 ? "Enabled" : "Disabled") : from(r);
+    case K_mig_mode_current: case K_mig_mode_pending:
+        r = NV(nvmlDeviceGetMigMode, h, &u, &u2);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        return PUT("%s", (key == K_mig_mode_current ? u : u2) ? "Enabled" : "Disabled");
+    case K_ecc_mode_current: case K_ecc_mode_pending:
+        r = NV(nvmlDeviceGetEccMode, h, &e1, &e2);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        return PUT("%s", (key == K_ecc_mode_current ? e1 : e2) ? "Enabled" : "Disabled");
+    case K_x_product_brand:
+        r = NV(nvmlDeviceGetBrand, h, (nvmlBrandType_t *)&u);
+        return r == NVML_SUCCESS ? PUT("%s", brand_name(u)) : from(r);
+    case K_x_product_architecture:
+        r = NV(nvmlDeviceGetArchitecture, h, (nvmlDeviceArchitecture_t *)&u);
+        return r == NVML_SUCCESS ? PUT("%s", arch_name(u)) : from(r);
+    case K_x_minor_number: return u32v(NV(nvmlDeviceGetMinorNumber, h, &u), &u, out, n);
+    case K_x_multigpu_board:
+        r = NV(nvmlDeviceGetMultiGpuBoard, h, &u);
+        return r == NVML_SUCCESS ? PUT("%s", u ? "Yes" : "No") : from(r);
+    case K_x_board_id:
+        r = NV(nvmlDeviceGetBoardId, h, &u);
+        return r == NVML_SUCCESS ? PUT("0x%x", u) : from(r);
+    case K_platform_module_id: return u32v(NV(nvmlDeviceGetModuleId, h, &u), &u, out, n);
+    case K_fan_speed: return u32v(NV(nvmlDeviceGetFanSpeed, h, &u), &u, out, n);
+    case K_pstate: case K_x_power_state:
+        r = NV(nvmlDeviceGetPerformanceState, h, (nvmlPstates_t *)&u);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        return u == NVML_PSTATE_UNKNOWN ? V_NA : PUT("P%u", u);
+    case K_clocks_event_reasons_supported: case K_clocks_event_reasons_active: {
+        unsigned long long m = 0;
+        r = key == K_clocks_event_reasons_active ? NV(nvmlDeviceGetCurrentClocksEventReasons, h, &m)
+                                                  : NV(nvmlDeviceGetSupportedClocksEventReasons, h, &m);
+        return r == NVML_SUCCESS ? PUT("0x%016llX", m) : from(r);
+    }
+    case K_clocks_event_reasons_gpu_idle: return reason(h, nvmlClocksEventReasonGpuIdle, out, n);
+    case K_clocks_event_reasons_applications_clocks_setting:
+        return reason(h, nvmlClocksEventReasonApplicationsClocksSetting, out, n);
+    case K_clocks_event_reasons_sw_power_cap: return reason(h, nvmlClocksEventReasonSwPowerCap, out, n);
+    case K_clocks_event_reasons_hw_slowdown: return reason(h, nvmlClocksThrottleReasonHwSlowdown, out, n);
+    case K_clocks_event_reasons_hw_thermal_slowdown: return reason(h, nvmlClocksThrottleReasonHwThermalSlowdown, out, n);
+    case K_clocks_event_reasons_hw_power_brake_slowdown:
+        return reason(h, nvmlClocksThrottleReasonHwPowerBrakeSlowdown, out, n);
+    case K_clocks_event_reasons_sw_thermal_slowdown: return reason(h, nvmlClocksEventReasonSwThermalSlowdown, out, n);
+    case K_clocks_event_reasons_sync_boost: return reason(h, nvmlClocksEventReasonSyncBoost, out, n);
+    case K_x_display_clock_setting: return reason(h, nvmlClocksEventReasonDisplayClockSetting, out, n);
+    case K_memory_total: return memv(d, 0, out, n);
+    case K_memory_reserved: return memv(d, 1, out, n);
+    case K_memory_used: return memv(d, 2, out, n);
+    case K_memory_free: return memv(d, 3, out, n);
+    case K_x_bar1_total: case K_x_bar1_used: case K_x_bar1_free: {
+        nvmlBAR1Memory_t b;
+        r = NV(nvmlDeviceGetBAR1MemoryInfo, h, &b);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        unsigned long long v = key == K_x_bar1_total ? b.bar1Total : key == K_x_bar1_used ? b.bar1Used : b.bar1Free;
+        return PUT("%llu MiB", v >> 20);
+    }
+    case K_compute_mode:
+        r = NV(nvmlDeviceGetComputeMode, h, (nvmlComputeMode_t *)&u);
+        return r == NVML_SUCCESS ? PUT("%s", compute_mode_name(u)) : from(r);
+    case K_compute_cap: {
+        int ma = 0, mi = 0;
+        r = NV(nvmlDeviceGetCudaComputeCapability, h, &ma, &mi);
+        return r == NVML_SUCCESS ? PUT("%d.%d", ma, mi) : from(r);
+    }
+    case K_utilization_gpu: case K_utilization_memory: {
+        nvmlUtilization_t ut;
+        r = NV(nvmlDeviceGetUtilizationRates, h, &ut);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        return PUT("%u", key == K_utilization_gpu ? ut.gpu : ut.memory);
+    }
+    case K_utilization_encoder: return u32v(NV(nvmlDeviceGetEncoderUtilization, h, &u, &u2), &u, out, n);
+    case K_utilization_decoder: return u32v(NV(nvmlDeviceGetDecoderUtilization, h, &u, &u2), &u, out, n);
+    case K_ecc_errors_corrected_volatile_total:
+        return ecc_total(d, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, out, n);
+    case K_ecc_errors_corrected_aggregate_total:
+        return ecc_total(d, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC, out, n);
+    case K_ecc_errors_uncorrected_volatile_total:
+        return ecc_total(d, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, out, n);
+    case K_ecc_errors_uncorrected_aggregate_total:
+        return ecc_total(d, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC, out, n);
+    case K_ecc_errors_corrected_volatile_device_memory: case K_ecc_errors_corrected_volatile_dram: case K_x_ecc_dram_corr_vol:
+        return ecc_count(d, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_DRAM, out, n);
+    case K_ecc_errors_corrected_aggregate_device_memory: case K_ecc_errors_corrected_aggregate_dram: case K_x_ecc_dram_corr_agg:
+        return ecc_count(d, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_DRAM, out, n);
+    case K_ecc_errors_uncorrected_volatile_device_memory: case K_ecc_errors_uncorrected_volatile_dram: case K_x_ecc_dram_unc_vol:
+        return ecc_count(d, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_DRAM, out, n);
+    case K_ecc_errors_uncorrected_aggregate_device_memory: case K_ecc_errors_uncorrected_aggregate_dram: case K_x_ecc_dram_unc_agg:
+        return ecc_count(d, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_DRAM, out, n);
+    case K_ecc_errors_corrected_volatile_sram: case K_x_ecc_sram_corr_vol:
+        return ecc_count(d, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_SRAM, out, n);
+    case K_ecc_errors_corrected_aggregate_sram: case K_x_ecc_sram_corr_agg:
+        return ecc_count(d, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_SRAM, out, n);
+    case K_ecc_errors_uncorrected_volatile_sram:
+        return ecc_count(d, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_SRAM, out, n);
+    case K_ecc_errors_uncorrected_aggregate_sram:
+        return ecc_count(d, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_SRAM, out, n);
+    case K_ecc_errors_corrected_volatile_l2_cache:
+        return ecc_count(d, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_L2_CACHE, out, n);
+    case K_ecc_errors_corrected_aggregate_l2_cache:
+        return ecc_count(d, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_L2_CACHE, out, n);
+    case K_ecc_errors_uncorrected_volatile_l2_cache:
+        return ecc_count(d, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_L2_CACHE, out, n);
+    case K_ecc_errors_uncorrected_aggregate_l2_cache:
+        return ecc_count(d, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_L2_CACHE, out, n);
+    case K_retired_pages_single_bit_ecc_count: return retired(d, NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, out, n);
+    case K_retired_pages_double_bit_count: return retired(d, NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR, out, n);
+    case K_retired_pages_pending:
+        r = NV(nvmlDeviceGetRetiredPagesPendingStatus, h, &e1);
+        return r == NVML_SUCCESS ? PUT("%s", e1 ? "Yes" : "No") : from(r);
+    case K_remapped_rows_correctable: case K_remapped_rows_uncorrectable: case K_remapped_rows_pending:
+    case K_remapped_rows_failure: {
+        unsigned corr = 0, unc = 0, pend = 0, fail = 0;
+        r = NV(nvmlDeviceGetRemappedRows, h, &corr, &unc, &pend, &fail);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        if (key == K_remapped_rows_correctable)
+            return PUT("%u", corr);
+        if (key == K_remapped_rows_uncorrectable)
+            return PUT("%u", unc);
+        return PUT("%s", (key == K_remapped_rows_pending ? pend : fail) ? "Yes" : "No");
+    }
+    case K_temperature_gpu:
+        return u32v(NV(nvmlDeviceGetTemperature, h, NVML_TEMPERATURE_GPU, &u), &u, out, n);
+    case K_temperature_memory: {
+        nvmlFieldValue_t fv;
+        memset(&fv, 0, sizeof(fv));
+        fv.fieldId = NVML_FI_DEV_MEMORY_TEMP;
+        r = NV(nvmlDeviceGetFieldValues, h, 1, &fv);
+        if (r == NVML_SUCCESS)
+            r = fv.nvmlReturn;
+        return r == NVML_SUCCESS ? PUT("%u", fv.value.uiVal) : from(r);
+    }
+    case K_temperature_gpu_tlimit: {
+        nvmlMarginTemperature_t mt = {.version = nvmlMarginTemperature_v1};
+        r = NV(nvmlDeviceGetMarginTemperature, h, &mt);
+        return r == NVML_SUCCESS ? PUT("%d", mt.marginTemperature) : from(r);
+    }
+    case K_x_temp_shutdown: return temp_threshold(d, NVML_TEMPERATURE_THRESHOLD_SHUTDOWN, 1, out, n);
+    case K_x_temp_slowdown: return temp_threshold(d, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, 1, out, n);
+    case K_x_temp_max_gpu: return temp_threshold(d, NVML_TEMPERATURE_THRESHOLD_GPU_MAX, 1, out, n);
+    case K_x_temp_max_mem: return temp_threshold(d, NVML_TEMPERATURE_THRESHOLD_MEM_MAX, 1, out, n);
+    case K_x_temp_target: return temp_threshold(d, NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_CURR, 1, out, n);
+    case K_power_draw: case K_power_draw_average: case K_power_draw_instant:
+        return watts(NV(nvmlDeviceGetPowerUsage, h, &u), &u, out, n);
+    case K_power_limit: return watts(NV(nvmlDeviceGetPowerManagementLimit, h, &u), &u, out, n);
+    case K_enforced_power_limit: return watts(NV(nvmlDeviceGetEnforcedPowerLimit, h, &u), &u, out, n);
+    case K_power_default_limit: return watts(NV(nvmlDeviceGetPowerManagementDefaultLimit, h, &u), &u, out, n);
+    case K_power_min_limit: case K_power_max_limit:
+        r = NV(nvmlDeviceGetPowerManagementLimitConstraints, h, &u, &u2);
+        return watts(r, key == K_power_min_limit ? &u : &u2, out, n);
+    case K_clocks_current_graphics: return clockv(NV(nvmlDeviceGetClockInfo, h, NVML_CLOCK_GRAPHICS, &u), &u, out, n);
+    case K_clocks_current_sm: return clockv(NV(nvmlDeviceGetClockInfo, h, NVML_CLOCK_SM, &u), &u, out, n);
+    case K_clocks_current_memory: return clockv(NV(nvmlDeviceGetClockInfo, h, NVML_CLOCK_MEM, &u), &u, out, n);
+    case K_clocks_current_video: return clockv(NV(nvmlDeviceGetClockInfo, h, NVML_CLOCK_VIDEO, &u), &u, out, n);
+    case K_clocks_applications_graphics:
+        return clockv(NV(nvmlDeviceGetApplicationsClock, h, NVML_CLOCK_GRAPHICS, &u), &u, out, n);
+    case K_clocks_applications_memory:
+        return clockv(NV(nvmlDeviceGetApplicationsClock, h, NVML_CLOCK_MEM, &u), &u, out, n);
+    case K_clocks_default_applications_graphics:
+        return clockv(NV(nvmlDeviceGetDefaultApplicationsClock, h, NVML_CLOCK_GRAPHICS, &u), &u, out, n);
+    case K_clocks_default_applications_memory:
+        return clockv(NV(nvmlDeviceGetDefaultApplicationsClock, h, NVML_CLOCK_MEM, &u), &u, out, n);
+    case K_clocks_max_graphics: case K_x_supported_graphics_clock:
+        return clockv(NV(nvmlDeviceGetMaxClockInfo, h, NVML_CLOCK_GRAPHICS, &u), &u, out, n);
+    case K_clocks_max_sm: return clockv(NV(nvmlDeviceGetMaxClockInfo, h, NVML_CLOCK_SM, &u), &u, out, n);
+    case K_clocks_max_memory: case K_x_supported_mem_clock:
+        return clockv(NV(nvmlDeviceGetMaxClockInfo, h, NVML_CLOCK_MEM, &u), &u, out, n);
+    case K_x_clocks_max_video: return clockv(NV(nvmlDeviceGetMaxClockInfo, h, NVML_CLOCK_VIDEO, &u), &u, out, n);
+    case K_x_clocks_max_boost_graphics:
+        return clockv(NV(nvmlDeviceGetMaxCustomerBoostClock, h, NVML_CLOCK_GRAPHICS, &u), &u, out, n);
+    case K_fabric_state: case K_fabric_status: case K_fabric_cliqueId: case K_fabric_clusterUuid: {
+        nvmlGpuFabricInfo_t f;
+        memset(&f, 0, sizeof(f));
+        r = NV(nvmlDeviceGetGpuFabricInfo, h, &f);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        if (key == K_fabric_state) {
+            static const char *st[] = {"Not Supported", "Not Started", "In Progress", "Completed"};
+            return PUT("%s", f.state < 4 ? st[f.state] : "N/A");
+        }
+        if (key == K_fabric_status)
+            return PUT("%s", f.status == NVML_SUCCESS ? "Success" : nvml_error(f.status));
+        if (key == K_fabric_cliqueId)
+            return PUT("%u", f.cliqueId);
+        const unsigned char *c = f.clusterUuid;
+        return PUT("%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", c[0], c[1], c[2], c[3],
+                   c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11], c[12], c[13], c[14], c[15]);
+    }
+    default:
+        return V_NA;
+    }
+}
+
+/* The unit of each --query-gpu field, by key (from the real CSV header). */
+static const char *g_unit[K_COUNT];
+
+static void init_units(void)
+{
+    for (const struct qfield *f = QUERY_GPU_FIELDS; f->name; f++)
+        if (f->key >= 0 && f->key < K_COUNT)
+            g_unit[f->key] = f->unit;
+}
+
+/* Value with its unit as -q and -q -x print it ("81559 MiB"); "N/A" when unavailable. */
+static void value_text(const struct dev *d, int key, const char *suffix, char *out, size_t n)
+{
+    char v[256];
+    enum vr r = key < 0 ? V_NA : value(d, key, v, sizeof(v));
+    if (r == V_DEPRECATED) {
+        snprintf(out, n, "Requested functionality has been deprecated");
+    } else if (r != V_OK) {
+        snprintf(out, n, "N/A");
+    } else {
+        const char *unit = key < K_COUNT && g_unit[key] && *g_unit[key] ? g_unit[key] : NULL;
+        if (key == K_x_clocks_max_video || key == K_x_clocks_max_boost_graphics || key == K_x_supported_mem_clock ||
+            key == K_x_supported_graphics_clock)
+            unit = "MHz";
+        snprintf(out, n, "%s%s%s%s", v, unit ? " " : "", unit ? unit : "", suffix ? suffix : "");
+    }
+}
+
+/* ---- processes ------------------------------------------------------------------------ */
+
+struct proc { unsigned pid; unsigned long long mem; char type[4]; unsigned gi, ci; };
+
+static unsigned get_procs(const struct dev *d, struct proc *out, unsigned cap)
+{
+    unsigned total = 0;
+    nvmlProcessInfo_t buf[64];
+    for (int kind = 0; kind < 2; kind++) {
+        unsigned cnt = 64;
+        nvmlReturn_t r = kind == 0 ? NV(nvmlDeviceGetComputeRunningProcesses_v3, d->h, &cnt, buf)
+                                   : NV(nvmlDeviceGetGraphicsRunningProcesses_v3, d->h, &cnt, buf);
+        if (r != NVML_SUCCESS)
+            continue;
+        for (unsigned i = 0; i < cnt && i < 64; i++) {
+            unsigned j;
+            for (j = 0; j < total; j++)
+                if (out[j].pid == buf[i].pid)
+                    break;
+            if (j < total) {  /* a process with both contexts is "C+G" */
+                snprintf(out[j].type, sizeof(out[j].type), "C+G");
+                continue;
+            }
+            if (total >= cap)
+                break;
+            out[total].pid = buf[i].pid;
+            out[total].mem = buf[i].usedGpuMemory;
+            out[total].gi = buf[i].gpuInstanceId;
+            out[total].ci = buf[i].computeInstanceId;
+            snprintf(out[total].type, sizeof(out[total].type), kind == 0 ? "C" : "G");
+            total++;
+        }
+    }
+    return total;
+}
+
+static void proc_name(unsigned pid, char *out, size_t n)
+{
+    if (NV(nvmlSystemGetProcessName, pid, out, (unsigned)n) != NVML_SUCCESS)
+        snprintf(out, n, "N/A");
+}
+
+/* ---- output modes --------------------------------------------------------------------- */
+
+static int g_exit;
+
+static int check_handles(int abort_all)
+{
+    int bad = 0;
+    for (unsigned i = 0; i < g_ndevs; i++)
+        if (g_devs[i].err != NVML_SUCCESS) {
+            bad = 1;
+            if (abort_all)
+                print_handle_error(&g_devs[i]);
+        }
+    if (bad)
+        g_exit = g_devs[0].err == NVML_ERROR_GPU_IS_LOST ? EXIT_LOST : EXIT_LOST;
+    return bad;
+}
+
+static int cmd_list(void)
+{
+    for (unsigned i = 0; i < g_ndevs; i++) {
+        const struct dev *d = &g_devs[i];
+        if (d->err != NVML_SUCCESS) {
+            print_handle_error(d);
+            g_exit = EXIT_LOST;
+            continue;
+        }
+        char name[96] = "N/A", uuid[96] = "N/A";
+        NV(nvmlDeviceGetName, d->h, name, sizeof(name));
+        NV(nvmlDeviceGetUUID, d->h, uuid, sizeof(uuid));
+        printf("GPU %u: %s (UUID: %s)\n", d->index, name, uuid);
+    }
+    return g_exit;
+}
+
+static int cmd_version(void)
+{
+    char nvml[96] = "N/A";
+    NV(nvmlSystemGetNVMLVersion, nvml, sizeof(nvml));
+    /* NVML says "13.590.48.01" (CUDA major first); the tool prints the driver's "590.48" */
+    char *first = strchr(nvml, '.');
+    if (first && strchr(first + 1, '.')) {
+        memmove(nvml, first + 1, strlen(first + 1) + 1);
+        char *dot = strchr(nvml, '.');
+        char *second = dot ? strchr(dot + 1, '.') : NULL;
+        if (second)
+            *second = 0;
+    }
+    printf("NVIDIA-SMI version  : %s\nNVML version        : %s\nDRIVER version      : %s\nCUDA Version        : %s\n",
+           g_driver, nvml, g_driver, g_cuda);
+    return 0;
+}
+
+static void fit(char *s, size_t width, int keep_tail)
+{
+    size_t l = strlen(s);
+    if (l <= width)
+        return;
+    if (keep_tail) {  /* ".../usr/lib/firefox/firefox" */
+        memmove(s + 3, s + l - (width - 3), width - 3 + 1);
+        memcpy(s, "...", 3);
+    } else {
+        strcpy(s + width - 3, "...");
+    }
+}
+
+static void table(void)
+{
+    const char *rule = "+-----------------------------------------------------------------------------------------+\n";
+    const char *grid = g_branch >= 580 ? "+-----------------------------------------+------------------------+----------------------+\n"
+                                       : "|-----------------------------------------+------------------------+----------------------+\n";
+    char ts[64];
+    timestamp(ts, sizeof(ts), 0);
+    printf("%s       \n", ts);
+    printf("%s", rule);
+    printf("| NVIDIA-SMI %-23sDriver Version: %-15sCUDA Version: %-9s|\n", g_driver, g_driver, g_cuda);
+    printf("%s", grid);
+    printf("| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |\n"
+           "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |\n"
+           "|                                         |                        |               MIG M. |\n"
+           "|=========================================+========================+======================|\n");
+    for (unsigned i = 0; i < g_ndevs; i++) {
+        const struct dev *d = &g_devs[i];
+        char name[96] = "N/A", pers[8] = "N/A", bus[32] = "N/A", disp[8] = "N/A", ecc[24] = "N/A";
+        char fan[8] = "N/A", temp[8] = "N/A", perf[8] = "N/A", pw[16] = "N/A", cap[16] = "N/A";
+        char mused[24] = "N/A", mtot[24] = "N/A", util[8] = "N/A", cm[24] = "N/A", mig[16] = "N/A", v[96];
+        nvmlEnableState_t e, pend;
+        unsigned u, u2;
+        if (value(d, K_name, name, sizeof(name)) != V_OK)
+            snprintf(name, sizeof(name), "N/A");
+        fit(name, 30, 0);
+        if (NV(nvmlDeviceGetPersistenceMode, d->h, &e) == NVML_SUCCESS)
+            snprintf(pers, sizeof(pers), "%s", e ? "On" : "Off");
+        if (value(d, K_pci_bus_id, v, sizeof(v)) == V_OK)
+            snprintf(bus, sizeof(bus), "%s", v);
+        if (NV(nvmlDeviceGetDisplayActive, d->h, &e) == NVML_SUCCESS)
+            snprintf(disp, sizeof(disp), "%s", e ? "On" : "Off");
+        else
+            snprintf(disp, sizeof(disp), "Off");
+        if (NV(nvmlDeviceGetEccMode, d->h, &e, &pend) == NVML_SUCCESS && e &&
+            value(d, K_ecc_errors_uncorrected_volatile_total, v, sizeof(v)) == V_OK)
+            snprintf(ecc, sizeof(ecc), "%s", v);
+        if (NV(nvmlDeviceGetFanSpeed, d->h, &u) == NVML_SUCCESS)
+            snprintf(fan, sizeof(fan), "%u%%", u);
+        if (NV(nvmlDeviceGetTemperature, d->h, NVML_TEMPERATURE_GPU, &u) == NVML_SUCCESS)
+            snprintf(temp, sizeof(temp), "%uC", u);
+        if (value(d, K_pstate, v, sizeof(v)) == V_OK)
+            snprintf(perf, sizeof(perf), "%s", v);
+        if (NV(nvmlDeviceGetPowerUsage, d->h, &u) == NVML_SUCCESS)
+            snprintf(pw, sizeof(pw), "%uW", u / 1000);
+        if (NV(nvmlDeviceGetEnforcedPowerLimit, d->h, &u) == NVML_SUCCESS)
+            snprintf(cap, sizeof(cap), "%uW", u / 1000);
+        if (value(d, K_memory_used, v, sizeof(v)) == V_OK)
+            snprintf(mused, sizeof(mused), "%sMiB", v);
+        if (value(d, K_memory_total, v, sizeof(v)) == V_OK)
+            snprintf(mtot, sizeof(mtot), "%sMiB", v);
+        int mig_on = NV(nvmlDeviceGetMigMode, d->h, &u, &u2) == NVML_SUCCESS;
+        if (mig_on)
+            snprintf(mig, sizeof(mig), "%s", u ? "Enabled" : "Disabled");
+        if (!(mig_on && u) && value(d, K_utilization_gpu, v, sizeof(v)) == V_OK)
+            snprintf(util, sizeof(util), "%s%%", v);
+        if (NV(nvmlDeviceGetComputeMode, d->h, (nvmlComputeMode_t *)&u) == NVML_SUCCESS) {
+            static const char *names[] = {"Default", "E. Thread", "Prohibited", "E. Process"};
+            snprintf(cm, sizeof(cm), "%s", u < 4 ? names[u] : "Unknown");
+        }
+        printf("|%4u  %-31s%-3s |   %-16s %3s |%21s |\n", d->index, name, pers, bus, disp, ecc);
+        printf("|%4s %5s    %-3s%15s / %5s |%11s / %9s |%8s%13s |\n", fan, temp, perf, pw, cap, mused, mtot, util, cm);
+        printf("|                                         |                        |%21s |\n", mig);
+        printf("%s", grid[0] == '+' || i + 1 < g_ndevs || 1 ? "+-----------------------------------------+------------------------+----------------------+\n" : grid);
+    }
+    printf("%s", g_branch >= 560 ? "\n" : "                                                                                         \n");
+    printf("%s", rule);
+    printf("| Processes:                                                                              |\n");
+    if (g_branch >= 570)
+        printf("|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |\n"
+               "|        ID   ID                                                               Usage      |\n");
+    else
+        printf("|  GPU   GI   CI        PID   Type   Process name                              GPU Memory |\n"
+               "|        ID   ID                                                               Usage      |\n");
+    printf("|=========================================================================================|\n");
+    int any = 0;
+    for (unsigned i = 0; i < g_ndevs; i++) {
+        struct proc ps[64];
+        unsigned np = get_procs(&g_devs[i], ps, 64);
+        for (unsigned j = 0; j < np; j++) {
+            char name[256], gi[8] = "N/A", ci[8] = "N/A", mem[24] = "N/A";
+            proc_name(ps[j].pid, name, sizeof(name));
+            if (ps[j].gi != 0xFFFFFFFFu) {
+                snprintf(gi, sizeof(gi), "%u", ps[j].gi);
+                snprintf(ci, sizeof(ci), "%u", ps[j].ci);
+            }
+            if (ps[j].mem != (unsigned long long)NVML_VALUE_NOT_AVAILABLE)
+                snprintf(mem, sizeof(mem), "%lluMiB", ps[j].mem >> 20);
+            if (g_branch >= 570) {
+                fit(name, 36, 1);
+                printf("|%5u %5s%5s %16u %6s   %-36s%10s |\n", g_devs[i].index, gi, ci, ps[j].pid, ps[j].type, name, mem);
+            } else {
+                fit(name, 42, 1);
+                printf("|%5u %5s%5s %10u %6s   %-42s%10s |\n", g_devs[i].index, gi, ci, ps[j].pid, ps[j].type, name, mem);
+            }
+            any = 1;
+        }
+    }
+    if (!any)
+        printf("|  No running processes found                                                             |\n");
+    printf("%s", rule);
+}
+
+static int cmd_table(void)
+{
+    if (check_handles(1))
+        return g_exit;
+    table();
+    return 0;
+}
+
+/* --query-gpu / --query-compute-apps ---------------------------------------------------- */
+
+struct col { const char *spelled; int key; const char *unit; };
+
+static int g_noheader, g_nounits;
+
+static int parse_format(const char *f)
+{
+    char buf[128];
+    snprintf(buf, sizeof(buf), "%s", f);
+    int csv = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        while (*t == ' ')
+            t++;
+        if (!strcmp(t, "csv"))
+            csv = 1;
+        else if (!strcmp(t, "noheader"))
+            g_noheader = 1;
+        else if (!strcmp(t, "nounits"))
+            g_nounits = 1;
+        else
+            return -1;
+    }
+    return csv ? 0 : -1;
+}
+
+static int parse_gpu_fields(const char *list, struct col *cols, int cap)
+{
+    char buf[8192];
+    snprintf(buf, sizeof(buf), "%s", list);
+    int n = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        while (*t == ' ')
+            t++;
+        size_t l = strlen(t);
+        while (l && t[l - 1] == ' ')
+            t[--l] = 0;
+        const struct qfield *f;
+        for (f = QUERY_GPU_FIELDS; f->name; f++)
+            if (!strcasecmp(t, f->name) || (*f->alias && !strcasecmp(t, f->alias)))
+                break;
+        if (!f->name) {
+            printf("Field \"%s\" is not a valid field to query.\n\n", t);
+            return -1;
+        }
+        if (n >= cap)
+            return -1;
+        cols[n].spelled = list + (t - buf);
+        cols[n].key = f->key;
+        cols[n].unit = f->unit;
+        n++;
+    }
+    return n;
+}
+
+static void print_header(const struct col *cols, int n, const char *list)
+{
+    if (g_noheader)
+        return;
+    for (int i = 0; i < n; i++) {
+        /* the header repeats the field as spelled on the command line */
+        const char *s = cols[i].spelled;
+        size_t l = strcspn(s, ",");
+        while (l && s[l - 1] == ' ')
+            l--;
+        printf("%s%.*s", i ? ", " : "", (int)l, s);
+        if (!g_nounits && *cols[i].unit)
+            printf(" [%s]", cols[i].unit);
+    }
+    (void)list;
+    printf("\n");
+}
+
+static void csv_cell(const struct dev *d, const struct col *c, char *out, size_t n)
+{
+    char v[256];
+    enum vr r = value(d, c->key, v, sizeof(v));
+    if (r == V_DEPRECATED)
+        snprintf(out, n, "[Requested functionality has been deprecated]");
+    else if (r != V_OK && c->key >= K_fabric_health_summary && c->key <= K_fabric_health_incorrect_configuration)
+        snprintf(out, n, "N/A");  /* the driver prints these without brackets */
+    else if (r != V_OK)
+        snprintf(out, n, "[N/A]");
+    else if (!g_nounits && *c->unit && strcmp(c->unit, "us"))
+        snprintf(out, n, "%s %s", v, c->unit);
+    else if (!g_nounits && *c->unit)
+        snprintf(out, n, "%s %s", v, c->unit);
+    else
+        snprintf(out, n, "%s", v);
+}
+
+static void query_gpu_once(const struct col *cols, int n)
+{
+    for (unsigned i = 0; i < g_ndevs; i++) {
+        const struct dev *d = &g_devs[i];
+        if (d->err != NVML_SUCCESS) {
+            print_handle_error(d);
+            g_exit = EXIT_LOST;
+            continue;
+        }
+        char line[16384];
+        size_t pos = 0;
+        line[0] = 0;
+        for (int c = 0; c < n; c++) {
+            char cell[512];
+            csv_cell(d, &cols[c], cell, sizeof(cell));
+            int w = snprintf(line + pos, sizeof(line) - pos, "%s%s", c ? ", " : "", cell);
+            if (w < 0 || (size_t)w >= sizeof(line) - pos)
+                break;
+            pos += (size_t)w;
+        }
+        printf("%s\n", line);
+    }
+}
+
+static const struct { const char *name, *alias, *unit; } APP_FIELDS[] = {
+    {"timestamp", "", ""}, {"gpu_name", "", ""}, {"gpu_bus_id", "", ""}, {"gpu_serial", "", ""},
+    {"gpu_uuid", "", ""}, {"pid", "", ""}, {"process_name", "name", ""}, {"used_gpu_memory", "used_memory", "MiB"},
+    {0, 0, 0},
+};
+
+static int parse_app_fields(const char *list, int *idx, const char **spelled, int cap)
+{
+    char buf[2048];
+    snprintf(buf, sizeof(buf), "%s", list);
+    int n = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        while (*t == ' ')
+            t++;
+        int k;
+        for (k = 0; APP_FIELDS[k].name; k++)
+            if (!strcasecmp(t, APP_FIELDS[k].name) || (*APP_FIELDS[k].alias && !strcasecmp(t, APP_FIELDS[k].alias)))
+                break;
+        if (!APP_FIELDS[k].name) {
+            printf("Field \"%s\" is not a valid field to query.\n\n", t);
+            return -1;
+        }
+        if (n >= cap)
+            return -1;
+        idx[n] = k;
+        spelled[n] = list + (t - buf);
+        n++;
+    }
+    return n;
+}
+
+static void query_apps_once(const int *idx, int n)
+{
+    for (unsigned i = 0; i < g_ndevs; i++) {
+        const struct dev *d = &g_devs[i];
+        if (d->err != NVML_SUCCESS)
+            continue;
+        struct proc ps[64];
+        unsigned np = get_procs(d, ps, 64);
+        for (unsigned j = 0; j < np; j++) {
+            if (strcmp(ps[j].type, "G") == 0)
+                continue;
+            for (int c = 0; c < n; c++) {
+                char v[256] = "[N/A]";
+                switch (idx[c]) {
+                case 0: timestamp(v, sizeof(v), 1); break;
+                case 1: if (value(d, K_name, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
+                case 2: if (value(d, K_pci_bus_id, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
+                case 3: if (value(d, K_serial, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
+                case 4: if (value(d, K_uuid, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
+                case 5: snprintf(v, sizeof(v), "%u", ps[j].pid); break;
+                case 6: proc_name(ps[j].pid, v, sizeof(v)); break;
+                case 7:
+                    if (ps[j].mem != (unsigned long long)NVML_VALUE_NOT_AVAILABLE)
+                        snprintf(v, sizeof(v), g_nounits ? "%llu" : "%llu MiB", ps[j].mem >> 20);
+                    break;
+                }
+                printf("%s%s", c ? ", " : "", v);
+            }
+            printf("\n");
+        }
+    }
+}
+
+/* -q / -q -x ------------------------------------------------------------------------------ */
+
+struct section { const char *name; const char *text[8]; const char *xml[8]; };
+
+static const struct section SECTIONS[] = {
+    {"MEMORY", {"FB Memory Usage", "BAR1 Memory Usage", "Conf Compute Protected Memory Usage"},
+     {"fb_memory_usage", "bar1_memory_usage", "cc_protected_memory_usage"}},
+    {"UTILIZATION", {"Utilization"}, {"utilization"}},
+    {"ECC", {"ECC Mode", "ECC Errors"}, {"ecc_mode", "ecc_errors"}},
+    {"TEMPERATURE", {"Temperature"}, {"temperature"}},
+    {"POWER", {"GPU Power Readings", "GPU Memory Power Readings ", "Module Power Readings"},
+     {"gpu_power_readings", "gpu_memory_power_readings", "module_power_readings"}},
+    {"CLOCK", {"Clocks", "Applications Clocks", "Default Applications Clocks", "Deferred Clocks", "Max Clocks",
+               "Max Customer Boost Clocks", "Clock Policy"},
+     {"clocks", "applications_clocks", "default_applications_clocks", "deferred_clocks", "max_clocks",
+      "max_customer_boost_clocks", "clock_policy"}},
+    {"COMPUTE", {"Compute Mode"}, {"compute_mode"}},
+    {"PIDS", {"Processes"}, {"processes"}},
+    {"PERFORMANCE", {"Performance State", "Clocks Event Reasons", "Clocks Event Reasons Counters"},
+     {"performance_state", "clocks_event_reasons", "clocks_event_reasons_counters"}},
+    {"SUPPORTED_CLOCKS", {"Supported Clocks"}, {"supported_clocks"}},
+    {"PAGE_RETIREMENT", {"Retired Pages"}, {"retired_pages"}},
+    {"ACCOUNTING", {"Accounting Mode", "Accounting Mode Buffer Size"}, {"accounting_mode", "accounting_mode_buffer_size"}},
+    {"ENCODER_STATS", {"Encoder Stats"}, {"encoder_stats"}},
+    {"SUPPORTED_GPU_TARGET_TEMP", {"Supported GPU Target Temp"}, {"supported_gpu_target_temp"}},
+    {"VOLTAGE", {"Voltage"}, {"voltage"}},
+    {"FBC_STATS", {"FBC Stats"}, {"fbc_stats"}},
+    {"ROW_REMAPPER", {"Remapped Rows"}, {"remapped_rows"}},
+    {"RESET_STATUS", {"GPU Reset Status"}, {"gpu_reset_status"}},
+    {"GSP_FIRMWARE_VERSION", {"GSP Firmware Version"}, {"gsp_firmware_version"}},
+    {"POWER_SMOOTHING", {"Power Smoothing"}, {"power_smoothing"}},
+    {"POWER_PROFILES", {"Workload Power Profiles"}, {"power_profiles"}},
+    {0, {0}, {0}},
+};
+
+static unsigned g_sections;   /* bit per SECTIONS entry; 0 = everything */
+
+static int parse_sections(const char *list)
+{
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", list);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int k;
+        for (k = 0; SECTIONS[k].name; k++)
+            if (!strcasecmp(t, SECTIONS[k].name))
+                break;
+        if (!SECTIONS[k].name)
+            return -1;
+        g_sections |= 1u << k;
+    }
+    return 0;
+}
+
+static int top_selected(const char *label, int xml)
+{
+    if (!g_sections)
+        return 1;
+    for (int k = 0; SECTIONS[k].name; k++) {
+        if (!(g_sections & (1u << k)))
+            continue;
+        for (int j = 0; j < 8; j++) {
+            const char *s = xml ? SECTIONS[k].xml[j] : SECTIONS[k].text[j];
+            if (s && !strcmp(s, label))
+                return 1;
+        }
+    }
+    return 0;
+}
+
+static const struct skel *xml_skeleton(const struct dev *d)
+{
+    char name[96] = "";
+    NV(nvmlDeviceGetName, d->h, name, sizeof(name));
+    for (const struct board *b = XML_BOARDS; b->profile; b++)
+        if (!strcmp(b->product, name))
+            return b->xml;
+    /* A board without a capture: the capture of the nearest driver branch. */
+    const char *fallback = g_branch < 580 ? "a100" : g_branch >= 590 ? "l40s" : "h100";
+    for (const struct board *b = XML_BOARDS; b->profile; b++)
+        if (!strcmp(b->profile, fallback))
+            return b->xml;
+    return XML_BOARDS[0].xml;
+}
+
+static void xml_escape(const char *s, char *out, size_t n)
+{
+    size_t o = 0;
+    for (; *s && o + 7 < n; s++) {
+        const char *rep = *s == '&' ? "&amp;" : *s == '<' ? "&lt;" : *s == '>' ? "&gt;" : NULL;
+        if (rep) {
+            size_t l = strlen(rep);
+            memcpy(out + o, rep, l);
+            o += l;
+        } else {
+            out[o++] = *s;
+        }
+    }
+    out[o] = 0;
+}
+
+static void tabs(int n)
+{
+    for (int i = 0; i < n; i++)
+        putchar('\t');
+}
+
+static void xml_processes(const struct dev *d, int depth, const char *tag)
+{
+    struct proc ps[64];
+    unsigned np = strcmp(tag, "processes") ? 0 : get_procs(d, ps, 64);
+    if (!strcmp(tag, "mig_devices")) {
+        tabs(depth); printf("<mig_devices>\n");
+        tabs(depth + 1); printf("None\n");
+        tabs(depth); printf("</mig_devices>\n");
+        return;
+    }
+    tabs(depth);
+    printf("<%s>\n", tag);
+    for (unsigned j = 0; j < np; j++) {
+        char name[256], esc[512];
+        proc_name(ps[j].pid, name, sizeof(name));
+        xml_escape(name, esc, sizeof(esc));
+        tabs(depth + 1); printf("<process_info>\n");
+        if (ps[j].gi != 0xFFFFFFFFu) {
+            tabs(depth + 2); printf("<gpu_instance_id>%u</gpu_instance_id>\n", ps[j].gi);
+            tabs(depth + 2); printf("<compute_instance_id>%u</compute_instance_id>\n", ps[j].ci);
+        } else {
+            tabs(depth + 2); printf("<gpu_instance_id>N/A</gpu_instance_id>\n");
+            tabs(depth + 2); printf("<compute_instance_id>N/A</compute_instance_id>\n");
+        }
+        tabs(depth + 2); printf("<pid>%u</pid>\n", ps[j].pid);
+        tabs(depth + 2); printf("<type>%s</type>\n", ps[j].type);
+        tabs(depth + 2); printf("<process_name>%s</process_name>\n", esc);
+        tabs(depth + 2); printf("<used_memory>%llu MiB</used_memory>\n", ps[j].mem >> 20);
+        tabs(depth + 1); printf("</process_info>\n");
+    }
+    tabs(depth);
+    printf("</%s>\n", tag);
+}
+
+static void xml_gpu(const struct dev *d)
+{
+    char v[512], esc[1024], bus[32] = "N/A";
+    value(d, K_pci_bus_id, bus, sizeof(bus));
+    printf("\t<gpu id=\"%s\">\n", bus);
+    const struct skel *s = xml_skeleton(d);
+    int skip_depth = -1;  /* inside a top-level element that -d did not select */
+    for (; s->kind != 9; s++) {
+        if (s->depth == 2 && s->kind != 2)
+            skip_depth = top_selected(s->tag, 1) ? -1 : 2;
+        if (skip_depth >= 0) {
+            if (s->depth == 2 && s->kind == 2)
+                skip_depth = -1;
+            continue;
+        }
+        switch (s->kind) {
+        case 0: tabs(s->depth); printf("<%s>\n", s->tag); break;
+        case 2: tabs(s->depth); printf("</%s>\n", s->tag); break;
+        case 3: xml_processes(d, s->depth, s->tag); break;
+        default: {
+            value_text(d, s->key, s->suffix, v, sizeof(v));
+            /* XML spells PCI numbers without 0x */
+            const char *p = v;
+            if (!strncmp(s->tag, "pci_", 4) && !strncmp(v, "0x", 2))
+                p = v + 2;
+            xml_escape(p, esc, sizeof(esc));
+            tabs(s->depth);
+            printf("<%s>%s</%s>\n", s->tag, esc, s->tag);
+        }
+        }
+    }
+    printf("\t</gpu>\n\n");
+}
+
+static int cmd_xml(void)
+{
+    char ts[64];
+    timestamp(ts, sizeof(ts), 0);
+    printf("<?xml version=\"1.0\" ?>\n");
+    printf("<!DOCTYPE nvidia_smi_log SYSTEM \"nvsmi_device_v%d.dtd\">\n", g_branch >= 580 ? 13 : 12);
+    printf("<nvidia_smi_log>\n");
+    printf("\t<timestamp>%s</timestamp>\n", ts);
+    printf("\t<driver_version>%s</driver_version>\n", g_driver);
+    printf("\t<cuda_version>%s</cuda_version>\n", g_cuda);
+    printf("\t<attached_gpus>%u</attached_gpus>\n", g_count);
+    for (unsigned i = 0; i < g_ndevs; i++) {
+        if (g_devs[i].err != NVML_SUCCESS) {
+            /* the real tool reports the handle failure and omits the GPU */
+            fflush(stdout);
+            print_handle_error(&g_devs[i]);
+            g_exit = EXIT_LOST;
+            continue;
+        }
+        xml_gpu(&g_devs[i]);
+    }
+    printf("</nvidia_smi_log>\n");
+    return g_exit;
+}
+
+static void q_line(int depth, const char *label, const char *val)
+{
+    int indent = 4 * (depth + 1);
+    printf("%*s%-*s: %s\n", indent, "", 55 - indent, label, val);
+}
+
+static int cmd_query(void)
+{
+    char ts[64];
+    timestamp(ts, sizeof(ts), 0);
+    printf("\n==============NVSMI LOG==============\n\n");
+    q_line(-1, "Timestamp", ts);
+    q_line(-1, "Driver Version", g_driver);
+    q_line(-1, "CUDA Version", g_cuda);
+    printf("\n");
+    char cnt[16];
+    snprintf(cnt, sizeof(cnt), "%u", g_count);
+    q_line(-1, "Attached GPUs", cnt);
+    const struct skel *skel = g_branch >= 595 ? TEXT_595 : TEXT_590;
+    for (unsigned i = 0; i < g_ndevs; i++) {
+        const struct dev *d = &g_devs[i];
+        if (d->err != NVML_SUCCESS) {
+            print_handle_error(d);
+            g_exit = EXIT_LOST;
+            continue;
+        }
+        char bus[32] = "N/A", v[512];
+        value(d, K_pci_bus_id, bus, sizeof(bus));
+        printf("GPU %s\n", bus);
+        int skipping = 0;
+        for (const struct skel *s = skel; s->kind != 9; s++) {
+            if (s->depth == 0)
+                skipping = !top_selected(s->tag, 0);
+            if (skipping)
+                continue;
+            if (s->kind == 0) {
+                printf("%*s%s\n", 4 * (s->depth + 1), "", s->tag);
+            } else if (s->kind == 3) {
+                struct proc ps[64];
+                unsigned np = get_procs(d, ps, 64);
+                if (!np) {
+                    q_line(s->depth, s->tag, "None");
+                    continue;
+                }
+                printf("%*s%s\n", 4 * (s->depth + 1), "", "Processes");
+                for (unsigned j = 0; j < np; j++) {
+                    char name[256], num[32];
+                    proc_name(ps[j].pid, name, sizeof(name));
+                    snprintf(num, sizeof(num), "%s", "N/A");
+                    q_line(s->depth + 1, "GPU instance ID", ps[j].gi != 0xFFFFFFFFu ? (snprintf(num, sizeof(num), "%u", ps[j].gi), num) : "N/A");
+                    q_line(s->depth + 1, "Compute instance ID", ps[j].ci != 0xFFFFFFFFu ? (snprintf(num, sizeof(num), "%u", ps[j].ci), num) : "N/A");
+                    snprintf(num, sizeof(num), "%u", ps[j].pid);
+                    q_line(s->depth + 1, "Process ID", num);
+                    q_line(s->depth + 1, "Type", ps[j].type);
+                    q_line(s->depth + 1, "Name", name);
+                    snprintf(num, sizeof(num), "%llu MiB", ps[j].mem >> 20);
+                    q_line(s->depth + 1, "Used GPU Memory", num);
+                }
+            } else {
+                value_text(d, s->key, s->suffix, v, sizeof(v));
+                q_line(s->depth, s->tag, v);
+            }
+        }
+        printf("\n");
+    }
+    return g_exit;
+}
+
+/* topo, nvlink, dmon, pmon ---------------------------------------------------------------- */
+
+static void cpu_list(const unsigned long *mask, unsigned words, char *out, size_t n)
+{
+    size_t o = 0;
+    out[0] = 0;
+    unsigned bits = words * 64;
+    for (unsigned b = 0; b < bits;) {
+        if (!(mask[b / 64] >> (b % 64) & 1)) {
+            b++;
+            continue;
+        }
+        unsigned e = b;
+        while (e + 1 < bits && (mask[(e + 1) / 64] >> ((e + 1) % 64) & 1))
+            e++;
+        int w = e > b ? snprintf(out + o, n - o, "%s%u-%u", o ? "," : "", b, e)
+                      : snprintf(out + o, n - o, "%s%u", o ? "," : "", b);
+        if (w < 0 || (size_t)w >= n - o)
+            break;
+        o += (size_t)w;
+        b = e + 1;
+    }
+    if (!out[0])
+        snprintf(out, n, "N/A");
+}
+
+static unsigned nvlinks_between(const struct dev *a, const struct dev *b)
+{
+    nvmlPciInfo_t pb;
+    if (NV(nvmlDeviceGetPciInfo_v3, b->h, &pb) != NVML_SUCCESS)
+        return 0;
+    unsigned count = 0;
+    for (unsigned l = 0; l < NVML_NVLINK_MAX_LINKS; l++) {
+        nvmlEnableState_t st;
+        nvmlReturn_t r = NV(nvmlDeviceGetNvLinkState, a->h, l, &st);
+        if (r == NVML_ERROR_INVALID_ARGUMENT || r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_FUNCTION_NOT_FOUND)
+            break;
+        if (r != NVML_SUCCESS || st != NVML_FEATURE_ENABLED)
+            continue;
+        nvmlPciInfo_t rp;
+        if (NV(nvmlDeviceGetNvLinkRemotePciInfo_v2, a->h, l, &rp) == NVML_SUCCESS) {
+            if (rp.domain == pb.domain && rp.bus == pb.bus && rp.device == pb.device)
+                count++;
+        }
+    }
+    return count;
+}
+
+static int nvswitch_links(const struct dev *a)
+{
+    int n = 0;
+    for (unsigned l = 0; l < NVML_NVLINK_MAX_LINKS; l++) {
+        nvmlEnableState_t st;
+        nvmlReturn_t r = NV(nvmlDeviceGetNvLinkState, a->h, l, &st);
+        if (r == NVML_ERROR_INVALID_ARGUMENT || r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_FUNCTION_NOT_FOUND)
+            break;
+        nvmlIntNvLinkDeviceType_t t;
+        if (r == NVML_SUCCESS && st == NVML_FEATURE_ENABLED && NV(nvmlDeviceGetNvLinkRemoteDeviceType, a->h, l, &t) == NVML_SUCCESS &&
+            t == NVML_NVLINK_DEVICE_TYPE_SWITCH)
+            n++;
+    }
+    return n;
+}
+
+static int cmd_topo(void)
+{
+    if (check_handles(1))
+        return g_exit;
+    printf("\t\x1b[4m");
+    for (unsigned i = 0; i < g_ndevs; i++)
+        printf("GPU%u\t", g_devs[i].index);
+    printf("CPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n");
+    int sw[MOKKA_MAX_GPUS];
+    for (unsigned i = 0; i < g_ndevs; i++)
+        sw[i] = nvswitch_links(&g_devs[i]);
+    for (unsigned i = 0; i < g_ndevs; i++) {
+        printf("GPU%u\t", g_devs[i].index);
+        for (unsigned j = 0; j < g_ndevs; j++) {
+            if (i == j) {
+                printf(" X \t");
+                continue;
+            }
+            unsigned nl = nvlinks_between(&g_devs[i], &g_devs[j]);
+            if (!nl && sw[i] && sw[j])
+                nl = (unsigned)(sw[i] < sw[j] ? sw[i] : sw[j]);
+            if (nl) {
+                printf("NV%u\t", nl);
+                continue;
+            }
+            nvmlGpuTopologyLevel_t lvl;
+            const char *s = "SYS";
+            if (NV(nvmlDeviceGetTopologyCommonAncestor, g_devs[i].h, g_devs[j].h, &lvl) == NVML_SUCCESS)
+                s = lvl <= NVML_TOPOLOGY_SINGLE ? "PIX" : lvl == NVML_TOPOLOGY_MULTIPLE ? "PXB"
+                  : lvl == NVML_TOPOLOGY_HOSTBRIDGE ? "PHB" : lvl == NVML_TOPOLOGY_NODE ? "NODE" : "SYS";
+            printf("%s\t", s);
+        }
+        unsigned long cpus[16] = {0}, mem[4] = {0};
+        char cl[512] = "N/A", numa[64] = "N/A";
+        if (NV(nvmlDeviceGetCpuAffinity, g_devs[i].h, 16, cpus) == NVML_SUCCESS)
+            cpu_list(cpus, 16, cl, sizeof(cl));
+        if (NV(nvmlDeviceGetMemoryAffinity, g_devs[i].h, 4, mem, NVML_AFFINITY_SCOPE_NODE) == NVML_SUCCESS)
+            cpu_list(mem, 4, numa, sizeof(numa));
+        printf("%s\t%s\t\tN/A\n", cl, numa);
+    }
+    printf("\nLegend:\n\n"
+           "  X    = Self\n"
+           "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)\n"
+           "  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node\n"
+           "  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)\n"
+           "  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)\n"
+           "  PIX  = Connection traversing at most a single PCIe bridge\n"
+           "  NV#  = Connection traversing a bonded set of # NVLinks\n");
+    return 0;
+}
+
+static const char *link_speed(unsigned version)
+{
+    /* per-link unidirectional rate the driver prints for each NVLink generation */
+    switch (version) {
+    case 1: return "20 GB/s";
+    case 2: return "25.781 GB/s";
+    case 3: return "25 GB/s";
+    case 4: return "26.562 GB/s";
+    default: return "53.125 GB/s";
+    }
+}
+
+static int cmd_nvlink(char mode)
+{
+    if (check_handles(1))
+        return g_exit;
+    static const char *counters[] = {"Replay Errors", "Recovery Errors", "CRC Errors", "CRC Data Errors"};
+    for (unsigned i = 0; i < g_ndevs; i++) {
+        const struct dev *d = &g_devs[i];
+        char name[96] = "N/A", uuid[96] = "N/A";
+        NV(nvmlDeviceGetName, d->h, name, sizeof(name));
+        NV(nvmlDeviceGetUUID, d->h, uuid, sizeof(uuid));
+        printf("GPU %u: %s (UUID: %s)\n", d->index, name, uuid);
+        unsigned links = 0;
+        for (unsigned l = 0; l < NVML_NVLINK_MAX_LINKS; l++) {
+            nvmlEnableState_t st;
+            nvmlReturn_t r = NV(nvmlDeviceGetNvLinkState, d->h, l, &st);
+            if (r == NVML_ERROR_INVALID_ARGUMENT || r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_FUNCTION_NOT_FOUND)
+                break;
+            links++;
+            unsigned ver = 0;
+            NV(nvmlDeviceGetNvLinkVersion, d->h, l, &ver);
+            if (mode == 's') {
+                printf("\t Link %u: %s\n", l, r == NVML_SUCCESS && st == NVML_FEATURE_ENABLED ? link_speed(ver) : "<inactive>");
+            } else if (mode == 'c') {
+                static const char *caps[] = {"P2P is supported", "Access to system memory supported",
+                                             "P2P atomics supported", "System memory atomics supported",
+                                             "SLI is supported", "Link is supported"};
+                for (unsigned c = 0; c < 6; c++) {
+                    unsigned v = 0;
+                    nvmlReturn_t rc = NV(nvmlDeviceGetNvLinkCapability, d->h, l, (nvmlNvLinkCapability_t)c, &v);
+                    printf("\t Link %u, %s: %s\n", l, caps[c], rc == NVML_SUCCESS ? (v ? "true" : "false") : "N/A");
+                }
+            } else {
+                for (unsigned c = 0; c < 4; c++) {
+                    unsigned long long v = 0;
+                    nvmlReturn_t rc = NV(nvmlDeviceGetNvLinkErrorCounter, d->h, l, (nvmlNvLinkErrorCounter_t)c, &v);
+                    if (rc == NVML_SUCCESS)
+                        printf("\t Link %u: %s: %llu\n", l, counters[c], v);
+                    else
+                        printf("\t Link %u: %s: N/A\n", l, counters[c]);
+                }
+            }
+        }
+        if (!links)
+            printf("Device does not have or support Nvlink\n");
+    }
+    return 0;
+}
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { (void)sig; g_stop = 1; }
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (!g_stop && nanosleep(&ts, &ts) == -1 && errno == EINTR)
+        ;
+}
+
+static void dash_or(char *out, size_t n, nvmlReturn_t r, unsigned v)
+{
+    if (r == NVML_SUCCESS)
+        snprintf(out, n, "%u", v);
+    else
+        snprintf(out, n, "-");
+}
+
+static int cmd_dmon(long count, long delay_s)
+{
+    if (check_handles(1))
+        return g_exit;
+    printf("# gpu    pwr  gtemp  mtemp     sm    mem    enc    dec    jpg    ofa   mclk   pclk \n"
+           "# Idx      W      C      C      %%      %%      %%      %%      %%      %%    MHz    MHz \n");
+    fflush(stdout);
+    for (long it = 0; !g_stop && (count <= 0 || it < count); it++) {
+        if (it)
+            sleep_ms(delay_s * 1000);
+        if (g_stop)
+            break;
+        for (unsigned i = 0; i < g_ndevs; i++) {
+            const struct dev *d = &g_devs[i];
+            char c[12][16];
+            unsigned u = 0, u2;
+            nvmlUtilization_t ut = {0, 0};
+            nvmlReturn_t r = NV(nvmlDeviceGetPowerUsage, d->h, &u);
+            dash_or(c[0], 16, r, u / 1000);
+            r = NV(nvmlDeviceGetTemperature, d->h, NVML_TEMPERATURE_GPU, &u);
+            dash_or(c[1], 16, r, u);
+            char mt[32];
+            if (value(d, K_temperature_memory, mt, sizeof(mt)) == V_OK)
+                snprintf(c[2], 16, "%s", mt);
+            else
+                snprintf(c[2], 16, "-");
+            r = NV(nvmlDeviceGetUtilizationRates, d->h, &ut);
+            dash_or(c[3], 16, r, ut.gpu);
+            dash_or(c[4], 16, r, ut.memory);
+            r = NV(nvmlDeviceGetEncoderUtilization, d->h, &u, &u2);
+            dash_or(c[5], 16, r, u);
+            r = NV(nvmlDeviceGetDecoderUtilization, d->h, &u, &u2);
+            dash_or(c[6], 16, r, u);
+            snprintf(c[7], 16, "0");
+            snprintf(c[8], 16, "0");
+            r = NV(nvmlDeviceGetClockInfo, d->h, NVML_CLOCK_MEM, &u);
+            dash_or(c[9], 16, r, u);
+            r = NV(nvmlDeviceGetClockInfo, d->h, NVML_CLOCK_GRAPHICS, &u);
+            dash_or(c[10], 16, r, u);
+            printf("%5u", d->index);
+            for (int k = 0; k < 11; k++)
+                printf("%7s", c[k]);
+            printf(" \n");
+        }
+        fflush(stdout);
+    }
+    return 0;
+}
+
+static int cmd_pmon(long count, long delay_s)
+{
+    if (check_handles(1))
+        return g_exit;
+    printf("# gpu         pid   type     sm    mem    enc    dec    jpg    ofa    command \n"
+           "# Idx           #    C/G      %%      %%      %%      %%      %%      %%    name \n");
+    fflush(stdout);
+    for (long it = 0; !g_stop && (count <= 0 || it < count); it++) {
+        if (it)
+            sleep_ms(delay_s * 1000);
+        if (g_stop)
+            break;
+        for (unsigned i = 0; i < g_ndevs; i++) {
+            struct proc ps[64];
+            unsigned np = get_procs(&g_devs[i], ps, 64);
+            if (!np)
+                printf("%5u%11s%6s%7s%7s%7s%7s%7s%7s    %-15s\n", g_devs[i].index, "-", "-", "-", "-", "-", "-", "-", "-", "-");
+            for (unsigned j = 0; j < np; j++) {
+                char name[256];
+                proc_name(ps[j].pid, name, sizeof(name));
+                const char *base = strrchr(name, '/');
+                printf("%5u%11u%6s%7s%7s%7s%7s%7s%7s    %-15s\n", g_devs[i].index, ps[j].pid, ps[j].type, "-", "-",
+                       "-", "-", "-", "-", base ? base + 1 : name);
+            }
+        }
+        fflush(stdout);
+    }
+    return 0;
+}
+
+/* ---- command line --------------------------------------------------------------------- */
+
+static int init_nvml(void)
+{
+    if (load_nvml() != 0) {
+        printf("NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that the NVIDIA "
+               "Display Driver is properly installed and present in your system.\nPlease also try adding directory "
+               "that contains libnvidia-ml.so to your system PATH.\n");
+        return EXIT_NO_LIB;
+    }
+    nvmlReturn_t r = NV(nvmlInit_v2);
+    if (r == NVML_ERROR_DRIVER_NOT_LOADED || r == NVML_ERROR_FUNCTION_NOT_FOUND || r == NVML_ERROR_LIBRARY_NOT_FOUND) {
+        printf("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the "
+               "latest NVIDIA driver is installed and running.\n");
+        return EXIT_NO_DRIVER;
+    }
+    if (r != NVML_SUCCESS) {
+        printf("Failed to initialize NVML: %s\n", nvml_error(r));
+        return r > 0 && r < 255 ? (int)r : EXIT_OTHER;
+    }
+    NV(nvmlSystemGetDriverVersion, g_driver, sizeof(g_driver));
+    g_branch = atoi(g_driver) > 0 ? atoi(g_driver) : 590;
+    int cv = 0;
+    if (NV(nvmlSystemGetCudaDriverVersion_v2, &cv) == NVML_SUCCESS && cv > 0)
+        snprintf(g_cuda, sizeof(g_cuda), "%d.%d", cv / 1000, (cv % 1000) / 10);
+    if (NV(nvmlDeviceGetCount_v2, &g_count) != NVML_SUCCESS)
+        g_count = 0;
+    init_units();
+    return 0;
+}
+
+static const char *opt_value(int argc, char **argv, int *i, const char *longname, const char *shortname)
+{
+    const char *a = argv[*i];
+    size_t l = strlen(longname);
+    if (!strncmp(a, longname, l) && a[l] == '=')
+        return a + l + 1;
+    if ((!strcmp(a, longname) || (shortname && !strcmp(a, shortname))) && *i + 1 < argc)
+        return argv[++*i];
+    if (shortname && !strncmp(a, shortname, strlen(shortname)) && a[strlen(shortname)] == '=')
+        return a + strlen(shortname) + 1;
+    return NULL;
+}
+
+static int is_opt(const char *a, const char *longname, const char *shortname)
+{
+    size_t l = strlen(longname);
+    return !strcmp(a, longname) || (!strncmp(a, longname, l) && a[l] == '=') ||
+           (shortname && (!strcmp(a, shortname) || (!strncmp(a, shortname, strlen(shortname)) && a[strlen(shortname)] == '=')));
+}
+
+int main(int argc, char **argv)
+{
+    enum { M_TABLE, M_LIST, M_QUERY, M_XML, M_QGPU, M_QAPPS, M_TOPO, M_NVLINK, M_DMON, M_PMON, M_VERSION } mode = M_TABLE;
+    const char *ids = NULL, *fields = NULL, *format = NULL, *dsections = NULL;
+    long loop_ms = 0, count = 0, delay = 1;
+    char nvmode = 0;
+    int q = 0, x = 0;
+
+    setvbuf(stdout, NULL, _IOFBF, 1 << 16);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+
+    int argi = 1;
+    if (argc > 1 && argv[1][0] != '-') {
+        const char *sub = argv[1];
+        if (!strcmp(sub, "topo")) mode = M_TOPO;
+        else if (!strcmp(sub, "nvlink")) mode = M_NVLINK;
+        else if (!strcmp(sub, "dmon")) mode = M_DMON;
+        else if (!strcmp(sub, "pmon")) mode = M_PMON;
+        else {
+            printf("%s", MSG_INVALID);
+            return EXIT_INVALID;
+        }
+        argi = 2;
+    }
+    for (int i = argi; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(HELP_TEXT, stdout);
+            return 0;
+        } else if (!strcmp(a, "--help-query-gpu")) {
+            fputs(HELP_QUERY_GPU, stdout);
+            return 0;
+        } else if (!strcmp(a, "--help-query-compute-apps")) {
+            fputs(HELP_QUERY_COMPUTE_APPS, stdout);
+            return 0;
+        } else if (!strcmp(a, "--version")) {
+            mode = M_VERSION;
+        } else if (!strcmp(a, "-L") || !strcmp(a, "--list-gpus")) {
+            mode = M_LIST;
+        } else if (!strcmp(a, "-q") || !strcmp(a, "--query") || !strcmp(a, "-a")) {
+            q = 1;
+        } else if (!strcmp(a, "-x") || !strcmp(a, "--xml-format")) {
+            x = 1;
+        } else if (mode == M_TOPO && !strcmp(a, "-m")) {
+        } else if (mode == M_NVLINK && (!strcmp(a, "-s") || !strcmp(a, "-c") || !strcmp(a, "-e"))) {
+            nvmode = a[1];
+        } else if (mode == M_NVLINK && (!strcmp(a, "--status") || !strcmp(a, "--capabilities") || !strcmp(a, "--error-counters"))) {
+            nvmode = !strcmp(a, "--status") ? 's' : !strcmp(a, "--capabilities") ? 'c' : 'e';
+        } else if ((mode == M_DMON || mode == M_PMON) && (v = opt_value(argc, argv, &i, "--count", "-c"))) {
+            count = strtol(v, NULL, 10);
+            if (count <= 0)
+                return printf("%s", MSG_INVALID), EXIT_INVALID;
+        } else if ((mode == M_DMON || mode == M_PMON) && (v = opt_value(argc, argv, &i, "--delay", "-d"))) {
+            delay = strtol(v, NULL, 10);
+            if (delay <= 0 || delay > 86400)
+                return printf("%s", MSG_INVALID), EXIT_INVALID;
+        } else if (is_opt(a, "--id", "-i")) {
+            ids = opt_value(argc, argv, &i, "--id", "-i");
+            if (!ids || !*ids)
+                return printf("%s", MSG_INVALID), EXIT_INVALID;
+        } else if (!strncmp(a, "-i", 2) && a[2] && isdigit((unsigned char)a[2])) {
+            ids = a + 2;
+        } else if (is_opt(a, "--query-gpu", NULL)) {
+            fields = opt_value(argc, argv, &i, "--query-gpu", NULL);
+            mode = M_QGPU;
+        } else if (is_opt(a, "--query-compute-apps", NULL)) {
+            fields = opt_value(argc, argv, &i, "--query-compute-apps", NULL);
+            mode = M_QAPPS;
+        } else if (is_opt(a, "--format", NULL)) {
+            format = opt_value(argc, argv, &i, "--format", NULL);
+        } else if (is_opt(a, "--display", "-d")) {
+            dsections = opt_value(argc, argv, &i, "--display", "-d");
+        } else if (is_opt(a, "--loop-ms", "-lms")) {
+            v = opt_value(argc, argv, &i, "--loop-ms", "-lms");
+            loop_ms = v ? strtol(v, NULL, 10) : 0;
+            if (loop_ms <= 0)
+                return printf("%s", MSG_INVALID), EXIT_INVALID;
+        } else if (is_opt(a, "--loop", "-l")) {
+            v = opt_value(argc, argv, &i, "--loop", "-l");
+            /* "-l" alone loops every 5 seconds */
+            loop_ms = v ? strtol(v, NULL, 10) * 1000 : 5000;
+            if (v && !isdigit((unsigned char)v[0]))
+                return printf("%s", MSG_INVALID), EXIT_INVALID;
+            if (loop_ms <= 0)
+                loop_ms = 5000;
+        } else {
+            printf("%s", MSG_INVALID);
+            return EXIT_INVALID;
+        }
+    }
+    if (mode == M_TABLE && q)
+        mode = x ? M_XML : M_QUERY;
+    if ((mode == M_QGPU || mode == M_QAPPS) && (!fields || !*fields || !format || parse_format(format) != 0)) {
+        printf("%s", MSG_INVALID);
+        return EXIT_INVALID;
+    }
+    if (dsections && (!(mode == M_QUERY || mode == M_XML) || parse_sections(dsections) != 0)) {
+        printf("%s", MSG_INVALID);
+        return EXIT_INVALID;
+    }
+    if (mode == M_NVLINK && !nvmode)
+        nvmode = 's';
+
+    int rc = init_nvml();
+    if (rc)
+        return rc;
+    if (mode == M_VERSION)
+        return cmd_version();
+    if (g_count == 0) {
+        printf("%s", MSG_NO_DEVICES);
+        return EXIT_NOT_FOUND;
+    }
+    if (select_devices(ids) != 0 || g_ndevs == 0) {
+        printf("%s", MSG_NO_DEVICES);
+        return EXIT_NOT_FOUND;
+    }
+
+    struct col cols[512];
+    int ncols = 0, app_idx[16];
+    const char *app_spelled[16];
+    if (mode == M_QGPU) {
+        ncols = parse_gpu_fields(fields, cols, 512);
+        if (ncols <= 0)
+            return EXIT_INVALID;
+    } else if (mode == M_QAPPS) {
+        ncols = parse_app_fields(fields, app_idx, app_spelled, 16);
+        if (ncols <= 0)
+            return EXIT_INVALID;
+    }
+
+    for (long it = 0; !g_stop; it++) {
+        if (it)
+            sleep_ms(loop_ms);
+        if (g_stop)
+            break;
+        g_exit = 0;
+        switch (mode) {
+        case M_LIST: rc = cmd_list(); break;
+        case M_QUERY: rc = cmd_query(); break;
+        case M_XML: rc = cmd_xml(); break;
+        case M_TOPO: rc = cmd_topo(); break;
+        case M_NVLINK: rc = cmd_nvlink(nvmode); break;
+        case M_DMON: rc = cmd_dmon(count, delay); break;
+        case M_PMON: rc = cmd_pmon(count, delay); break;
+        case M_QGPU:
+            if (it == 0)
+                print_header(cols, ncols, fields);
+            query_gpu_once(cols, ncols);
+            rc = g_exit;
+            break;
+        case M_QAPPS:
+            if (it == 0 && !g_noheader) {
+                for (int c = 0; c < ncols; c++) {
+                    size_t l = strcspn(app_spelled[c], ",");
+                    printf("%s%.*s", c ? ", " : "", (int)l, app_spelled[c]);
+                    if (!g_nounits && *APP_FIELDS[app_idx[c]].unit)
+                        printf(" [%s]", APP_FIELDS[app_idx[c]].unit);
+                }
+                printf("\n");
+            }
+            query_apps_once(app_idx, ncols);
+            rc = 0;
+            break;
+        default: rc = cmd_table(); break;
+        }
+        fflush(stdout);
+        if (!loop_ms || mode == M_DMON || mode == M_PMON || mode == M_TOPO || mode == M_NVLINK)
+            break;
+    }
+    NV(nvmlShutdown);
+    return rc;
+}

@@ -1,0 +1,356 @@
+"""nvidia-smi (shims/nvidia-smi) against the real captures, GPUtil, bad input and a lost GPU."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from helpers_nvml import Published, consumer_env, nvml_path
+from helpers_smi import (CAPTURES, TEXT_H100, TEXT_L40S, XML_PROFILES, capture_section, element_paths, shape,
+                         smi_binary)
+
+
+@pytest.fixture(scope="session")
+def smi(tmp_path_factory) -> Path:
+    nvml_path()
+    return smi_binary(tmp_path_factory)
+
+
+@pytest.fixture
+def node(tmp_path, request):
+    """A published node (no mount); parametrize indirectly with (profile, gpus)."""
+    profile, gpus = getattr(request, "param", ("h100", 8))
+    p = Published(tmp_path, profile, gpus)
+    yield p
+    p.close()
+
+
+def run(smi: Path, node, *args: str, timeout: float = 10) -> subprocess.CompletedProcess:
+    return subprocess.run([str(smi), *args], env=consumer_env(node.path), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# --- slice 1: -L, --version, -h, the default table, no driver -------------------------------
+
+
+def test_list_and_version(smi, node):
+    r = run(smi, node, "-L")
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()
+    assert len(lines) == 8
+    assert re.fullmatch(r"GPU 0: NVIDIA H100 80GB HBM3 \(UUID: GPU-[0-9a-f-]{36}\)", lines[0])
+    v = run(smi, node, "--version").stdout.splitlines()
+    assert v == ["NVIDIA-SMI version  : 580.105.08", "NVML version        : 580.105",
+                 "DRIVER version      : 580.105.08", "CUDA Version        : 13.0"]
+
+
+def test_help_is_the_real_text(smi, node):
+    r = run(smi, node, "-h")
+    assert r.returncode == 0
+    assert r.stdout.splitlines() == capture_section(TEXT_H100, "capabilities :: help (-h)")
+    r = run(smi, node, "--help-query-gpu")
+    assert r.stdout.splitlines() == capture_section(TEXT_H100, "capabilities :: help-query-gpu")
+
+
+@pytest.mark.parametrize("node,capture,section", [(("h100", 1), TEXT_H100, "load :: nvidia-smi (default table)"),
+                                                  (("l40s", 1), TEXT_L40S, "idle :: nvidia-smi (default table)")],
+                         indirect=["node"], ids=["h100-590", "l40s-595"])
+def test_default_table_matches_the_capture_layout(smi, node, capture, section):
+    """Every line of the one-GPU capture has the same shape (widths, separators) as ours."""
+    ours = run(smi, node, "-i", "0").stdout.splitlines()
+    real = capture_section(capture, section)
+    # Persistence-M is the one left-aligned value: align the state before comparing ends
+    persistence = {l[38:41] for l in real if re.match(r"\|   0  ", l)}.pop()
+    ours = [l[:38] + persistence + l[41:] if re.match(r"\|   0  ", l) else l for l in ours]
+    # the process rows differ (the capture ran a load): compare up to the process header
+    cut = real.index("|=========================================================================================|")
+    assert [shape(l) for l in ours[1:cut + 1] if "NVIDIA-SMI" not in l] == \
+        [shape(l) for l in real[1:cut + 1] if "NVIDIA-SMI" not in l]
+    assert ours[cut + 1] == "|  No running processes found                                                             |"
+    assert re.fullmatch(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}       ", ours[0])
+
+
+def test_default_table_columns(smi, node):
+    out = run(smi, node).stdout.splitlines()
+    assert out[2] == "| NVIDIA-SMI 580.105.08             Driver Version: 580.105.08     CUDA Version: 13.0     |"
+    rows = [l for l in out if re.match(r"\|\s+\d  NVIDIA", l)]
+    assert len(rows) == 8
+    assert rows[0].startswith("|   0  NVIDIA H100 80GB HBM3          On  |   00000000:")
+    assert re.fullmatch(r"\| N/A +\d+C +P0 +\d+W /  700W \| +\d+MiB /  81559MiB \| +\d+% +Default \|",
+                        out[out.index(rows[0]) + 1])
+    assert all(len(l) == 91 for l in out[1:] if l)
+
+
+@pytest.mark.parametrize("node", [("h200", 1)], indirect=True)
+def test_550_branch_table_uses_pipes_under_the_header(smi, node):
+    out = run(smi, node).stdout.splitlines()
+    assert out[3].startswith("|-----") and out[3].endswith("-+")
+    assert "|  GPU   GI   CI        PID   Type   Process name" in r"".join(out)
+
+
+def test_no_driver(smi, tmp_path):
+    env = consumer_env(tmp_path / "absent")
+    for args in ([], ["-L"], ["-q"], ["--query-gpu=index", "--format=csv"]):
+        r = subprocess.run([str(smi), *args], env=env, capture_output=True, text=True, timeout=10)
+        assert r.returncode == 9
+        assert r.stdout == ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                            "Make sure that the latest NVIDIA driver is installed and running.\n")
+
+
+def test_no_library(smi, tmp_path):
+    r = subprocess.run([str(smi)], env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(tmp_path)},
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 12
+    assert r.stdout.startswith("NVIDIA-SMI couldn't find libnvidia-ml.so library in your system.")
+
+
+@pytest.mark.parametrize("args", [["--bogus"], ["-i"], ["--query-gpu=index"], ["--query-gpu=index", "--format=xml"],
+                                  ["-q", "-d", "NOPE"], ["-lms", "0"], ["-l", "x"], ["frobnicate"],
+                                  ["dmon", "-c", "-1"], ["--query-gpu=", "--format=csv"]])
+def test_bad_arguments_are_exit_2(smi, node, args):
+    r = run(smi, node, *args)
+    assert r.returncode == 2, r.stdout
+    assert r.stdout == "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+
+
+def test_bad_field_names_the_field(smi, node):
+    r = run(smi, node, "--query-gpu=index,nonsense", "--format=csv")
+    assert r.returncode == 2
+    assert r.stdout.startswith('Field "nonsense" is not a valid field to query.')
+
+
+@pytest.mark.parametrize("ids", ["8", "99", "GPU-nope", "ff:00.0", "0,42", "99999999999999999999"])
+def test_unknown_ids(smi, node, ids):
+    r = run(smi, node, "-L", "-i", ids)
+    assert (r.returncode, r.stdout) == (6, "No devices were found\n")
+
+
+# --- slice 2: --query-gpu, -i, --query-compute-apps, loops, GPUtil --------------------------
+
+
+def _capture_query(capture: Path) -> tuple[str, list[str], list[str]]:
+    title = "idle :: query-gpu (csv, what the exporter parses)"
+    lines = capture.read_text().splitlines()
+    cmd = lines[lines.index(f"# {title}") + 1]
+    fields = re.search(r"--query-gpu=(\S+)", cmd).group(1)
+    body = capture_section(capture, title)
+    return fields, body[0].split(", "), body[1].split(", ")
+
+
+def test_every_query_field_with_the_real_header(smi, node):
+    fields, header, values = _capture_query(TEXT_H100)
+    r = run(smi, node, "-i", "0", f"--query-gpu={fields}", "--format=csv")
+    assert r.returncode == 0
+    ours = r.stdout.splitlines()
+    assert ours[0].split(", ") == header
+    row = dict(zip(header, ours[1].split(", ")))
+    real = dict(zip(header, values))
+    assert len(row) == len(real) == 212
+    for key in ["name", "pci.device_id", "pci.sub_device_id", "memory.total [MiB]", "power.max_limit [W]",
+                "clocks.max.memory [MHz]", "compute_cap", "pstate", "pcie.link.gen.max", "pcie.link.width.max",
+                "display_mode", "clocks.applications.graphics [MHz]" if False else "count"]:
+        if key != "count":
+            assert row[key] == real[key], key
+    assert row["count"] == "8"
+    assert row["clocks_event_reasons.supported"] == "0x00000000000001FF"
+    assert re.fullmatch(r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{3}", row["timestamp"])
+    assert all(re.fullmatch(r"\d+\.\d\d W", row[k]) for k in ("power.draw [W]", "power.limit [W]"))
+    unavailable = [k for k, v in row.items() if v.startswith("[")]
+    assert all(row[k] in ("[N/A]", "[Requested functionality has been deprecated]") for k in unavailable)
+
+
+def test_aliases_nounits_noheader(smi, node):
+    r = run(smi, node, "--query-gpu=gpu_name,gpu_bus_id,clocks.gr,memory.total,clocks_throttle_reasons.active",
+            "--format=csv,noheader,nounits", "-i", "1")
+    (line,) = r.stdout.splitlines()
+    name, bus, gr, total, active = line.split(", ")
+    assert (name, total) == ("NVIDIA H100 80GB HBM3", "81559")
+    assert re.fullmatch(r"00000000:[0-9A-F]{2}:00\.0", bus) and gr.isdigit() and active.startswith("0x")
+    header = run(smi, node, "--query-gpu=clocks.gr,memory.total", "--format=csv,nounits").stdout.splitlines()[0]
+    assert header == "clocks.gr, memory.total"
+
+
+def test_select_by_index_uuid_and_bus_id(smi, node):
+    uuids = run(smi, node, "--query-gpu=uuid,pci.bus_id", "--format=csv,noheader").stdout.splitlines()
+    u3, b3 = uuids[3].split(", ")
+    legacy = b3[4:]
+    for ids in (f"3", u3, b3, legacy, legacy.lower(), b3[9:]):
+        out = run(smi, node, "--query-gpu=index", "--format=csv,noheader", "-i", ids).stdout
+        assert out == "3\n", ids
+    out = run(smi, node, "--query-gpu=index", "--format=csv,noheader", "--id=5,1").stdout
+    assert out == "1\n5\n"
+
+
+def test_compute_apps_header_and_empty_list(smi, node):
+    fields = "timestamp,gpu_name,gpu_bus_id,gpu_serial,gpu_uuid,pid,process_name,used_gpu_memory"
+    r = run(smi, node, f"--query-compute-apps={fields}", "--format=csv")
+    assert r.stdout.splitlines() == capture_section(TEXT_H100, "idle :: query-compute-apps (per-process)")
+
+
+def test_loop_ms_repeats_rows_until_interrupted(smi, node):
+    p = subprocess.Popen([str(smi), "--query-gpu=index", "--format=csv,noheader", "-i", "0", "-lms", "20"],
+                         env=consumer_env(node.path), stdout=subprocess.PIPE, text=True)
+    import time
+
+    time.sleep(0.5)
+    p.send_signal(2)
+    out, _ = p.communicate(timeout=5)
+    assert p.returncode == 0
+    assert out.count("0\n") >= 5 and set(out.splitlines()) == {"0"}
+
+
+def test_gputil_parses_our_csv(smi, node, tmp_path):
+    pytest.importorskip("GPUtil", reason="pip install gputil")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nvidia-smi").symlink_to(smi)
+    env = consumer_env(node.path)
+    env["PATH"] = f"{bindir}:{env['PATH']}"
+    code = ("import GPUtil, json; print(json.dumps([(g.id, g.uuid, g.name, g.memoryTotal, g.memoryUsed, g.load,"
+            " g.temperature, g.driver, g.display_mode) for g in GPUtil.getGPUs()]))")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    import json
+
+    gpus = json.loads(r.stdout)
+    assert [g[0] for g in gpus] == list(range(8))
+    uuids = run(smi, node, "--query-gpu=uuid", "--format=csv,noheader").stdout.split()
+    assert [g[1] for g in gpus] == uuids
+    assert {(g[2], g[3], g[7]) for g in gpus} == {("NVIDIA H100 80GB HBM3", 81559.0, "580.105.08")}
+    assert all(0 <= g[5] <= 1 and 0 < g[6] < 120 for g in gpus)
+
+
+# --- slice 3: -q, -q -d, -q -x ----------------------------------------------------------------
+
+IDENTITY = ["product_name", "product_brand", "product_architecture", "vbios_version", "board_part_number",
+            "inforom_version/img_version", "inforom_version/oem_object", "inforom_version/ecc_object",
+            "pci/pci_device_id", "pci/pci_sub_system_id", "pci/pci_gpu_link_info/pcie_gen/max_link_gen",
+            "pci/pci_gpu_link_info/link_widths/max_link_width", "fb_memory_usage/total", "bar1_memory_usage/total",
+            "gpu_power_readings/default_power_limit", "gpu_power_readings/min_power_limit",
+            "gpu_power_readings/max_power_limit", "max_clocks/graphics_clock", "max_clocks/sm_clock",
+            "max_clocks/mem_clock", "max_clocks/video_clock", "ecc_mode/current_ecc"]
+
+
+@pytest.mark.parametrize("node", [(p, 1) for p in XML_PROFILES], indirect=True, ids=XML_PROFILES)
+def test_xml_matches_the_capture(smi, node, request):
+    profile = request.node.callspec.params["node"][0]
+    r = run(smi, node, "-q", "-x")
+    assert r.returncode == 0
+    text = r.stdout
+    cap_text = (CAPTURES / f"nvidia-smi-q-x.{profile}.xml").read_text()
+    assert text.splitlines()[:2] == cap_text.splitlines()[:2]  # the XML declaration and the branch's DTD
+    ours, real = ET.fromstring(text), ET.fromstring(cap_text)
+    assert [c.tag for c in ours] == ["timestamp", "driver_version", "cuda_version", "attached_gpus", "gpu"]
+    assert ours.findtext("driver_version") == real.findtext("driver_version")
+    og, rg = ours.find("gpu"), real.find("gpu")
+    assert element_paths(og) == element_paths(rg)
+    for path in IDENTITY:
+        assert og.findtext(path) == rg.findtext(path), path
+    assert text.endswith("\t</gpu>\n\n</nvidia_smi_log>\n")
+
+
+def test_xml_display_sections(smi, node):
+    root = ET.fromstring(run(smi, node, "-q", "-x", "-d", "MEMORY,TEMPERATURE", "-i", "0").stdout)
+    assert [c.tag for c in root.find("gpu")] == ["fb_memory_usage", "bar1_memory_usage",
+                                                "cc_protected_memory_usage", "temperature"]
+
+
+@pytest.mark.parametrize("node,capture", [(("h100", 1), TEXT_H100), (("l40s", 1), TEXT_L40S)],
+                         indirect=["node"], ids=["590", "595"])
+def test_query_text_matches_the_capture_layout(smi, node, capture):
+    ours = run(smi, node, "-q").stdout.splitlines()
+    real = capture_section(capture, "idle :: query (-q)")
+    label = lambda l: l[:57] if len(l) > 55 and l[55] == ":" else l  # noqa: E731
+    gpu_line = lambda lines: next(i for i, l in enumerate(lines) if l.startswith("GPU 0000"))  # noqa: E731
+    assert [label(l) for l in ours[:gpu_line(ours)]] == [label(l) for l in real[:gpu_line(real)]]
+    assert [label(l) for l in ours[gpu_line(ours) + 1:-1]] == [label(l) for l in real[gpu_line(real) + 1:]]
+    assert ours[1] == "==============NVSMI LOG=============="
+    for want in ["    Product Name                                       : NVIDIA ",
+                 "        Total                                          : "]:
+        assert any(l.startswith(want) for l in ours)
+
+
+def test_query_display_sections(smi, node):
+    out = run(smi, node, "-q", "-d", "MEMORY", "-i", "0").stdout.splitlines()
+    assert out[8].startswith("GPU 00000000:")
+    assert out[9:] == [
+        "    FB Memory Usage",
+        out[10], out[11], out[12], out[13],
+        "    BAR1 Memory Usage", out[15], out[16], out[17],
+        "    Conf Compute Protected Memory Usage", out[19], out[20], out[21], ""]
+    assert out[10].startswith("        Total ") and out[10].endswith(": 81559 MiB")
+
+
+# --- slice 4: topo, nvlink, dmon, pmon ----------------------------------------------------------
+
+
+def test_topo_matrix(smi, node):
+    out = run(smi, node, "topo", "-m").stdout.splitlines()
+    assert out[0] == "\t\x1b[4m" + "".join(f"GPU{i}\t" for i in range(8)) + "CPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m"
+    row = out[1].split("\t")
+    assert row[0] == "GPU0" and row[1] == " X " and all(c.startswith("NV") or c in ("PIX", "PXB", "PHB", "NODE", "SYS")
+                                                        for c in row[2:9])
+    assert out[10] == "Legend:"
+
+
+@pytest.mark.parametrize("node", [("l40s", 1)], indirect=True)
+def test_topo_single_gpu_like_the_capture(smi, node):
+    ours = run(smi, node, "topo", "-m").stdout.splitlines()
+    real = capture_section(TEXT_L40S, "capabilities :: topo -m")
+    assert ours[0] == real[0] and ours[2:] == real[2:]
+    assert ours[1].split("\t")[:2] == real[1].split("\t")[:2]
+
+
+def test_nvlink_status(smi, node):
+    out = run(smi, node, "nvlink", "-s", "-i", "0").stdout.splitlines()
+    real = capture_section(TEXT_H100, "capabilities :: nvlink -s")
+    assert out[0].startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-")
+    assert out[1:] == real[1:]
+    for flag in ("-c", "-e"):
+        r = run(smi, node, "nvlink", flag, "-i", "0")
+        assert r.returncode == 0 and len(r.stdout.splitlines()) > 18
+
+
+@pytest.mark.parametrize("node", [("l40s", 1)], indirect=True)
+def test_nvlink_on_a_board_without(smi, node):
+    ours = run(smi, node, "nvlink", "-s").stdout.splitlines()
+    assert ours[1:] == capture_section(TEXT_L40S, "capabilities :: nvlink -s")[1:]
+
+
+@pytest.mark.parametrize("node", [("h100", 1)], indirect=True)
+def test_dmon_and_pmon_layout(smi, node):
+    d = run(smi, node, "dmon", "-c", "2", "-d", "1").stdout.splitlines()
+    real = capture_section(TEXT_H100, "idle :: dmon (per-device monitor, incl. PCIe rx/tx)")
+    assert d[:2] == real[:2] and len(d) == 4
+    assert [shape(l) for l in d[2:]] == [shape(real[2])] * 2 or [len(l) for l in d[2:]] == [len(real[2])] * 2
+    p = run(smi, node, "pmon", "-c", "1").stdout.splitlines()
+    assert p == capture_section(TEXT_H100, "idle :: pmon (per-process monitor)")[:3]
+
+
+# --- a lost GPU, through a real mount -----------------------------------------------------------
+
+
+def test_xid_79_reports_gpu_2_lost(smi, node_factory, expect_log):
+    node = node_factory("h100", 4)
+    env = consumer_env(node.state_dir / "state")
+    bus = subprocess.run([str(smi), "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "2"], env=env,
+                         capture_output=True, text=True, timeout=10).stdout.strip()
+    node.write("gpu2/inject_xid", b"79\n")
+    msg = (f"Unable to determine the device handle for GPU{bus[4:]}: GPU is lost.  "
+           "Reboot the system to recover this GPU\n")
+    r = subprocess.run([str(smi)], env=env, capture_output=True, text=True, timeout=10)
+    assert (r.returncode, r.stdout) == (15, msg)
+    r = subprocess.run([str(smi), "-L"], env=env, capture_output=True, text=True, timeout=10)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 15 and lines[2] == msg.rstrip("\n") and lines[3].startswith("GPU 3: ")
+    r = subprocess.run([str(smi), "--query-gpu=index,name", "--format=csv,noheader"], env=env, capture_output=True,
+                       text=True, timeout=10)
+    assert r.returncode == 15 and r.stdout.splitlines()[2] == msg.rstrip("\n")
+    r = subprocess.run([str(smi), "-i", "1"], env=env, capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0  # the other GPUs still answer
+    node.write("gpu2/lost", b"0\n")
+    r = subprocess.run([str(smi), "-L"], env=env, capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 4
