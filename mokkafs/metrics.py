@@ -151,6 +151,13 @@ async def serve(
         raise OSError(e.errno or errno.EADDRINUSE, f"metrics on {listen}: {e.strerror or e}") from None
     bound = listeners[0].socket.getsockname()[:2]
     log.info("metrics: serving http://%s:%d/metrics", *bound)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(trio.serve_listeners, server.handle, listeners)
-        task_status.started(bound)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, server.handle, listeners)
+            task_status.started(bound)
+    finally:
+        # Close the listening sockets ourselves: left to the garbage collector they surface as
+        # ResourceWarnings at some unrelated later moment.
+        with trio.CancelScope(shield=True):
+            for listener in listeners:
+                await listener.aclose()
