@@ -13,6 +13,8 @@ SUDO=""
 
 # System packages: FUSE, a C toolchain for the shims, and the real tools the tests run.
 packages=(fuse3 libfuse3-dev pkg-config gcc python3-venv python3-dev pciutils infiniband-diags util-linux)
+# Linters the deploy tests run over the unit file and scripts.
+packages+=(shellcheck systemd)
 # kubectl may already come from another package (kubernetes-client conflicts with it).
 command -v kubectl >/dev/null 2>&1 || packages+=(kubernetes-client)
 missing=()
