@@ -36,13 +36,25 @@ def build_nvml(out: Path) -> None:
     (out / ".gitignore").write_text("# build output of setup.py\n*\n")
 
 
+def build_smi(out: Path) -> None:
+    """bin/nvidia-smi: links only libc; it dlopens libnvidia-ml.so.1 at run time (shims/nvidia-smi)."""
+    cc = shlex.split(os.environ.get("CC", "cc"))
+    (out / "bin").mkdir(parents=True, exist_ok=True)
+    target = out / "bin" / "nvidia-smi"
+    cmd = [*cc, *CFLAGS, "-I", str(SHIMS / "include"), str(SHIMS / "nvidia-smi" / "nvidia-smi.c"),
+           "-o", str(target) + ".tmp"]
+    print(" ".join(cmd))
+    subprocess.run(cmd, check=True)
+    os.replace(str(target) + ".tmp", target)
+
+
 class BuildPyWithShims(build_py):
     def run(self) -> None:
         super().run()
-        if getattr(self, "editable_mode", False):
-            build_nvml(HERE / "mokkafs" / "_native")
-        else:
-            build_nvml(Path(self.build_lib) / "mokkafs" / "_native")
+        out = HERE / "mokkafs" / "_native" if getattr(self, "editable_mode", False) else \
+            Path(self.build_lib) / "mokkafs" / "_native"
+        build_nvml(out)
+        build_smi(out)
 
 
 class BinaryDistribution(Distribution):
