@@ -354,3 +354,10 @@ def test_xid_79_reports_gpu_2_lost(smi, node_factory, expect_log):
     node.write("gpu2/lost", b"0\n")
     r = subprocess.run([str(smi), "-L"], env=env, capture_output=True, text=True, timeout=10)
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 4
+
+
+def test_the_tree_serves_nvidia_smi(smi, mounted):
+    tool = mounted.path("driver/usr/bin/nvidia-smi")
+    r = subprocess.run([str(tool), "-L"], env=consumer_env(mounted.state_dir / "state"), capture_output=True,
+                       text=True, timeout=10)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 8

@@ -19,4 +19,6 @@ def lib64_children(config: NodeConfig) -> dict[str, Symlink]:
 
 def driver_tree(config: NodeConfig) -> Dir:
     lib64 = static_dir(lib64_children(config))
-    return static_dir({"usr": static_dir({"lib64": lib64})})
+    # usr/bin/nvidia-smi: the native tool setup.py builds beside the libraries (shims/nvidia-smi)
+    bin_dir = static_dir({"nvidia-smi": Symlink(str(native.LIB_DIR.parent / "bin" / "nvidia-smi"))})
+    return static_dir({"usr": static_dir({"lib64": lib64, "bin": bin_dir})})
