@@ -1,0 +1,56 @@
+"""nvidia-smi wall time on a mounted node, side by side with /bin/true in one run (process start
+is most of it). Targets (issue 5): the 5-field --query-gpu CSV on 8 GPUs, median <= 10 ms; the
+default table on 64 GPUs, median <= 50 ms."""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import time
+
+from _node import BenchNode
+
+from mokkafs import native
+
+QUERY = ["--query-gpu=index,name,temperature.gpu,utilization.gpu,memory.used", "--format=csv"]
+
+
+def wall_ms(cmd: list[str], env: dict[str, str], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=True)
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def measure(gpus: int, args: list[str], n: int, target_ms: float, label: str) -> None:
+    node = BenchNode("h100", gpus)
+    node.mount()
+    try:
+        env = dict(os.environ, MOKKA_STATE=str(node.state / "state"), LD_LIBRARY_PATH=str(native.LIB_DIR))
+        smi = str(native.LIB_DIR.parent / "bin" / "nvidia-smi")
+        wall_ms([smi, *args], env, 3)  # warm the page cache
+        true, ours = [], []
+        for _ in range(n):  # interleaved, so both see the same machine load
+            true += wall_ms(["/bin/true"], env, 1)
+            ours += wall_ms([smi, *args], env, 1)
+        t, o = statistics.median(true), statistics.median(ours)
+        verdict = "ok" if o <= target_ms else "OVER"
+        print(f"{label:44s} median {o:6.2f} ms  /bin/true {t:5.2f} ms  ratio {o / t:5.2f}x  "
+              f"target <= {target_ms:g} ms: {verdict}")
+    finally:
+        node.umount()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("-n", type=int, default=200)
+    a = ap.parse_args()
+    measure(8, QUERY, a.n, 10, "--query-gpu (5 fields) csv, 8 GPUs")
+    measure(64, [], a.n, 50, "default table, 64 GPUs")
+
+
+if __name__ == "__main__":
+    main()
