@@ -109,7 +109,7 @@ def test_no_library(smi, tmp_path):
 
 
 @pytest.mark.parametrize("args", [["--bogus"], ["-i"], ["--query-gpu=index"], ["--query-gpu=index", "--format=xml"],
-                                  ["-q", "-d", "NOPE"], ["-lms", "0"], ["-l", "x"], ["frobnicate"],
+                                  ["-q", "-d", "NOPE"], ["-q", "-d"], ["-q", "-d", ",,"], ["-lms", "0"], ["-l", "x"], ["frobnicate"],
                                   ["dmon", "-c", "-1"], ["--query-gpu=", "--format=csv"]])
 def test_bad_arguments_are_exit_2(smi, node, args):
     r = run(smi, node, *args)

@@ -930,8 +930,10 @@ static int parse_gpu_fields(const char *list, struct col *cols, int cap)
             printf("Field \"%s\" is not a valid field to query.\n\n", t);
             return -1;
         }
-        if (n >= cap)
+        if (n >= cap) {
+            printf("%s", MSG_INVALID);
             return -1;
+        }
         cols[n].spelled = list + (t - buf);
         cols[n].key = f->key;
         cols[n].unit = f->unit;
@@ -1104,6 +1106,8 @@ static unsigned g_sections;   /* bit per SECTIONS entry; 0 = everything */
 
 static int parse_sections(const char *list)
 {
+    if (strspn(list, ", ") == strlen(list))
+        return -1;
     char buf[512];
     snprintf(buf, sizeof(buf), "%s", list);
     char *save = NULL;
@@ -1713,6 +1717,8 @@ int main(int argc, char **argv)
             delay = strtol(v, NULL, 10);
             if (delay <= 0 || delay > 86400)
                 return printf("%s", MSG_INVALID), EXIT_INVALID;
+        } else if ((mode == M_DMON || mode == M_PMON) && (is_opt(a, "--count", "-c") || is_opt(a, "--delay", "-d"))) {
+            return printf("%s", MSG_INVALID), EXIT_INVALID;  /* -c / -d without a value */
         } else if (is_opt(a, "--id", "-i")) {
             ids = opt_value(argc, argv, &i, "--id", "-i");
             if (!ids || !*ids)
@@ -1729,6 +1735,8 @@ int main(int argc, char **argv)
             format = opt_value(argc, argv, &i, "--format", NULL);
         } else if (is_opt(a, "--display", "-d")) {
             dsections = opt_value(argc, argv, &i, "--display", "-d");
+            if (!dsections)
+                return printf("%s", MSG_INVALID), EXIT_INVALID;
         } else if (is_opt(a, "--loop-ms", "-lms")) {
             v = opt_value(argc, argv, &i, "--loop-ms", "-lms");
             loop_ms = v ? strtol(v, NULL, 10) : 0;
