@@ -142,6 +142,7 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
             ops = MokkaOperations(tree, controller, time.time)
             pyfuse3.init(ops, mountpoint, _mount_options(opts))
             stack.callback(pyfuse3.close, unmount=True)
+            controller.subscribers.append(ops.forget_changed_names)
             pidf.parent.mkdir(parents=True, exist_ok=True)
             pidf.write_text(f"{os.getpid()}\n")
             stack.callback(lambda: pidf.unlink(missing_ok=True))

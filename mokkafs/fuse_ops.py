@@ -18,11 +18,11 @@ import pyfuse3
 
 from mokkafs.controller import Controller
 from mokkafs.model import InvalidCommand
-from mokkafs.vfs import CharDev, Ctx, Dir, Entry, File, Symlink, Tree, file_type
+from mokkafs.vfs import ROOT_INO, CharDev, Ctx, Dir, Entry, File, Symlink, Tree, file_type
 
 log = logging.getLogger(__name__)
 
-STABLE_TIMEOUT_S = 300
+CACHE_TIMEOUT_S = 300
 
 
 @dataclass
@@ -72,6 +72,13 @@ class MokkaOperations(pyfuse3.Operations):
         self.errors = 0  # requests answered EINVAL/EIO by _fuse_errors (metrics count them)
         self.operations = 0  # requests handled, whatever the answer
 
+    def forget_changed_names(self, node, notes, entries) -> None:
+        """Controller subscriber: tell the kernel to drop cached names (and cached absences) the
+        event changed. Runs inside the write handler, so it must use the asynchronous
+        notification (the synchronous one would wait for the kernel, which waits for us)."""
+        for parent, name in self.tree.changed_names(self._ctx()):
+            pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
+
     def _ctx(self) -> Ctx:
         return Ctx(self.controller.node, self.clock())
 
@@ -85,10 +92,11 @@ class MokkaOperations(pyfuse3.Operations):
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = inode
         attr.generation = 0
-        # Contents are rendered at open and never cached (direct_io). Names and attributes may be
-        # cached only where they cannot change: in a stable directory (gpuN/, node/); anything
-        # that can appear or vanish with an event (a lost GPU's sysfs entry) is never cached.
-        timeout = STABLE_TIMEOUT_S if self.tree.in_stable_dir(inode, ctx) else 0
+        # Contents are rendered at open and never cached (direct_io). Names and attributes are
+        # (an entry's type, mode and size never change); a name that vanishes with an event (a
+        # lost GPU's sysfs entry) is invalidated at once by `forget_vanished`. The root stays
+        # uncached so that probing it tells a live mount from a dead one.
+        timeout = 0 if inode == ROOT_INO else CACHE_TIMEOUT_S
         attr.entry_timeout = timeout
         attr.attr_timeout = timeout
         kind = file_type(entry)
@@ -117,7 +125,14 @@ class MokkaOperations(pyfuse3.Operations):
         c = self._ctx()
         found = self.tree.lookup(parent_inode, os.fsdecode(name), c)
         if found is None:
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            # lspci and ibstat probe many names that do not exist; let the kernel remember the
+            # absence (st_ino 0) as long as a name, and forget it when an event adds the name.
+            if self.tree.children(parent_inode, c) is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            absent = pyfuse3.EntryAttributes()
+            absent.st_ino = 0
+            absent.entry_timeout = CACHE_TIMEOUT_S
+            return absent
         inode, entry = found
         return self._attrs(inode, entry, c)
 
@@ -191,7 +206,10 @@ class MokkaOperations(pyfuse3.Operations):
         data = entry.read(c) if accmode != os.O_WRONLY else b""
         fh = next(self._next_fh)
         self._handles[fh] = _Handle(self.tree.path(inode), entry, data)
-        return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False, nonseekable=False)
+        # direct_io: reads come to us and return the snapshot as it is, whatever st_size says.
+        # A file whose every render is exactly st_size bytes may use the page cache instead
+        # (keep_cache=False still drops it at every open).
+        return pyfuse3.FileInfo(fh=fh, direct_io=not entry.exact_size, keep_cache=False, nonseekable=False)
 
     @_fuse_errors
     async def read(self, fh, off, size):

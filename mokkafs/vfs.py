@@ -32,6 +32,9 @@ class File(Entry):
     write: Callable[[bytes], Event] | None = None
     mode: int | None = None  # default: 0o644 with a parser, else 0o444
     size: int = 4096  # what stat reports; sysfs reports 4096 for attributes, procfs 0
+    # True where every render is exactly `size` bytes (a binary config space): the kernel may
+    # then serve one open's reads from its page cache, refilled at each open.
+    exact_size: bool = False
 
     @property
     def perm(self) -> int:
@@ -147,14 +150,20 @@ class Tree:
             cached.children = entry.children(ctx)
         return cached.children
 
-    def in_stable_dir(self, ino: int, ctx: Ctx) -> bool:
-        """True if `ino` sits in a directory whose children never change, so the kernel may
-        keep its name and attributes cached."""
-        path = self._path_of.get(ino)
-        if not path:
-            return False  # the root: tools probe it to tell a live mount from a dead one
-        parent = self.entry(self.ino(path.rpartition("/")[0]), ctx)
-        return isinstance(parent, Dir) and parent.stable
+    def changed_names(self, ctx: Ctx) -> list[tuple[int, str]]:
+        """(parent inode, name) of every name that appeared or vanished with the event that
+        bumped `ctx.node.generation`, in directories whose children were computed before it and
+        can change. The kernel must forget what it cached of these names, negative or not."""
+        gone = []
+        for ino, cached in list(self._cache.items()):
+            if cached.generation == ctx.node.generation or cached.children is None:
+                continue
+            if isinstance(cached.entry, Dir) and cached.entry.stable:
+                continue
+            before = cached.children
+            after = self.children(ino, ctx) or {}
+            gone += [(ino, name) for name in before.keys() ^ after.keys()]
+        return gone
 
     def lookup(self, parent_ino: int, name: str, ctx: Ctx) -> tuple[int, Entry] | None:
         kids = self.children(parent_ino, ctx)

@@ -196,3 +196,17 @@ def test_kmsg_gets_the_driver_line(node_factory):
         "NVRM: Xid (PCI:0000:1e:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error "
         "(DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0."
     ]
+
+
+def test_cached_names_follow_events(mounted: MountedNode):
+    """The kernel caches names and absences; an event that removes or adds a name must be seen
+    at once, however often the name was looked up before."""
+    dev = mounted.path("sys/bus/pci/devices/0000:24:00.0")
+    for _ in range(3):
+        assert dev.exists()
+    assert mounted.write("gpu2/inject_xid", b"79\n") == 0
+    for _ in range(3):
+        assert not dev.exists()  # the absence is now cached...
+    assert mounted.write("gpu2/reset", b"1\n") == 0
+    assert dev.exists()  # ...and forgotten when the GPU comes back
+    assert (dev / "vendor").read_text() == "0x10de\n"

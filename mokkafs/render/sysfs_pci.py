@@ -256,14 +256,16 @@ class PciTree:
         }
         if fn.serves is not None:
             kind, index = fn.serves
-            files["config"] = File(lambda ctx: config_space(fn, gpu_present(ctx, kind, index)), size=CONFIG_SIZE)
+            files["config"] = File(
+                lambda ctx: config_space(fn, gpu_present(ctx, kind, index)), size=CONFIG_SIZE, exact_size=True
+            )
             files["current_link_speed"] = text(
                 lambda ctx: link_speed(_link_state(fn, gpu_present(ctx, kind, index))[0]) + "\n"
             )
             files["current_link_width"] = text(lambda ctx: f"{_link_state(fn, gpu_present(ctx, kind, index))[1]}\n")
         else:
             raw = config_space(fn)
-            files["config"] = File(lambda ctx: raw, size=CONFIG_SIZE)
+            files["config"] = File(lambda ctx: raw, size=CONFIG_SIZE, exact_size=True)
             files["current_link_speed"] = const(link_speed(fn.link_gen) + "\n")
             files["current_link_width"] = const(f"{fn.link_width}\n")
         files.update(self.extra(fn))
