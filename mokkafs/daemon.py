@@ -22,6 +22,7 @@ from mokkafs.kmsg import KmsgWriter
 from mokkafs.model import Node, compose
 from mokkafs.persist import StateDir
 from mokkafs.profiles import load_profile
+from mokkafs.proctable import ProcessTable, procs_path
 from mokkafs.publisher import Publisher, state_path
 from mokkafs.render.tree import root
 from mokkafs.vfs import Tree
@@ -131,6 +132,11 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
             stack.callback(publisher.close)
             controller.subscribers.append(publisher)
             await nursery.start(publisher.run, node)
+            # CUDA processes (the shims' table) fold into the model on their own tick.
+            procs = ProcessTable(procs_path(state_path(opts.state_dir)))
+            procs.open()
+            stack.callback(procs.close)
+            nursery.start_soon(procs.run, controller)
 
             clear_stale_mount(mountpoint)
             os.makedirs(mountpoint, exist_ok=True)

@@ -68,6 +68,7 @@ _libc = ffi.dlopen(None)
 MAGIC = 0x4554415453414B4D
 VERSION = _libc.MOKKA_STATE_VERSION
 MAX_GPUS = _libc.MOKKA_MAX_GPUS
+MAX_GPU_PROCS = _libc.MOKKA_MAX_GPU_PROCS
 RING = _libc.MOKKA_EVENT_RING
 STATE_SIZE = ffi.sizeof("struct mokka_state")
 
@@ -184,6 +185,12 @@ def fill_gpu(g, node: Node, i: int, now: float) -> None:
     g.lost = int(st.lost)
     g.needs_reset = int(st.needs_reset)
     g.last_xid = st.last_xid or 0
+    g.l2_cache_bytes = p.l2_cache_bytes
+    g.mem_used_pinned = int("memory_used" in st.pins)
+    procs = node.processes[i][:MAX_GPU_PROCS]
+    g.process_count = len(procs)
+    for k, (pid, used) in enumerate(procs):
+        g.processes[k].pid, g.processes[k].used_memory = pid, used
 
 
 class Publisher:

@@ -116,6 +116,35 @@ class NvLinkCommand(Event):
             raise InvalidCommand(f"NVLink error count must be 1..{MAX_COUNT}, got {self.count}")
 
 
+MAX_PID = 1 << 22  # the kernel's PID_MAX_LIMIT
+MAX_PROCESS_BYTES = 1 << 50
+
+
+@dataclass(frozen=True)
+class SetProcesses(Event):
+    """The CUDA processes holding a context on one GPU, as the daemon read them from the
+    shims' process table: `(pid, used bytes)` pairs, unique pids. Replaces the GPU's list."""
+
+    processes: tuple = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.gpu is None:
+            raise InvalidCommand("a process list belongs to one GPU")
+        try:
+            procs = tuple((int(pid), int(used)) for pid, used in self.processes)
+        except (TypeError, ValueError):
+            raise InvalidCommand("processes must be (pid, used bytes) pairs") from None
+        for pid, used in procs:
+            if not 0 < pid < MAX_PID:
+                raise InvalidCommand(f"bad pid {pid}")
+            if not 0 <= used <= MAX_PROCESS_BYTES:
+                raise InvalidCommand(f"bad used memory {used} for pid {pid}")
+        if len({pid for pid, _ in procs}) != len(procs):
+            raise InvalidCommand("a pid appears twice")
+        object.__setattr__(self, "processes", tuple(sorted(procs)))
+
+
 @dataclass(frozen=True)
 class Reset(Event):
     """`gpu=None` resets the whole node."""

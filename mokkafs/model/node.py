@@ -27,6 +27,7 @@ from mokkafs.model.events import (
     Pin,
     Reset,
     SetLost,
+    SetProcesses,
 )
 from mokkafs.model.identity import GpuIdentity, NodeConfig, gpu_identities
 from mokkafs.model.xid import NEEDS_RESET, kernel_log_line
@@ -184,6 +185,9 @@ class Node:
             GpuState(t0=now, temp0=float(self.profile.thermal.idle_c)) for _ in self.identities
         ]
         self.hcas: list[HcaState] = [HcaState() for _ in range(config.hcas)]
+        # (pid, used bytes) of the CUDA processes on each GPU: live, never persisted (the
+        # processes of a previous daemon's lifetime are read again from the process table).
+        self.processes: list[tuple[tuple[int, int], ...]] = [() for _ in self.identities]
         self.log: deque[LogEntry] = deque(maxlen=LOG_LIMIT)
         self.generation = 0  # bumped on every applied event; caches key on it
         self.log_seq = 0  # log lines ever appended (the deque keeps the last LOG_LIMIT)
@@ -235,10 +239,14 @@ class Node:
                 self._reset_hcas(now)
         elif isinstance(event, IbPortCommand):
             self._ib_port(event, now)
+        elif isinstance(event, SetProcesses):
+            # Bookkeeping, not a fault: neither logged nor counted as an injection.
+            self.processes[event.gpu] = event.processes
         else:  # pragma: no cover - every event class is handled above
             raise InvalidCommand(f"unknown event {event!r}")
-        kind = type(event).__name__
-        self.injections[kind] = self.injections.get(kind, 0) + 1
+        if not isinstance(event, SetProcesses):
+            kind = type(event).__name__
+            self.injections[kind] = self.injections.get(kind, 0) + 1
         self.generation += 1
         return notes
 
@@ -449,6 +457,11 @@ class Node:
         if p.thermal.memory_idle_c is not None:
             mem_temp = p.thermal.memory_idle_c + (temperature - p.thermal.idle_c) * 0.8
         pinned_mem = g.pins.get("memory_used")
+        if pinned_mem:
+            used_mib = pinned_mem[0]
+        else:  # what the CUDA processes allocated, rounded up to whole MiB, at most what exists
+            used_bytes = sum(used for _, used in self.processes[i])
+            used_mib = min(-(-used_bytes // (1 << 20)), p.memory.total_mib - p.memory.reserved_mib)
         return Readings(
             temperature_c=temperature,
             memory_temperature_c=mem_temp,
@@ -464,7 +477,7 @@ class Node:
             throttle_mask=mask,
             memory_total_mib=p.memory.total_mib,
             memory_reserved_mib=p.memory.reserved_mib,
-            memory_used_mib=pinned_mem[0] if pinned_mem else 0,
+            memory_used_mib=used_mib,
         )
 
     def _throttle_mask(self, g: GpuState, util: int, demand: float, limit: float, temp: float) -> int:

@@ -29,6 +29,18 @@
  * so a wake between the check and the sleep is never lost. Each NVML event set
  * keeps its own cursor, so every set in every process sees each event once.
  *
+ * Processes (a second file, <state path>.procs, struct mokka_procs): the CUDA
+ * shim, not the daemon, writes it, so it is the one place consumers write and
+ * it is kept out of the GPU records. A process claims a free slot (state 0 ->
+ * 1 by compare-and-swap), fills pid, start time (/proc/<pid>/stat field 22) and
+ * contexts, then stores state 2 (live) and raises `high` to cover the slot. It
+ * adds and subtracts its allocations in mem[gpu][slot] with atomic adds, and
+ * never frees its slot: the daemon, on its tick, frees the slots whose pid is
+ * gone or has another start time (exit, kill -9, pid reuse): it zeroes them and
+ * stores state 0. Only the owner writes a live slot and only the daemon frees a
+ * dead one, so no two writers race. The daemon folds the live slots into the
+ * model, which publishes each GPU's processes and memory used in its record.
+ *
  * Restart: a daemon that finds a valid file of this version rewrites it in
  * place and continues `event_head`/`event_wake`, so consumers that hold the
  * mapping across a daemon restart keep working.
@@ -46,13 +58,23 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/publisher.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 1
+#define MOKKA_STATE_VERSION 2
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_MAX_NVLINKS 18
 #define MOKKA_EVENT_RING 256
 #define MOKKA_ECC_LOCATIONS 8
 #define MOKKA_NVLINK_COUNTERS 4
 #define MOKKA_MAX_RETIRED 64
+#define MOKKA_MAX_GPU_PROCS 64
+#define MOKKA_PROCS_MAGIC 0x53434f5250414b4d
+#define MOKKA_PROCS_VERSION 1
+#define MOKKA_PROC_SLOTS 256
+
+struct mokka_gpu_process {
+    uint32_t pid;
+    uint32_t pad0;
+    uint64_t used_memory;      /* bytes */
+};
 
 struct mokka_nvlink {
     uint32_t state;            /* 1 = up (NVML_FEATURE_ENABLED), 0 = down */
@@ -163,6 +185,11 @@ struct mokka_gpu {
     uint32_t needs_reset;
     uint32_t last_xid;         /* 0: none since reset */
     uint32_t pad1;
+    /* CUDA (version 2) */
+    uint64_t l2_cache_bytes;
+    uint32_t mem_used_pinned;  /* mem_used is a pin, not the processes' sum */
+    uint32_t process_count;    /* processes with a context here, at most MOKKA_MAX_GPU_PROCS */
+    struct mokka_gpu_process processes[MOKKA_MAX_GPU_PROCS];
 };
 
 struct mokka_event {
@@ -192,6 +219,25 @@ struct mokka_state {
     struct mokka_event ring[MOKKA_EVENT_RING];
     struct mokka_gpu gpus[MOKKA_MAX_GPUS];
 };
+
+/* <state path>.procs: written by CUDA consumers (mode 0666), read and reaped by the daemon. */
+struct mokka_proc_slot {
+    uint32_t state;            /* 0 free, 1 being claimed, 2 live */
+    uint32_t pid;
+    uint64_t start_time;       /* clock ticks after boot, /proc/<pid>/stat field 22 */
+    uint64_t contexts;         /* bit i: the process holds a context on GPU index i */
+};
+
+struct mokka_procs {
+    uint64_t magic;            /* MOKKA_PROCS_MAGIC */
+    uint32_t version;
+    uint32_t slot_count;       /* MOKKA_PROC_SLOTS */
+    uint64_t size;             /* sizeof(struct mokka_procs) */
+    uint32_t high;             /* slots [0, high) have ever been claimed */
+    uint32_t pad0;
+    struct mokka_proc_slot slot[MOKKA_PROC_SLOTS];
+    uint64_t mem[MOKKA_MAX_GPUS][MOKKA_PROC_SLOTS]; /* bytes allocated, by GPU index, then slot */
+};
 /* END CDEF */
 
 #ifdef __cplusplus
@@ -202,5 +248,6 @@ _Static_assert(sizeof(struct mokka_state) % 8 == 0, "mokka_state size");
 
 #define MOKKA_STATE_DEFAULT_PATH "/run/mokka/state"
 #define MOKKA_STATE_ENV "MOKKA_STATE"
+#define MOKKA_PROCS_SUFFIX ".procs"
 
 #endif /* MOKKA_STATE_H */
