@@ -36,6 +36,21 @@ def build_nvml(out: Path) -> None:
     (out / ".gitignore").write_text("# build output of setup.py\n*\n")
 
 
+def build_cuda(out: Path) -> None:
+    """libcuda.so.1 (shims/libcuda), next to libnvidia-ml.so.1."""
+    cc = shlex.split(os.environ.get("CC", "cc"))
+    src = SHIMS / "libcuda"
+    target = out / "lib" / "libcuda.so.1"
+    cmd = [
+        *cc, *CFLAGS, "-shared", "-I", str(SHIMS / "include"), "-I", str(src),
+        f"-Wl,--version-script={src / 'libcuda.map'}", "-Wl,-soname,libcuda.so.1", "-Wl,--no-undefined",
+        str(src / "cuda.c"), str(src / "cuda_gen.c"), "-pthread", "-o", str(target) + ".tmp",
+    ]
+    print(" ".join(cmd))
+    subprocess.run(cmd, check=True)
+    os.replace(str(target) + ".tmp", target)
+
+
 def build_smi(out: Path) -> None:
     """bin/nvidia-smi: links only libc; it dlopens libnvidia-ml.so.1 at run time (shims/nvidia-smi)."""
     cc = shlex.split(os.environ.get("CC", "cc"))
@@ -55,6 +70,7 @@ class BuildPyWithShims(build_py):
             Path(self.build_lib) / "mokkafs" / "_native"
         build_nvml(out)
         build_smi(out)
+        build_cuda(out)
 
 
 class BinaryDistribution(Distribution):

@@ -5,11 +5,20 @@ from pathlib import Path
 
 LIB_DIR = Path(__file__).resolve().parent / "_native" / "lib"
 NVML_SONAME = "libnvidia-ml.so.1"
+CUDA_SONAME = "libcuda.so.1"
 
 
 def nvml_library() -> Path:
     """The built libnvidia-ml.so.1; FileNotFoundError if the package was installed without it."""
     path = LIB_DIR / NVML_SONAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: reinstall mokkafs (`pip install .`) to build the shims")
+    return path
+
+
+def cuda_library() -> Path:
+    """The built libcuda.so.1; FileNotFoundError if the package was installed without it."""
+    path = LIB_DIR / CUDA_SONAME
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: reinstall mokkafs (`pip install .`) to build the shims")
     return path

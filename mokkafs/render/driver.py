@@ -11,9 +11,14 @@ def lib64_children(config: NodeConfig) -> dict[str, Symlink]:
     """As the driver installs them: the soname links to the versioned file, which is ours.
     nvidia-ctk infers the driver version from the `.so.<version>` suffix."""
     versioned = f"libnvidia-ml.so.{config.driver_version}"
+    cuda_versioned = f"libcuda.so.{config.driver_version}"
     return {
         versioned: Symlink(str(native.LIB_DIR / native.NVML_SONAME)),
         native.NVML_SONAME: Symlink(versioned),
+        # libcuda.so (the development link) too: numba loads `libcuda.so` before `libcuda.so.1`.
+        cuda_versioned: Symlink(str(native.LIB_DIR / native.CUDA_SONAME)),
+        native.CUDA_SONAME: Symlink(cuda_versioned),
+        "libcuda.so": Symlink(native.CUDA_SONAME),
     }
 
 

@@ -1,0 +1,1241 @@
+/*
+ * libcuda.so.1 for a simulated node: device discovery, contexts and memory accounting over the
+ * mokkafs shared state (mokka_state.h). No compute: modules, kernels, streams and copies are
+ * generated CUDA_ERROR_NOT_SUPPORTED stubs (cuda_gen.c, by shims/gen_cuda.py), as is every
+ * other exported function.
+ *
+ * Memory is accounting only: cuMemAlloc hands out unique addresses from a per-GPU window and
+ * adds the size to this process's slot in the process table (<state path>.procs), which the
+ * daemon folds into NVML's process lists and memory used. No host memory backs an allocation.
+ *
+ * Host safety: no abort(), no unbounded waits; no state file is CUDA_ERROR_NO_DEVICE; errno is
+ * restored around syscalls; mappings are kept until the library destructor.
+ */
+#define _GNU_SOURCE
+#include "cuda_shim.h"
+#include "mokka_state.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define ARG(p)                                                       \
+    do {                                                             \
+        if (!(p))                                                    \
+            return CUDA_ERROR_INVALID_VALUE;                         \
+    } while (0)
+
+/* ---- state ----------------------------------------------------------------------------- */
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static const struct mokka_state *g_state;   /* read-only mapping; set once */
+static struct mokka_procs *g_procs;         /* read-write mapping, or NULL: no accounting */
+static int g_initialized;                   /* cuInit succeeded */
+static int g_count;                         /* visible devices */
+static unsigned g_visible[MOKKA_MAX_GPUS];  /* CUdevice ordinal -> GPU index in the state */
+
+static void snap(const void *src, void *dst, size_t n)
+{
+    const struct mokka_state *s = g_state;
+    for (unsigned tries = 0;; tries++) {
+        uint32_t a = LOAD(&s->seq);
+        if (!(a & 1)) {
+            memcpy(dst, src, n);
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            if (__atomic_load_n(&s->seq, __ATOMIC_RELAXED) == a)
+                return;
+        }
+        if (tries > 100000) { /* a writer died mid-publish: use the stale copy */
+            memcpy(dst, src, n);
+            return;
+        }
+        if (tries > 64)
+            sched_yield();
+    }
+}
+#define SNAP(field, out) snap(&(field), &(out), sizeof(out))
+
+static const char *state_path(void)
+{
+    const char *p = getenv(MOKKA_STATE_ENV);
+    return (p && *p) ? p : MOKKA_STATE_DEFAULT_PATH;
+}
+
+/* Called with g_lock held. */
+static CUresult map_state(void)
+{
+    if (g_state)
+        return CUDA_SUCCESS;
+    int fd = open(state_path(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return CUDA_ERROR_NO_DEVICE;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (size_t)sb.st_size < sizeof(struct mokka_state)) {
+        close(fd);
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    void *m = mmap(NULL, sizeof(struct mokka_state), PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return CUDA_ERROR_NO_DEVICE;
+    const struct mokka_state *s = m;
+    if (s->magic != MOKKA_STATE_MAGIC || s->version != MOKKA_STATE_VERSION ||
+        s->size != sizeof(struct mokka_state) || s->gpu_count > MOKKA_MAX_GPUS) {
+        munmap(m, sizeof(struct mokka_state));
+        return CUDA_ERROR_SYSTEM_DRIVER_MISMATCH;
+    }
+    __atomic_store_n(&g_state, s, __ATOMIC_RELEASE);
+    return CUDA_SUCCESS;
+}
+
+/* The process table; a missing or read-only one only turns accounting off. g_lock held. */
+static void map_procs(void)
+{
+    if (g_procs)
+        return;
+    char path[4096];
+    if (snprintf(path, sizeof(path), "%s%s", state_path(), MOKKA_PROCS_SUFFIX) >= (int)sizeof(path))
+        return;
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (size_t)sb.st_size < sizeof(struct mokka_procs)) {
+        close(fd);
+        return;
+    }
+    void *m = mmap(NULL, sizeof(struct mokka_procs), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return;
+    struct mokka_procs *t = m;
+    if (t->magic != MOKKA_PROCS_MAGIC || t->version != MOKKA_PROCS_VERSION || t->size != sizeof(*t)) {
+        munmap(m, sizeof(*t));
+        return;
+    }
+    __atomic_store_n(&g_procs, t, __ATOMIC_RELEASE);
+}
+
+__attribute__((destructor)) static void unmap_all(void)
+{
+    if (g_procs)
+        munmap(g_procs, sizeof(struct mokka_procs));
+    if (g_state)
+        munmap((void *)g_state, sizeof(struct mokka_state));
+    g_procs = NULL;
+    g_state = NULL;
+    g_initialized = 0;
+}
+
+static inline const struct mokka_gpu *gpu_of(CUdevice dev) { return &g_state->gpus[g_visible[dev]]; }
+
+static inline int lost(CUdevice dev) { return (int)__atomic_load_n(&gpu_of(dev)->lost, __ATOMIC_RELAXED); }
+
+#define INIT()                                                       \
+    do {                                                             \
+        if (!LOAD(&g_initialized))                                   \
+            return CUDA_ERROR_NOT_INITIALIZED;                       \
+    } while (0)
+
+#define DEVICE(dev)                                                  \
+    do {                                                             \
+        INIT();                                                      \
+        if ((dev) < 0 || (dev) >= g_count)                           \
+            return CUDA_ERROR_INVALID_DEVICE;                        \
+    } while (0)
+
+/* A GPU that fell off the bus answers what the driver probed (name, UUID, PCI, attributes) but
+   fails everything that would touch it, with the error applications report after Xid 79. */
+#define LIVE_DEVICE(dev)                                             \
+    do {                                                             \
+        DEVICE(dev);                                                 \
+        if (lost(dev))                                               \
+            return CUDA_ERROR_UNKNOWN;                               \
+    } while (0)
+
+/* ---- CUDA_VISIBLE_DEVICES -------------------------------------------------------------- */
+
+/* As the driver reads it: comma-separated indices or UUIDs ("GPU-" prefix optional, any unique
+   prefix of the UUID); the list ends at the first entry that names no device (or one already
+   listed); unset means every device. */
+static int match_uuid(const char *want, size_t n, unsigned count)
+{
+    if (n >= 4 && strncasecmp(want, "GPU-", 4) == 0) {
+        want += 4;
+        n -= 4;
+    }
+    if (n == 0)
+        return -1;
+    int found = -1;
+    for (unsigned i = 0; i < count; i++) {
+        char uuid[96];
+        SNAP(g_state->gpus[i].uuid, uuid);
+        uuid[sizeof(uuid) - 1] = '\0';
+        const char *u = strncmp(uuid, "GPU-", 4) == 0 ? uuid + 4 : uuid;
+        if (strlen(u) >= n && strncasecmp(u, want, n) == 0) {
+            if (found >= 0)
+                return -1; /* ambiguous prefix */
+            found = (int)i;
+        }
+    }
+    return found;
+}
+
+static void parse_visible(unsigned count)
+{
+    const char *env = getenv("CUDA_VISIBLE_DEVICES");
+    g_count = 0;
+    if (!env) {
+        for (unsigned i = 0; i < count; i++)
+            g_visible[g_count++] = i;
+        return;
+    }
+    const char *p = env;
+    while (*p && g_count < MOKKA_MAX_GPUS) {
+        while (*p == ' ')
+            p++;
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        while (n && p[n - 1] == ' ')
+            n--;
+        int idx = -1;
+        if (n && n < 10 && strspn(p, "0123456789") >= n) {
+            idx = atoi(p);
+            if (idx >= (int)count)
+                idx = -1;
+        } else if (n) {
+            idx = match_uuid(p, n, count);
+        }
+        for (int k = 0; idx >= 0 && k < g_count; k++)
+            if (g_visible[k] == (unsigned)idx)
+                idx = -1;
+        if (idx < 0)
+            break;
+        g_visible[g_count++] = (unsigned)idx;
+        if (!end)
+            break;
+        p = end + 1;
+    }
+}
+
+/* ---- init, versions, errors ------------------------------------------------------------ */
+
+CUresult cuInit(unsigned int Flags)
+{
+    if (Flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (LOAD(&g_initialized))
+        return CUDA_SUCCESS;
+    int saved = errno;
+    pthread_mutex_lock(&g_lock);
+    CUresult r = map_state();
+    if (r == CUDA_SUCCESS && !g_initialized) {
+        map_procs();
+        uint32_t n;
+        SNAP(g_state->gpu_count, n);
+        parse_visible(n > MOKKA_MAX_GPUS ? MOKKA_MAX_GPUS : n);
+        if (g_count == 0)
+            r = CUDA_ERROR_NO_DEVICE;
+        else
+            __atomic_store_n(&g_initialized, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_lock);
+    errno = saved;
+    return r;
+}
+
+CUresult cuDriverGetVersion(int *driverVersion)
+{
+    ARG(driverVersion);
+    int saved = errno;
+    pthread_mutex_lock(&g_lock);
+    CUresult r = map_state();
+    pthread_mutex_unlock(&g_lock);
+    errno = saved;
+    if (r != CUDA_SUCCESS)
+        return r;
+    uint32_t v;
+    SNAP(g_state->cuda_version, v);
+    *driverVersion = (int)v;
+    return CUDA_SUCCESS;
+}
+
+static const char *error_string(CUresult e)
+{
+    switch (e) {
+    case 0: return "no error";
+    case 1: return "invalid argument";
+    case 2: return "out of memory";
+    case 3: return "initialization error";
+    case 4: return "driver shutting down";
+    case 34: return "CUDA driver is a stub library";
+    case 46: return "CUDA-capable device(s) is/are busy or unavailable";
+    case 100: return "no CUDA-capable device is detected";
+    case 101: return "invalid device ordinal";
+    case 200: return "device kernel image is invalid";
+    case 201: return "invalid device context";
+    case 202: return "context already current";
+    case 209: return "no kernel image is available for execution on the device";
+    case 218: return "a PTX JIT compilation failed";
+    case 304: return "OS call failed or operation not supported on this OS";
+    case 400: return "invalid resource handle";
+    case 500: return "named symbol not found";
+    case 600: return "device not ready";
+    case 700: return "an illegal memory access was encountered";
+    case 709: return "context is destroyed";
+    case 801: return "operation not supported";
+    case 803: return "system has unsupported display driver / cuda driver combination";
+    case 804: return "forward compatibility was attempted on non supported HW";
+    case 999: return "unknown error";
+    default: return NULL;
+    }
+}
+
+static const char *error_name(CUresult e)
+{
+    for (unsigned i = 0; i < mokka_error_names_count; i++)
+        if (mokka_error_names[i].code == e)
+            return mokka_error_names[i].name;
+    return NULL;
+}
+
+CUresult cuGetErrorName(CUresult error, const char **pStr)
+{
+    ARG(pStr);
+    const char *n = error_name(error);
+    *pStr = n;
+    return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorString(CUresult error, const char **pStr)
+{
+    ARG(pStr);
+    const char *n = error_name(error);
+    if (!n) {
+        *pStr = NULL;
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    const char *s = error_string(error);
+    *pStr = s ? s : n;
+    return CUDA_SUCCESS;
+}
+
+/* ---- cuGetProcAddress ------------------------------------------------------------------ */
+
+/* The newest ABI variant of `symbol` introduced at or before `cudaVersion`; with the
+   per-thread default stream flag, its _ptds/_ptsz variant where one exists. */
+static CUresult proc_address(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *status)
+{
+    if (pfn)
+        *pfn = NULL;
+    if (!symbol || !pfn) {
+        if (status)
+            *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    unsigned lo = 0, hi = mokka_procs_count;
+    while (lo < hi) { /* the table is sorted by name: first row of `symbol` */
+        unsigned mid = (lo + hi) / 2;
+        if (strcmp(mokka_procs[mid].name, symbol) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    const struct mokka_proc *best = NULL, *best_pt = NULL;
+    int known = 0;
+    for (unsigned i = lo; i < mokka_procs_count && strcmp(mokka_procs[i].name, symbol) == 0; i++) {
+        known = 1;
+        if (mokka_procs[i].version > cudaVersion)
+            continue;
+        if (mokka_procs[i].per_thread_stream)
+            best_pt = &mokka_procs[i];
+        else
+            best = &mokka_procs[i];
+    }
+    if (best_pt && (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) &&
+        (!best || best_pt->version >= best->version))
+        best = best_pt;
+    if (!best) {
+        if (status)
+            *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *pfn = best->fn;
+    if (status)
+        *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    return proc_address(symbol, pfn, cudaVersion, flags, NULL);
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *symbolStatus)
+{
+    return proc_address(symbol, pfn, cudaVersion, flags, symbolStatus);
+}
+
+/* ---- devices --------------------------------------------------------------------------- */
+
+CUresult cuDeviceGetCount(int *count)
+{
+    ARG(count);
+    INIT();
+    *count = g_count;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    ARG(device);
+    INIT();
+    if (ordinal < 0 || ordinal >= g_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    ARG(name);
+    ARG(len > 0);
+    DEVICE(dev);
+    char buf[96];
+    SNAP(gpu_of(dev)->name, buf);
+    buf[sizeof(buf) - 1] = '\0';
+    snprintf(name, (size_t)len, "%s", buf);
+    return CUDA_SUCCESS;
+}
+
+static int hexval(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    c = tolower(c);
+    return (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
+}
+
+static CUresult device_uuid(CUuuid *uuid, CUdevice dev)
+{
+    ARG(uuid);
+    DEVICE(dev);
+    char buf[96];
+    SNAP(gpu_of(dev)->uuid, buf);
+    buf[sizeof(buf) - 1] = '\0';
+    memset(uuid->bytes, 0, sizeof(uuid->bytes));
+    const char *p = strncmp(buf, "GPU-", 4) == 0 ? buf + 4 : buf;
+    for (int n = 0; *p && n < 32; p++) {
+        int v = hexval((unsigned char)*p);
+        if (v < 0)
+            continue; /* the dashes */
+        uuid->bytes[n / 2] = (char)(uuid->bytes[n / 2] | (n % 2 ? v : v << 4));
+        n++;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev); }
+/* _v2 differs only under MIG (the MIG device's UUID); MIG is never enabled here. */
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev); }
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    ARG(bytes);
+    DEVICE(dev);
+    uint64_t total;
+    SNAP(gpu_of(dev)->mem_total, total);
+    *bytes = total;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    ARG(bytes);
+    size_t total;
+    CUresult r = cuDeviceTotalMem_v2(&total, dev);
+    if (r == CUDA_SUCCESS)
+        *bytes = total > 0xFFFFFFFFu ? 0xFFFFFFFFu : (unsigned int)total;
+    return r;
+}
+
+CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
+{
+    ARG(major);
+    ARG(minor);
+    DEVICE(dev);
+    uint32_t cc[2];
+    snap(&gpu_of(dev)->cc_major, cc, sizeof(cc));
+    *major = (int)cc[0];
+    *minor = (int)cc[1];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
+{
+    ARG(pciBusId);
+    ARG(len > 0);
+    DEVICE(dev);
+    uint32_t pci[3]; /* domain, bus, device */
+    snap(&gpu_of(dev)->pci_domain, pci, sizeof(pci));
+    snprintf(pciBusId, (size_t)len, "%04X:%02X:%02X.0", pci[0], pci[1], pci[2]);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId)
+{
+    ARG(dev);
+    ARG(pciBusId);
+    INIT();
+    unsigned domain = 0, bus, device, function = 0;
+    char tail;
+    /* domain:bus:device[.function] with a 4- or 8-digit domain, or bus:device[.function] */
+    if (sscanf(pciBusId, "%x:%x:%x.%x%c", &domain, &bus, &device, &function, &tail) != 4 &&
+        sscanf(pciBusId, "%x:%x:%x%c", &domain, &bus, &device, &tail) != 3) {
+        domain = 0;
+        if (sscanf(pciBusId, "%x:%x.%x%c", &bus, &device, &function, &tail) != 3 &&
+            sscanf(pciBusId, "%x:%x%c", &bus, &device, &tail) != 2)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (int d = 0; d < g_count; d++) {
+        uint32_t pci[3];
+        snap(&gpu_of(d)->pci_domain, pci, sizeof(pci));
+        if (pci[0] == domain && pci[1] == bus && pci[2] == device && function == 0) {
+            *dev = d;
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_INVALID_DEVICE;
+}
+
+/* Per-architecture limits that no profile needs to carry (the CUDA programming guide's
+   "technical specifications per compute capability"). */
+struct arch_limits {
+    int threads_per_sm, shared_per_sm, shared_optin, blocks_per_sm, fp64_ratio;
+};
+
+static struct arch_limits arch_limits(int major, int minor)
+{
+    int cc = major * 10 + minor;
+    if (cc <= 75)
+        return (struct arch_limits){1024, 65536, 65536, 16, 32};
+    if (cc == 80)
+        return (struct arch_limits){2048, 167936, 166912, 32, 2};
+    if (cc < 90)
+        return (struct arch_limits){1536, 102400, 101376, cc == 89 ? 24 : 16, 64};
+    if (cc < 120)
+        return (struct arch_limits){2048, 233472, 232448, 32, 2};
+    return (struct arch_limits){1536, 102400, 101376, 24, 64};
+}
+
+CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+    ARG(pi);
+    DEVICE(dev);
+    if (attrib < 1 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    const struct mokka_gpu *g = gpu_of(dev);
+    uint32_t cc[2], pci[3], sm, bus_width, ecc, compute_mode, clk_max[4], index, has_fabric, pci_ids[2];
+    int32_t numa;
+    uint64_t l2;
+    snap(&g->cc_major, cc, sizeof(cc));
+    snap(&g->pci_domain, pci, sizeof(pci));
+    snap(&g->pci_device_id, pci_ids, sizeof(pci_ids));
+    SNAP(g->multiprocessor_count, sm);
+    SNAP(g->mem_bus_width, bus_width);
+    SNAP(g->ecc_enabled, ecc);
+    SNAP(g->compute_mode, compute_mode);
+    SNAP(g->clock_max, clk_max);
+    SNAP(g->index, index);
+    SNAP(g->has_fabric, has_fabric);
+    SNAP(g->numa_node, numa);
+    SNAP(g->l2_cache_bytes, l2);
+    struct arch_limits a = arch_limits((int)cc[0], (int)cc[1]);
+    int ampere = cc[0] >= 8, hopper = cc[0] >= 9;
+    int v = 0;
+    switch (attrib) {
+    case 1: v = 1024; break;                         /* MAX_THREADS_PER_BLOCK */
+    case 2: case 3: v = 1024; break;                 /* MAX_BLOCK_DIM_X, _Y */
+    case 4: v = 64; break;                           /* MAX_BLOCK_DIM_Z */
+    case 5: v = 2147483647; break;                   /* MAX_GRID_DIM_X */
+    case 6: case 7: v = 65535; break;                /* MAX_GRID_DIM_Y, _Z */
+    case 8: v = 49152; break;                        /* MAX_SHARED_MEMORY_PER_BLOCK */
+    case 9: v = 65536; break;                        /* TOTAL_CONSTANT_MEMORY */
+    case 10: v = 32; break;                          /* WARP_SIZE */
+    case 11: v = 2147483647; break;                  /* MAX_PITCH */
+    case 12: v = 65536; break;                       /* MAX_REGISTERS_PER_BLOCK */
+    case 13: v = (int)clk_max[1] * 1000; break;      /* CLOCK_RATE, kHz */
+    case 14: v = 512; break;                         /* TEXTURE_ALIGNMENT */
+    case 15: v = 1; break;                           /* GPU_OVERLAP */
+    case 16: v = (int)sm; break;                     /* MULTIPROCESSOR_COUNT */
+    case 17: case 18: v = 0; break;                  /* KERNEL_EXEC_TIMEOUT, INTEGRATED */
+    case 19: v = 1; break;                           /* CAN_MAP_HOST_MEMORY */
+    case 20: v = (int)compute_mode; break;           /* COMPUTE_MODE */
+    case 21: case 22: v = 131072; break;             /* texture 1D, 2D width */
+    case 23: v = 65536; break;
+    case 24: case 25: case 26: v = 16384; break;     /* texture 3D */
+    case 27: case 28: v = 32768; break;              /* layered 2D */
+    case 29: v = 2048; break;
+    case 30: v = 512; break;                         /* SURFACE_ALIGNMENT */
+    case 31: v = 1; break;                           /* CONCURRENT_KERNELS */
+    case 32: v = (int)ecc; break;                    /* ECC_ENABLED */
+    case 33: v = (int)pci[1]; break;                 /* PCI_BUS_ID */
+    case 34: v = (int)pci[2]; break;                 /* PCI_DEVICE_ID (the slot) */
+    case 35: v = 0; break;                           /* TCC_DRIVER */
+    case 36: v = (int)clk_max[2] * 1000; break;      /* MEMORY_CLOCK_RATE, kHz */
+    case 37: v = (int)bus_width; break;              /* GLOBAL_MEMORY_BUS_WIDTH */
+    case 38: v = (int)l2; break;                     /* L2_CACHE_SIZE */
+    case 39: v = a.threads_per_sm; break;            /* MAX_THREADS_PER_MULTIPROCESSOR */
+    case 40: v = 2; break;                           /* ASYNC_ENGINE_COUNT */
+    case 41: v = 1; break;                           /* UNIFIED_ADDRESSING */
+    case 42: v = 32768; break;
+    case 43: v = 2048; break;
+    case 44: v = 1; break;
+    case 45: case 46: v = 32768; break;
+    case 47: case 48: v = 8192; break;
+    case 49: v = 32768; break;
+    case 50: v = (int)pci[0]; break;                 /* PCI_DOMAIN_ID */
+    case 51: v = 32; break;                          /* TEXTURE_PITCH_ALIGNMENT */
+    case 52: case 53: v = 32768; break;
+    case 54: v = 2046; break;
+    case 55: case 56: v = 32768; break;
+    case 57: v = 65536; break;
+    case 58: case 59: case 60: v = 16384; break;
+    case 61: case 63: case 64: v = 32768; break;
+    case 62: case 65: v = 2048; break;
+    case 66: case 67: v = 32768; break;
+    case 68: v = 2046; break;
+    case 69: v = 268435456; break;
+    case 70: case 71: v = 131072; break;
+    case 72: v = 2097120; break;
+    case 73: case 74: v = 32768; break;
+    case 75: v = (int)cc[0]; break;                  /* COMPUTE_CAPABILITY_MAJOR */
+    case 76: v = (int)cc[1]; break;                  /* COMPUTE_CAPABILITY_MINOR */
+    case 77: v = 32768; break;
+    case 78: case 79: case 80: v = 1; break;         /* stream priorities, L1 caches */
+    case 81: v = a.shared_per_sm; break;             /* MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */
+    case 82: v = 65536; break;                       /* MAX_REGISTERS_PER_MULTIPROCESSOR */
+    case 83: v = 1; break;                           /* MANAGED_MEMORY */
+    case 84: v = 0; break;                           /* MULTI_GPU_BOARD */
+    case 85: v = (int)index; break;                  /* MULTI_GPU_BOARD_GROUP_ID */
+    case 87: v = a.fp64_ratio; break;                /* SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO */
+    case 89: case 90: case 91: v = 1; break;         /* concurrent managed access, preemption, ... */
+    case 95: v = 1; break;                           /* COOPERATIVE_LAUNCH */
+    case 97: v = a.shared_optin; break;              /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
+    case 99: v = 1; break;                           /* HOST_REGISTER_SUPPORTED */
+    case 102: case 103: v = 1; break;                /* VMM, POSIX fd handles */
+    case 106: v = a.blocks_per_sm; break;            /* MAX_BLOCKS_PER_MULTIPROCESSOR */
+    case 107: v = ampere; break;                     /* GENERIC_COMPRESSION_SUPPORTED */
+    case 108: v = ampere ? (int)(l2 / 4 * 3) : 0; break; /* MAX_PERSISTING_L2_CACHE_SIZE */
+    case 109: v = ampere ? 134213632 : 0; break;     /* MAX_ACCESS_POLICY_WINDOW_SIZE */
+    case 110: v = 1; break;                          /* GPU_DIRECT_RDMA_WITH_CUDA_VMM */
+    case 111: v = ampere ? 1024 : 0; break;          /* RESERVED_SHARED_MEMORY_PER_BLOCK */
+    case 112: case 113: case 114: case 115: case 116: case 117: v = 1; break;
+    case 118: v = ampere ? 100 : 0; break;           /* GPU_DIRECT_RDMA_WRITES_ORDERING */
+    case 119: v = 9; break;                          /* MEMPOOL_SUPPORTED_HANDLE_TYPES */
+    case 120: v = hopper; break;                     /* CLUSTER_LAUNCH */
+    case 121: case 122: case 123: case 124: case 125: v = 1; break;
+    case 126: v = hopper ? 4 : 1; break;             /* MEM_SYNC_DOMAIN_COUNT */
+    case 127: v = hopper; break;                     /* TENSOR_MAP_ACCESS_SUPPORTED */
+    case 128: v = (int)has_fabric; break;            /* HANDLE_TYPE_FABRIC_SUPPORTED */
+    case 129: v = 1; break;                          /* UNIFIED_FUNCTION_POINTERS */
+    case 130: v = 0; break;                          /* NUMA_CONFIG: none */
+    case 131: v = -1; break;                         /* NUMA_ID */
+    case 132: v = hopper && has_fabric; break;       /* MULTICAST_SUPPORTED */
+    case 134: v = numa; break;                       /* HOST_NUMA_ID */
+    case 139: v = (int)pci_ids[0]; break;            /* GPU_PCI_DEVICE_ID */
+    case 140: v = (int)pci_ids[1]; break;            /* GPU_PCI_SUBSYSTEM_ID */
+    default: v = 0; break;
+    }
+    *pi = v;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+    ARG(canAccessPeer);
+    DEVICE(dev);
+    DEVICE(peerDev);
+    *canAccessPeer = dev != peerDev;
+    return CUDA_SUCCESS;
+}
+
+/* ---- the process table ----------------------------------------------------------------- */
+
+static int g_slot = -1;                     /* this process's slot, -1: none claimed yet */
+static int g_slot_failed;                   /* no table or no free slot: account locally */
+static uint64_t g_local_mem[MOKKA_MAX_GPUS];
+static unsigned g_ctx_refs[MOKKA_MAX_GPUS]; /* contexts per GPU index; guarded by g_lock */
+
+static void after_fork_child(void)
+{
+    /* The child is another process: it claims its own slot on its first context. */
+    g_slot = -1;
+    g_slot_failed = 0;
+    memset(g_local_mem, 0, sizeof(g_local_mem));
+    memset(g_ctx_refs, 0, sizeof(g_ctx_refs));
+    pthread_mutex_init(&g_lock, NULL);
+}
+
+__attribute__((constructor)) static void register_fork(void) { pthread_atfork(NULL, NULL, after_fork_child); }
+
+static uint64_t self_start_time(void)
+{
+    char buf[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return 0;
+    p += 2; /* field 3, the state */
+    for (int field = 3; field < 22 && p; field++) {
+        p = strchr(p, ' ');
+        if (p)
+            p++;
+    }
+    return p ? strtoull(p, NULL, 10) : 0;
+}
+
+/* Claim this process's slot (g_lock held). */
+static void claim_slot(void)
+{
+    if (g_slot >= 0 || g_slot_failed)
+        return;
+    struct mokka_procs *t = LOAD(&g_procs);
+    if (!t) {
+        g_slot_failed = 1;
+        return;
+    }
+    int saved = errno;
+    uint32_t pid = (uint32_t)getpid();
+    uint64_t start = self_start_time();
+    errno = saved;
+    for (int s = 0; s < MOKKA_PROC_SLOTS; s++) {
+        uint32_t expect = 0;
+        if (!__atomic_compare_exchange_n(&t->slot[s].state, &expect, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            continue;
+        t->slot[s].pid = pid;
+        t->slot[s].start_time = start;
+        t->slot[s].contexts = 0;
+        for (int gi = 0; gi < MOKKA_MAX_GPUS; gi++)
+            __atomic_store_n(&t->mem[gi][s], g_local_mem[gi], __ATOMIC_RELAXED);
+        __atomic_store_n(&t->slot[s].state, 2, __ATOMIC_RELEASE);
+        uint32_t high = LOAD(&t->high);
+        while (high < (uint32_t)s + 1 &&
+               !__atomic_compare_exchange_n(&t->high, &high, (uint32_t)s + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            ;
+        memset(g_local_mem, 0, sizeof(g_local_mem));
+        g_slot = s;
+        return;
+    }
+    g_slot_failed = 1; /* a full table: this process is not listed, its memory is not shared */
+}
+
+static uint64_t *my_mem(unsigned gi)
+{
+    return g_slot >= 0 ? &g_procs->mem[gi][g_slot] : &g_local_mem[gi];
+}
+
+/* Bytes every listed process (this one included) has allocated on GPU index gi. */
+static uint64_t cuda_used(unsigned gi)
+{
+    uint64_t sum = g_slot >= 0 ? 0 : LOAD(&g_local_mem[gi]);
+    struct mokka_procs *t = LOAD(&g_procs);
+    if (t) {
+        uint32_t high = LOAD(&t->high);
+        if (high > MOKKA_PROC_SLOTS)
+            high = MOKKA_PROC_SLOTS;
+        for (uint32_t s = 0; s < high; s++)
+            if (LOAD(&t->slot[s].state) == 2)
+                sum += LOAD(&t->mem[gi][s]);
+    }
+    return sum;
+}
+
+/* Usable memory and what the pin (if any) says is used. */
+static void memory_limits(unsigned gi, uint64_t *total, uint64_t *usable, uint64_t *pinned)
+{
+    const struct mokka_gpu *g = &g_state->gpus[gi];
+    uint64_t t, reserved, used;
+    uint32_t is_pinned;
+    SNAP(g->mem_total, t);
+    SNAP(g->mem_reserved, reserved);
+    SNAP(g->mem_used, used);
+    SNAP(g->mem_used_pinned, is_pinned);
+    *total = t;
+    *usable = t > reserved ? t - reserved : 0;
+    *pinned = is_pinned ? used : 0;
+}
+
+static void context_ref(unsigned gi, int delta)
+{
+    pthread_mutex_lock(&g_lock);
+    claim_slot();
+    unsigned before = g_ctx_refs[gi];
+    if (delta < 0 && before == 0) {
+        pthread_mutex_unlock(&g_lock);
+        return;
+    }
+    g_ctx_refs[gi] = before + (unsigned)delta;
+    if (g_slot >= 0 && (before == 0) != (g_ctx_refs[gi] == 0)) {
+        uint64_t bit = 1ull << gi;
+        if (delta > 0)
+            __atomic_or_fetch(&g_procs->slot[g_slot].contexts, bit, __ATOMIC_RELEASE);
+        else
+            __atomic_and_fetch(&g_procs->slot[g_slot].contexts, ~bit, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* ---- contexts -------------------------------------------------------------------------- */
+
+#define CTX_MAGIC 0x6d6f6b6b61637478ull
+#define CTX_STACK 32
+
+struct CUctx_st {
+    uint64_t magic;
+    CUdevice dev;
+    int primary;
+    unsigned flags;
+};
+
+static struct CUctx_st g_primary[MOKKA_MAX_GPUS];
+static unsigned g_primary_refs[MOKKA_MAX_GPUS]; /* guarded by g_lock */
+static __thread CUcontext t_stack[CTX_STACK];
+static __thread int t_depth;
+
+static inline int ctx_ok(CUcontext c) { return c && c->magic == CTX_MAGIC && c->dev >= 0 && c->dev < g_count; }
+
+static CUcontext current(void) { return t_depth > 0 ? t_stack[t_depth - 1] : NULL; }
+
+static CUresult current_ctx(CUcontext *out)
+{
+    INIT();
+    CUcontext c = current();
+    if (!ctx_ok(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *out = c;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    ARG(pctx);
+    LIVE_DEVICE(dev);
+    pthread_mutex_lock(&g_lock);
+    int first = g_primary_refs[dev]++ == 0;
+    g_primary[dev].magic = CTX_MAGIC;
+    g_primary[dev].dev = dev;
+    g_primary[dev].primary = 1;
+    pthread_mutex_unlock(&g_lock);
+    if (first)
+        context_ref(g_visible[dev], +1);
+    *pctx = &g_primary[dev];
+    return CUDA_SUCCESS;
+}
+
+static CUresult primary_release(CUdevice dev)
+{
+    DEVICE(dev);
+    pthread_mutex_lock(&g_lock);
+    if (g_primary_refs[dev] == 0) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    int last = --g_primary_refs[dev] == 0;
+    pthread_mutex_unlock(&g_lock);
+    if (last)
+        context_ref(g_visible[dev], -1);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return primary_release(dev); }
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return primary_release(dev); }
+
+static CUresult primary_set_flags(CUdevice dev, unsigned int flags)
+{
+    DEVICE(dev);
+    g_primary[dev].flags = flags;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) { return primary_set_flags(dev, flags); }
+CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) { return primary_set_flags(dev, flags); }
+
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    ARG(flags);
+    ARG(active);
+    DEVICE(dev);
+    *flags = g_primary[dev].flags;
+    *active = LOAD(&g_primary_refs[dev]) > 0;
+    return CUDA_SUCCESS;
+}
+
+static CUresult primary_reset(CUdevice dev)
+{
+    DEVICE(dev);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return primary_reset(dev); }
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) { return primary_reset(dev); }
+
+static CUresult push(CUcontext c)
+{
+    if (t_depth >= CTX_STACK)
+        return CUDA_ERROR_INVALID_VALUE; /* deeper than any real program nests */
+    t_stack[t_depth++] = c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    ARG(pctx);
+    LIVE_DEVICE(dev);
+    struct CUctx_st *c = calloc(1, sizeof(*c));
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    c->magic = CTX_MAGIC;
+    c->dev = dev;
+    c->flags = flags;
+    CUresult r = push(c);
+    if (r != CUDA_SUCCESS) {
+        free(c);
+        return r;
+    }
+    context_ref(g_visible[dev], +1);
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) { return ctx_create(pctx, flags, dev); }
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) { return ctx_create(pctx, flags, dev); }
+CUresult cuCtxCreate_v3(CUcontext *pctx, void *paramsArray, int numParams, unsigned int flags, CUdevice dev)
+{
+    (void)paramsArray;
+    (void)numParams;
+    return ctx_create(pctx, flags, dev);
+}
+CUresult cuCtxCreate_v4(CUcontext *pctx, void *ctxCreateParams, unsigned int flags, CUdevice dev)
+{
+    (void)ctxCreateParams;
+    return ctx_create(pctx, flags, dev);
+}
+
+static CUresult ctx_destroy(CUcontext ctx)
+{
+    INIT();
+    if (!ctx_ok(ctx) || ctx->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    for (int i = t_depth - 1; i >= 0; i--) /* off this thread's stack */
+        if (t_stack[i] == ctx) {
+            memmove(&t_stack[i], &t_stack[i + 1], (size_t)(t_depth - 1 - i) * sizeof(CUcontext));
+            t_depth--;
+        }
+    unsigned gi = g_visible[ctx->dev];
+    ctx->magic = 0;
+    free(ctx);
+    context_ref(gi, -1);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxDestroy(CUcontext ctx) { return ctx_destroy(ctx); }
+CUresult cuCtxDestroy_v2(CUcontext ctx) { return ctx_destroy(ctx); }
+
+static CUresult ctx_push(CUcontext ctx)
+{
+    INIT();
+    if (!ctx_ok(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return push(ctx);
+}
+
+CUresult cuCtxPushCurrent(CUcontext ctx) { return ctx_push(ctx); }
+CUresult cuCtxPushCurrent_v2(CUcontext ctx) { return ctx_push(ctx); }
+
+static CUresult ctx_pop(CUcontext *pctx)
+{
+    INIT();
+    if (t_depth == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext c = t_stack[--t_depth];
+    if (pctx)
+        *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent(CUcontext *pctx) { return ctx_pop(pctx); }
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx) { return ctx_pop(pctx); }
+
+CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    INIT();
+    if (!ctx) {
+        if (t_depth > 0)
+            t_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (!ctx_ok(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_depth == 0)
+        return push(ctx);
+    t_stack[t_depth - 1] = ctx;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    ARG(pctx);
+    INIT();
+    *pctx = current();
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice *device)
+{
+    ARG(device);
+    CUcontext c;
+    CUresult r = current_ctx(&c);
+    if (r == CUDA_SUCCESS)
+        *device = c->dev;
+    return r;
+}
+
+CUresult cuCtxSynchronize(void)
+{
+    CUcontext c;
+    CUresult r = current_ctx(&c);
+    if (r == CUDA_SUCCESS && lost(c->dev))
+        return CUDA_ERROR_UNKNOWN;
+    return r;
+}
+
+CUresult cuCtxGetFlags(unsigned int *flags)
+{
+    ARG(flags);
+    CUcontext c;
+    CUresult r = current_ctx(&c);
+    if (r == CUDA_SUCCESS)
+        *flags = c->flags;
+    return r;
+}
+
+CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
+{
+    ARG(version);
+    INIT();
+    if (!ctx)
+        ctx = current();
+    if (!ctx_ok(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *version = 3020; /* the context ABI every context since CUDA 3.2 reports */
+    return CUDA_SUCCESS;
+}
+
+/* ---- memory ---------------------------------------------------------------------------- */
+
+/* Device addresses: a 1 TiB window per GPU index, in the range real UVA pointers use. */
+#define VA_BASE 0x700000000000ull
+#define VA_WINDOW (1ull << 40)
+#define ALIGN 512ull
+
+struct alloc {
+    CUdeviceptr ptr;  /* 0: empty, 1: deleted */
+    uint64_t size;
+    unsigned gi;
+};
+
+static pthread_mutex_t g_mem_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct alloc *g_allocs;   /* open addressing, linear probing; guarded by g_mem_lock */
+static size_t g_cap, g_used_slots, g_live;
+static uint64_t g_bump[MOKKA_MAX_GPUS];
+
+static size_t hash(CUdeviceptr p, size_t cap) { return (size_t)((p >> 9) * 0x9E3779B97F4A7C15ull) & (cap - 1); }
+
+static int table_insert(struct alloc a)
+{
+    if ((g_used_slots + 1) * 2 > g_cap) {
+        size_t cap = g_cap ? g_cap * 2 : 1024;
+        if (g_live * 4 < g_cap)
+            cap = g_cap; /* mostly tombstones: rehash at the same size */
+        struct alloc *t = calloc(cap, sizeof(*t));
+        if (!t)
+            return 0;
+        for (size_t i = 0; i < g_cap; i++) {
+            if (g_allocs[i].ptr > 1) {
+                size_t h = hash(g_allocs[i].ptr, cap);
+                while (t[h].ptr)
+                    h = (h + 1) & (cap - 1);
+                t[h] = g_allocs[i];
+            }
+        }
+        free(g_allocs);
+        g_allocs = t;
+        g_cap = cap;
+        g_used_slots = g_live;
+    }
+    size_t h = hash(a.ptr, g_cap);
+    while (g_allocs[h].ptr > 1)
+        h = (h + 1) & (g_cap - 1);
+    if (g_allocs[h].ptr == 0)
+        g_used_slots++;
+    g_allocs[h] = a;
+    g_live++;
+    return 1;
+}
+
+static struct alloc *table_find(CUdeviceptr p)
+{
+    if (!g_cap)
+        return NULL;
+    for (size_t h = hash(p, g_cap), n = 0; g_allocs[h].ptr && n < g_cap; h = (h + 1) & (g_cap - 1), n++)
+        if (g_allocs[h].ptr == p)
+            return &g_allocs[h];
+    return NULL;
+}
+
+/* A fresh address range of `size` bytes on GPU index gi (g_mem_lock held); 0 if the window is
+   full. Freeing the newest allocation hands its range back, so alloc/free loops reuse it. */
+static CUdeviceptr va_take(unsigned gi, uint64_t size)
+{
+    uint64_t base = VA_BASE + gi * VA_WINDOW;
+    if (g_bump[gi] < base)
+        g_bump[gi] = base;
+    if (g_bump[gi] + size > base + VA_WINDOW) { /* wrapped: restart after the highest live range */
+        uint64_t top = base;
+        for (size_t i = 0; i < g_cap; i++)
+            if (g_allocs[i].ptr > 1 && g_allocs[i].gi == gi && g_allocs[i].ptr + g_allocs[i].size > top)
+                top = g_allocs[i].ptr + g_allocs[i].size;
+        g_bump[gi] = top;
+        if (top + size > base + VA_WINDOW)
+            return 0;
+    }
+    CUdeviceptr p = g_bump[gi];
+    g_bump[gi] += size;
+    return p;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    ARG(dptr);
+    CUcontext c;
+    CUresult r = current_ctx(&c);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (lost(c->dev))
+        return CUDA_ERROR_UNKNOWN;
+    unsigned gi = g_visible[c->dev];
+    uint64_t total, usable, pinned;
+    memory_limits(gi, &total, &usable, &pinned);
+    if (bytesize > usable)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t size = ((uint64_t)bytesize + ALIGN - 1) & ~(ALIGN - 1);
+    /* Reserve first, then check the sum: two processes racing for the last bytes may both
+       fail, but never both succeed. */
+    uint64_t *mine = my_mem(gi);
+    __atomic_add_fetch(mine, size, __ATOMIC_ACQ_REL);
+    uint64_t others = cuda_used(gi) - size;
+    if ((others > pinned ? others : pinned) + size > usable) {
+        __atomic_sub_fetch(mine, size, __ATOMIC_ACQ_REL);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&g_mem_lock);
+    CUdeviceptr p = va_take(gi, size);
+    int ok = p && table_insert((struct alloc){p, size, gi});
+    pthread_mutex_unlock(&g_mem_lock);
+    if (!ok) {
+        __atomic_sub_fetch(mine, size, __ATOMIC_ACQ_REL);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *dptr = p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    INIT();
+    if (dptr == 0)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_mem_lock);
+    struct alloc *a = table_find(dptr);
+    if (!a) {
+        pthread_mutex_unlock(&g_mem_lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct alloc gone = *a;
+    a->ptr = 1;
+    g_live--;
+    if (g_bump[gone.gi] == gone.ptr + gone.size)
+        g_bump[gone.gi] = gone.ptr;
+    pthread_mutex_unlock(&g_mem_lock);
+    __atomic_sub_fetch(my_mem(gone.gi), gone.size, __ATOMIC_ACQ_REL);
+    return CUDA_SUCCESS;
+}
+
+/* The 32-bit ABI of CUDA < 3.2: addresses and sizes that fit in 32 bits, which ours never do. */
+CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
+{
+    (void)bytesize;
+    ARG(dptr);
+    INIT();
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuMemFree(CUdeviceptr_v1 dptr)
+{
+    INIT();
+    return dptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+{
+    ARG(free_bytes);
+    ARG(total_bytes);
+    CUcontext c;
+    CUresult r = current_ctx(&c);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (lost(c->dev))
+        return CUDA_ERROR_UNKNOWN;
+    unsigned gi = g_visible[c->dev];
+    uint64_t total, usable, pinned, used = cuda_used(gi);
+    memory_limits(gi, &total, &usable, &pinned);
+    if (pinned > used)
+        used = pinned;
+    *free_bytes = used < usable ? usable - used : 0;
+    *total_bytes = total;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes)
+{
+    ARG(free_bytes);
+    ARG(total_bytes);
+    size_t f, t;
+    CUresult r = cuMemGetInfo_v2(&f, &t);
+    if (r == CUDA_SUCCESS) {
+        *free_bytes = f > 0xFFFFFFFFu ? 0xFFFFFFFFu : (unsigned int)f;
+        *total_bytes = t > 0xFFFFFFFFu ? 0xFFFFFFFFu : (unsigned int)t;
+    }
+    return r;
+}

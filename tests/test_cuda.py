@@ -1,0 +1,461 @@
+"""libcuda.so.1 and CUDA process accounting: the shim over a published state (ctypes, one
+subprocess per scenario, since the driver's state is per process), the daemon's process table,
+and real consumers (cuda-python, numba, pynvml, nvitop) against a mounted node."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers_nvml import Published, consumer_env
+from mokkafs import native
+from mokkafs.controller import Controller
+from mokkafs.model.events import SetLost, SetProcesses
+from mokkafs.model import InvalidCommand
+from mokkafs.proctable import ProcessTable, procs_path
+
+GIB = 1 << 30
+
+PRELUDE = """
+import ctypes, json, os, sys
+cu = ctypes.CDLL(os.environ["MOKKA_CUDA_LIB"])
+def dev_names(n):
+    out = []
+    for i in range(n):
+        d = ctypes.c_int(); cu.cuDeviceGet(ctypes.byref(d), i)
+        b = ctypes.create_string_buffer(16); cu.cuDeviceGetPCIBusId(b, 16, d)
+        out.append(b.value.decode())
+    return out
+"""
+
+
+def cuda_lib() -> Path:
+    try:
+        return native.cuda_library()
+    except FileNotFoundError as e:
+        pytest.skip(f"libcuda.so.1 not built ({e}); run `pip install -e .`")
+
+
+def run_c(state: Path, code: str, **env) -> dict:
+    e = consumer_env(state)
+    e["MOKKA_CUDA_LIB"] = str(cuda_lib())
+    e.pop("CUDA_VISIBLE_DEVICES", None)
+    e.update(env)
+    r = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], env=e, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def pub(tmp_path):
+    p = Published(tmp_path, "h100", 4)
+    table = ProcessTable(procs_path(p.path))
+    table.open()
+    p.table = table
+    yield p
+    table.close()
+    p.close()
+
+
+def test_no_driver_is_no_device(tmp_path):
+    code = """
+        n = ctypes.c_int(-1)
+        r = cu.cuInit(0)
+        print(json.dumps([r, cu.cuDeviceGetCount(ctypes.byref(n)), n.value, cu.cuInit(1)]))
+    """
+    assert run_c(tmp_path / "missing", code) == [100, 3, -1, 1]
+    (tmp_path / "short").write_bytes(b"MKASTATE")
+    assert run_c(tmp_path / "short", code)[0] == 100
+    (tmp_path / "dir").mkdir()
+    assert run_c(tmp_path / "dir", code)[0] == 100
+    from mokkafs.publisher import STATE_SIZE
+
+    (tmp_path / "foreign").write_bytes(b"\x01" * STATE_SIZE)
+    assert run_c(tmp_path / "foreign", code)[0] == 803
+
+
+def test_enumeration_matches_the_profile(pub):
+    out = run_c(pub.path, """
+        assert cu.cuInit(0) == 0
+        n, v = ctypes.c_int(), ctypes.c_int()
+        cu.cuDeviceGetCount(ctypes.byref(n)); cu.cuDriverGetVersion(ctypes.byref(v))
+        name = ctypes.create_string_buffer(96); cu.cuDeviceGetName(name, 96, 2)
+        mem = ctypes.c_size_t(); cu.cuDeviceTotalMem_v2(ctypes.byref(mem), 2)
+        uuid = ctypes.create_string_buffer(16); cu.cuDeviceGetUuid_v2(uuid, 2)
+        attrs = {}
+        for a in (75, 76, 16, 13, 36, 37, 38, 10, 50, 33, 34, 41, 39, 1, 161):
+            x = ctypes.c_int(-7); r = cu.cuDeviceGetAttribute(ctypes.byref(x), a, 2); attrs[a] = [r, x.value]
+        d = ctypes.c_int(-1)
+        by_bus = [cu.cuDeviceGetByPCIBusId(ctypes.byref(d), b) for b in (b"0000:24:00.0", b"00000000:24:00.0", b"24:00.0")]
+        bad = [cu.cuDeviceGetByPCIBusId(ctypes.byref(d), b) for b in (b"zz", b"0000:99:00.0", b"")]
+        small = ctypes.create_string_buffer(5); cu.cuDeviceGetName(small, 5, 0)
+        print(json.dumps(dict(n=n.value, v=v.value, name=name.value.decode(), mem=mem.value, uuid=uuid.raw.hex(),
+                              attrs=attrs, buses=dev_names(n.value), by_bus=by_bus, dev=d.value, bad=bad,
+                              small=small.value.decode(), badname=cu.cuDeviceGetName(name, 96, 4),
+                              neg=cu.cuDeviceGet(ctypes.byref(d), -1))))
+    """)
+    ident, prof = pub.node.identities[2], pub.node.profile
+    assert out["n"] == 4 and out["v"] == 13000
+    assert out["name"] == prof.product_name and out["small"] == "NVID"
+    assert out["mem"] == prof.memory.total_mib << 20
+    assert out["uuid"] == ident.uuid.removeprefix("GPU-").replace("-", "")
+    a = {int(k): v for k, v in out["attrs"].items()}
+    assert a[75] == [0, 9] and a[76] == [0, 0] and a[16] == [0, prof.sm_count]
+    assert a[13] == [0, prof.clocks.max_sm * 1000] and a[36] == [0, prof.clocks.max_mem * 1000]
+    assert a[37] == [0, prof.memory.bus_width_bits] and a[38] == [0, prof.l2_cache_bytes]
+    assert a[10] == [0, 32] and a[41] == [0, 1] and a[39] == [0, 2048] and a[1] == [0, 1024]
+    assert a[50] == [0, ident.bdf.domain] and a[33] == [0, ident.bdf.bus] and a[34] == [0, ident.bdf.device]
+    assert a[161][0] == 0
+    assert out["buses"] == [i.bdf.legacy.upper().replace("0000:", "0000:", 1) for i in pub.node.identities]
+    assert out["by_bus"] == [0, 0, 0] and out["dev"] == 2
+    assert out["bad"] == [1, 101, 1] and out["badname"] == 101 and out["neg"] == 101
+
+
+def test_get_proc_address_returns_the_versioned_variant(pub):
+    out = run_c(pub.path, """
+        def addr(name):
+            return ctypes.cast(getattr(cu, name), ctypes.c_void_p).value
+        def lookup(name, version, flags=0):
+            p, st = ctypes.c_void_p(), ctypes.c_int(-1)
+            r = cu.cuGetProcAddress_v2(name.encode(), ctypes.byref(p), version, ctypes.c_uint64(flags), ctypes.byref(st))
+            return [r, st.value, p.value]
+        cases = {
+            "uuid9020": (lookup("cuDeviceGetUuid", 9020), "cuDeviceGetUuid"),
+            "uuid11040": (lookup("cuDeviceGetUuid", 11040), "cuDeviceGetUuid_v2"),
+            "totalmem": (lookup("cuDeviceTotalMem", 13000), "cuDeviceTotalMem_v2"),
+            "totalmem2000": (lookup("cuDeviceTotalMem", 2000), "cuDeviceTotalMem"),
+            "ctx3020": (lookup("cuCtxCreate", 3020), "cuCtxCreate_v2"),
+            "ctx12050": (lookup("cuCtxCreate", 13000), "cuCtxCreate_v4"),
+            "release": (lookup("cuDevicePrimaryCtxRelease", 11000), "cuDevicePrimaryCtxRelease_v2"),
+            "htod_ptds": (lookup("cuMemcpyHtoD", 7000, 2), "cuMemcpyHtoD_v2_ptds"),
+            "htod": (lookup("cuMemcpyHtoD", 7000, 0), "cuMemcpyHtoD_v2"),
+            "init": (lookup("cuInit", 13000), "cuInit"),
+            "v1": ([cu.cuGetProcAddress(b"cuMemAlloc", ctypes.byref(ctypes.c_void_p()), 12000, ctypes.c_uint64(0)), 0, 0], None),
+        }
+        res = {k: [v, addr(s) if s else None] for k, (v, s) in cases.items()}
+        res["unknown"] = lookup("cuNoSuchThing", 13000)
+        res["tooold"] = lookup("cuDeviceGetUuid", 9000)
+        res["null"] = cu.cuGetProcAddress_v2(None, None, 13000, ctypes.c_uint64(0), None)
+        print(json.dumps(res))
+    """)
+    for key, value in out.items():
+        if key in ("unknown", "tooold", "null", "v1"):
+            continue
+        got, want = value
+        assert got[:2] == [0, 0] and got[2] == want, key
+    assert out["v1"][0][0] == 0
+    assert out["unknown"] == [500, 1, None] and out["tooold"] == [500, 2, None] and out["null"] == 1
+
+
+def test_every_other_function_is_not_supported(pub):
+    exports = [line.strip().rstrip(";") for line in (Path(__file__).parents[1] / "shims/libcuda/libcuda.map")
+               .read_text().splitlines() if line.startswith("    cu")]
+    assert len(exports) > 700
+    out = run_c(pub.path, f"""
+        names = {exports!r}
+        missing = [n for n in names if not hasattr(cu, n)]
+        cu.cuInit(0)
+        print(json.dumps([missing, cu.cuLaunchKernel(None, 1, 1, 1, 1, 1, 1, 0, None, None, None),
+                          cu.cuModuleLoadData(None, None), cu.cuStreamCreate(None, 0)]))
+    """)
+    assert out == [[], 801, 801, 801]
+
+
+@pytest.mark.parametrize("visible, expected", [
+    (None, [0, 1, 2, 3]),
+    ("2,0", [2, 0]),
+    ("1, 3", [1, 3]),
+    ("2,x,3", [2]),
+    ("3,9,1", [3]),
+    ("1,1,2", [1]),
+    ("", []),
+    ("-1", []),
+    ("uuid3", [3]),
+    ("uuid3-bare,0", [3, 0]),
+    ("uuid1-prefix", [1]),
+    ("GPU-", []),
+])
+def test_cuda_visible_devices(pub, visible, expected):
+    ids = pub.node.identities
+    if visible and visible.startswith("uuid"):
+        u = ids[int(visible[4])].uuid
+        visible = {"": u, "-bare": u.removeprefix("GPU-"), "-prefix": u[:12]}[visible[5:].split(",")[0]] + \
+            ("," + visible.split(",")[1] if "," in visible else "")
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    out = run_c(pub.path, """
+        r = cu.cuInit(0); n = ctypes.c_int(0); cu.cuDeviceGetCount(ctypes.byref(n))
+        print(json.dumps([r, dev_names(n.value)]))
+    """, **env)
+    assert out[0] == (0 if expected else 100)
+    assert out[1] == [ids[i].bdf.legacy.upper() for i in expected]
+
+
+ALLOC = textwrap.dedent("""
+    assert cu.cuInit(0) == 0
+    P = ctypes.c_uint64
+    cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(P), ctypes.c_size_t]
+    cu.cuMemFree_v2.argtypes = [P]
+    def alloc(n):
+        p = P(0); r = cu.cuMemAlloc_v2(ctypes.byref(p), n); return r, p.value
+    def info():
+        f, t = ctypes.c_size_t(), ctypes.c_size_t(); r = cu.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byref(t))
+        return [r, f.value, t.value]
+""")
+
+
+def test_alloc_free_and_out_of_memory(pub):
+    out = run_c(pub.path, ALLOC + textwrap.dedent("""
+        res = {"noctx": alloc(1)[0], "noctx_info": info()[0]}
+        ctx = ctypes.c_void_p(); res["ctx"] = cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 1)
+        cur = ctypes.c_void_p(); cu.cuCtxGetCurrent(ctypes.byref(cur)); res["current"] = cur.value == ctx.value
+        d = ctypes.c_int(-1); cu.cuCtxGetDevice(ctypes.byref(d)); res["dev"] = d.value
+        res["before"] = info()
+        a, b, c = alloc(10 << 30), alloc(1), alloc(3 << 20)
+        res["ptrs"] = [a, b, c]
+        res["after"] = info()
+        res["oom"] = alloc(res["after"][1] + 1)[0]
+        res["zero"] = alloc(0)[0]
+        res["free"] = [cu.cuMemFree_v2(a[1]), cu.cuMemFree_v2(a[1]), cu.cuMemFree_v2(12345), cu.cuMemFree_v2(0)]
+        res["freed"] = info()
+        res["last"] = alloc(res["freed"][1])
+        res["full"] = info()
+        res["destroy"] = [cu.cuCtxDestroy_v2(ctx), cu.cuCtxDestroy_v2(ctx)]
+        print(json.dumps(res))
+    """))
+    prof = pub.node.profile
+    total, usable = prof.memory.total_mib << 20, (prof.memory.total_mib - prof.memory.reserved_mib) << 20
+    assert out["noctx"] == 201 and out["noctx_info"] == 201
+    assert out["ctx"] == 0 and out["current"] and out["dev"] == 1
+    assert out["before"] == [0, usable, total]
+    ptrs = [p for r, p in out["ptrs"]]
+    assert [r for r, _ in out["ptrs"]] == [0, 0, 0] and len(set(ptrs)) == 3 and all(ptrs)
+    assert out["after"][1] == usable - (10 << 30) - 512 - (3 << 20)
+    assert out["oom"] == 2 and out["zero"] == 1
+    assert out["free"] == [0, 1, 1, 0]
+    assert out["freed"][1] == usable - 512 - (3 << 20)
+    assert out["last"][0] == 0 and out["full"][1] == 0
+    assert out["destroy"] == [0, 201]
+
+
+def test_pinned_memory_leaves_less_to_allocate(pub):
+    from mokkafs.model.events import Pin
+
+    pub.apply(Pin(0, "memory_used", (80000,)))
+    out = run_c(pub.path, ALLOC + textwrap.dedent("""
+        ctx = ctypes.c_void_p(); cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0); cu.cuCtxSetCurrent(ctx)
+        print(json.dumps([info(), alloc(2 << 30)[0], alloc(512 << 20)[0]]))
+    """))
+    usable = (pub.node.profile.memory.total_mib - pub.node.profile.memory.reserved_mib) << 20
+    assert out[0][1] == usable - (80000 << 20)
+    assert out[1:] == [2, 0]
+
+
+def test_a_lost_gpu_fails_like_after_xid_79(pub):
+    pub.apply(SetLost(0, True))
+    out = run_c(pub.path, ALLOC + textwrap.dedent("""
+        ctx = ctypes.c_void_p()
+        name = ctypes.create_string_buffer(96)
+        r = [cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0), cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0),
+             cu.cuDeviceGetName(name, 96, 0), cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 1)]
+        print(json.dumps(r + [alloc(1 << 20)[0]]))
+    """))
+    assert out == [999, 999, 0, 0, 0]
+
+
+HOLDER = """
+import ctypes, os, sys, time
+cu = ctypes.CDLL(os.environ["MOKKA_CUDA_LIB"])
+assert cu.cuInit(0) == 0
+ctx, p = ctypes.c_void_p(), ctypes.c_uint64()
+assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, int(sys.argv[1])) == 0
+assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(int(sys.argv[2]))) == 0
+print("ready", flush=True)
+time.sleep(float(sys.argv[3]))
+"""
+
+
+def start_holder(state: Path, gpu: int, size: int, seconds: float, lib: Path | None = None,
+                 **env) -> subprocess.Popen:
+    e = consumer_env(state)
+    e["MOKKA_CUDA_LIB"] = str(lib or cuda_lib())
+    e.update(env)
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(gpu), str(size), str(seconds)], env=e,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_process_table_folds_into_the_model(pub):
+    controller = Controller(pub.node, None, time.time)
+    controller.subscribers.append(pub.publisher)
+    holder = start_holder(pub.path, 1, 3 * GIB, 60)
+    try:
+        pub.table.fold(controller)
+        assert pub.node.processes[1] == ((holder.pid, 3 * GIB),)
+        assert pub.node.processes[0] == ()
+        assert pub.node.readings(1, time.time()).memory_used_mib == 3 * 1024
+        g = pub.publisher._st.gpus[1]
+        assert (g.process_count, g.processes[0].pid, g.processes[0].used_memory) == (1, holder.pid, 3 * GIB)
+        assert g.mem_used == 3 * GIB
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        holder.stdout.close()
+    pub.table.fold(controller)
+    assert pub.node.processes[1] == ()
+    assert pub.publisher._st.gpus[1].process_count == 0 and pub.publisher._st.gpus[1].mem_used == 0
+    assert pub.table._t.slot[0].state == 0  # freed for the next process
+
+
+def test_set_processes_is_validated():
+    for bad in [((0, 1),), ((1, -1),), ((5, 1), (5, 2)), (("x", 1),), ((1, 1 << 60),)]:
+        with pytest.raises(InvalidCommand):
+            SetProcesses(0, bad)
+    with pytest.raises(InvalidCommand):
+        SetProcesses(None, ())
+    assert SetProcesses(1, ((9, 1), (3, 2))).processes == ((3, 2), (9, 1))
+
+
+# ---- real consumers against a mounted node ---------------------------------------------------
+
+
+def mount_env(node) -> dict[str, str]:
+    env = dict(os.environ, MOKKA_STATE=str(node.state_dir / "state"))
+    env["LD_LIBRARY_PATH"] = str(node.mnt / "driver/usr/lib64")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def run_py(env, code: str, timeout: float = 120) -> str:
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("profile", ["h100", "l40s"])
+def test_cuda_python_enumerates_the_node(node_factory, profile):
+    pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is in the test extra")
+    node = node_factory(profile=profile, gpus=3)
+    out = json.loads(run_py(mount_env(node), """
+        import json
+        from cuda.bindings import driver as d
+        assert d.cuInit(0)[0] == 0
+        n = d.cuDeviceGetCount()[1]
+        devs = []
+        for i in range(n):
+            dev = d.cuDeviceGet(i)[1]
+            A = d.CUdevice_attribute
+            devs.append(dict(
+                name=d.cuDeviceGetName(96, dev)[1].split(b"\\0")[0].decode(),
+                cc=[d.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)[1],
+                    d.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)[1]],
+                sms=d.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)[1],
+                mem=d.cuDeviceTotalMem(dev)[1]))
+        print(json.dumps(dict(version=d.cuDriverGetVersion()[1], devs=devs)))
+    """))
+    from mokkafs.profiles import load_profile
+
+    prof = load_profile(profile)
+    major, minor = (int(x) for x in prof.compute_capability.split("."))
+    assert out["version"] == int(prof.node.cuda_version.split(".")[0]) * 1000 + int(prof.node.cuda_version.split(".")[1]) * 10
+    assert out["devs"] == [dict(name=prof.product_name, cc=[major, minor], sms=prof.sm_count,
+                                mem=prof.memory.total_mib << 20)] * 3
+
+
+def test_numba_finds_every_gpu(node_factory):
+    pytest.importorskip("numba.cuda", reason="numba-cuda is in the test extra")
+    node = node_factory(gpus=4)
+    out = json.loads(run_py(mount_env(node), """
+        import json
+        from numba import cuda
+        print(json.dumps([cuda.is_available(), [(g.name.decode() if isinstance(g.name, bytes) else g.name,
+                          list(g.compute_capability)) for g in cuda.gpus]]))
+    """, timeout=300))
+    assert out == [True, [["NVIDIA H100 80GB HBM3", [9, 0]]] * 4]
+
+
+ALLOC_10G = """
+import os, sys, time
+from cuda.bindings import driver as d
+assert d.cuInit(0)[0] == 0
+err, ctx = d.cuCtxCreate(None, 0, d.cuDeviceGet(1)[1])
+assert err == 0, err
+err, ptr = d.cuMemAlloc(10 << 30)
+assert err == 0, err
+print("ready", flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+NVML_PROCS = """
+import json, pynvml as p
+p.nvmlInit()
+out = []
+for i in range(p.nvmlDeviceGetCount()):
+    h = p.nvmlDeviceGetHandleByIndex(i)
+    out.append([[x.pid, x.usedGpuMemory] for x in p.nvmlDeviceGetComputeRunningProcesses(h)]
+               + [p.nvmlDeviceGetMemoryInfo(h, version=p.nvmlMemory_v2).used])
+print(json.dumps(out))
+"""
+
+
+def _wait_for(predicate, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("ending", ["exit", "kill -9"])
+def test_an_allocation_shows_in_nvml_and_memory_used(node_factory, ending):
+    pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is in the test extra")
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    node = node_factory(gpus=2)
+    env = mount_env(node)
+    proc = subprocess.Popen([sys.executable, "-c", ALLOC_10G, "2" if ending == "exit" else "60"], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+
+        def listed():
+            procs = json.loads(run_py(env, NVML_PROCS))
+            return procs if procs[1][:-1] else None
+
+        procs = _wait_for(listed)
+        assert procs is not None, "the process never appeared in NVML"
+        assert procs[1] == [[proc.pid, 10 << 30], 10 << 30]
+        assert procs[0] == [0]  # GPU 0: no processes, nothing used
+        assert node.read("gpu1/memory_used").strip() == str(10 * 1024)
+        if ending == "kill -9":
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    assert _wait_for(lambda: json.loads(run_py(env, NVML_PROCS))[1] == [0] and node.read("gpu1/memory_used").strip() == "0")
+
+
+def test_nvitop_maps_cuda_visible_devices_to_uuids(node_factory):
+    pytest.importorskip("nvitop", reason="nvitop is in the test extra")
+    node = node_factory(gpus=4)
+    env = mount_env(node)
+    uuids = [node.read(f"gpu{i}/info") for i in range(4)]
+    uuids = [next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("uuid"))
+             for info in uuids]
+    for visible, want in [("2,0", [2, 0]), (uuids[3], [3]), (uuids[1][:10] + ",3", [1, 3]), ("1,x,2", [1])]:
+        got = run_py(dict(env, CUDA_VISIBLE_DEVICES=visible), """
+            from nvitop import Device
+            print(Device.normalize_cuda_visible_devices())
+        """).strip()
+        assert got == ",".join(uuids[i] for i in want), visible
