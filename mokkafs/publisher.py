@@ -83,10 +83,10 @@ def _put(field, value: str) -> None:
     ffi.memmove(field, raw, len(raw))
 
 
-def fill_gpu(g, node: Node, i: int, now: float) -> None:
-    """Write GPU `i`'s record at `now` into the zeroed cffi struct `g`."""
-    p, ident, st = node.profile, node.identities[i], node.gpus[i]
-    r = node.readings(i, now)
+def fill_static(g, node: Node, i: int) -> None:
+    """Write what never changes while the daemon runs (identity, limits, topology) into the
+    zeroed cffi struct `g`. The publisher renders it once per GPU and copies it thereafter."""
+    p, ident = node.profile, node.identities[i]
     mib = 1 << 20
     _put(g.name, p.product_name)
     _put(g.uuid, ident.uuid)
@@ -112,7 +112,6 @@ def fill_gpu(g, node: Node, i: int, now: float) -> None:
     g.pci_subsystem_id = (p.pci.subsystem_device_id << 16) | p.pci.subsystem_vendor_id
     g.pcie_max_gen = g.pcie_cur_gen = p.pci.max_link_gen
     g.pcie_max_width = g.pcie_cur_width = p.pci.max_link_width
-    g.pcie_replay = st.pcie_replay
     g.has_fan = int(p.has_fan)
     g.fan_speed = 30 if p.has_fan else 0
     g.ecc_enabled = int(p.memory.ecc)
@@ -126,53 +125,31 @@ def fill_gpu(g, node: Node, i: int, now: float) -> None:
         ffi.memmove(g.fabric_cluster_uuid, bytes.fromhex(cluster)[:8] + b"\x00" * 7 + b"\x01", 16)
     g.persistence_mode = 1
     g.compute_mode = 0
-    g.mem_total = r.memory_total_mib * mib
-    g.mem_reserved = r.memory_reserved_mib * mib
-    g.mem_used = r.memory_used_mib * mib
-    g.mem_free = r.memory_free_mib * mib
+    g.mem_total = p.memory.total_mib * mib
+    g.mem_reserved = p.memory.reserved_mib * mib
     g.bar1_total = p.memory.bar1_mib * mib
     g.bar1_used = 1 * mib
     g.mem_bus_width = p.memory.bus_width_bits
     g.pstate = 0
     c = p.clocks
-    g.clock_cur = [r.clock_graphics, r.clock_sm, r.clock_mem, r.clock_video]
     g.clock_max = [c.max_graphics, c.max_sm, c.max_mem, c.max_video]
     g.clock_app = [c.default_app_graphics, c.default_app_graphics, c.default_app_mem, c.max_video]
     g.clock_default_app = [c.default_app_graphics, c.default_app_graphics, c.default_app_mem, c.max_video]
-    g.power_usage = int(round(r.power_w * 1000))
-    g.power_limit = g.power_enforced_limit = int(round(r.power_limit_w * 1000))
     g.power_default_limit = int(round(p.power.default_limit_w * 1000))
     g.power_min_limit = int(round(p.power.min_limit_w * 1000))
     g.power_max_limit = int(round(p.power.max_limit_w * 1000))
-    g.energy_mj = int(r.energy_mj)
     t = p.thermal
-    g.temp_gpu = int(round(r.temperature_c))
-    g.temp_mem = -1 if r.memory_temperature_c is None else int(round(r.memory_temperature_c))
     thresholds = [-1] * 8
     thresholds[0], thresholds[1], thresholds[3] = t.shutdown_c, t.slowdown_c, t.max_operating_c
     if t.memory_idle_c is not None:
         thresholds[2] = 95  # HBM/GDDR max operating temperature as nvidia-smi -q reports it
     g.temp_threshold = thresholds
     g.temp_tlimit = -1 if t.tlimit_c is None else t.tlimit_c
-    g.util_gpu, g.util_mem = r.util_gpu, r.util_mem
-    g.throttle_mask = r.throttle_mask
-    for s, scope in enumerate(("volatile", "aggregate")):
-        for k, kind in enumerate(("corrected", "uncorrected")):
-            for loc_i, loc in enumerate(MEMORY_LOCATIONS):
-                g.ecc[s][k][loc_i] = st.ecc[f"{scope}.{kind}.{loc}"]
-    g.retired_sbe, g.retired_dbe = st.retired_sbe, st.retired_dbe
-    g.retired_pending = int(st.retired_pending)
-    g.remapped_corr, g.remapped_unc = st.remapped_corr, st.remapped_unc
-    g.remap_pending, g.remap_failure = int(st.remap_pending), int(st.remap_failure)
     g.nvlink_count = p.nvlink.links
     switches = node.config.nvswitches
     for link in range(p.nvlink.links):
         nl = g.nvlink[link]
-        nl.state = 0 if link in st.nvlink_down else 1
         nl.version = p.nvlink.version
-        errs = st.nvlink_errors.get(str(link), {})
-        for n, name in enumerate(NVLINK_COUNTERS):
-            nl.errors[n] = errs.get(name, 0)
         if switches:
             nl.remote_type = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
             nl.remote_bus = NVSWITCH_BUS_BASE + link % switches
@@ -182,15 +159,52 @@ def fill_gpu(g, node: Node, i: int, now: float) -> None:
             peer = node.identities[(i + 1) % len(node.identities)]
             nl.remote_domain, nl.remote_bus = peer.bdf.domain, peer.bdf.bus
             nl.remote_pci_device_id = g.pci_device_id
+    g.l2_cache_bytes = p.l2_cache_bytes
+
+
+def fill_dynamic(g, node: Node, i: int, now: float) -> None:
+    """Write what events and time change into `g`, which already holds `fill_static`'s part."""
+    st = node.gpus[i]
+    r = node.readings(i, now)
+    mib = 1 << 20
+    g.pcie_replay = st.pcie_replay
+    g.mem_used = r.memory_used_mib * mib
+    g.mem_free = r.memory_free_mib * mib
+    g.clock_cur = [r.clock_graphics, r.clock_sm, r.clock_mem, r.clock_video]
+    g.power_usage = int(round(r.power_w * 1000))
+    g.power_limit = g.power_enforced_limit = int(round(r.power_limit_w * 1000))
+    g.energy_mj = int(r.energy_mj)
+    g.temp_gpu = int(round(r.temperature_c))
+    g.temp_mem = -1 if r.memory_temperature_c is None else int(round(r.memory_temperature_c))
+    g.util_gpu, g.util_mem = r.util_gpu, r.util_mem
+    g.throttle_mask = r.throttle_mask
+    ecc = st.ecc
+    for s, scope in enumerate(("volatile", "aggregate")):
+        for k, kind in enumerate(("corrected", "uncorrected")):
+            g.ecc[s][k] = [ecc[f"{scope}.{kind}.{loc}"] for loc in MEMORY_LOCATIONS]
+    g.retired_sbe, g.retired_dbe = st.retired_sbe, st.retired_dbe
+    g.retired_pending = int(st.retired_pending)
+    g.remapped_corr, g.remapped_unc = st.remapped_corr, st.remapped_unc
+    g.remap_pending, g.remap_failure = int(st.remap_pending), int(st.remap_failure)
+    for link in range(node.profile.nvlink.links):
+        nl = g.nvlink[link]
+        nl.state = 0 if link in st.nvlink_down else 1
+        errs = st.nvlink_errors.get(str(link))
+        nl.errors = [errs.get(name, 0) for name in NVLINK_COUNTERS] if errs else [0] * len(NVLINK_COUNTERS)
     g.lost = int(st.lost)
     g.needs_reset = int(st.needs_reset)
     g.last_xid = st.last_xid or 0
-    g.l2_cache_bytes = p.l2_cache_bytes
     g.mem_used_pinned = int("memory_used" in st.pins)
     procs = node.processes[i][:MAX_GPU_PROCS]
     g.process_count = len(procs)
     for k, (pid, used) in enumerate(procs):
         g.processes[k].pid, g.processes[k].used_memory = pid, used
+
+
+def fill_gpu(g, node: Node, i: int, now: float) -> None:
+    """Write GPU `i`'s whole record at `now` into the zeroed cffi struct `g`."""
+    fill_static(g, node, i)
+    fill_dynamic(g, node, i, now)
 
 
 class Publisher:
@@ -203,6 +217,17 @@ class Publisher:
         self._mm: mmap.mmap | None = None
         self._st = None
         self._scratch = ffi.new("struct mokka_gpu[]", MAX_GPUS)
+        self._statics: dict[tuple[int, int], bytes] = {}
+
+    def _static(self, node: Node, i: int) -> bytes:
+        """GPU `i`'s record with only `fill_static`'s part, rendered once: an event's publish
+        then writes only what can change, which keeps it off the waiters' critical path."""
+        key = (id(node), i)
+        if key not in self._statics:
+            g = ffi.new("struct mokka_gpu *")
+            fill_static(g[0], node, i)
+            self._statics[key] = bytes(ffi.buffer(g))
+        return self._statics[key]
 
     # --- lifetime ------------------------------------------------------------------------------
 
@@ -269,8 +294,8 @@ class Publisher:
         targets = range(count) if only is None else sorted(i for i in only if 0 <= i < count)
         scratch, rec = self._scratch, ffi.sizeof("struct mokka_gpu")
         for i in targets:
-            ffi.memmove(ffi.addressof(scratch, i), b"\x00" * rec, rec)
-            fill_gpu(scratch[i], node, i, now)
+            ffi.memmove(ffi.addressof(scratch, i), self._static(node, i), rec)
+            fill_dynamic(scratch[i], node, i, now)
         cfg = node.config
         st.seq += 1  # odd: records are changing (x86 keeps stores in program order)
         st.gpu_count = count
