@@ -1,29 +1,54 @@
-"""driver/: a driver root as `--driver-root` users expect (usr/lib64/libnvidia-ml.so.*), whose
-libraries are symlinks to the shims this package built, named like the real driver's files."""
+"""driver/: a self-contained driver root, what `--driver-root` / `NVIDIA_DRIVER_ROOT` users
+expect: usr/lib64/libnvidia-ml.so.* and libcuda.so.*, usr/bin/nvidia-smi and dev/nvidia*.
+
+The libraries and the tool are regular files whose bytes are the shims this package built, so
+a container that mounts only this directory (the device plugin's /driver-root) has them all;
+the sonames are relative links to the versioned files, as the driver installs them."""
 from __future__ import annotations
+
+import logging
+from pathlib import Path
 
 from mokkafs import native
 from mokkafs.model import NodeConfig
-from mokkafs.vfs import Dir, Symlink, static_dir
+from mokkafs.vfs import Dir, Entry, File, Symlink, static_dir
+
+log = logging.getLogger(__name__)
 
 
-def lib64_children(config: NodeConfig) -> dict[str, Symlink]:
+def _built(path: Path) -> File | None:
+    """The built file's bytes, read once; the loader maps them, so they go through the page
+    cache (exact_size), never direct_io."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        log.warning("%s: %s; the driver root will not have it (reinstall mokkafs to build the shims)", path,
+                    e.strerror)
+        return None
+    return File(lambda ctx: data, mode=0o755, size=len(data), exact_size=True)
+
+
+def lib64_children(config: NodeConfig) -> dict[str, Entry]:
     """As the driver installs them: the soname links to the versioned file, which is ours.
     nvidia-ctk infers the driver version from the `.so.<version>` suffix."""
-    versioned = f"libnvidia-ml.so.{config.driver_version}"
-    cuda_versioned = f"libcuda.so.{config.driver_version}"
-    return {
-        versioned: Symlink(str(native.LIB_DIR / native.NVML_SONAME)),
-        native.NVML_SONAME: Symlink(versioned),
+    out: dict[str, Entry] = {}
+    for soname, stem in ((native.NVML_SONAME, "libnvidia-ml.so"), (native.CUDA_SONAME, "libcuda.so")):
+        versioned = f"{stem}.{config.driver_version}"
+        built = _built(native.LIB_DIR / soname)
+        if built is None:
+            continue
+        out[versioned] = built
+        out[soname] = Symlink(versioned)
+    if native.CUDA_SONAME in out:
         # libcuda.so (the development link) too: numba loads `libcuda.so` before `libcuda.so.1`.
-        cuda_versioned: Symlink(str(native.LIB_DIR / native.CUDA_SONAME)),
-        native.CUDA_SONAME: Symlink(cuda_versioned),
-        "libcuda.so": Symlink(native.CUDA_SONAME),
-    }
+        out["libcuda.so"] = Symlink(native.CUDA_SONAME)
+    return out
 
 
-def driver_tree(config: NodeConfig) -> Dir:
+def driver_tree(config: NodeConfig, dev: Dir) -> Dir:
     lib64 = static_dir(lib64_children(config))
     # usr/bin/nvidia-smi: the native tool setup.py builds beside the libraries (shims/nvidia-smi)
-    bin_dir = static_dir({"nvidia-smi": Symlink(str(native.LIB_DIR.parent / "bin" / "nvidia-smi"))})
-    return static_dir({"usr": static_dir({"lib64": lib64, "bin": bin_dir})})
+    smi = _built(native.LIB_DIR.parent / "bin" / "nvidia-smi")
+    bin_dir = static_dir({"nvidia-smi": smi} if smi else {})
+    # dev/: the device plugin looks for /dev/nvidia* under the driver root (its devRoot).
+    return static_dir({"usr": static_dir({"lib64": lib64, "bin": bin_dir}), "dev": dev})
