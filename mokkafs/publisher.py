@@ -110,6 +110,7 @@ def fill_static(g, node: Node, i: int) -> None:
     g.pci_domain, g.pci_bus, g.pci_device = ident.bdf.domain, ident.bdf.bus, ident.bdf.device
     g.pci_device_id = (p.pci.device_id << 16) | p.pci.vendor_id
     g.pci_subsystem_id = (p.pci.subsystem_device_id << 16) | p.pci.subsystem_vendor_id
+    g.pci_class = p.pci.class_code
     g.pcie_max_gen = g.pcie_cur_gen = p.pci.max_link_gen
     g.pcie_max_width = g.pcie_cur_width = p.pci.max_link_width
     g.has_fan = int(p.has_fan)

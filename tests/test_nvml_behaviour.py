@@ -190,3 +190,28 @@ def test_event_wait_wakes_within_a_millisecond_and_every_set_gets_each_event(nvm
     assert nvml.nvmlEventSetWait_v2(sets[0], C.byref(data), 0) == TIMEOUT  # each event once
     for s in sets:
         assert nvml.nvmlEventSetFree(s) == SUCCESS
+
+
+class PciInfoExt(C.Structure):
+    _fields_ = [("version", C.c_uint), ("domain", C.c_uint), ("bus", C.c_uint), ("device", C.c_uint),
+                ("pciDeviceId", C.c_uint), ("pciSubSystemId", C.c_uint), ("baseClass", C.c_uint),
+                ("subClass", C.c_uint), ("busId", C.c_char * 32)]
+
+
+def test_pci_class_and_gsp_firmware(nvml, published):
+    """nvidia-smi -q reads the PCI class (PciInfoExt) and the GSP firmware version, which must be
+    the driver version (consumer-contracts §8.6)."""
+    assert nvml.nvmlInit_v2() == SUCCESS
+    h = handle(nvml, 1)
+    ext = PciInfoExt(version=C.sizeof(PciInfoExt) | (1 << 24))
+    assert nvml.nvmlDeviceGetPciInfoExt(h, C.byref(ext)) == SUCCESS
+    assert (ext.baseClass, ext.subClass) == (0x03, 0x02)
+    assert ext.pciDeviceId == 0x233010DE and ext.busId == b"00000000:1E:00.0"
+    stale = PciInfoExt(version=1)
+    assert nvml.nvmlDeviceGetPciInfoExt(h, C.byref(stale)) == VERSION_MISMATCH
+    buf = C.create_string_buffer(64)
+    assert nvml.nvmlDeviceGetGspFirmwareVersion(h, buf) == SUCCESS
+    assert buf.value == b"580.105.08"
+    enabled, default = C.c_uint(), C.c_uint()
+    assert nvml.nvmlDeviceGetGspFirmwareMode(h, C.byref(enabled), C.byref(default)) == SUCCESS
+    assert (enabled.value, default.value) == (1, 1)

@@ -166,7 +166,7 @@ struct mokka_gpu {
     uint32_t util_mem;
     uint32_t util_enc;
     uint32_t util_dec;
-    uint32_t pad0;
+    uint32_t pci_class;        /* base << 16 | sub << 8 | prog-if (0x030200: 3D controller) */
     uint64_t throttle_mask;    /* nvmlClocksEventReasons bits */
     /* ECC counters, [counter type: volatile, aggregate][error type: corrected,
        uncorrected][nvmlMemoryLocation_t] */

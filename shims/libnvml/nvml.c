@@ -603,6 +603,49 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t 
     return NVML_SUCCESS;
 }
 
+nvmlReturn_t DECLDIR nvmlDeviceGetPciInfoExt(nvmlDevice_t device, nvmlPciInfoExt_t *pci)
+{
+    DEV_STATIC(device);
+    ARG(pci);
+    if (pci->version != nvmlPciInfoExt_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlPciInfo_t base;
+    uint32_t cls;
+    fill_pci(s, g, &base, 0);
+    SNAP(s, g->pci_class, cls);
+    memset(pci, 0, sizeof(*pci));
+    pci->version = nvmlPciInfoExt_v1;
+    pci->domain = base.domain;
+    pci->bus = base.bus;
+    pci->device = base.device;
+    pci->pciDeviceId = base.pciDeviceId;
+    pci->pciSubSystemId = base.pciSubSystemId;
+    pci->baseClass = (cls >> 16) & 0xFF;
+    pci->subClass = (cls >> 8) & 0xFF;
+    snprintf(pci->busId, sizeof(pci->busId), "%s", base.busId);
+    return NVML_SUCCESS;
+}
+
+/* Every board we simulate runs its GSP firmware, whose version is the driver's (the captures
+   show gsp_firmware_version equal to driver_version on all seven boards). */
+nvmlReturn_t DECLDIR nvmlDeviceGetGspFirmwareVersion(nvmlDevice_t device, char *version)
+{
+    DEV(device);
+    ARG(version);
+    return STRING(s->driver_version, version, NVML_GSP_FIRMWARE_VERSION_BUF_SIZE);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetGspFirmwareMode(nvmlDevice_t device, unsigned int *isEnabled,
+                                                  unsigned int *defaultMode)
+{
+    DEV(device);
+    ARG(isEnabled);
+    ARG(defaultMode);
+    *isEnabled = 1;
+    *defaultMode = 1;
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t DECLDIR nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci)
 {
     return nvmlDeviceGetPciInfo_v3(device, pci);
