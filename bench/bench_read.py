@@ -1,11 +1,15 @@
 """Reading gpu0/temperature through the mount (open, read, close) against the same loop over a
-tmpfs file, side by side in one run. Targets (issue 2): p50 <= 150 us, p99 <= 1 ms."""
+tmpfs file and over a do-nothing pyfuse3 file system (the FUSE floor on this machine), side by
+side in one run. Targets (issue 2): p50 <= 150 us, p99 <= 1 ms."""
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 from _node import BenchNode, percentile
 
@@ -28,21 +32,35 @@ def main() -> None:
     shm = tempfile.NamedTemporaryFile(dir="/dev/shm", delete=False)
     shm.write(b"29\n")
     shm.close()
-    with BenchNode() as node:
-        path = str(node.mnt / "gpu0" / "temperature")
-        read_loop(path, 200)  # warm up
-        read_loop(shm.name, 200)
-        # Interleave the two in rounds so machine noise hits both alike.
-        fuse, tmpfs = [], []
-        for _ in range(10):
-            fuse += read_loop(path, args.n // 10)
-            tmpfs += read_loop(shm.name, args.n // 10)
-    os.unlink(shm.name)
-    print(f"{'file':<22} {'p50 us':>8} {'p99 us':>8}")
-    for name, vals in (("mokkafs gpu0/temperature", fuse), ("tmpfs", tmpfs)):
-        print(f"{name:<22} {percentile(vals, 0.5):>8.1f} {percentile(vals, 0.99):>8.1f}")
+    floor_mnt = Path(tempfile.mkdtemp(prefix="mokka-floor-"))
+    r, w = os.pipe()
+    floor = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_floor_fs.py")), str(floor_mnt), str(w)],
+                             pass_fds=(w,))
+    os.close(w)
+    os.read(r, 16)
+    try:
+        with BenchNode() as node:
+            path = str(node.mnt / "gpu0" / "temperature")
+            floor_path = str(floor_mnt / "temperature")
+            for p in (path, shm.name, floor_path):
+                read_loop(p, 200)  # warm up
+            # Interleave in rounds so machine noise hits all alike.
+            fuse, tmpfs, bare = [], [], []
+            for _ in range(10):
+                fuse += read_loop(path, args.n // 10)
+                tmpfs += read_loop(shm.name, args.n // 10)
+                bare += read_loop(floor_path, args.n // 10)
+    finally:
+        subprocess.run(["fusermount3", "-u", str(floor_mnt)])
+        floor.wait()
+        os.unlink(shm.name)
+    print(f"{'file':<32} {'p50 us':>8} {'p99 us':>8}")
+    rows = (("mokkafs gpu0/temperature", fuse), ("tmpfs", tmpfs), ("do-nothing pyfuse3 (FUSE floor)", bare))
+    for name, vals in rows:
+        print(f"{name:<32} {percentile(vals, 0.5):>8.1f} {percentile(vals, 0.99):>8.1f}")
     p50, p99 = percentile(fuse, 0.5), percentile(fuse, 0.99)
     print(f"ratio mokkafs/tmpfs p50 {p50 / percentile(tmpfs, 0.5):.1f}x, p99 {p99 / percentile(tmpfs, 0.99):.1f}x")
+    print(f"ratio mokkafs/floor p50 {p50 / percentile(bare, 0.5):.2f}x, p99 {p99 / percentile(bare, 0.99):.2f}x")
     print(f"targets: p50 {p50:.0f}/150 us = {p50 / 150:.2f}, p99 {p99:.0f}/1000 us = {p99 / 1000:.2f}")
 
 
