@@ -29,7 +29,7 @@ def tool(name: str) -> str:
     return path
 
 
-@pytest.mark.parametrize("profile", ["h100", "a100", "t4", "gb200"])
+@pytest.mark.parametrize("profile", ["a100", "b200", "gb200", "gb300", "h100", "h200", "l40s", "t4"])
 def test_pynvml_sees_the_profile(node_factory, profile):
     node = node_factory(profile=profile, gpus=2)
     env = consumer_env(node.state_dir / "state")
@@ -56,6 +56,11 @@ def test_pynvml_sees_the_profile(node_factory, profile):
             remap=opt(p.nvmlDeviceGetRemappedRows, h), nvlinks=opt(p.nvmlDeviceGetNvLinkState, h, 0),
             fabric=opt(lambda: (lambda f: (p.nvmlDeviceGetGpuFabricInfo(h, p.byref(f)), f.cliqueId)[1])(p.c_nvmlGpuFabricInfo_t())),
             throttle=p.nvmlDeviceGetCurrentClocksEventReasons(h),
+            bar1=p.nvmlDeviceGetBAR1MemoryInfo(h).bar1Total, board=p.nvmlDeviceGetBoardPartNumber(h),
+            inforom=p.nvmlDeviceGetInforomImageVersion(h), arch=p.nvmlDeviceGetArchitecture(h),
+            gen=p.nvmlDeviceGetMaxPcieLinkGeneration(h), width=p.nvmlDeviceGetMaxPcieLinkWidth(h),
+            power=p.nvmlDeviceGetPowerUsage(h), pstate=p.nvmlDeviceGetPerformanceState(h),
+            pci_ids=[p.nvmlDeviceGetPciInfo_v3(h).pciDeviceId, p.nvmlDeviceGetPciInfo_v3(h).pciSubSystemId],
         )))
         p.nvmlShutdown()
     """))
@@ -78,6 +83,13 @@ def test_pynvml_sees_the_profile(node_factory, profile):
     assert out["mig"] == ([0, 0] if prof.mig_capable else "Not Supported")
     assert out["nvlinks"] == (1 if prof.nvlink.links else "Not Supported")
     assert (out["fabric"] == 1) == prof.fabric
+    assert out["bar1"] == prof.memory.bar1_mib << 20
+    assert out["board"] == prof.board_part_number and out["inforom"] == prof.inforom.image
+    arch = {"Turing": 6, "Ampere": 7, "Ada Lovelace": 8, "Hopper": 9, "Blackwell": 10}[prof.architecture]
+    assert out["arch"] == arch
+    assert (out["gen"], out["width"]) == (prof.pci.max_link_gen, prof.pci.max_link_width)
+    assert out["power"] == round(prof.power.idle_w * 1000) and out["pstate"] == 0
+    assert out["pci_ids"] == [prof.pci.device_id << 16 | 0x10DE, prof.pci.subsystem_device_id << 16 | 0x10DE]
 
 
 def test_gpustat_and_nvitop_show_the_gpus_and_a_lost_one(node_factory):
