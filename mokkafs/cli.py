@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from mokkafs.daemon import DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, Options, is_mounted, pid_file
+from mokkafs.paths import DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, is_mounted, pid_file
 
 log = logging.getLogger("mokka")
 
@@ -79,6 +79,8 @@ def _serve_in_this_process(opts: Options, ready_fd: int | None) -> int:
 
 
 def cmd_mount(args) -> int:
+    from mokkafs.daemon import Options
+
     opts = Options(
         mountpoint=args.mountpoint,
         profile=args.profile,
@@ -229,6 +231,11 @@ def cmd_run(args) -> int:
 def cmd_agent(args) -> int:
     from mokkafs import agent
 
+    # The defaults live with the agent, which only this command imports (kubernetes is heavy).
+    for name, default in (("mountpoint", agent.DEFAULT_MOUNTPOINT), ("state_dir", agent.DEFAULT_STATE_DIR),
+                          ("cdi_spec", agent.DEFAULT_CDI_SPEC), ("nfd_features", agent.DEFAULT_NFD_FEATURES)):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     _setup_logging(sys.stderr)
     return agent.main(args)
 
@@ -312,19 +319,17 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--root", default=DEFAULT_MOUNTPOINT)
     e.set_defaults(func=cmd_env)
 
-    from mokkafs import agent as _agent
-
     g = sub.add_parser("agent", help="in a Kubernetes DaemonSet: mount, inject from Node annotations, report health")
     g.add_argument("--node-name", help="this Node's name (default: $NODE_NAME)")
     g.add_argument("--kubeconfig", help="default: in-cluster config, else ~/.kube/config")
-    g.add_argument("--mountpoint", default=_agent.DEFAULT_MOUNTPOINT)
-    g.add_argument("--state-dir", default=_agent.DEFAULT_STATE_DIR)
+    g.add_argument("--mountpoint", help="default: /var/lib/mokkafs/root (mokkafs.agent)")
+    g.add_argument("--state-dir", help="default: /var/lib/mokkafs/state (mokkafs.agent)")
     g.add_argument("--profile", help="default: label mokkafs.io/profile, else $MOKKA_PROFILE, else h100")
     g.add_argument("--gpus", help="default: label mokkafs.io/gpus, else $MOKKA_GPUS, else the profile's")
     g.add_argument("--no-mount", action="store_true", help="use a node already mounted at --mountpoint")
     g.add_argument("--kmsg", action="store_true", help="also write Xid lines to /dev/kmsg")
-    g.add_argument("--cdi-spec", default=_agent.DEFAULT_CDI_SPEC, help="'' to skip")
-    g.add_argument("--nfd-features", default=_agent.DEFAULT_NFD_FEATURES, help="'' to skip")
+    g.add_argument("--cdi-spec", help="'' to skip (default: /var/run/cdi/nvidia.yaml)")
+    g.add_argument("--nfd-features", help="'' to skip (default: NFD's features.d/mokkafs)")
     g.add_argument("--resync", type=float, default=30.0, help="seconds between health checks and rewatches")
     g.set_defaults(func=cmd_agent)
 

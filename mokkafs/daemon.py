@@ -19,6 +19,8 @@ import trio
 from mokkafs.controller import Controller
 from mokkafs.fuse_ops import MokkaOperations
 from mokkafs.kmsg import KmsgWriter
+from mokkafs.mirror import Mirror, mirror_path
+from mokkafs.paths import DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, is_mounted, pid_file
 from mokkafs.model import Node, compose
 from mokkafs.persist import StateDir
 from mokkafs.profiles import load_profile
@@ -29,9 +31,6 @@ from mokkafs.vfs import Tree
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MOUNTPOINT = "/mokka"
-DEFAULT_STATE_DIR = "/run/mokka"
-RUNTIME_DIR = Path(os.environ.get("MOKKA_RUNTIME_DIR", "/run/mokka/mounts"))
 
 
 @dataclass
@@ -50,12 +49,6 @@ class Options:
     metrics: str | None = None  # [HOST:]PORT to serve /metrics on (mokkafs.metrics)
 
 
-def pid_file(mountpoint: str) -> Path:
-    """Where the daemon serving `mountpoint` records its pid, for `mokka umount`."""
-    name = os.path.realpath(mountpoint).strip("/").replace("/", "_") or "root"
-    return RUNTIME_DIR / f"{name}.pid"
-
-
 def clear_stale_mount(mountpoint: str) -> None:
     """A daemon killed without unmounting leaves a mount whose every access fails ENOTCONN;
     detach it so the new daemon can mount in its place."""
@@ -70,12 +63,6 @@ def clear_stale_mount(mountpoint: str) -> None:
         subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False, capture_output=True)
         with contextlib.suppress(OSError):
             os.stat(mountpoint)
-
-
-def is_mounted(mountpoint: str) -> bool:
-    real = os.path.realpath(mountpoint)
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == real for line in f if len(line.split()) > 1)
 
 
 def build(opts: Options, clock=time.time) -> tuple[Controller, Tree, bool]:
@@ -154,6 +141,11 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
             stack.callback(lambda: pidf.unlink(missing_ok=True))
 
             # Services that serve the mounted node (metrics) start here.
+            # The plain-directory mirror of sys/, proc/ and dev/ that `mokka run` binds; its
+            # first, whole write happens in the background (the mount serves meanwhile).
+            mirror = Mirror(tree, mirror_path(opts.state_dir), time.time)
+            controller.subscribers.append(mirror)
+            await nursery.start(mirror.run, node)
             if opts.metrics is not None:
                 from mokkafs import metrics
 

@@ -167,6 +167,18 @@ def plan(root: str) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
     return pairs, hide
 
 
+def tree_source(root: str) -> str:
+    """Where to bind sys/, proc/ and dev/ from: the daemon's plain-directory mirror of them
+    (mokkafs/mirror.py: the same trees, rewritten on every event, read at page-cache speed), or
+    the mount itself where the daemon keeps none."""
+    try:
+        with open(f"{root}/node/state_dir") as f:
+            mirror = os.path.join(f.read().strip(), "mirror")
+    except OSError:
+        return root
+    return mirror if os.path.isdir(os.path.join(mirror, "sys")) else root
+
+
 def environment(root: str, base: dict[str, str]) -> dict[str, str]:
     env = dict(base)
     try:
@@ -195,7 +207,7 @@ def run(root: str, cmd: list[str]) -> int:
         print(f"mokka run: {root}: not a mokkafs mount ({e.strerror}); start one with `mokka mount {root}`",
               file=sys.stderr)
         return 2
-    pairs, hide = plan(root)
+    pairs, hide = plan(tree_source(root))
     cwd = os.getcwd()
     try:
         enter_namespace()

@@ -108,7 +108,7 @@ def test_cli_inject_and_its_errors(mounted: MountedNode):
 
 def test_sigterm_unmounts_cleanly(mounted: MountedNode):
     from mokkafs.cli import _alive
-    from mokkafs.daemon import is_mounted
+    from mokkafs.paths import is_mounted
 
     pid = mounted.daemon_pid()
     os.kill(pid, signal.SIGTERM)

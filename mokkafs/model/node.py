@@ -250,6 +250,16 @@ class Node:
         self.generation += 1
         return notes
 
+    def device_tree_state(self) -> tuple:
+        """Everything the sys/, proc/ and dev/ renderers read from the mutable state: which GPUs
+        are on the bus and the HCA ports. Those trees are a function of this (and the fixed
+        composition), never of time; the mirror re-renders only when it changes.
+        tests/test_mirror.py checks the mirror against a fresh render after every event kind."""
+        return (
+            tuple(g.lost for g in self.gpus),
+            tuple((h.port_down, tuple(h.counters.values())) for h in self.hcas),
+        )
+
     def log_since(self, seq: int) -> list[LogEntry]:
         """The log lines appended after `log_seq` was `seq`."""
         n = min(self.log_seq - seq, len(self.log))

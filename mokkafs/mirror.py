@@ -1,0 +1,161 @@
+"""A plain-directory mirror of the node's `sys/`, `proc/` and `dev/` trees, for `mokka run`.
+
+Real tools walk sysfs with thousands of small opens (lspci -vvv: ~2000 system calls), and each
+one through FUSE is a round trip to this daemon. None of these trees depends on time, only on
+the model's state, so the daemon renders them with the same renderers into
+`<state-dir>/mirror/` at start and again on every event, before the write that caused the event
+returns; `mokka run` binds the mirror at the real paths, where tools read it at page-cache
+speed. The FUSE tree under the mount point stays the one computed on read.
+
+Updates are in place and per entry (a file is replaced by rename, a vanished directory removed),
+so bind mounts of the mirror's directories see them at once, as they would see a hot-unplug in
+real sysfs. The first, whole mirror is written off the event loop after the mount is ready
+(thousands of files for a big node) into `mirror.new/` and renamed into place when complete;
+until then `mokka run` binds the mount itself.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from mokkafs.model import Node
+from mokkafs.vfs import CharDev, Ctx, Dir, Entry, File, Symlink, Tree
+
+log = logging.getLogger(__name__)
+
+TREES = ("sys", "proc", "dev")
+
+# What an entry is on disk: ("d", mode) | ("f", mode, bytes) | ("l", target) | ("c", mode, rdev)
+Item = tuple
+
+
+def mirror_path(state_dir: str | os.PathLike) -> Path:
+    return Path(state_dir) / "mirror"
+
+
+def render(tree: Tree, ctx: Ctx, tops: tuple[str, ...] = TREES) -> dict[str, Item]:
+    """Every entry under `tops`, by relative path, parents before children."""
+    out: dict[str, Item] = {}
+    root_children = tree.root.children(ctx)
+
+    def walk(entry: Entry, path: str) -> None:
+        if isinstance(entry, Dir):
+            out[path] = ("d", entry.mode)
+            for name, child in entry.children(ctx).items():
+                walk(child, f"{path}/{name}")
+        elif isinstance(entry, File):
+            out[path] = ("f", entry.perm, entry.read(ctx))
+        elif isinstance(entry, Symlink):
+            out[path] = ("l", entry.resolve(ctx))
+        elif isinstance(entry, CharDev):
+            out[path] = ("c", entry.mode, os.makedev(entry.major, entry.minor))
+
+    for top in tops:
+        if top in root_children:
+            walk(root_children[top], top)
+    return out
+
+
+class Mirror:
+    def __init__(self, tree: Tree, path: Path, clock: Callable[[], float]) -> None:
+        self.tree = tree
+        self.path = Path(path)
+        self.clock = clock
+        self._items: dict[str, Item] = {}
+        self._rendered_state: tuple | None = None
+        self._ready = False
+
+    def start(self, node: Node) -> None:
+        """Write the whole mirror now, replacing whatever an earlier daemon left there."""
+        self._clear()
+        self.path.mkdir(parents=True)
+        self._ready = True
+        self.sync(node)
+
+    async def run(self, node: Node, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """`start`, with the file writing in a worker thread so the mount serves meanwhile.
+        The model is only read on the event loop: the thread writes a finished rendering."""
+        self._clear()
+        task_status.started()
+        state, items = node.device_tree_state(), render(self.tree, Ctx(node, self.clock()))
+        staging = self.path.with_name(self.path.name + ".new")
+        await trio.to_thread.run_sync(self._write_all, staging, items)
+        os.rename(staging, self.path)
+        self._items, self._rendered_state, self._ready = items, state, True
+        self.sync(node)  # whatever events changed while the thread wrote
+        log.info("%s: mirror of %d entries ready", self.path, len(items))
+
+    def _clear(self) -> None:
+        self._items, self._rendered_state, self._ready = {}, None, False
+        for leftover in (self.path, self.path.with_name(self.path.name + ".new")):
+            if leftover.exists():
+                shutil.rmtree(leftover)
+
+    def _write_all(self, base: Path, items: dict[str, Item]) -> None:
+        base.mkdir(parents=True)
+        writer = Mirror(self.tree, base, self.clock)
+        for rel, item in items.items():
+            writer._write(rel, item, replace=False)
+
+    def __call__(self, node: Node, notes, entries) -> None:
+        """Controller subscriber."""
+        self.sync(node)
+
+    def sync(self, node: Node) -> None:
+        if not self._ready:
+            return  # the first, whole write is still under way; `run` catches up after it
+        # Most events (pins, ECC, Xids other than 79) leave these trees as they are: skip the
+        # render (3 ms at 8 GPUs) unless what they are rendered from changed.
+        state = node.device_tree_state()
+        if state == self._rendered_state:
+            return
+        new = render(self.tree, Ctx(node, self.clock()))
+        old = self._items
+        # Removals first, deepest first, so a vanished directory goes with what it held.
+        for rel in sorted((p for p in old if new.get(p, (None,))[0] != old[p][0]), reverse=True):
+            self._remove(rel, old[rel])
+        for rel, item in new.items():  # parents come before their children
+            if old.get(rel) != item:
+                self._write(rel, item, replace=rel in old and old[rel][0] == item[0])
+        self._items = new
+        self._rendered_state = state
+
+    def _remove(self, rel: str, item: Item) -> None:
+        target = self.path / rel
+        try:
+            if item[0] == "d":
+                shutil.rmtree(target)
+            else:
+                target.unlink()
+        except FileNotFoundError:
+            pass  # went with a directory removed before it
+
+    def _write(self, rel: str, item: Item, replace: bool) -> None:
+        target = self.path / rel
+        kind = item[0]
+        if kind == "d":
+            if replace:
+                os.chmod(target, item[1])
+            else:
+                os.mkdir(target, item[1])
+            return
+        tmp = target.with_name(f".{target.name}.mokka-tmp")
+        if kind == "f":
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, item[1])
+            try:
+                os.write(fd, item[2])
+            finally:
+                os.close(fd)
+            os.chmod(tmp, item[1])  # not masked by the umask
+        elif kind == "l":
+            os.symlink(item[1], tmp)
+        else:
+            os.mknod(tmp, stat.S_IFCHR | item[1], item[2])
+            os.chmod(tmp, item[1])
+        os.replace(tmp, target)  # readers see the old entry or the new one, never a torn one

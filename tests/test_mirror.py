@@ -1,0 +1,164 @@
+"""The plain-directory mirror of sys/, proc/ and dev/ that `mokka run` binds: after any sequence
+of events it holds exactly what the renderers produce, entry for entry."""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import mokka_cmd
+from mokkafs.controller import Controller
+from mokkafs.mirror import Mirror, render
+from mokkafs.model import Node, compose
+from mokkafs.model.events import (
+    IbPortCommand,
+    InjectEcc,
+    InjectXid,
+    NvLinkCommand,
+    Pin,
+    Reset,
+    SetLost,
+    SetProcesses,
+)
+from mokkafs.profiles import load_profile
+from mokkafs.render.tree import root
+from mokkafs.vfs import Ctx, Tree
+
+T0 = 1_800_000_000.0
+
+
+def on_disk(base: Path) -> dict[str, tuple]:
+    """The mirror as `render` describes a tree."""
+    out = {}
+    for top in ("sys", "proc", "dev"):
+        for dirpath, dirnames, filenames in os.walk(base / top):
+            rel_dir = os.path.relpath(dirpath, base)
+            out[rel_dir] = ("d", stat.S_IMODE(os.lstat(dirpath).st_mode))
+            for name in dirnames + filenames:
+                p = os.path.join(dirpath, name)
+                rel = os.path.join(rel_dir, name)
+                st_ = os.lstat(p)
+                if stat.S_ISLNK(st_.st_mode):
+                    out[rel] = ("l", os.readlink(p))
+                    dirnames[:] = [d for d in dirnames if d != name]  # os.walk does not follow them
+                elif stat.S_ISREG(st_.st_mode):
+                    out[rel] = ("f", stat.S_IMODE(st_.st_mode), Path(p).read_bytes())
+                elif stat.S_ISCHR(st_.st_mode):
+                    out[rel] = ("c", stat.S_IMODE(st_.st_mode), st_.st_rdev)
+    return out
+
+
+@pytest.fixture
+def node_and_mirror(tmp_path):
+    config = compose(load_profile("h100"), gpus=4, hostname="mirror")
+    node = Node(config, T0)
+    tree = Tree(root(config))
+    mirror = Mirror(tree, tmp_path / "mirror", lambda: T0)
+    ctl = Controller(node, None, lambda: T0)
+    ctl.subscribers.append(mirror)
+    return node, tree, mirror, ctl
+
+
+def test_start_writes_every_entry_and_clears_leftovers(node_and_mirror):
+    node, tree, mirror, _ = node_and_mirror
+    (mirror.path / "sys" / "stale").mkdir(parents=True)
+    (mirror.path / "junk").write_text("left by a dead daemon")
+    mirror.start(node)
+    assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
+    assert not (mirror.path / "junk").exists()
+    assert os.readlink(mirror.path / "sys/bus/pci/devices/0000:24:00.0").startswith("../../../devices/pci")
+    assert (mirror.path / "proc/driver/nvidia/gpus/0000:24:00.0/information").is_file()
+    assert os.major(os.lstat(mirror.path / "dev/nvidia2").st_rdev) == 195
+
+
+def test_a_lost_gpu_leaves_the_mirror_and_comes_back(node_and_mirror):
+    node, tree, mirror, ctl = node_and_mirror
+    mirror.start(node)
+    dev = mirror.path / "sys/bus/pci/devices/0000:24:00.0"
+    assert dev.is_symlink()
+    ctl.apply(InjectXid(2, 79))
+    assert not dev.is_symlink() and not (mirror.path / "proc/driver/nvidia/gpus/0000:24:00.0").exists()
+    assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
+    ctl.apply(Reset(2))
+    assert dev.is_symlink()
+    assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
+
+
+def test_an_ib_port_going_down_shows_in_the_mirror(node_and_mirror):
+    node, _, mirror, ctl = node_and_mirror
+    mirror.start(node)
+    state = mirror.path / "sys/class/infiniband/mlx5_1/ports/1/state"
+    assert state.read_text() == "4: ACTIVE\n"
+    ctl.apply(IbPortCommand(None, hca=1, action="down"))
+    assert state.read_text() == "1: DOWN\n"
+
+
+def test_events_that_touch_no_file_rewrite_nothing(node_and_mirror):
+    node, _, mirror, ctl = node_and_mirror
+    mirror.start(node)
+    vendor = mirror.path / "sys/bus/pci/devices/0000:18:00.0/vendor"
+    before = os.stat(vendor).st_ino
+    ctl.apply(Pin(0, "temperature", (90,)))
+    assert os.stat(vendor).st_ino == before
+
+
+# Every kind of event, so a renderer that starts reading state the mirror does not watch
+# (Node.device_tree_state) fails here.
+EVENTS = st.sampled_from(
+    [InjectXid(1, 79), InjectXid(3, 79), SetLost(1, False), SetLost(2, True), Reset(None), Reset(3),
+     InjectXid(0, 48), InjectXid(0, 63), InjectXid(2, 64), InjectXid(1, 74), InjectXid(0, 95), InjectXid(3, 119),
+     InjectEcc(1, "sbe", 3, "l2"), InjectEcc(2, "dbe", 1), NvLinkCommand(2, 5, "down"),
+     NvLinkCommand(2, 5, "errors", 4), Pin(0, "utilization", (50, 20)), Pin(1, "temperature", (95,)),
+     Pin(2, "throttle", ("hw_slowdown",)), Pin(3, "memory_used", (1000,)), Pin(0, "power", (900,)),
+     Pin(1, "clocks", (1000, 2619)), IbPortCommand(None, hca=2, action="down"),
+     IbPortCommand(None, hca=2, action="errors", count=7), SetProcesses(1, processes=((os.getpid(), 1 << 30),))]
+)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=st.lists(EVENTS, max_size=8))
+def test_any_sequence_of_events_leaves_an_exact_mirror(node_and_mirror, events):
+    node, tree, mirror, ctl = node_and_mirror
+    mirror.start(node)
+    for event in events:
+        ctl.apply(event)
+    assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
+    ctl.apply(Reset(None))
+
+
+async def test_the_background_first_write_catches_up_with_events(node_and_mirror):
+    node, tree, mirror, ctl = node_and_mirror
+    async with trio.open_nursery() as nursery:
+        await nursery.start(mirror.run, node)
+        ctl.apply(InjectXid(1, 79))  # while the worker thread may still be writing
+    assert not (mirror.path.with_name("mirror.new")).exists()
+    assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
+    assert not (mirror.path / "sys/bus/pci/devices/0000:1e:00.0").exists()
+
+
+def test_mokka_run_reads_the_mirror_and_sees_events_live(node_factory):
+    """A command started in `mokka run` before a fault sees it, through the bound mirror."""
+    node = node_factory(gpus=4)
+    mirror = node.state_dir / "mirror" / "sys"
+    deadline = time.monotonic() + 10
+    while not mirror.is_dir() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mirror.is_dir()
+    script = "stat -f -c %T /sys/bus/pci/devices/; ls /sys/bus/pci/devices | wc -l; read go; " \
+             "ls /sys/bus/pci/devices | wc -l"
+    proc = subprocess.Popen([*mokka_cmd(), "run", "--root", str(node.mnt), "--", "sh", "-c", script],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=node.env)
+    fstype = proc.stdout.readline().strip()
+    before = int(proc.stdout.readline())
+    assert node.write("gpu2/inject_xid", b"79\n") == 0
+    out, _ = proc.communicate("go\n", timeout=30)
+    assert proc.returncode == 0
+    assert fstype != "fuseblk" and not fstype.startswith("fuse")  # the mirror, not the mount
+    assert int(out) == before - 1
