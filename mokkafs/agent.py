@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from mokkafs.model.events import InvalidCommand
+from mokkafs.render.control import COMMAND_FILES
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +54,7 @@ CONFLICT_RETRIES = 5
 # gpu1/inject_ecc. The node target takes only `reset=1`. Every command is checked by the control
 # file's own parser before anything is written: a bad annotation changes nothing.
 
-GPU_KEYS = {
-    "xid": "inject_xid",
-    "ecc": "inject_ecc",
-    "temperature": "temperature",
-    "power": "power",
-    "utilization": "utilization",
-    "clocks": "clocks",
-    "throttle": "throttle",
-    "memory_used": "memory_used",
-    "lost": "lost",
-    "nvlink": "nvlink",
-    "reset": "reset",
-}
+GPU_KEYS = COMMAND_FILES
 NODE_KEYS = {"reset": "reset"}
 
 

@@ -17,20 +17,10 @@ log = logging.getLogger("mokka")
 
 READY_TIMEOUT_S = 30
 
-# `mokka inject GPU KIND ...` writes to gpuN/<file>.
-INJECT_FILES = {
-    "xid": "inject_xid",
-    "ecc": "inject_ecc",
-    "temperature": "temperature",
-    "power": "power",
-    "utilization": "utilization",
-    "clocks": "clocks",
-    "throttle": "throttle",
-    "memory_used": "memory_used",
-    "lost": "lost",
-    "nvlink": "nvlink",
-    "reset": "reset",
-}
+# `mokka inject GPU KIND ...` writes to gpuN/<file>; the names are render.control.COMMAND_FILES
+# (spelled out here so that parsing arguments needs none of the daemon's imports).
+INJECT_KINDS = ("clocks", "ecc", "lost", "memory_used", "nvlink", "power", "reset", "temperature", "throttle",
+                "utilization", "xid")
 
 
 def _fail(msg: str, code: int = 1) -> int:
@@ -185,10 +175,10 @@ def cmd_status(args) -> int:
 
 def cmd_inject(args) -> int:
     from mokkafs.model.events import InvalidCommand
-    from mokkafs.render.control import gpu_dir
+    from mokkafs.render.control import COMMAND_FILES, gpu_dir
     from mokkafs.vfs import File
 
-    name = INJECT_FILES[args.kind]
+    name = COMMAND_FILES[args.kind]
     command = " ".join(args.value).encode() or b"1"
     entry = gpu_dir(args.gpu).children(None)[name]  # the same parser the daemon uses
     assert isinstance(entry, File) and entry.write
@@ -306,7 +296,7 @@ def parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inject", help="write a control file: mokka inject 0 xid 79")
     i.add_argument("--root", default=DEFAULT_MOUNTPOINT)
     i.add_argument("gpu", type=int)
-    i.add_argument("kind", choices=sorted(INJECT_FILES))
+    i.add_argument("kind", choices=INJECT_KINDS)
     i.add_argument("value", nargs="*")
     i.set_defaults(func=cmd_inject)
 

@@ -210,3 +210,10 @@ def test_cached_names_follow_events(mounted: MountedNode):
     assert mounted.write("gpu2/reset", b"1\n") == 0
     assert dev.exists()  # ...and forgotten when the GPU comes back
     assert (dev / "vendor").read_text() == "0x10de\n"
+
+
+def test_cli_inject_kinds_are_the_control_commands():
+    from mokkafs.cli import INJECT_KINDS
+    from mokkafs.render.control import COMMAND_FILES
+
+    assert sorted(INJECT_KINDS) == sorted(COMMAND_FILES)

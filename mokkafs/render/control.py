@@ -17,6 +17,22 @@ from mokkafs.model.node import NVLINK_COUNTERS, LogEntry
 from mokkafs.vfs import Ctx, Dir, File, const, static_dir, text
 
 
+# The short names `mokka inject` and the Kubernetes agent accept, and the gpuN/ file each writes.
+COMMAND_FILES = {
+    "xid": "inject_xid",
+    "ecc": "inject_ecc",
+    "temperature": "temperature",
+    "power": "power",
+    "utilization": "utilization",
+    "clocks": "clocks",
+    "throttle": "throttle",
+    "memory_used": "memory_used",
+    "lost": "lost",
+    "nvlink": "nvlink",
+    "reset": "reset",
+}
+
+
 def iso_time(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
