@@ -92,6 +92,7 @@ def fill_static(g, node: Node, i: int) -> None:
     _put(g.uuid, ident.uuid)
     _put(g.serial, ident.serial)
     _put(g.board_part_number, p.board_part_number)
+    _put(g.gpu_part_number, p.gpu_part_number)
     _put(g.vbios_version, p.vbios_version)
     _put(g.inforom_image, p.inforom.image)
     _put(g.inforom_oem, p.inforom.oem)

@@ -226,6 +226,7 @@ def test_gputil_parses_our_csv(smi, node, tmp_path):
 # --- slice 3: -q, -q -d, -q -x ----------------------------------------------------------------
 
 IDENTITY = ["product_name", "product_brand", "product_architecture", "vbios_version", "board_part_number",
+            "gpu_part_number",
             "inforom_version/img_version", "inforom_version/oem_object", "inforom_version/ecc_object",
             "pci/pci_device_id", "pci/pci_sub_system_id", "pci/pci_gpu_link_info/pcie_gen/max_link_gen",
             "pci/pci_gpu_link_info/link_widths/max_link_width", "fb_memory_usage/total", "bar1_memory_usage/total",

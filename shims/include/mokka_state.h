@@ -58,7 +58,7 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/publisher.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 2
+#define MOKKA_STATE_VERSION 3
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_MAX_NVLINKS 18
 #define MOKKA_EVENT_RING 256
@@ -190,6 +190,8 @@ struct mokka_gpu {
     uint32_t mem_used_pinned;  /* mem_used is a pin, not the processes' sum */
     uint32_t process_count;    /* processes with a context here, at most MOKKA_MAX_GPU_PROCS */
     struct mokka_gpu_process processes[MOKKA_MAX_GPU_PROCS];
+    /* identity NVML has no getter for (version 3); nvidia-smi -q reads it here */
+    char gpu_part_number[32];
 };
 
 struct mokka_event {

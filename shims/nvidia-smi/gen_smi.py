@@ -21,7 +21,7 @@ XML_BOARDS = ["a100", "h100", "b200", "gb200", "gb300", "l40s", "t4"]
 # Extra value keys (beyond the --query-gpu fields) used by -q and -q -x.
 EXTRA_KEYS = [
     "x.product_brand", "x.product_architecture", "x.minor_number", "x.multigpu_board", "x.board_id",
-    "x.board_part_number", "x.gsp_firmware_version", "x.module_id", "x.bar1.total", "x.bar1.used",
+    "x.board_part_number", "x.gpu_part_number", "x.gsp_firmware_version", "x.module_id", "x.bar1.total", "x.bar1.used",
     "x.bar1.free", "x.clocks.max.video", "x.clocks.max_boost.graphics", "x.numa", "x.power_state",
     "x.temp.shutdown", "x.temp.slowdown", "x.temp.max_gpu", "x.temp.max_mem", "x.temp.target",
     "x.temp.shutdown_tlimit", "x.temp.slowdown_tlimit", "x.temp.max_gpu_tlimit",
@@ -38,7 +38,8 @@ XML_MAP = {
     "mig_mode/current_mig": "mig.mode.current", "mig_mode/pending_mig": "mig.mode.pending",
     "serial": "serial", "uuid": "uuid", "minor_number": "x.minor_number",
     "vbios_version": "vbios_version", "multigpu_board": "x.multigpu_board", "board_id": "x.board_id",
-    "board_part_number": "x.board_part_number", "platformInfo/module_id": "platform.module_id",
+    "board_part_number": "x.board_part_number", "gpu_part_number": "x.gpu_part_number",
+    "platformInfo/module_id": "platform.module_id",
     "inforom_version/img_version": "inforom.img", "inforom_version/oem_object": "inforom.oem",
     "inforom_version/ecc_object": "inforom.ecc", "inforom_version/pwr_object": "inforom.pwr",
     "gsp_firmware_version": "x.gsp_firmware_version",
@@ -129,7 +130,7 @@ TEXT_MAP = {
     "MIG Mode/Current": "mig.mode.current", "MIG Mode/Pending": "mig.mode.pending",
     "Serial Number": "serial", "GPU UUID": "uuid", "Minor Number": "x.minor_number",
     "VBIOS Version": "vbios_version", "MultiGPU Board": "x.multigpu_board", "Board ID": "x.board_id",
-    "Board Part Number": "x.board_part_number", "Platform Info/Module Id": "platform.module_id",
+    "Board Part Number": "x.board_part_number", "GPU Part Number": "x.gpu_part_number", "Platform Info/Module Id": "platform.module_id",
     "Inforom Version/Image Version": "inforom.img", "Inforom Version/OEM Object": "inforom.oem",
     "Inforom Version/ECC Object": "inforom.ecc", "Inforom Version/Power Management Object": "inforom.pwr",
     "GSP Firmware Version": "x.gsp_firmware_version",

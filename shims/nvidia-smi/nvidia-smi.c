@@ -121,26 +121,38 @@ struct dev {
 static struct dev g_devs[MOKKA_MAX_GPUS];
 static unsigned g_ndevs;        /* selected by -i, in index order */
 
-/* The bus id of a GPU NVML gives no handle for. The real tool learns it from the kernel; we
-   read the one field from the shared state the daemon publishes (identity is static). */
-static void lost_bus_id(unsigned index, char *out, size_t n)
+/* One static identity string of GPU `index` straight from the shared state the daemon
+   publishes: what NVML has no call for (a lost GPU's bus id, which the real tool learns from the
+   kernel; the GPU part number, which it reads from the board). 0 if the state has none. */
+static int state_string(unsigned index, size_t offset, size_t len, char *out, size_t n)
 {
-    snprintf(out, n, "%u", index);
     const char *path = getenv(MOKKA_STATE_ENV);
     if (!path || !*path)
         path = MOKKA_STATE_DEFAULT_PATH;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return;
+        return 0;
     struct { uint64_t magic; uint32_t version, count; } head;
-    char bus[sizeof(((struct mokka_gpu *)0)->bus_id_legacy) + 1] = {0};
-    off_t off = (off_t)(offsetof(struct mokka_state, gpus) + (size_t)index * sizeof(struct mokka_gpu) +
-                        offsetof(struct mokka_gpu, bus_id_legacy));
-    if (index < MOKKA_MAX_GPUS && pread(fd, &head, sizeof(head), 0) == (ssize_t)sizeof(head) &&
-        head.magic == MOKKA_STATE_MAGIC && head.version == MOKKA_STATE_VERSION &&
-        pread(fd, bus, sizeof(bus) - 1, off) == (ssize_t)(sizeof(bus) - 1) && bus[0])
-        snprintf(out, n, "%s", bus);
+    char buf[64] = {0};
+    if (len > sizeof(buf) - 1)
+        len = sizeof(buf) - 1;
+    off_t off = (off_t)(offsetof(struct mokka_state, gpus) + (size_t)index * sizeof(struct mokka_gpu) + offset);
+    int ok = index < MOKKA_MAX_GPUS && pread(fd, &head, sizeof(head), 0) == (ssize_t)sizeof(head) &&
+             head.magic == MOKKA_STATE_MAGIC && head.version == MOKKA_STATE_VERSION &&
+             pread(fd, buf, len, off) == (ssize_t)len && buf[0];
     close(fd);
+    if (ok)
+        snprintf(out, n, "%s", buf);
+    return ok;
+}
+
+#define STATE_STRING(index, field, out, n)                                                         \
+    state_string((index), offsetof(struct mokka_gpu, field), sizeof(((struct mokka_gpu *)0)->field), (out), (n))
+
+static void lost_bus_id(unsigned index, char *out, size_t n)
+{
+    if (!STATE_STRING(index, bus_id_legacy, out, n))
+        snprintf(out, n, "%u", index);
 }
 
 /* "Unable to determine the device handle for GPU0000:18:00.0: GPU is lost.  Reboot the system
@@ -394,6 +406,7 @@ static enum vr value(const struct dev *d, int key, char *out, size_t n)
     case K_uuid: return from(NV(nvmlDeviceGetUUID, h, out, (unsigned)n));
     case K_vbios_version: return from(NV(nvmlDeviceGetVbiosVersion, h, out, (unsigned)n));
     case K_x_board_part_number: return from(NV(nvmlDeviceGetBoardPartNumber, h, out, (unsigned)n));
+    case K_x_gpu_part_number: return STATE_STRING(d->index, gpu_part_number, out, n) ? V_OK : V_NA;
     case K_inforom_img: return from(NV(nvmlDeviceGetInforomImageVersion, h, out, (unsigned)n));
     case K_inforom_oem: return from(NV(nvmlDeviceGetInforomVersion, h, NVML_INFOROM_OEM, out, (unsigned)n));
     case K_inforom_ecc: return from(NV(nvmlDeviceGetInforomVersion, h, NVML_INFOROM_ECC, out, (unsigned)n));
