@@ -164,3 +164,36 @@ def test_driver_root_and_mokka_env(node_factory):
     assert smi.stdout.startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-"), smi.stderr
     out = node.cli("env", "--root", str(node.mnt)).stdout
     assert f"export LD_LIBRARY_PATH={native.LIB_DIR}" in out and "export MOKKA_STATE=" in out
+
+
+def test_a_consumer_survives_a_daemon_kill_and_sees_the_restarted_one(node_factory):
+    """DESIGN §5: a crashed daemon leaves consumers answering from the last published state;
+    a restarted daemon publishes into the same file, and the consumer, never reloaded, sees it."""
+    node = node_factory(gpus=2)
+    node.expect_warning("clearing stale mount")
+    assert node.write("gpu1/temperature", b"61\n") == 0
+    with subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import sys, pynvml as p
+            p.nvmlInit()
+            h = p.nvmlDeviceGetHandleByIndex(1)
+            for line in sys.stdin:
+                print(p.nvmlDeviceGetTemperature(h, 0), p.nvmlDeviceGetName(h), flush=True)
+        """)],
+        env=consumer_env(node.state_dir / "state"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as consumer:
+
+        def ask() -> str:
+            consumer.stdin.write("?\n")
+            consumer.stdin.flush()
+            return consumer.stdout.readline().strip()
+
+        assert ask() == "61 NVIDIA H100 80GB HBM3"
+        node.kill9()
+        assert ask() == "61 NVIDIA H100 80GB HBM3"  # stale, not a crash
+        node.mount()
+        assert node.read("gpu1/temperature") == "61\n"  # the pin was persisted
+        assert node.write("gpu1/temperature", b"77\n") == 0
+        assert ask() == "77 NVIDIA H100 80GB HBM3"
+        consumer.stdin.close()
+        assert consumer.wait(timeout=30) == 0
