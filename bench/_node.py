@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,7 @@ class BenchNode:
 
     def __exit__(self, *exc) -> None:
         self.umount()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -15,7 +15,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from _node import BenchNode  # noqa: E402
 from mokkafs import native  # noqa: E402
 
 
@@ -29,17 +31,10 @@ def main() -> int:
         tmp = Path(tmp)
         exe = tmp / "bench_cuda"
         subprocess.run(["cc", "-O2", str(ROOT / "bench" / "bench_cuda.c"), "-o", str(exe), "-ldl"], check=True)
-        mnt, state = tmp / "mnt", tmp / "state"
-        env = dict(os.environ, MOKKA_RUNTIME_DIR=str(tmp / "run"))
-        mokka = [sys.executable, "-m", "mokkafs.cli"]
-        subprocess.run([*mokka, "mount", str(mnt), "--profile", args.profile, "--gpus", str(args.gpus),
-                        "--state-dir", str(state)], check=True, env=env)
-        try:
+        with BenchNode(args.profile, args.gpus) as node:
             print(f"# {args.gpus} x {args.profile}, {os.cpu_count()} CPUs")
             print("| measure | result | target |\n|---|---|---|", flush=True)
-            subprocess.run([str(exe), str(lib)], check=True, env=dict(env, MOKKA_STATE=str(state / "state")))
-        finally:
-            subprocess.run([*mokka, "umount", str(mnt)], env=env)
+            subprocess.run([str(exe), str(lib)], check=True, env=dict(node.env, MOKKA_STATE=str(node.state / "state")))
     return 0
 
 
