@@ -42,10 +42,13 @@ def _serve_in_this_process(opts: Options, ready_fd: int | None) -> int:
     from mokkafs.persist import StateError
     from mokkafs.profiles import ProfileError
 
+    pipe = [ready_fd]  # reported at most once: a crash after "ready" must not write again
+
     def report(line: str) -> None:
-        if ready_fd is not None:
-            os.write(ready_fd, line.encode())
-            os.close(ready_fd)
+        if pipe[0] is not None:
+            os.write(pipe[0], line.encode())
+            os.close(pipe[0])
+            pipe[0] = None
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:

@@ -5,6 +5,8 @@ Every writer (control files, the CLI through them, the Kubernetes agent) goes th
 """
 from __future__ import annotations
 
+import logging
+
 from collections.abc import Callable
 
 from mokkafs.model import Event, Node, Notification
@@ -13,6 +15,9 @@ from mokkafs.persist import StateDir
 
 
 Subscriber = Callable[[Node, list[Notification], list[LogEntry]], None]
+
+
+log = logging.getLogger(__name__)
 
 
 class Controller:
@@ -32,7 +37,12 @@ class Controller:
         # Subscribers first: a blocked nvmlEventSetWait wakes as soon as the event is in the
         # shared state; the write that caused it still returns only once it is persisted.
         for subscriber in self.subscribers:
-            subscriber(self.node, notes, new_entries)
+            try:
+                subscriber(self.node, notes, new_entries)
+            except Exception:
+                # A failing view (a full disk under the mirror, say) must not leave the event
+                # applied but unpersisted, nor keep the other views from hearing of it.
+                log.exception("subscriber %r failed on %s", subscriber, type(event).__name__)
         if self.state is not None:
             targets = range(len(self.node.gpus)) if event.gpu is None else [event.gpu]
             for i in targets:

@@ -125,16 +125,8 @@ static void map_procs(void)
     __atomic_store_n(&g_procs, t, __ATOMIC_RELEASE);
 }
 
-__attribute__((destructor)) static void unmap_all(void)
-{
-    if (g_procs)
-        munmap(g_procs, sizeof(struct mokka_procs));
-    if (g_state)
-        munmap((void *)g_state, sizeof(struct mokka_state));
-    g_procs = NULL;
-    g_state = NULL;
-    g_initialized = 0;
-}
+/* No destructor unmaps anything: at exit() other threads may still be inside a call, and
+   unmapping under them is a SIGSEGV in the host process. The kernel drops the mappings. */
 
 static inline const struct mokka_gpu *gpu_of(CUdevice dev) { return &g_state->gpus[g_visible[dev]]; }
 

@@ -109,14 +109,9 @@ static nvmlReturn_t map_state(void)
     return NVML_SUCCESS;
 }
 
-__attribute__((destructor)) static void unmap_state(void)
-{
-    const struct mokka_state *s = state();
-    if (s)
-        munmap((void *)s, sizeof(struct mokka_state));
-    g_state = NULL;
-    g_initialized = 0;
-}
+/* No destructor unmaps the state: at exit() other threads may still be inside a getter, and
+   unmapping under them is a SIGSEGV in the host process. The kernel drops the mapping at exit;
+   a dlclose leaks one read-only mapping. */
 
 static unsigned int gpu_count(const struct mokka_state *s)
 {
