@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from mokkafs.paths import DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, is_mounted, pid_file
+from mokkafs.paths import DEAD_MOUNT_ERRNOS, DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, is_mounted, pid_file
 
 log = logging.getLogger("mokka")
 
@@ -138,7 +138,7 @@ def cmd_umount(args) -> int:
     try:
         os.stat(mnt)
     except OSError as e:
-        if e.errno != errno.ENOTCONN:
+        if e.errno not in DEAD_MOUNT_ERRNOS:
             return _fail(f"{mnt}: {e.strerror}")
     if is_mounted(mnt):
         res = subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True, text=True)

@@ -20,7 +20,7 @@ from mokkafs.controller import Controller
 from mokkafs.fuse_ops import MokkaOperations
 from mokkafs.kmsg import KmsgWriter
 from mokkafs.mirror import Mirror, mirror_path
-from mokkafs.paths import DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, is_mounted, pid_file
+from mokkafs.paths import DEAD_MOUNT_ERRNOS, DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, is_mounted, pid_file
 from mokkafs.model import Node, compose
 from mokkafs.persist import StateDir
 from mokkafs.profiles import load_profile
@@ -57,7 +57,7 @@ def clear_stale_mount(mountpoint: str) -> None:
         # daemon's mount answers ENOTCONN here even where attributes are cached.
         os.statvfs(mountpoint)
     except OSError as e:
-        if e.errno != errno.ENOTCONN:
+        if e.errno not in DEAD_MOUNT_ERRNOS:
             return
         log.warning("%s: clearing stale mount left by a dead daemon", mountpoint)
         subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False, capture_output=True)
@@ -135,7 +135,6 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
             ops = MokkaOperations(tree, controller, time.time)
             pyfuse3.init(ops, mountpoint, _mount_options(opts))
             stack.callback(pyfuse3.close, unmount=True)
-            controller.subscribers.append(ops.forget_changed_names)
             pidf.parent.mkdir(parents=True, exist_ok=True)
             pidf.write_text(f"{os.getpid()}\n")
             stack.callback(lambda: pidf.unlink(missing_ok=True))

@@ -18,7 +18,7 @@ import pyfuse3
 
 from mokkafs.controller import Controller
 from mokkafs.model import InvalidCommand
-from mokkafs.vfs import ROOT_INO, CharDev, Ctx, Dir, Entry, File, Symlink, Tree, file_type
+from mokkafs.vfs import CharDev, Ctx, Dir, Entry, File, Symlink, Tree, file_type
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +72,6 @@ class MokkaOperations(pyfuse3.Operations):
         self.errors = 0  # requests answered EINVAL/EIO by _fuse_errors (metrics count them)
         self.operations = 0  # requests handled, whatever the answer
 
-    def forget_changed_names(self, node, notes, entries) -> None:
-        """Controller subscriber: tell the kernel to drop cached names (and cached absences) the
-        event changed. Runs inside the write handler, so it must use the asynchronous
-        notification (the synchronous one would wait for the kernel, which waits for us)."""
-        for parent, name in self.tree.changed_names(self._ctx()):
-            pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
-
     def _ctx(self) -> Ctx:
         return Ctx(self.controller.node, self.clock())
 
@@ -92,11 +85,13 @@ class MokkaOperations(pyfuse3.Operations):
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = inode
         attr.generation = 0
-        # Contents are rendered at open and never cached (direct_io). Names and attributes are
-        # (an entry's type, mode and size never change); a name that vanishes with an event (a
-        # lost GPU's sysfs entry) is invalidated at once by `forget_vanished`. The root stays
-        # uncached so that probing it tells a live mount from a dead one.
-        timeout = 0 if inode == ROOT_INO else CACHE_TIMEOUT_S
+        # Contents are rendered at open and never cached (direct_io). Names and attributes may
+        # be cached only in directories whose children never change (gpuN/, node/, bridges):
+        # the kernel's invalidation notices are asynchronous, so a name that can vanish or
+        # appear with an event (a lost GPU's sysfs entry) is never cached, or a reader right
+        # after the write could still see it. The root stays uncached so that probing it tells a
+        # live mount from a dead one. (`mokka run` reads sysfs from the mirror, not from here.)
+        timeout = CACHE_TIMEOUT_S if self.tree.in_stable_dir(inode, ctx) else 0
         attr.entry_timeout = timeout
         attr.attr_timeout = timeout
         kind = file_type(entry)
@@ -125,14 +120,7 @@ class MokkaOperations(pyfuse3.Operations):
         c = self._ctx()
         found = self.tree.lookup(parent_inode, os.fsdecode(name), c)
         if found is None:
-            # lspci and ibstat probe many names that do not exist; let the kernel remember the
-            # absence (st_ino 0) as long as a name, and forget it when an event adds the name.
-            if self.tree.children(parent_inode, c) is None:
-                raise pyfuse3.FUSEError(errno.ENOENT)
-            absent = pyfuse3.EntryAttributes()
-            absent.st_ino = 0
-            absent.entry_timeout = CACHE_TIMEOUT_S
-            return absent
+            raise pyfuse3.FUSEError(errno.ENOENT)  # not cached: an event may add the name
         inode, entry = found
         return self._attrs(inode, entry, c)
 

@@ -3,8 +3,13 @@ a path is a mount point. Light on purpose: every `mokka` command imports it, the
 heavy modules (trio, pyfuse3, pydantic) only where a command needs them."""
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+
+# What the kernel answers on a FUSE mount whose daemon died: ENOTCONN, or ECONNABORTED when the
+# connection was aborted while a request was in flight.
+DEAD_MOUNT_ERRNOS = frozenset({errno.ENOTCONN, errno.ECONNABORTED})
 
 DEFAULT_MOUNTPOINT = "/mokka"
 DEFAULT_STATE_DIR = "/run/mokka"

@@ -150,20 +150,15 @@ class Tree:
             cached.children = entry.children(ctx)
         return cached.children
 
-    def changed_names(self, ctx: Ctx) -> list[tuple[int, str]]:
-        """(parent inode, name) of every name that appeared or vanished with the event that
-        bumped `ctx.node.generation`, in directories whose children were computed before it and
-        can change. The kernel must forget what it cached of these names, negative or not."""
-        gone = []
-        for ino, cached in list(self._cache.items()):
-            if cached.generation == ctx.node.generation or cached.children is None:
-                continue
-            if isinstance(cached.entry, Dir) and cached.entry.stable:
-                continue
-            before = cached.children
-            after = self.children(ino, ctx) or {}
-            gone += [(ino, name) for name in before.keys() ^ after.keys()]
-        return gone
+    def in_stable_dir(self, ino: int, ctx: Ctx) -> bool:
+        """True if `ino` sits in a directory whose children never change, so the kernel may
+        keep its name and attributes cached. The root is not: probing it tells a live mount
+        from a dead one."""
+        path = self._path_of.get(ino)
+        if not path:
+            return False
+        parent = self.entry(self.ino(path.rpartition("/")[0]), ctx)
+        return isinstance(parent, Dir) and parent.stable
 
     def lookup(self, parent_ino: int, name: str, ctx: Ctx) -> tuple[int, Entry] | None:
         kids = self.children(parent_ino, ctx)

@@ -154,7 +154,7 @@ def force_unmount(mnt: Path) -> None:
     try:
         os.stat(mnt)
     except OSError as e:
-        if e.errno != errno.ENOTCONN:
+        if e.errno not in (errno.ENOTCONN, errno.ECONNABORTED):
             return
     subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
 

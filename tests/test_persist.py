@@ -54,6 +54,12 @@ def test_a_state_dir_of_another_node_is_refused(tmp_path):
         ("gpu1.json", b'{"lost": "perhaps"}'),
         ("gpu1.json", b"[1, 2, 3]"),
         ("gpu1.json", b'{"ecc": {"volatile.corrected.moon": 1}}'),
+        ("gpu1.json", b'{"t0": 1, "temp0": 29, "pcie_replay": -1}'),
+        ("gpu1.json", b'{"t0": 1, "temp0": 29, "last_xid": -1}'),
+        ("gpu1.json", b'{"t0": 1, "temp0": 29, "pins": {"temperature": ["abc"]}}'),
+        ("gpu1.json", b'{"t0": 1, "temp0": 29, "pins": {"warp": [1]}}'),
+        ("gpu1.json", b'{"t0": 1, "temp0": 29, "power_limit_w": -5}'),
+        ("gpu1.json", b'{"t0": 1, "temp0": 29, "nvlink_down": [40]}'),
         ("node.json", b"\x00\x00\x00"),
     ],
 )

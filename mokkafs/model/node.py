@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pydantic import TypeAdapter
 
 from mokkafs.model.events import (
+    PIN_SIGNALS,
     MEMORY_LOCATIONS,
     THROTTLE_REASONS,
     Event,
@@ -144,7 +145,39 @@ class GpuState:
         if unknown:
             raise ValueError(f"unknown ECC counter {sorted(unknown)[0]!r}")
         state.ecc = {**_zero_ecc(), **state.ecc}
+        _check_ranges(state)
         return state
+
+
+_U32 = 0xFFFFFFFF
+
+
+def _check_ranges(state: "GpuState") -> None:
+    """A record of the right types can still hold what no event could make (a negative
+    counter, a NaN time, a pin out of range); refuse it here, not in the publisher later."""
+    counters = [state.retired_sbe, state.retired_dbe, state.remapped_corr, state.remapped_unc, state.pcie_replay]
+    counters += list(state.ecc.values()) + list(state.xid_counts.values())
+    counters += [v for errs in state.nvlink_errors.values() for v in errs.values()]
+    if any(not 0 <= v <= _U32 for v in counters):
+        raise ValueError("a counter is negative or beyond 32 bits")
+    if state.last_xid is not None and not 1 <= state.last_xid <= 999:
+        raise ValueError(f"last_xid {state.last_xid} is not an Xid")
+    if not all(math.isfinite(x) for x in (state.t0, state.temp0, state.energy0_mj)):
+        raise ValueError("t0, temp0 and energy0_mj must be finite")
+    if state.power_limit_w is not None and not 0 < state.power_limit_w < 100_000:
+        raise ValueError(f"power_limit_w {state.power_limit_w} out of range")
+    if any(not 0 <= link < 18 for link in state.nvlink_down):
+        raise ValueError("nvlink_down names a link beyond 17")
+    for signal, values in state.pins.items():
+        # The same checks a control write gets (the parser's text form, then the event).
+        parse = PIN_SIGNALS.get(signal)
+        if parse is None:
+            raise ValueError(f"unknown pinned signal {signal!r}")
+        try:
+            text = " ".join(str(v) for v in values) if values else "none"
+            parse(0, text.encode())
+        except InvalidCommand as e:
+            raise ValueError(f"pin {signal}: {e}") from None
 
 
 _GPU_STATE_ADAPTER = TypeAdapter(GpuState)
