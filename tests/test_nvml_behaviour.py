@@ -215,3 +215,19 @@ def test_pci_class_and_gsp_firmware(nvml, published):
     enabled, default = C.c_uint(), C.c_uint()
     assert nvml.nvmlDeviceGetGspFirmwareMode(h, C.byref(enabled), C.byref(default)) == SUCCESS
     assert (enabled.value, default.value) == (1, 1)
+
+
+def test_a_writer_that_died_mid_publish_costs_one_wait_not_one_per_call(nvml, published):
+    """A daemon killed between the two seq increments leaves seq odd forever. The first read
+    waits a bounded time and takes the stale copy; the rest must not wait again."""
+    assert nvml.nvmlInit_v2() == SUCCESS
+    h = handle(nvml, 0)
+    published.publisher._st.seq += 1  # as if the writer died mid-publish
+    temp = C.c_uint()
+    nvml.nvmlDeviceGetTemperature(h, 0, C.byref(temp))  # the one bounded wait
+    t0 = time.perf_counter()
+    for _ in range(200):
+        assert nvml.nvmlDeviceGetTemperature(h, 0, C.byref(temp)) == SUCCESS
+    assert time.perf_counter() - t0 < 0.05  # 200 calls: microseconds each, not 50 ms each
+    assert temp.value == 29
+    published.publisher._st.seq += 1
