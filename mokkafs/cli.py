@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import os
 import signal
@@ -11,7 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from mokkafs.paths import DEAD_MOUNT_ERRNOS, DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, is_mounted, pid_file
+
+if TYPE_CHECKING:  # the daemon's modules are heavy; commands import them only when they need them
+    from mokkafs.daemon import Options
 
 log = logging.getLogger("mokka")
 

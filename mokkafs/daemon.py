@@ -3,7 +3,6 @@ signal or an unmount, tear down in reverse order."""
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import signal

@@ -12,7 +12,6 @@ import trio
 
 from mokkafs.model import InvalidCommand, Node, compose
 from mokkafs.model.events import (
-    InjectEcc,
     InjectXid,
     NvLinkCommand,
     Pin,

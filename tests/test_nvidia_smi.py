@@ -178,7 +178,7 @@ def test_select_by_index_uuid_and_bus_id(smi, node):
     uuids = run(smi, node, "--query-gpu=uuid,pci.bus_id", "--format=csv,noheader").stdout.splitlines()
     u3, b3 = uuids[3].split(", ")
     legacy = b3[4:]
-    for ids in (f"3", u3, b3, legacy, legacy.lower(), b3[9:]):
+    for ids in ("3", u3, b3, legacy, legacy.lower(), b3[9:]):
         out = run(smi, node, "--query-gpu=index", "--format=csv,noheader", "-i", ids).stdout
         assert out == "3\n", ids
     out = run(smi, node, "--query-gpu=index", "--format=csv,noheader", "--id=5,1").stdout
