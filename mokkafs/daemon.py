@@ -123,6 +123,7 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
             procs.open()
             stack.callback(procs.close)
             nursery.start_soon(procs.run, controller)
+            await nursery.start(procs.serve)
 
             clear_stale_mount(mountpoint)
             os.makedirs(mountpoint, exist_ok=True)

@@ -312,7 +312,7 @@ def test_process_table_folds_into_the_model(pub):
     pub.table.fold(controller)
     assert pub.node.processes[1] == ()
     assert pub.publisher._st.gpus[1].process_count == 0 and pub.publisher._st.gpus[1].mem_used == 0
-    assert pub.table._t.slot[0].state == 0  # freed for the next process
+    assert pub.table.read().slot[0].state == 0  # freed for the next process
 
 
 def test_set_processes_is_validated():

@@ -31,15 +31,28 @@
  *
  * Processes (a second file, <state path>.procs, struct mokka_procs): the CUDA
  * shim, not the daemon, writes it, so it is the one place consumers write and
- * it is kept out of the GPU records. A process claims a free slot (state 0 ->
- * 1 by compare-and-swap), fills pid, start time (/proc/<pid>/stat field 22) and
- * contexts, then stores state 2 (live) and raises `high` to cover the slot. It
- * adds and subtracts its allocations in mem[gpu][slot] with atomic adds, and
- * never frees its slot: the daemon, on its tick, frees the slots whose pid is
- * gone or has another start time (exit, kill -9, pid reuse): it zeroes them and
- * stores state 0. Only the owner writes a live slot and only the daemon frees a
- * dead one, so no two writers race. The daemon folds the live slots into the
- * model, which publishes each GPU's processes and memory used in its record.
+ * it is kept out of the GPU records. The file belongs to the daemon (mode
+ * 0644), so only its owner can truncate it under the processes that map it;
+ * a process that may not open it read-write asks the daemon for a read-write
+ * descriptor on the unix socket <state path>.procs.sock (one byte and the
+ * descriptor in SCM_RIGHTS, then the daemon closes the connection).
+ *
+ * A process claims a free slot s by first taking a POSIX write lock
+ * (F_SETLK) on byte s of the file, then compare-and-swapping state 0 -> 1,
+ * then filling pid, start time (/proc/self/stat field 22) and contexts, then
+ * storing state 2 (live) and raising `high` to cover the slot. It holds the
+ * lock, and the descriptor, for as long as it lives: the kernel drops the
+ * lock when the process exits or is killed, which is how the daemon knows it
+ * is gone, whatever pid namespace either of them is in. The owner keeps its
+ * own per-GPU totals and stores them into mem[gpu][slot]; before each store
+ * it checks that the slot still holds its pid and start time, and claims a
+ * new one if not. The daemon, on its tick, asks F_GETLK for every slot that
+ * is not free: an unlocked one is dead, and the daemon zeroes it, storing
+ * state 0 last. The lock's l_pid is the owner's pid in the daemon's pid
+ * namespace, which is the pid the daemon reports. The daemon folds the live
+ * slots into the model, which publishes each GPU's processes and memory used
+ * in its record. Counters are untrusted input: readers clamp each to the
+ * GPU's memory and never let a sum wrap.
  *
  * Restart: a daemon that finds a valid file of this version rewrites it in
  * place and continues `event_head`/`event_wake`, so consumers that hold the
@@ -67,7 +80,7 @@
 #define MOKKA_MAX_RETIRED 64
 #define MOKKA_MAX_GPU_PROCS 64
 #define MOKKA_PROCS_MAGIC 0x53434f5250414b4d
-#define MOKKA_PROCS_VERSION 1
+#define MOKKA_PROCS_VERSION 2
 #define MOKKA_PROC_SLOTS 256
 
 struct mokka_gpu_process {
@@ -222,7 +235,7 @@ struct mokka_state {
     struct mokka_gpu gpus[MOKKA_MAX_GPUS];
 };
 
-/* <state path>.procs: written by CUDA consumers (mode 0666), read and reaped by the daemon. */
+/* <state path>.procs: written by CUDA consumers, read and reaped by the daemon (see above). */
 struct mokka_proc_slot {
     uint32_t state;            /* 0 free, 1 being claimed, 2 live */
     uint32_t pid;
@@ -251,5 +264,6 @@ _Static_assert(sizeof(struct mokka_state) % 8 == 0, "mokka_state size");
 #define MOKKA_STATE_DEFAULT_PATH "/run/mokka/state"
 #define MOKKA_STATE_ENV "MOKKA_STATE"
 #define MOKKA_PROCS_SUFFIX ".procs"
+#define MOKKA_PROCS_SOCK_SUFFIX ".procs.sock"
 
 #endif /* MOKKA_STATE_H */

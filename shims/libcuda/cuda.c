@@ -24,7 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
@@ -39,6 +42,7 @@
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static const struct mokka_state *g_state;   /* read-only mapping; set once */
 static struct mokka_procs *g_procs;         /* read-write mapping, or NULL: no accounting */
+static int g_procs_fd = -1;                 /* its descriptor, which holds our slot's lock */
 static int g_initialized;                   /* cuInit succeeded */
 static int g_count;                         /* visible devices */
 static unsigned g_visible[MOKKA_MAX_GPUS];  /* CUdevice ordinal -> GPU index in the state */
@@ -106,7 +110,43 @@ static CUresult map_state(void)
     return CUDA_SUCCESS;
 }
 
-/* The process table; a missing or read-only one only turns accounting off. g_lock held. */
+/* A read-write descriptor of the process table from the daemon, for a process that may not
+   open the file itself; -1 if the daemon does not answer within the timeouts. */
+static int procs_from_daemon(void)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (snprintf(addr.sun_path, sizeof(addr.sun_path), "%s%s", state_path(), MOKKA_PROCS_SOCK_SUFFIX) >=
+        (int)sizeof(addr.sun_path))
+        return -1;
+    int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (sock < 0)
+        return -1;
+    struct timeval tv = {0, 250000}; /* a wedged daemon costs cuInit half a second, no more */
+    setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    int fd = -1;
+    if (connect(sock, (struct sockaddr *)&addr, sizeof(addr)) == 0) {
+        char byte;
+        struct iovec iov = {&byte, 1};
+        union {
+            struct cmsghdr h;
+            char buf[CMSG_SPACE(sizeof(int))];
+        } ctl;
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)};
+        ssize_t n;
+        do
+            n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+        while (n < 0 && errno == EINTR);
+        struct cmsghdr *h = n == 1 ? CMSG_FIRSTHDR(&msg) : NULL;
+        if (h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS && h->cmsg_len == CMSG_LEN(sizeof(int)))
+            memcpy(&fd, CMSG_DATA(h), sizeof(fd));
+    }
+    close(sock);
+    return fd;
+}
+
+/* The process table; a missing, foreign or damaged one only turns accounting off. g_lock held.
+   The descriptor stays open: it carries this process's slot lock (mokka_state.h). */
 static void map_procs(void)
 {
     if (g_procs)
@@ -115,22 +155,27 @@ static void map_procs(void)
     if (snprintf(path, sizeof(path), "%s%s", state_path(), MOKKA_PROCS_SUFFIX) >= (int)sizeof(path))
         return;
     int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0 && (errno == EACCES || errno == EPERM || errno == EROFS))
+        fd = procs_from_daemon();
     if (fd < 0)
         return;
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (size_t)sb.st_size < sizeof(struct mokka_procs)) {
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (size_t)sb.st_size != sizeof(struct mokka_procs)) {
         close(fd);
         return;
     }
     void *m = mmap(NULL, sizeof(struct mokka_procs), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED)
+    if (m == MAP_FAILED) {
+        close(fd);
         return;
+    }
     struct mokka_procs *t = m;
     if (t->magic != MOKKA_PROCS_MAGIC || t->version != MOKKA_PROCS_VERSION || t->size != sizeof(*t)) {
         munmap(m, sizeof(*t));
+        close(fd);
         return;
     }
+    g_procs_fd = fd;
     __atomic_store_n(&g_procs, t, __ATOMIC_RELEASE);
 }
 
@@ -674,19 +719,48 @@ CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDe
 
 /* ---- the process table ----------------------------------------------------------------- */
 
+/* Everything below, and the allocation table further down, is guarded by g_acct_lock. The
+   process's own totals live here; its slot in the table only mirrors them, so a slot the daemon
+   took away (or a table it replaced) is claimed again with the right numbers. */
+static pthread_mutex_t g_acct_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_slot = -1;                     /* this process's slot, -1: none claimed yet */
 static int g_slot_failed;                   /* no table or no free slot: account locally */
-static uint64_t g_local_mem[MOKKA_MAX_GPUS];
-static unsigned g_ctx_refs[MOKKA_MAX_GPUS]; /* contexts per GPU index; guarded by g_lock */
+static uint32_t g_pid;                      /* who we are in the slot: pid and start time */
+static uint64_t g_start;
+static uint64_t g_mine[MOKKA_MAX_GPUS];     /* bytes this process has allocated, by GPU index */
+static unsigned g_ctx_refs[MOKKA_MAX_GPUS]; /* contexts per GPU index */
+
+struct alloc {
+    CUdeviceptr ptr;  /* 0: empty, 1: deleted */
+    uint64_t size;
+    unsigned gi;
+    CUcontext ctx;    /* destroying it frees the allocation */
+};
+
+static struct alloc *g_allocs;   /* open addressing, linear probing */
+static size_t g_cap, g_used_slots, g_live;
+static uint64_t g_bump[MOKKA_MAX_GPUS];
+static unsigned g_primary_refs[MOKKA_MAX_GPUS]; /* guarded by g_lock */
+static __thread int t_depth;
 
 static void after_fork_child(void)
 {
-    /* The child is another process: it claims its own slot on its first context. */
+    /* The child is another process with no contexts: it inherits no lock (POSIX locks belong
+       to a process), and claims its own slot on its first context. The parent's allocation
+       table is left behind, not freed: a thread may have been resizing it at fork time. */
+    pthread_mutex_init(&g_lock, NULL);
+    pthread_mutex_init(&g_acct_lock, NULL);
     g_slot = -1;
     g_slot_failed = 0;
-    memset(g_local_mem, 0, sizeof(g_local_mem));
+    g_pid = 0;
+    g_start = 0;
+    memset(g_mine, 0, sizeof(g_mine));
     memset(g_ctx_refs, 0, sizeof(g_ctx_refs));
-    pthread_mutex_init(&g_lock, NULL);
+    memset(g_primary_refs, 0, sizeof(g_primary_refs));
+    memset(g_bump, 0, sizeof(g_bump));
+    g_allocs = NULL;
+    g_cap = g_used_slots = g_live = 0;
+    t_depth = 0;
 }
 
 __attribute__((constructor)) static void register_fork(void) { pthread_atfork(NULL, NULL, after_fork_child); }
@@ -714,58 +788,98 @@ static uint64_t self_start_time(void)
     return p ? strtoull(p, NULL, 10) : 0;
 }
 
-/* Claim this process's slot (g_lock held). */
+static int slot_lock(int s, short type)
+{
+    struct flock l = {.l_type = type, .l_whence = SEEK_SET, .l_start = s, .l_len = 1};
+    return fcntl(g_procs_fd, F_SETLK, &l);
+}
+
+static uint64_t ctx_mask(void)
+{
+    uint64_t m = 0;
+    for (unsigned gi = 0; gi < MOKKA_MAX_GPUS; gi++)
+        if (g_ctx_refs[gi])
+            m |= 1ull << gi;
+    return m;
+}
+
+/* Claim a slot: lock its byte, then take it, then fill it from our own totals. */
 static void claim_slot(void)
 {
+    struct mokka_procs *t = LOAD(&g_procs);
+    if (!t)
+        g_slot_failed = 1;
     if (g_slot >= 0 || g_slot_failed)
         return;
-    struct mokka_procs *t = LOAD(&g_procs);
-    if (!t) {
-        g_slot_failed = 1;
-        return;
+    if (!g_pid) {
+        g_pid = (uint32_t)getpid();
+        g_start = self_start_time();
     }
-    int saved = errno;
-    uint32_t pid = (uint32_t)getpid();
-    uint64_t start = self_start_time();
-    errno = saved;
     for (int s = 0; s < MOKKA_PROC_SLOTS; s++) {
         uint32_t expect = 0;
-        if (!__atomic_compare_exchange_n(&t->slot[s].state, &expect, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+        if (LOAD(&t->slot[s].state) != 0 || slot_lock(s, F_WRLCK) != 0)
             continue;
-        t->slot[s].pid = pid;
-        t->slot[s].start_time = start;
-        t->slot[s].contexts = 0;
+        if (!__atomic_compare_exchange_n(&t->slot[s].state, &expect, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+            slot_lock(s, F_UNLCK); /* a dead owner's slot the daemon has not freed yet */
+            continue;
+        }
+        __atomic_store_n(&t->slot[s].pid, g_pid, __ATOMIC_RELAXED);
+        __atomic_store_n(&t->slot[s].start_time, g_start, __ATOMIC_RELAXED);
+        __atomic_store_n(&t->slot[s].contexts, ctx_mask(), __ATOMIC_RELAXED);
         for (int gi = 0; gi < MOKKA_MAX_GPUS; gi++)
-            __atomic_store_n(&t->mem[gi][s], g_local_mem[gi], __ATOMIC_RELAXED);
+            __atomic_store_n(&t->mem[gi][s], g_mine[gi], __ATOMIC_RELAXED);
         __atomic_store_n(&t->slot[s].state, 2, __ATOMIC_RELEASE);
         uint32_t high = LOAD(&t->high);
         while (high < (uint32_t)s + 1 &&
                !__atomic_compare_exchange_n(&t->high, &high, (uint32_t)s + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             ;
-        memset(g_local_mem, 0, sizeof(g_local_mem));
         g_slot = s;
         return;
     }
     g_slot_failed = 1; /* a full table: this process is not listed, its memory is not shared */
 }
 
-static uint64_t *my_mem(unsigned gi)
+/* Make sure the slot we write is still ours (the daemon frees a slot whose lock is gone, e.g.
+   when the program closed our descriptor), claiming a new one if not. */
+static void sync_slot(void)
 {
-    return g_slot >= 0 ? &g_procs->mem[gi][g_slot] : &g_local_mem[gi];
+    int saved = errno;
+    if (g_slot >= 0) {
+        struct mokka_proc_slot *sl = &g_procs->slot[g_slot];
+        if (LOAD(&sl->state) != 2 || LOAD(&sl->pid) != g_pid || LOAD(&sl->start_time) != g_start) {
+            slot_lock(g_slot, F_UNLCK);
+            g_slot = -1;
+            g_slot_failed = 0;
+        }
+    }
+    claim_slot();
+    errno = saved;
 }
 
-/* Bytes every listed process (this one included) has allocated on GPU index gi. */
-static uint64_t cuda_used(unsigned gi)
+/* Mirror our total on GPU index gi into the slot. Sequentially consistent, so that a store
+   followed by reading the others (alloc) cannot miss a racing process's store. */
+static void publish_mem(unsigned gi)
 {
-    uint64_t sum = g_slot >= 0 ? 0 : LOAD(&g_local_mem[gi]);
+    if (g_slot >= 0)
+        __atomic_store_n(&g_procs->mem[gi][g_slot], LOAD(&g_mine[gi]), __ATOMIC_SEQ_CST);
+}
+
+/* Bytes the other listed processes hold on GPU index gi. Their counters are untrusted: each,
+   and the sum, is clamped to the GPU's memory, so garbage cannot wrap the sum to "free". */
+static uint64_t others_used(unsigned gi, uint64_t cap)
+{
     struct mokka_procs *t = LOAD(&g_procs);
-    if (t) {
-        uint32_t high = LOAD(&t->high);
-        if (high > MOKKA_PROC_SLOTS)
-            high = MOKKA_PROC_SLOTS;
-        for (uint32_t s = 0; s < high; s++)
-            if (LOAD(&t->slot[s].state) == 2)
-                sum += LOAD(&t->mem[gi][s]);
+    uint64_t sum = 0;
+    if (!t)
+        return 0;
+    uint32_t high = LOAD(&t->high);
+    if (high > MOKKA_PROC_SLOTS)
+        high = MOKKA_PROC_SLOTS;
+    for (uint32_t s = 0; s < high && sum < cap; s++) {
+        if ((int)s == g_slot || __atomic_load_n(&t->slot[s].state, __ATOMIC_SEQ_CST) != 2)
+            continue;
+        uint64_t v = __atomic_load_n(&t->mem[gi][s], __ATOMIC_SEQ_CST);
+        sum += v < cap - sum ? v : cap - sum;
     }
     return sum;
 }
@@ -787,22 +901,14 @@ static void memory_limits(unsigned gi, uint64_t *total, uint64_t *usable, uint64
 
 static void context_ref(unsigned gi, int delta)
 {
-    pthread_mutex_lock(&g_lock);
-    claim_slot();
-    unsigned before = g_ctx_refs[gi];
-    if (delta < 0 && before == 0) {
-        pthread_mutex_unlock(&g_lock);
-        return;
+    pthread_mutex_lock(&g_acct_lock);
+    if (delta > 0 || g_ctx_refs[gi] > 0) {
+        g_ctx_refs[gi] += (unsigned)delta;
+        sync_slot();
+        if (g_slot >= 0)
+            __atomic_store_n(&g_procs->slot[g_slot].contexts, ctx_mask(), __ATOMIC_RELEASE);
     }
-    g_ctx_refs[gi] = before + (unsigned)delta;
-    if (g_slot >= 0 && (before == 0) != (g_ctx_refs[gi] == 0)) {
-        uint64_t bit = 1ull << gi;
-        if (delta > 0)
-            __atomic_or_fetch(&g_procs->slot[g_slot].contexts, bit, __ATOMIC_RELEASE);
-        else
-            __atomic_and_fetch(&g_procs->slot[g_slot].contexts, ~bit, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_acct_lock);
 }
 
 /* ---- contexts -------------------------------------------------------------------------- */
@@ -818,9 +924,8 @@ struct CUctx_st {
 };
 
 static struct CUctx_st g_primary[MOKKA_MAX_GPUS];
-static unsigned g_primary_refs[MOKKA_MAX_GPUS]; /* guarded by g_lock */
+static void free_context_memory(CUcontext c);
 static __thread CUcontext t_stack[CTX_STACK];
-static __thread int t_depth;
 
 static inline int ctx_ok(CUcontext c) { return c && c->magic == CTX_MAGIC && c->dev >= 0 && c->dev < g_count; }
 
@@ -862,8 +967,10 @@ static CUresult primary_release(CUdevice dev)
     }
     int last = --g_primary_refs[dev] == 0;
     pthread_mutex_unlock(&g_lock);
-    if (last)
+    if (last) { /* the last release destroys the primary context and what it holds */
+        free_context_memory(&g_primary[dev]);
         context_ref(g_visible[dev], -1);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -893,6 +1000,7 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
 static CUresult primary_reset(CUdevice dev)
 {
     DEVICE(dev);
+    free_context_memory(&g_primary[dev]);
     return CUDA_SUCCESS;
 }
 
@@ -952,6 +1060,7 @@ static CUresult ctx_destroy(CUcontext ctx)
             t_depth--;
         }
     unsigned gi = g_visible[ctx->dev];
+    free_context_memory(ctx);
     ctx->magic = 0;
     free(ctx);
     context_ref(gi, -1);
@@ -1058,17 +1167,6 @@ CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 #define VA_WINDOW (1ull << 40)
 #define ALIGN 512ull
 
-struct alloc {
-    CUdeviceptr ptr;  /* 0: empty, 1: deleted */
-    uint64_t size;
-    unsigned gi;
-};
-
-static pthread_mutex_t g_mem_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct alloc *g_allocs;   /* open addressing, linear probing; guarded by g_mem_lock */
-static size_t g_cap, g_used_slots, g_live;
-static uint64_t g_bump[MOKKA_MAX_GPUS];
-
 static size_t hash(CUdeviceptr p, size_t cap) { return (size_t)((p >> 9) * 0x9E3779B97F4A7C15ull) & (cap - 1); }
 
 static int table_insert(struct alloc a)
@@ -1113,7 +1211,7 @@ static struct alloc *table_find(CUdeviceptr p)
     return NULL;
 }
 
-/* A fresh address range of `size` bytes on GPU index gi (g_mem_lock held); 0 if the window is
+/* A fresh address range of `size` bytes on GPU index gi (g_acct_lock held); 0 if the window is
    full. Freeing the newest allocation hands its range back, so alloc/free loops reuse it. */
 static CUdeviceptr va_take(unsigned gi, uint64_t size)
 {
@@ -1151,25 +1249,41 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     if (bytesize > usable)
         return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t size = ((uint64_t)bytesize + ALIGN - 1) & ~(ALIGN - 1);
-    /* Reserve first, then check the sum: two processes racing for the last bytes may both
+    pthread_mutex_lock(&g_acct_lock);
+    sync_slot();
+    /* Publish first, then read the others: two processes racing for the last bytes may both
        fail, but never both succeed. */
-    uint64_t *mine = my_mem(gi);
-    __atomic_add_fetch(mine, size, __ATOMIC_ACQ_REL);
-    uint64_t others = cuda_used(gi) - size;
-    if ((others > pinned ? others : pinned) + size > usable) {
-        __atomic_sub_fetch(mine, size, __ATOMIC_ACQ_REL);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t before = g_mine[gi];
+    __atomic_store_n(&g_mine[gi], before + size, __ATOMIC_RELAXED);
+    publish_mem(gi);
+    uint64_t prior = others_used(gi, total);
+    prior = before < total - prior ? prior + before : total;
+    CUdeviceptr p = 0;
+    if ((prior > pinned ? prior : pinned) + size <= usable) {
+        p = va_take(gi, size);
+        if (p && !table_insert((struct alloc){p, size, gi, c}))
+            p = 0;
     }
-    pthread_mutex_lock(&g_mem_lock);
-    CUdeviceptr p = va_take(gi, size);
-    int ok = p && table_insert((struct alloc){p, size, gi});
-    pthread_mutex_unlock(&g_mem_lock);
-    if (!ok) {
-        __atomic_sub_fetch(mine, size, __ATOMIC_ACQ_REL);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!p) {
+        __atomic_store_n(&g_mine[gi], before, __ATOMIC_RELAXED);
+        publish_mem(gi);
     }
+    pthread_mutex_unlock(&g_acct_lock);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     *dptr = p;
     return CUDA_SUCCESS;
+}
+
+/* Forget an allocation (g_acct_lock held): its bytes leave our total, its range may be reused. */
+static void forget(struct alloc *a)
+{
+    unsigned gi = a->gi;
+    __atomic_store_n(&g_mine[gi], g_mine[gi] - a->size, __ATOMIC_RELAXED);
+    if (g_bump[gi] == a->ptr + a->size)
+        g_bump[gi] = a->ptr;
+    a->ptr = 1;
+    g_live--;
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -1177,20 +1291,37 @@ CUresult cuMemFree_v2(CUdeviceptr dptr)
     INIT();
     if (dptr == 0)
         return CUDA_SUCCESS;
-    pthread_mutex_lock(&g_mem_lock);
+    pthread_mutex_lock(&g_acct_lock);
     struct alloc *a = table_find(dptr);
     if (!a) {
-        pthread_mutex_unlock(&g_mem_lock);
+        pthread_mutex_unlock(&g_acct_lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    struct alloc gone = *a;
-    a->ptr = 1;
-    g_live--;
-    if (g_bump[gone.gi] == gone.ptr + gone.size)
-        g_bump[gone.gi] = gone.ptr;
-    pthread_mutex_unlock(&g_mem_lock);
-    __atomic_sub_fetch(my_mem(gone.gi), gone.size, __ATOMIC_ACQ_REL);
+    unsigned gi = a->gi;
+    forget(a);
+    sync_slot();
+    publish_mem(gi);
+    pthread_mutex_unlock(&g_acct_lock);
     return CUDA_SUCCESS;
+}
+
+/* A context's end frees what was allocated in it, as the driver does. */
+static void free_context_memory(CUcontext c)
+{
+    pthread_mutex_lock(&g_acct_lock);
+    uint64_t touched = 0;
+    for (size_t i = 0; i < g_cap; i++)
+        if (g_allocs[i].ptr > 1 && g_allocs[i].ctx == c) {
+            touched |= 1ull << g_allocs[i].gi;
+            forget(&g_allocs[i]);
+        }
+    if (touched) {
+        sync_slot();
+        for (unsigned gi = 0; gi < MOKKA_MAX_GPUS; gi++)
+            if (touched >> gi & 1)
+                publish_mem(gi);
+    }
+    pthread_mutex_unlock(&g_acct_lock);
 }
 
 /* The 32-bit ABI of CUDA < 3.2: addresses and sizes that fit in 32 bits, which ours never do. */
@@ -1219,8 +1350,12 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     if (lost(c->dev))
         return CUDA_ERROR_UNKNOWN;
     unsigned gi = g_visible[c->dev];
-    uint64_t total, usable, pinned, used = cuda_used(gi);
+    uint64_t total, usable, pinned;
     memory_limits(gi, &total, &usable, &pinned);
+    pthread_mutex_lock(&g_acct_lock);
+    uint64_t used = others_used(gi, total), mine = LOAD(&g_mine[gi]);
+    pthread_mutex_unlock(&g_acct_lock);
+    used = mine < total - used ? used + mine : total;
     if (pinned > used)
         used = pinned;
     *free_bytes = used < usable ? usable - used : 0;
