@@ -13,13 +13,15 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
-from mokkafs.model.events import InvalidCommand
+from mokkafs.model import Event, InvalidCommand, Node, NodeConfig, compose
+from mokkafs.profiles import GpuProfile, ProfileError, load_profile
 from mokkafs.render.control import COMMAND_FILES
 
 log = logging.getLogger(__name__)
@@ -51,8 +53,11 @@ CONFLICT_RETRIES = 5
 #
 # `key` names a control file as `mokka inject` does (xid, ecc, temperature, ..., reset); the
 # text after "=" is exactly what is written to that file, so `gpu=1 ecc=dbe 2` writes "dbe 2" to
-# gpu1/inject_ecc. The node target takes only `reset=1`. Every command is checked by the control
-# file's own parser before anything is written: a bad annotation changes nothing.
+# gpu1/inject_ecc. The node target takes only `reset=1`. Before anything is written, every
+# command is parsed by the control file's own parser, and the events they make are applied, in
+# order, to a scratch Node composed like the mounted one (check_injection), so the model's own
+# validation sees the node's limits (NVLinks, clocks, memory) and the state the earlier commands
+# leave: a bad annotation changes nothing.
 
 GPU_KEYS = COMMAND_FILES
 NODE_KEYS = {"reset": "reset"}
@@ -60,11 +65,14 @@ NODE_KEYS = {"reset": "reset"}
 
 @dataclass(frozen=True)
 class Command:
-    """One control-file write: `payload` to `<mount>/<path>`."""
+    """One control-file write: `payload` to `<mount>/<path>`, and what it was made from: the
+    annotation's `text` and the model `event` the control file's parser turns `payload` into."""
 
     gpu: int | None  # None: the node
     file: str
     payload: bytes
+    text: str = field(compare=False)
+    event: Event = field(compare=False)
 
     @property
     def path(self) -> str:
@@ -95,14 +103,30 @@ def parse_command(text: str, gpu_count: int) -> Command:
     payload = " ".join([first, *words[2:]]).encode("ascii")
     file = keys[key]
     try:
-        _control_file(gpu, file).write(payload)  # the daemon's own parser; raises, changes nothing
+        event = _control_file(gpu, file).write(payload)  # the daemon's own parser; changes nothing
     except InvalidCommand as e:
         raise InvalidCommand(f"{text!r}: {e}") from None
-    return Command(gpu, file, payload)
+    return Command(gpu, file, payload, text, event)
 
 
-def parse_injection(value: str, gpu_count: int) -> tuple[Command, ...]:
-    """The whole annotation, strictly: every command parses or the annotation is rejected."""
+def check_injection(commands: tuple[Command, ...], config: NodeConfig) -> None:
+    """Raise InvalidCommand, naming the command, unless every command fits the node `config`
+    describes. The events are applied in order to a scratch Node (never the daemon's), with the
+    model's own validation (Node.apply validates first), so each command is checked against the
+    profile's limits and against the state the commands before it leave. The scratch node
+    starts fresh: the live state's faults are not known here, and the model's checks do not
+    depend on them; a refusal that does is the daemon's, at write time (Agent.act)."""
+    scratch = Node(config, 0.0)
+    for command in commands:
+        try:
+            scratch.apply(command.event, 0.0)
+        except InvalidCommand as e:
+            raise InvalidCommand(f"{command.text!r}: {e}") from None
+
+
+def parse_injection(value: str, config: NodeConfig) -> tuple[Command, ...]:
+    """The whole annotation, strictly: every command parses and fits the node `config`
+    describes, or the annotation is rejected and nothing is written."""
     if len(value.encode("utf-8", "replace")) > MAX_ANNOTATION:
         raise InvalidCommand(f"annotation longer than {MAX_ANNOTATION} bytes")
     if value.endswith("\n"):
@@ -119,7 +143,8 @@ def parse_injection(value: str, gpu_count: int) -> tuple[Command, ...]:
             raise InvalidCommand("empty command (a stray ';'?)")
         if "  " in text:
             raise InvalidCommand(f"{text!r}: stray whitespace")
-        commands.append(parse_command(text, gpu_count))
+        commands.append(parse_command(text, config.gpus))
+    check_injection(tuple(commands), config)
     return tuple(commands)
 
 
@@ -141,7 +166,9 @@ class Reject:
     resource_version: str
 
 
-def decide(node: dict, gpu_count: int) -> Apply | Reject | None:
+def decide(node: dict, config: NodeConfig | ProfileError) -> Apply | Reject | None:
+    """`config`: the mounted node's composition, or why it could not be had (a profile this
+    install cannot load); then an annotation is rejected, as its limits cannot be checked."""
     meta = node.get("metadata") or {}
     value = (meta.get("annotations") or {}).get(ANNOTATION_INJECT)
     if value is None:
@@ -149,10 +176,38 @@ def decide(node: dict, gpu_count: int) -> Apply | Reject | None:
     rv = meta.get("resourceVersion", "")
     if not isinstance(value, str):
         return Reject(str(value), "annotation value is not a string", rv)
+    if isinstance(config, ProfileError):
+        return Reject(value, f"cannot check it against the node's limits: {config}", rv)
     try:
-        return Apply(value, parse_injection(value, gpu_count), rv)
+        return Apply(value, parse_injection(value, config), rv)
     except InvalidCommand as e:
         return Reject(value, str(e), rv)
+
+
+def partial_failure(action: Apply, failed: int, error: str) -> str:
+    """What an Event says when the daemon refused `action.commands[failed]` after the checks
+    passed (the node changed in between): which commands were applied and which were not."""
+    done, rest = action.commands[:failed], action.commands[failed:]
+    quoted = lambda cs: ", ".join(repr(c.text) for c in cs) or "none"  # noqa: E731
+    refused = action.commands[failed]
+    return (
+        f"{refused.path} refused {refused.text!r}: {error}; "
+        f"applied: {quoted(done)}; not applied: {quoted(rest)}"
+    )
+
+
+def failure_patch(action: Apply, failed: int, message: str, now: str) -> dict:
+    """The merge patch that corrects the claim's record after a partial failure: `applied` names
+    only the commands written (or goes), `rejected` says what was not and why."""
+    done = "; ".join(c.text for c in action.commands[:failed])
+    return {
+        "metadata": {
+            "annotations": {
+                ANNOTATION_APPLIED: f"{now} {done}" if done else None,
+                ANNOTATION_REJECTED: f"{now} {action.value}: {message}",
+            }
+        }
+    }
 
 
 def claim_patch(action: Apply | Reject, now: str) -> dict:
@@ -369,6 +424,13 @@ class MountedTree:
     def gpu_count(self) -> int:
         return int(self.read("node/gpu_count"))
 
+    def node_config(self) -> NodeConfig:
+        """The mounted node's composition as far as an injection's limits depend on it: its
+        profile (by the name in node/profile) and GPU count. Raises ProfileError for a profile
+        this install cannot load (the daemon was given a profile file the agent does not have)."""
+        profile = _profile(self.read("node/profile").strip())
+        return compose(profile, gpus=self.gpu_count(), hostname="scratch")
+
     def healths(self) -> list[GpuHealth]:
         out = []
         for i in range(self.gpu_count()):
@@ -393,6 +455,13 @@ class MountedTree:
 
     def driver_files(self) -> list[str]:
         return [rel for rel in DRIVER_FILES if (self.root / "driver" / rel).exists()]
+
+
+@lru_cache(maxsize=8)
+def _profile(name: str) -> GpuProfile:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", name):
+        raise ProfileError(f"profile {name!r} is not a shipped profile's name")
+    return load_profile(name)
 
 
 def write_node_files(tree: MountedTree, state_dir: str, cdi_path: str | None, nfd_path: str | None) -> None:
@@ -505,7 +574,11 @@ class Agent:
         from kubernetes.client.rest import ApiException
 
         for _ in range(CONFLICT_RETRIES):
-            action = decide(node, self.tree.gpu_count())
+            try:
+                config: NodeConfig | ProfileError = self.tree.node_config()
+            except ProfileError as e:
+                config = e
+            action = decide(node, config)
             if action is None:
                 break
             try:
@@ -534,16 +607,31 @@ class Agent:
             log.warning("%s: rejected %s=%r: %s", self.node_name, ANNOTATION_INJECT, action.value, action.reason)
             self.event(node, "Warning", "InjectionRejected", f"{action.value!r}: {action.reason}")
             return
-        for command in action.commands:
+        for k, command in enumerate(action.commands):
             try:
                 self.tree.write(command)
             except OSError as e:
-                # Validated already, so this is the state refusing (e.g. a GPU that changed).
-                log.warning("%s: %s refused %r: %s", self.node_name, command.path, command.payload, e.strerror)
-                self.event(node, "Warning", "InjectionFailed", f"{command.path} <- {command.payload.decode()}: {e.strerror}")
+                # Checked already, so the node changed in between (a remount with another
+                # profile, a dead mount): say exactly what was applied and what was not.
+                message = partial_failure(action, k, e.strerror or str(e))
+                log.warning("%s: %s=%r partly applied: %s", self.node_name, ANNOTATION_INJECT, action.value, message)
+                self.event(node, "Warning", "InjectionFailed", f"{action.value!r}: {message}")
+                self.correct_record(failure_patch(action, k, message, utc_now()))
                 return
         log.info("%s: applied %r", self.node_name, action.value)
         self.event(node, "Normal", "InjectionApplied", action.value)
+
+    def correct_record(self, patch: dict) -> None:
+        """An unconditional merge patch of the outcome annotations (the claim already took the
+        injection off the node); losing it must not stop the agent, the Event says it too."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.api.patch_node(
+                self.node_name, patch, _content_type="application/merge-patch+json", _preload_content=False
+            )
+        except ApiException as e:
+            log.warning("%s: could not correct %s: %s", self.node_name, ANNOTATION_APPLIED, _short(e))
 
     def report_health(self, node: dict) -> None:
         condition = health_condition(self.tree.healths(), current_condition(node), utc_now())

@@ -3,6 +3,7 @@ fake API server (tests/k8s_fake.py) driving a real mounted node: conflicts, watc
 rejected annotations, the health condition and Events."""
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -19,7 +20,14 @@ from conftest import mokka_cmd  # noqa: E402
 from k8s_fake import FakeCluster  # noqa: E402
 
 from mokkafs import agent  # noqa: E402
-from mokkafs.model.events import InvalidCommand  # noqa: E402
+from mokkafs.model import Node, compose  # noqa: E402
+from mokkafs.model.events import InvalidCommand, Pin  # noqa: E402
+from mokkafs.profiles import ProfileError, load_profile  # noqa: E402
+
+
+def config(profile: str = "h100", gpus: int = 4):
+    return compose(load_profile(profile), gpus=gpus)
+
 
 # --- the grammar --------------------------------------------------------------------------------
 
@@ -67,15 +75,83 @@ BAD = [
 
 @pytest.mark.parametrize("value,expected", GOOD)
 def test_grammar_accepts(value, expected):
-    commands = agent.parse_injection(value, gpu_count=4)
+    commands = agent.parse_injection(value, config())
     assert [(c.path, c.payload) for c in commands] == expected
 
 
 @pytest.mark.parametrize("value,reason", BAD)
 def test_grammar_rejects_with_the_reason(value, reason):
     with pytest.raises(InvalidCommand, match=None) as e:
-        agent.parse_injection(value, gpu_count=4)
+        agent.parse_injection(value, config())
     assert reason in str(e.value)
+
+
+# --- the node's limits: every command is applied to a scratch node before any is written -------
+
+LIMITS = [
+    ("a100", "gpu=0 xid=48; gpu=0 nvlink=17 down", "'gpu=0 nvlink=17 down': a100 has 12 NVLinks, no link 17"),
+    ("a100", "gpu=0 nvlink=12 errors 3", "a100 has 12 NVLinks, no link 12"),
+    ("t4", "gpu=0 temperature=80; gpu=0 nvlink=0 down", "t4 has 0 NVLinks, no link 0"),
+    ("h100", "gpu=1 lost=1; gpu=0 clocks=19999 2619", "'gpu=0 clocks=19999 2619': clocks must be 1.."),
+    ("h100", "gpu=0 memory_used=999999", "memory_used at most"),
+]
+
+
+@pytest.mark.parametrize("profile,value,reason", LIMITS)
+def test_limits_of_the_profile_reject_the_whole_annotation(profile, value, reason):
+    with pytest.raises(InvalidCommand) as e:
+        agent.parse_injection(value, config(profile))
+    assert reason in str(e.value)
+    rej = agent.decide(_node({agent.ANNOTATION_INJECT: value}), config(profile))
+    assert isinstance(rej, agent.Reject) and reason in rej.reason
+
+
+def test_within_the_limits_of_the_profile():
+    value = "gpu=0 xid=48; gpu=0 nvlink=11 down; gpu=0 nvlink=11 up; gpu=1 clocks=1410 1215; node reset=1"
+    commands = agent.parse_injection(value, config("a100"))
+    assert [c.text for c in commands] == [part.strip() for part in value.split(";")]
+    assert agent.parse_injection("gpu=0 nvlink=17 down", config("h100"))  # 18 links there
+
+
+def test_commands_are_checked_in_order_on_one_scratch_node(monkeypatch):
+    # Today the model's checks depend on the profile only; should one depend on the state (here:
+    # no pins on a GPU off the bus), a command must be checked against what the earlier ones did.
+    validate = Node.validate
+
+    def stateful(self, event):
+        validate(self, event)
+        if isinstance(event, Pin) and self.gpus[event.gpu].lost:
+            raise InvalidCommand(f"gpu{event.gpu} is off the bus")
+
+    monkeypatch.setattr(Node, "validate", stateful)
+    with pytest.raises(InvalidCommand, match="'gpu=0 temperature=90': gpu0 is off the bus"):
+        agent.parse_injection("gpu=0 xid=79; gpu=0 temperature=90", config())
+    assert agent.parse_injection("gpu=0 xid=79; gpu=0 reset=1; gpu=0 temperature=90", config())
+    assert agent.parse_injection("gpu=0 xid=79; gpu=1 temperature=90", config())
+    assert agent.parse_injection("gpu=0 temperature=90; gpu=0 xid=79", config())
+
+
+def test_a_node_whose_limits_cannot_be_known_rejects():
+    rej = agent.decide(_node({agent.ANNOTATION_INJECT: "gpu=0 xid=79"}), ProfileError("unknown profile 'mine'"))
+    assert isinstance(rej, agent.Reject) and "cannot check it against the node's limits" in rej.reason
+    assert agent.decide(_node(), ProfileError("unknown profile 'mine'")) is None
+
+
+def test_partial_failure_says_what_was_applied():
+    act = agent.decide(_node({agent.ANNOTATION_INJECT: "gpu=0 xid=48; gpu=0 nvlink=5 down; gpu=1 lost=1"}), config())
+    message = agent.partial_failure(act, 1, "Invalid argument")
+    assert message == (
+        "gpu0/nvlink refused 'gpu=0 nvlink=5 down': Invalid argument; "
+        "applied: 'gpu=0 xid=48'; not applied: 'gpu=0 nvlink=5 down', 'gpu=1 lost=1'"
+    )
+    assert "applied: none;" in agent.partial_failure(act, 0, "Invalid argument")
+    patch = agent.failure_patch(act, 1, message, "T")["metadata"]
+    assert "resourceVersion" not in patch, "a correction, after the claim: unconditional"
+    assert patch["annotations"] == {
+        agent.ANNOTATION_APPLIED: "T gpu=0 xid=48",
+        agent.ANNOTATION_REJECTED: f"T {act.value}: {message}",
+    }
+    assert agent.failure_patch(act, 0, message, "T")["metadata"]["annotations"][agent.ANNOTATION_APPLIED] is None
 
 
 def _node(annotations=None, rv="7", conditions=None, labels=None):
@@ -86,10 +162,10 @@ def _node(annotations=None, rv="7", conditions=None, labels=None):
 
 
 def test_decide():
-    assert agent.decide(_node(), 4) is None
-    act = agent.decide(_node({agent.ANNOTATION_INJECT: "gpu=3 xid=79"}), 4)
+    assert agent.decide(_node(), config()) is None
+    act = agent.decide(_node({agent.ANNOTATION_INJECT: "gpu=3 xid=79"}), config())
     assert isinstance(act, agent.Apply) and act.resource_version == "7"
-    rej = agent.decide(_node({agent.ANNOTATION_INJECT: "gpu=3 xid=79"}), 2)
+    rej = agent.decide(_node({agent.ANNOTATION_INJECT: "gpu=3 xid=79"}), config(gpus=2))
     assert isinstance(rej, agent.Reject) and "no gpu3" in rej.reason
     patch = agent.claim_patch(act, "2026-12-01T00:00:00Z")
     assert patch["metadata"]["resourceVersion"] == "7"
@@ -183,16 +259,30 @@ def core_api(base_url: str):
 
 
 @pytest.fixture
-def running(cluster, node_factory):
+def start_agent(cluster, node_factory):
+    """`start_agent(profile, gpus, tree=MountedTree)`: a mounted node and an agent thread
+    watching the fake cluster's Node through `tree`; stopped at teardown."""
+    threads = []
+
+    def start(profile: str = "h100", gpus: int = 4, tree=agent.MountedTree):
+        node = node_factory(profile=profile, gpus=gpus)
+        a = agent.Agent(core_api(cluster.base_url), cluster.node["metadata"]["name"], tree(str(node.mnt)), resync_s=1)
+        t = threading.Thread(target=a.run, daemon=True)
+        t.start()
+        threads.append((a, t))
+        return cluster, node, a
+
+    yield start
+    for a, t in threads:
+        a.stopping = True
+        t.join(timeout=10)
+        assert not t.is_alive(), "the agent did not stop within a resync period"
+
+
+@pytest.fixture
+def running(start_agent):
     """A mounted 4 x H100 node and an agent thread watching the fake cluster's Node."""
-    node = node_factory(gpus=4)
-    a = agent.Agent(core_api(cluster.base_url), cluster.node["metadata"]["name"], agent.MountedTree(str(node.mnt)), resync_s=1)
-    t = threading.Thread(target=a.run, daemon=True)
-    t.start()
-    yield cluster, node, a
-    a.stopping = True
-    t.join(timeout=10)
-    assert not t.is_alive(), "the agent did not stop within a resync period"
+    return start_agent()
 
 
 def annotations(cluster) -> dict:
@@ -255,6 +345,72 @@ def test_bad_annotation_gets_an_event_and_changes_nothing(running, expect_log, v
     ann = annotations(cluster)
     assert agent.ANNOTATION_INJECT not in ann and reason in ann[agent.ANNOTATION_REJECTED]
     assert cluster.condition(agent.CONDITION_TYPE)["status"] == "True"
+
+
+GPU0_FILES = ("node/events", "gpu0/info", "gpu0/inject_xid", "gpu0/inject_ecc", "gpu0/nvlink", "gpu0/events")
+
+
+def test_annotation_beyond_the_profiles_limits_changes_nothing(start_agent, expect_log):
+    # The first command alone is fine; the second names a link an A100 does not have. Checked
+    # against the node's limits before any write, the Xid is never applied.
+    expect_log(r"rejected mokkafs.io/inject")
+    cluster, node, _ = start_agent("a100", 2)
+    wait_until(lambda: cluster.condition(agent.CONDITION_TYPE), "the first health report")
+    before = {p: node.read(p) for p in GPU0_FILES}
+    assert before["gpu0/inject_xid"] == "none\n" and "health: healthy" in before["gpu0/info"]
+    value = "gpu=0 xid=48; gpu=0 nvlink=17 down"
+    cluster.annotate(agent.ANNOTATION_INJECT, value)
+    (ev,) = wait_until(lambda: events(cluster, "InjectionRejected"), "the InjectionRejected event")
+    assert ev["type"] == "Warning"
+    assert ev["message"] == f"{value!r}: 'gpu=0 nvlink=17 down': a100 has 12 NVLinks, no link 17"
+    assert {p: node.read(p) for p in GPU0_FILES} == before, "no command of a bad annotation is written"
+    assert not events(cluster, "InjectionApplied") and not events(cluster, "InjectionFailed")
+    ann = annotations(cluster)
+    assert agent.ANNOTATION_INJECT not in ann and agent.ANNOTATION_APPLIED not in ann
+    assert ann[agent.ANNOTATION_REJECTED].endswith(f" {value}: 'gpu=0 nvlink=17 down': a100 has 12 NVLinks, no link 17")
+    assert cluster.condition(agent.CONDITION_TYPE)["status"] == "True"
+
+
+def test_annotation_within_the_limits_applies_fully(start_agent):
+    cluster, node, _ = start_agent("a100", 2)
+    wait_until(lambda: cluster.condition(agent.CONDITION_TYPE), "the first health report")
+    value = "gpu=0 xid=48; gpu=0 nvlink=11 down; gpu=1 temperature=91"
+    cluster.annotate(agent.ANNOTATION_INJECT, value)
+    (ev,) = wait_until(lambda: events(cluster, "InjectionApplied"), "the InjectionApplied event")
+    assert ev["message"] == value
+    assert node.read("gpu0/inject_xid").startswith("48 ")
+    assert "11 down " in node.read("gpu0/nvlink")
+    assert node.read("gpu1/temperature") == "91\n"
+    assert annotations(cluster)[agent.ANNOTATION_APPLIED].endswith(f" {value}")
+
+
+class _StaleTree(agent.MountedTree):
+    """A tree whose limits the agent reads as an H100's while the mount is an A100's: what a
+    remount with another profile between the check and the writes would look like."""
+
+    def node_config(self):
+        return compose(load_profile("h100"), gpus=self.gpu_count())
+
+
+def test_refusal_at_write_time_says_what_was_applied(start_agent, expect_log):
+    expect_log(r"partly applied")
+    cluster, node, _ = start_agent("a100", 2, tree=_StaleTree)
+    node.expect_warning(r"EINVAL write: .*gpu0/nvlink.*no link 17")
+    wait_until(lambda: cluster.condition(agent.CONDITION_TYPE), "the first health report")
+    value = "gpu=0 xid=48; gpu=0 nvlink=17 down; gpu=1 temperature=91"
+    cluster.annotate(agent.ANNOTATION_INJECT, value)
+    (ev,) = wait_until(lambda: events(cluster, "InjectionFailed"), "the InjectionFailed event")
+    strerror = os.strerror(errno.EINVAL)
+    assert ev["type"] == "Warning" and ev["message"] == (
+        f"{value!r}: gpu0/nvlink refused 'gpu=0 nvlink=17 down': {strerror}; "
+        "applied: 'gpu=0 xid=48'; not applied: 'gpu=0 nvlink=17 down', 'gpu=1 temperature=91'"
+    )
+    assert node.read("gpu0/inject_xid").startswith("48 "), "the first command was applied"
+    assert node.read("gpu1/temperature") != "91\n", "the one after the refusal was not"
+    assert not events(cluster, "InjectionApplied")
+    ann = wait_until(lambda: (a := annotations(cluster)) and agent.ANNOTATION_REJECTED in a and a, "the corrected record")
+    assert ann[agent.ANNOTATION_APPLIED].endswith(" gpu=0 xid=48"), "applied names only what was written"
+    assert "not applied: 'gpu=0 nvlink=17 down', 'gpu=1 temperature=91'" in ann[agent.ANNOTATION_REJECTED]
 
 
 def test_watch_that_ends_and_watch_that_expires(running):

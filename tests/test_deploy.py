@@ -140,6 +140,9 @@ def test_example_pod_reaches_the_node_through_hostpath():
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     assert mounts["/mokka"]["mountPropagation"] == "HostToContainer"
+    # The driver root serves the shims' bytes as plain files: no need of the node's install.
+    assert set(mounts) == {"/mokka", "/var/lib/mokkafs/state"}
+    assert all(not v["hostPath"]["path"].startswith("/opt/") for v in pod["spec"]["volumes"])
     kind_config = yaml.safe_load((DEPLOY / "kind" / "kind-config.yaml").read_text())
     assert kind_config["kind"] == "Cluster" and all(n["image"].startswith("mokkafs/kind-node:") for n in kind_config["nodes"])
     values = yaml.safe_load((DEPLOY / "kind" / "device-plugin-values.yaml").read_text())
