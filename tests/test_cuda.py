@@ -459,3 +459,145 @@ def test_nvitop_maps_cuda_visible_devices_to_uuids(node_factory):
             print(Device.normalize_cuda_visible_devices())
         """).strip()
         assert got == ",".join(uuids[i] for i in want), visible
+
+
+# ---- the process table from the shim's side -------------------------------------------------
+
+
+def test_destroying_a_context_frees_what_was_allocated_in_it(pub):
+    out = run_c(pub.path, ALLOC + textwrap.dedent("""
+        ctx, prim = ctypes.c_void_p(), ctypes.c_void_p()
+        assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
+        full = info()[1]
+        a = alloc(3 << 30)
+        less = info()[1]
+        assert cu.cuCtxDestroy_v2(ctx) == 0
+        assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(prim), 0) == 0
+        assert cu.cuCtxSetCurrent(prim) == 0
+        back = info()[1]
+        alloc(1 << 30)
+        primary_less = info()[1]
+        assert cu.cuDevicePrimaryCtxRelease_v2(0) == 0
+        assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(prim), 0) == 0
+        print(json.dumps([a[0], full - less, full - back, full - primary_less, full - info()[1],
+                          cu.cuMemFree_v2(ctypes.c_uint64(a[1]))]))
+    """))
+    assert out == [0, 3 << 30, 0, 1 << 30, 0, 1]  # 1: CUDA_ERROR_INVALID_VALUE, freed already
+
+
+def test_a_forked_child_is_its_own_process(pub):
+    out = run_c(pub.path, ALLOC + textwrap.dedent("""
+        ctx = ctypes.c_void_p()
+        assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 2) == 0
+        r, p = alloc(2 << 30)
+        full = info()[2] - (%d << 20)
+        rd, wr = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(rd)
+            c2 = ctypes.c_void_p()
+            res = [cu.cuMemFree_v2(ctypes.c_uint64(p)), cu.cuCtxCreate_v2(ctypes.byref(c2), 0, 2)]
+            res += [full - info()[1], alloc(1 << 30)[0], full - info()[1]]
+            os.write(wr, json.dumps(res).encode())
+            os._exit(0)
+        os.close(wr)
+        child = json.loads(os.read(rd, 4096))
+        os.waitpid(pid, 0)
+        print(json.dumps(child))
+    """ % pub.node.profile.memory.reserved_mib))
+    # The child frees nothing of the parent's, sees the parent's 2 GiB and adds its own 1 GiB.
+    assert out == [1, 0, 2 << 30, 0, 3 << 30]
+
+
+def world_readable_node(profile: str = "h100", gpus: int = 2):
+    """A mounted node under a directory every user may enter (pytest's tmp_path is 0700)."""
+    import shutil
+    import tempfile
+
+    from conftest import MountedNode, force_unmount
+
+    base = Path(tempfile.mkdtemp(prefix="mokka-"))
+    base.chmod(0o755)
+    node = MountedNode(base, profile, gpus)
+    node.mount()
+    try:
+        yield node
+    finally:
+        node.umount()
+        force_unmount(node.mnt)
+        problems = node.unexpected_log_lines()
+        shutil.rmtree(base, ignore_errors=True)
+        assert not problems, problems
+
+
+def nvml_processes(env) -> list:
+    return json.loads(run_py(env, NVML_PROCS))
+
+
+def test_another_user_gets_accounted_through_the_daemon(tmp_path):
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a process as another user")
+    for node in world_readable_node():
+        env = mount_env(node)
+        table = node.state_dir / "state.procs"
+        assert table.stat().st_mode & 0o777 == 0o644
+        assert (node.state_dir / "state.procs.sock").stat().st_mode & 0o777 == 0o666
+        e = dict(env, MOKKA_CUDA_LIB=str(cuda_lib()))
+        holder = subprocess.Popen(["/usr/bin/python3", "-c", HOLDER, "1", str(GIB), "60"], env=e, user="nobody",
+                                  stdout=subprocess.PIPE, text=True, cwd="/")
+        try:
+            assert holder.stdout.readline().strip() == "ready"
+            procs = _wait_for(lambda: nvml_processes(env)[1][:-1])
+            assert procs == [[holder.pid, GIB]]
+            # nobody cannot truncate the table that root's processes map
+            r = subprocess.run(["truncate", "-s", "0", str(table)], user="nobody", capture_output=True)
+            assert r.returncode != 0 and table.stat().st_size > 0
+        finally:
+            holder.kill()
+            holder.wait()
+            holder.stdout.close()
+        assert _wait_for(lambda: nvml_processes(env)[1] == [0])
+
+
+def test_a_process_in_another_pid_namespace_is_listed_with_our_pid(node_factory):
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    if subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True).returncode:
+        pytest.skip("unshare --pid needs privileges this machine does not give")
+    node = node_factory(gpus=2)
+    env = mount_env(node)
+    e = dict(env, MOKKA_CUDA_LIB=str(cuda_lib()))
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c",
+                              HOLDER + "\n", "0", str(GIB), "60"], env=e, stdout=subprocess.PIPE, text=True)
+    try:
+        assert outer.stdout.readline().strip() == "ready"
+        inner = int(Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()[0])
+        procs = _wait_for(lambda: nvml_processes(env)[0][:-1])
+        assert procs == [[inner, GIB]]  # not 1, the pid it has in its own namespace
+    finally:
+        outer.kill()
+        outer.wait()
+        outer.stdout.close()
+    assert _wait_for(lambda: nvml_processes(env)[0] == [0])
+
+
+def test_the_daemon_survives_a_truncated_or_removed_table(node_factory):
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    node = node_factory(gpus=2)
+    node.expect_warning(r"the process table was .*; made a new one")
+    env = mount_env(node)
+    table = node.state_dir / "state.procs"
+    for damage in ("truncate", "remove"):
+        if damage == "truncate":
+            os.truncate(table, 0)
+        else:
+            table.unlink()
+        assert _wait_for(lambda: table.exists() and table.stat().st_size > 0)
+        holder = start_holder(node.state_dir / "state", 1, GIB, 60)
+        try:
+            assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, GIB]]
+        finally:
+            holder.kill()
+            holder.wait()
+            holder.stdout.close()
+    assert node.read("gpu0/temperature").strip().isdigit()  # still serving

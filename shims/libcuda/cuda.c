@@ -9,7 +9,8 @@
  * daemon folds into NVML's process lists and memory used. No host memory backs an allocation.
  *
  * Host safety: no abort(), no unbounded waits; no state file is CUDA_ERROR_NO_DEVICE; errno is
- * restored around syscalls; mappings are kept until the library destructor.
+ * restored around syscalls; the mappings, and the descriptor that holds our slot lock, live as
+ * long as the process (no destructor unmaps anything).
  */
 #define _GNU_SOURCE
 #include "cuda_shim.h"
