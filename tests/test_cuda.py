@@ -436,6 +436,15 @@ def test_an_allocation_shows_in_nvml_and_memory_used(node_factory, ending):
         assert procs[1] == [[proc.pid, 10 << 30], 10 << 30]
         assert procs[0] == [0]  # GPU 0: no processes, nothing used
         assert node.read("gpu1/memory_used").strip() == str(10 * 1024)
+        smi = [str(node.mnt / "driver/usr/bin/nvidia-smi")]
+        apps = subprocess.run(smi + ["--query-compute-apps=gpu_bus_id,pid,used_gpu_memory", "--format=csv,noheader"],
+                              env=env, capture_output=True, text=True, timeout=30)
+        bus = subprocess.run(smi + ["--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "1"], env=env,
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+        assert apps.stdout.splitlines() == [f"{bus}, {proc.pid}, 10240 MiB"]
+        table = subprocess.run(smi, env=env, capture_output=True, text=True, timeout=30).stdout
+        rows = [line.split() for line in table.splitlines() if f" {proc.pid} " in line]
+        assert len(rows) == 1 and rows[0][1] == "1" and rows[0][-2] == "10240MiB", table
         if ending == "kill -9":
             proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
