@@ -249,10 +249,10 @@ class Publisher:
                     os.close(fd)
                     tmp = self.path.with_name(f".{self.path.name}.new")
                     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-                    os.ftruncate(fd, STATE_SIZE)
+                    _allocate(fd)
                     os.replace(tmp, self.path)
                 else:
-                    os.ftruncate(fd, STATE_SIZE)
+                    _allocate(fd)
             self._mm = mmap.mmap(fd, STATE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
@@ -269,6 +269,19 @@ class Publisher:
         st.magic = MAGIC
         st.version = VERSION
         st.size = STATE_SIZE
+
+    def _guard(self) -> bool:
+        """Is the mapped file still whole? Root can truncate it under us, and a store into the
+        lost pages would be a SIGBUS that takes the mount down with the daemon. Restore its size
+        (readers that touched it in between have had their SIGBUS already) and say so; True
+        when a full republish is due."""
+        if os.fstat(self._fd).st_size == STATE_SIZE:
+            return False
+        log.warning("%s: the state file was truncated under the daemon; restoring it", self.path)
+        _allocate(self._fd)
+        st = self._st
+        st.magic, st.version, st.size = MAGIC, VERSION, STATE_SIZE
+        return True
 
     @staticmethod
     def _valid(fd: int) -> bool:
@@ -291,6 +304,8 @@ class Publisher:
     def publish(self, node: Node, only: set[int] | None = None) -> None:
         """Write every record (or only the GPUs in `only`: an event's targets, the tick
         refreshes the rest within TICK_S) under the seqlock, at once."""
+        if self._guard():
+            only = None
         st, now = self._st, self.clock()
         count = min(len(node.gpus), MAX_GPUS)
         targets = range(count) if only is None else sorted(i for i in only if 0 <= i < count)
@@ -319,6 +334,7 @@ class Publisher:
         """Append to the ring, then wake every waiter once."""
         if not notes:
             return
+        self._guard()
         st = self._st
         t_ns = int((self.clock() if now is None else now) * 1e9)
         for note in notes:
@@ -353,6 +369,13 @@ class Publisher:
         while True:
             await trio.sleep(TICK_S)
             self.publish(node)
+
+
+def _allocate(fd: int) -> None:
+    """Size the file and back every page of it: a store into a hole on a full filesystem is a
+    SIGBUS, where posix_fallocate's ENOSPC is an error we can report."""
+    os.ftruncate(fd, STATE_SIZE)
+    os.posix_fallocate(fd, 0, STATE_SIZE)
 
 
 def state_path(state_dir: str | os.PathLike) -> Path:

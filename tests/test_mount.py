@@ -218,3 +218,22 @@ def test_cli_inject_kinds_are_the_control_commands():
     from mokkafs.render.control import COMMAND_FILES
 
     assert sorted(INJECT_KINDS) == sorted(COMMAND_FILES)
+
+
+def test_a_truncated_shared_state_file_is_restored_not_fatal(node_factory):
+    """Root can truncate the mapped state file; the daemon must not die of the SIGBUS."""
+    node = node_factory(gpus=2)
+    node.expect_warning(r"the state file was truncated under the daemon; restoring it")
+    state = node.state_dir / "state"
+    size = state.stat().st_size
+    os.truncate(state, 0)
+    deadline = time.monotonic() + 10
+    while state.stat().st_size != size and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert state.stat().st_size == size
+    assert node.write("gpu1/temperature", b"91") == 0  # an event publishes into the restored file
+    smi = subprocess.run([str(node.mnt / "driver/usr/bin/nvidia-smi"), "--query-gpu=index,temperature.gpu",
+                          "--format=csv,noheader"], env=dict(os.environ, MOKKA_STATE=str(state),
+                                                             LD_LIBRARY_PATH=str(node.mnt / "driver/usr/lib64")),
+                         capture_output=True, text=True, timeout=30)
+    assert smi.stdout.splitlines()[1] == "1, 91", smi.stdout + smi.stderr
