@@ -184,3 +184,20 @@ def node_factory(tmp_path):
 def mounted(node_factory) -> MountedNode:
     """A mounted 8 x H100 node."""
     return node_factory()
+
+
+# --- a published state with its process table, no mount (test_cuda, test_proctable) -----------
+
+
+@pytest.fixture
+def pub(tmp_path):
+    """An h100 x 4 node's state published at tmp_path/state, and the daemon's process table."""
+    from helpers_nvml import Published
+    from mokkafs.proctable import ProcessTable, procs_path
+
+    p = Published(tmp_path, "h100", 4)
+    p.table = ProcessTable(procs_path(p.path))
+    p.table.open()
+    yield p
+    p.table.close()
+    p.close()

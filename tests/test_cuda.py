@@ -3,6 +3,7 @@ subprocess per scenario, since the driver's state is per process), the daemon's 
 and real consumers (cuda-python, numba, pynvml, nvitop) against a mounted node."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers_nvml import Published, consumer_env
+from helpers_nvml import consumer_env
 from mokkafs import native
 from mokkafs.controller import Controller
 from mokkafs.model.events import SetLost, SetProcesses
 from mokkafs.model import InvalidCommand
-from mokkafs.proctable import ProcessTable, procs_path
 
 GIB = 1 << 30
 
@@ -52,17 +52,6 @@ def run_c(state: Path, code: str, **env) -> dict:
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture
-def pub(tmp_path):
-    p = Published(tmp_path, "h100", 4)
-    table = ProcessTable(procs_path(p.path))
-    table.open()
-    p.table = table
-    yield p
-    table.close()
-    p.close()
 
 
 def test_no_driver_is_no_device(tmp_path):
@@ -407,6 +396,17 @@ print(json.dumps(out))
 """
 
 
+@contextlib.contextmanager
+def killed_at_end(proc: subprocess.Popen):
+    """The process, killed (kill -9), reaped and its pipe closed when the block ends."""
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
 def _wait_for(predicate, timeout: float = 10.0):
     deadline = time.monotonic() + timeout
     while True:
@@ -555,17 +555,13 @@ def test_another_user_gets_accounted_through_the_daemon(tmp_path):
         e = dict(env, MOKKA_CUDA_LIB=str(cuda_lib()))
         holder = subprocess.Popen(["/usr/bin/python3", "-c", HOLDER, "1", str(GIB), "60"], env=e, user="nobody",
                                   stdout=subprocess.PIPE, text=True, cwd="/")
-        try:
+        with killed_at_end(holder):
             assert holder.stdout.readline().strip() == "ready"
             procs = _wait_for(lambda: nvml_processes(env)[1][:-1])
             assert procs == [[holder.pid, GIB]]
             # nobody cannot truncate the table that root's processes map
             r = subprocess.run(["truncate", "-s", "0", str(table)], user="nobody", capture_output=True)
             assert r.returncode != 0 and table.stat().st_size > 0
-        finally:
-            holder.kill()
-            holder.wait()
-            holder.stdout.close()
         assert _wait_for(lambda: nvml_processes(env)[1] == [0])
 
 
@@ -578,15 +574,11 @@ def test_a_process_in_another_pid_namespace_is_listed_with_our_pid(node_factory)
     e = dict(env, MOKKA_CUDA_LIB=str(cuda_lib()))
     outer = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c",
                               HOLDER + "\n", "0", str(GIB), "60"], env=e, stdout=subprocess.PIPE, text=True)
-    try:
+    with killed_at_end(outer):
         assert outer.stdout.readline().strip() == "ready"
         inner = int(Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()[0])
         procs = _wait_for(lambda: nvml_processes(env)[0][:-1])
         assert procs == [[inner, GIB]]  # not 1, the pid it has in its own namespace
-    finally:
-        outer.kill()
-        outer.wait()
-        outer.stdout.close()
     assert _wait_for(lambda: nvml_processes(env)[0] == [0])
 
 
@@ -602,11 +594,6 @@ def test_the_daemon_survives_a_truncated_or_removed_table(node_factory):
         else:
             table.unlink()
         assert _wait_for(lambda: table.exists() and table.stat().st_size > 0)
-        holder = start_holder(node.state_dir / "state", 1, GIB, 60)
-        try:
+        with killed_at_end(start_holder(node.state_dir / "state", 1, GIB, 60)) as holder:
             assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, GIB]]
-        finally:
-            holder.kill()
-            holder.wait()
-            holder.stdout.close()
     assert node.read("gpu0/temperature").strip().isdigit()  # still serving

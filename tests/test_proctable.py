@@ -11,9 +11,8 @@ import time
 
 import pytest
 
-from helpers_nvml import Published
 from mokkafs.controller import Controller
-from mokkafs.proctable import PROCS_SIZE, ProcessTable, ffi, lock_owner, procs_path
+from mokkafs.proctable import PROCS_SIZE, ProcessTable, ffi, lock_owner
 
 GIB = 1 << 30
 SLOT = ffi.sizeof("struct mokka_proc_slot")
@@ -37,16 +36,11 @@ sys.stdin.read()
 
 
 @pytest.fixture
-def pub(tmp_path):
-    p = Published(tmp_path, "h100", 4)
-    table = ProcessTable(procs_path(p.path))
-    table.open()
-    p.table = table
-    p.controller = Controller(p.node, None, time.time)
-    p.controller.subscribers.append(p.publisher)
-    yield p
-    table.close()
-    p.close()
+def pub(pub):
+    """conftest's published node and table, with a controller that folds into it."""
+    pub.controller = Controller(pub.node, None, time.time)
+    pub.controller.subscribers.append(pub.publisher)
+    return pub
 
 
 class Claimer:
