@@ -4,9 +4,11 @@ and real consumers (cuda-python, numba, pynvml, nvitop) against a mounted node."
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -398,13 +400,16 @@ print(json.dumps(out))
 
 @contextlib.contextmanager
 def killed_at_end(proc: subprocess.Popen):
-    """The process, killed (kill -9), reaped and its pipe closed when the block ends."""
+    """The process, killed (kill -9), reaped and its pipes closed when the block ends."""
     try:
         yield proc
     finally:
         proc.kill()
         proc.wait()
-        proc.stdout.close()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe:
+                with contextlib.suppress(BrokenPipeError):
+                    pipe.close()
 
 
 def _wait_for(predicate, timeout: float = 10.0):
@@ -597,3 +602,52 @@ def test_the_daemon_survives_a_truncated_or_removed_table(node_factory):
         with killed_at_end(start_holder(node.state_dir / "state", 1, GIB, 60)) as holder:
             assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, GIB]]
     assert node.read("gpu0/temperature").strip().isdigit()  # still serving
+
+
+STEPPER = PRELUDE + ALLOC + """
+import fcntl
+say = lambda *a: print(*a, flush=True)
+wait = sys.stdin.readline
+ctx = ctypes.c_void_p()
+assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
+assert alloc(1 << 30)[0] == 0
+say("allocated")
+wait()
+fd = next(int(n) for n in os.listdir("/proc/self/fd")
+          if os.readlink(f"/proc/self/fd/{n}").endswith("state.procs"))
+os.close(fd)  # a program that closes descriptors it does not own
+other = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)  # and the number comes back as another file
+say(json.dumps([fd, other]))
+wait()
+say(json.dumps([alloc(1 << 30)[0], info()]))
+wait()
+"""
+
+
+def test_a_program_that_closes_the_tables_descriptor_goes_unlisted_not_wrong(pub, tmp_path):
+    controller = Controller(pub.node, None, time.time)
+    e = consumer_env(pub.path)
+    e["MOKKA_CUDA_LIB"] = str(cuda_lib())
+    other = tmp_path / "other"
+    p = subprocess.Popen([sys.executable, "-c", STEPPER, str(other)], env=e, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    with killed_at_end(p):
+        assert p.stdout.readline().strip() == "allocated"
+        pub.table.fold(controller)
+        assert pub.node.processes[0] == ((p.pid, GIB),)
+        p.stdin.write("\n")
+        p.stdin.flush()
+        fd, reused = json.loads(p.stdout.readline())
+        assert fd == reused  # the case that matters: the shim's number now names another file
+        pub.table.fold(controller)
+        assert pub.node.processes[0] == ()  # its lock went with the descriptor: no longer listed
+        p.stdin.write("\n")
+        p.stdin.flush()
+        r, (ri, free, total) = json.loads(p.stdout.readline())
+        usable = (pub.node.profile.memory.total_mib - pub.node.profile.memory.reserved_mib) << 20
+        assert (r, ri, free) == (0, 0, usable - 2 * GIB)  # CUDA works on, counting its own memory
+        with open(other, "rb") as f:  # and took no lock on the file that reused the number
+            probe = struct.pack("@hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+            assert struct.unpack("@hhqqi4x", fcntl.fcntl(f, fcntl.F_GETLK, probe))[0] == fcntl.F_UNLCK
+        pub.table.fold(controller)
+        assert pub.node.processes[0] == ()

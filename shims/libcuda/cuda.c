@@ -44,6 +44,8 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static const struct mokka_state *g_state;   /* read-only mapping; set once */
 static struct mokka_procs *g_procs;         /* read-write mapping, or NULL: no accounting */
 static int g_procs_fd = -1;                 /* its descriptor, which holds our slot's lock */
+static dev_t g_procs_dev;                   /* and what it was opened on, in case the program */
+static ino_t g_procs_ino;                   /* closes it and the number comes back as another file */
 static int g_initialized;                   /* cuInit succeeded */
 static int g_count;                         /* visible devices */
 static unsigned g_visible[MOKKA_MAX_GPUS];  /* CUdevice ordinal -> GPU index in the state */
@@ -177,6 +179,8 @@ static void map_procs(void)
         return;
     }
     g_procs_fd = fd;
+    g_procs_dev = sb.st_dev;
+    g_procs_ino = sb.st_ino;
     __atomic_store_n(&g_procs, t, __ATOMIC_RELEASE);
 }
 
@@ -804,6 +808,14 @@ static uint64_t ctx_mask(void)
     return m;
 }
 
+/* Is g_procs_fd still the table? A descriptor the program closed, or whose number now names
+   another file, must not take or drop our locks. */
+static int procs_fd_ok(void)
+{
+    struct stat sb;
+    return fstat(g_procs_fd, &sb) == 0 && sb.st_dev == g_procs_dev && sb.st_ino == g_procs_ino;
+}
+
 /* Claim a slot: lock its byte, then take it, then fill it from our own totals. */
 static void claim_slot(void)
 {
@@ -815,6 +827,10 @@ static void claim_slot(void)
     if (!g_pid) {
         g_pid = (uint32_t)getpid();
         g_start = self_start_time();
+    }
+    if (!procs_fd_ok()) {
+        g_slot_failed = 1;
+        return;
     }
     for (int s = 0; s < MOKKA_PROC_SLOTS; s++) {
         uint32_t expect = 0;
@@ -848,7 +864,8 @@ static void sync_slot(void)
     if (g_slot >= 0) {
         struct mokka_proc_slot *sl = &g_procs->slot[g_slot];
         if (LOAD(&sl->state) != 2 || LOAD(&sl->pid) != g_pid || LOAD(&sl->start_time) != g_start) {
-            slot_lock(g_slot, F_UNLCK);
+            if (procs_fd_ok())
+                slot_lock(g_slot, F_UNLCK);
             g_slot = -1;
             g_slot_failed = 0;
         }
@@ -1354,6 +1371,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     uint64_t total, usable, pinned;
     memory_limits(gi, &total, &usable, &pinned);
     pthread_mutex_lock(&g_acct_lock);
+    sync_slot(); /* others_used skips g_slot, which must still be ours */
     uint64_t used = others_used(gi, total), mine = LOAD(&g_mine[gi]);
     pthread_mutex_unlock(&g_acct_lock);
     used = mine < total - used ? used + mine : total;
