@@ -651,3 +651,44 @@ def test_a_program_that_closes_the_tables_descriptor_goes_unlisted_not_wrong(pub
             assert struct.unpack("@hhqqi4x", fcntl.fcntl(f, fcntl.F_GETLK, probe))[0] == fcntl.F_UNLCK
         pub.table.fold(controller)
         assert pub.node.processes[0] == ()
+
+
+@pytest.mark.parametrize("table", ["missing", "garbage", "full", "hostile counters"])
+def test_cuda_works_on_whatever_the_table_holds(pub, table):
+    """The table is other processes' input: missing or damaged, CUDA works unaccounted; full,
+    the process counts only itself; absurd counters fill the GPU but never wrap to free."""
+    from mokkafs.proctable import ffi as pffi
+
+    path = pub.table.path
+    slot0, slot, mem0 = (pffi.offsetof("struct mokka_procs", "slot"), pffi.sizeof("struct mokka_proc_slot"),
+                         pffi.offsetof("struct mokka_procs", "mem"))
+    if table == "missing":
+        path.unlink()
+    elif table == "garbage":
+        with open(path, "r+b") as f:
+            f.write(b"\x55" * 4096)
+    elif table == "full":
+        with open(path, "r+b") as f:
+            for s in range(256):
+                f.seek(slot0 + s * slot)
+                f.write((2).to_bytes(4, "little") + (999).to_bytes(4, "little"))
+    else:
+        with open(path, "r+b") as f:
+            f.seek(pffi.offsetof("struct mokka_procs", "high"))
+            f.write((2).to_bytes(4, "little"))
+            for s in (0, 1):  # 2^63 + 2^63 wraps to 0 in 64 bits: "all free" to a naive sum
+                f.seek(slot0 + s * slot)
+                f.write((2).to_bytes(4, "little") + (999).to_bytes(4, "little"))
+                f.seek(mem0 + s * 8)  # GPU 0
+                f.write((1 << 63).to_bytes(8, "little"))
+    out = run_c(pub.path, ALLOC + textwrap.dedent("""
+        ctx = ctypes.c_void_p()
+        assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
+        r1, _ = alloc(1 << 30)
+        print(json.dumps([r1, info()]))
+    """))
+    usable = (pub.node.profile.memory.total_mib - pub.node.profile.memory.reserved_mib) << 20
+    if table == "hostile counters":
+        assert out == [2, [0, 0, pub.node.profile.memory.total_mib << 20]]  # OUT_OF_MEMORY, free 0
+    else:
+        assert out == [0, [0, usable - GIB, pub.node.profile.memory.total_mib << 20]]
