@@ -338,11 +338,16 @@ def _lib_dir(machine: str) -> str:
     )
 
 
+CDI_STATE_DIR = "/run/mokka"  # where a CDI container sees the state directory (read-only)
+
+
 def cdi_spec(mount: str, state_file: str, gpus: list[GpuDevice], driver_files: list[str], machine: str) -> str:
     """nvidia.com/gpu devices named by index and UUID (nvidia-ctk's default `index,uuid`
     strategy) and `all`. Device nodes come from the mount's dev/ (the runtime reads type, major
-    and minor from hostPath); the driver files present in `<mount>/driver` and the state file are
-    bind-mounted, so `nvidia-smi` and NVML work in the container without the NVIDIA runtime."""
+    and minor from hostPath); the driver files present in `<mount>/driver` and the state file's
+    directory are bind-mounted, so `nvidia-smi`, NVML and CUDA work in the container without the
+    NVIDIA runtime. The directory, not the file: CUDA processes reach the process table and its
+    descriptor socket beside the state file, and survive the daemon replacing either."""
     dev = f"{mount}/dev"
 
     def node(name: str) -> dict:
@@ -354,13 +359,8 @@ def cdi_spec(mount: str, state_file: str, gpus: list[GpuDevice], driver_files: l
         devices.append({"name": str(g.index), "containerEdits": edits})
         devices.append({"name": g.uuid, "containerEdits": edits})
     devices.append({"name": "all", "containerEdits": {"deviceNodes": [node(f"nvidia{g.minor}") for g in gpus]}})
-    mounts = [
-        {
-            "hostPath": state_file,
-            "containerPath": "/run/mokka/state",
-            "options": ["ro", "nosuid", "nodev", "bind"],
-        }
-    ]
+    state_dir, state_name = os.path.split(state_file)
+    mounts = [{"hostPath": state_dir, "containerPath": CDI_STATE_DIR, "options": ["ro", "nosuid", "nodev", "bind"]}]
     for rel in driver_files:  # e.g. usr/lib64/libnvidia-ml.so.1, usr/bin/nvidia-smi
         name = rel.rsplit("/", 1)[-1]
         target = f"/usr/bin/{name}" if "/bin/" in f"/{rel}" else f"{_lib_dir(machine)}/{name}"
@@ -372,7 +372,7 @@ def cdi_spec(mount: str, state_file: str, gpus: list[GpuDevice], driver_files: l
         "kind": "nvidia.com/gpu",
         "devices": devices,
         "containerEdits": {
-            "env": ["NVIDIA_VISIBLE_DEVICES=void", "MOKKA_STATE=/run/mokka/state"],
+            "env": ["NVIDIA_VISIBLE_DEVICES=void", f"MOKKA_STATE={CDI_STATE_DIR}/{state_name}"],
             "deviceNodes": [node("nvidiactl"), node("nvidia-uvm"), node("nvidia-uvm-tools")],
             "mounts": mounts,
         },

@@ -215,11 +215,11 @@ def test_cdi_spec_shape():
     assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
     mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
     assert mounts == {
-        "/run/mokka/state": "/s/state",
+        "/run/mokka": "/s",
         "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1": "/m/driver/usr/lib64/libnvidia-ml.so.1",
         "/usr/bin/nvidia-smi": "/m/driver/usr/bin/nvidia-smi",
     }
-    assert "NVIDIA_VISIBLE_DEVICES=void" in edits["env"]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in edits["env"] and "MOKKA_STATE=/run/mokka/state" in edits["env"]
 
 
 def test_nfd_feature_file_is_name_value_lines():

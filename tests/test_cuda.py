@@ -570,15 +570,21 @@ def test_another_user_gets_accounted_through_the_daemon(tmp_path):
         assert _wait_for(lambda: nvml_processes(env)[1] == [0])
 
 
-def test_a_process_in_another_pid_namespace_is_listed_with_our_pid(node_factory):
+def test_a_process_in_a_container_is_accounted_with_its_pid_on_the_node(node_factory, tmp_path):
+    """A container as CDI makes one: its own pid namespace, and the state directory bind-mounted
+    read-only (the table cannot be opened for writing: the daemon's socket hands it over)."""
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
-    if subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True).returncode:
-        pytest.skip("unshare --pid needs privileges this machine does not give")
+    if subprocess.run(["unshare", "--pid", "--mount", "--fork", "true"], capture_output=True).returncode:
+        pytest.skip("unshare --pid --mount needs privileges this machine does not give")
     node = node_factory(gpus=2)
     env = mount_env(node)
-    e = dict(env, MOKKA_CUDA_LIB=str(cuda_lib()))
-    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c",
-                              HOLDER + "\n", "0", str(GIB), "60"], env=e, stdout=subprocess.PIPE, text=True)
+    seen = tmp_path / "run-mokka"
+    seen.mkdir()
+    inside = (f"mount --bind {node.state_dir} {seen} && mount -o remount,ro,bind {seen} && "
+              f'exec "$0" -c "$1" 0 {GIB} 60')
+    e = dict(env, MOKKA_CUDA_LIB=str(cuda_lib()), MOKKA_STATE=str(seen / "state"))
+    outer = subprocess.Popen(["unshare", "--pid", "--mount", "--fork", "--kill-child", "sh", "-c", inside,
+                              sys.executable, HOLDER], env=e, stdout=subprocess.PIPE, text=True)
     with killed_at_end(outer):
         assert outer.stdout.readline().strip() == "ready"
         inner = int(Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()[0])
