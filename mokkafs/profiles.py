@@ -116,6 +116,60 @@ class NvLink(_Strict):
     link_speed_gbps: Annotated[float, Field(ge=0)]  # per-link, per direction
 
 
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+class FabricHealth(_Strict):
+    """nvmlGpuFabricInfo_v3's health as nvidia-smi prints it; null where the board reports N/A."""
+
+    summary: Literal["Healthy", "Unhealthy", "Limited Capacity"] | None = None
+    bandwidth: Literal["Full", "Degraded"] | None = None
+    route_recovery_in_progress: bool | None = None
+    route_unhealthy: bool | None = None
+    access_timeout_recovery: bool | None = None
+    incorrect_configuration: Literal["None"] | None = None  # "None": the configuration is correct
+
+    @property
+    def summary_code(self) -> int:
+        """NVML_GPU_FABRIC_HEALTH_SUMMARY_*."""
+        return {None: 0, "Healthy": 1, "Unhealthy": 2, "Limited Capacity": 3}[self.summary]
+
+    @property
+    def mask(self) -> int:
+        """NVML_GPU_FABRIC_HEALTH_MASK_*: per item 0 not supported, 1 true, 2 false, at its shift."""
+        def flag(v: bool | None) -> int:
+            return 0 if v is None else 1 if v else 2
+
+        return (
+            flag(None if self.bandwidth is None else self.bandwidth == "Degraded")
+            | flag(self.route_recovery_in_progress) << 2
+            | flag(self.route_unhealthy) << 4
+            | flag(self.access_timeout_recovery) << 6
+            | (0 if self.incorrect_configuration is None else 1) << 8  # 1: ..._INCORRECT_CONFIGURATION_NONE
+        )
+
+
+class Fabric(_Strict):
+    """The NVLink fabric as nvmlDeviceGetGpuFabricInfo reports it once the fabric manager has
+    run (state Completed, status Success). A single-node NVSwitch baseboard (HGX) reports clique
+    0 and an all-zero cluster UUID; a multi-node NVLink domain (GB200/GB300 NVL) its own."""
+
+    clique_id: Annotated[int, Field(ge=0, le=0xFFFFFFFF)]
+    cluster_uuid: str
+    health: FabricHealth = FabricHealth()
+
+    @field_validator("cluster_uuid")
+    @classmethod
+    def _uuid(cls, v: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", v):
+            raise ValueError("cluster_uuid must look like 00000001-0000-0000-0000-000000000001 (lower-case hex)")
+        return v
+
+    @property
+    def multi_node(self) -> bool:
+        return self.cluster_uuid != ZERO_UUID
+
+
 class Hca(_Strict):
     """An InfiniBand / RoCE adapter model carried by nodes of this profile."""
 
@@ -180,7 +234,7 @@ class GpuProfile(_Strict):
     inforom: InfoRom
     nvlink: NvLink
     mig_capable: bool
-    fabric: bool  # NVLink fabric (GB200/GB300 NVL): nvmlDeviceGetGpuFabricInfo reports a clique
+    fabric: Fabric | None  # null: no fabric info (N/A), as on PCIe boards and before Hopper
     has_fan: bool
     node: NodeDefaults
 
@@ -190,6 +244,12 @@ class GpuProfile(_Strict):
         if not re.fullmatch(r"\d+\.\d+", v):
             raise ValueError("compute_capability must look like 9.0")
         return v
+
+    @property
+    def grace(self) -> bool:
+        """Grace-hosted trays: of the shipped profiles, exactly those in a multi-node NVLink
+        domain (GB200/GB300 NVL), whose host is a 72-core Arm Grace CPU per GPU pair."""
+        return self.fabric is not None and self.fabric.multi_node
 
 
 def profile_dirs() -> list[Path]:

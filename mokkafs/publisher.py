@@ -119,12 +119,13 @@ def fill_static(g, node: Node, i: int) -> None:
     g.ecc_enabled = int(p.memory.ecc)
     g.mig_capable = int(p.mig_capable)
     g.has_row_remapper = int(p.architecture != "Turing")
-    g.has_fabric = int(p.fabric)
-    if p.fabric:
+    g.has_fabric = int(p.fabric is not None)
+    if p.fabric is not None:
         g.fabric_state = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
-        g.fabric_clique_id = 1
-        cluster = ident.uuid.removeprefix("GPU-").replace("-", "")
-        ffi.memmove(g.fabric_cluster_uuid, bytes.fromhex(cluster)[:8] + b"\x00" * 7 + b"\x01", 16)
+        g.fabric_clique_id = p.fabric.clique_id
+        ffi.memmove(g.fabric_cluster_uuid, bytes.fromhex(p.fabric.cluster_uuid.replace("-", "")), 16)
+        g.fabric_health_mask = p.fabric.health.mask
+        g.fabric_health_summary = p.fabric.health.summary_code
     g.persistence_mode = 1
     g.compute_mode = 0
     g.mem_total = p.memory.total_mib * mib

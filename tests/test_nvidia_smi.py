@@ -232,7 +232,11 @@ IDENTITY = ["product_name", "product_brand", "product_architecture", "vbios_vers
             "pci/pci_gpu_link_info/link_widths/max_link_width", "fb_memory_usage/total", "bar1_memory_usage/total",
             "gpu_power_readings/default_power_limit", "gpu_power_readings/min_power_limit",
             "gpu_power_readings/max_power_limit", "max_clocks/graphics_clock", "max_clocks/sm_clock",
-            "max_clocks/mem_clock", "max_clocks/video_clock", "ecc_mode/current_ecc"]
+            "max_clocks/mem_clock", "max_clocks/video_clock", "ecc_mode/current_ecc",
+            "fabric/state", "fabric/status", "fabric/cliqueId", "fabric/clusterUuid", "fabric/health/summary",
+            "fabric/health/bandwidth", "fabric/health/route_recovery_in_progress", "fabric/health/route_unhealthy",
+            "fabric/health/access_timeout_recovery", "fabric/health/incorrect_configuration",
+            "fabric/health/partition_assigned"]
 
 
 @pytest.mark.parametrize("node", [(p, 1) for p in XML_PROFILES], indirect=True, ids=XML_PROFILES)

@@ -82,7 +82,7 @@ def test_pynvml_sees_the_profile(node_factory, profile):
     assert out["procs"] == 0 and out["util"] == 0
     assert out["mig"] == ([0, 0] if prof.mig_capable else "Not Supported")
     assert out["nvlinks"] == (1 if prof.nvlink.links else "Not Supported")
-    assert (out["fabric"] == 1) == prof.fabric
+    assert out["fabric"] == (prof.fabric.clique_id if prof.fabric else "Not Supported")
     assert out["bar1"] == prof.memory.bar1_mib << 20
     assert out["board"] == prof.board_part_number and out["inforom"] == prof.inforom.image
     arch = {"Turing": 6, "Ampere": 7, "Ada Lovelace": 8, "Hopper": 9, "Blackwell": 10}[prof.architecture]

@@ -187,8 +187,19 @@ def test_flags_and_node_match_capture(pair):
     g = gpus[0]
     assert p.has_fan == (_text(g, "fan_speed") != "N/A")
     assert p.mig_capable == (_text(g, "mig_mode/current_mig") != "N/A")
-    fabric_uuid = _text(g, "fabric/clusterUuid")
-    assert p.fabric == (fabric_uuid not in ("N/A", "00000000-0000-0000-0000-000000000000"))
+    if _text(g, "fabric/state") == "N/A":
+        assert p.fabric is None
+    else:
+        assert (_text(g, "fabric/state"), _text(g, "fabric/status")) == ("Completed", "Success")
+        assert p.fabric is not None and str(p.fabric.clique_id) == _text(g, "fabric/cliqueId")
+        assert p.fabric.cluster_uuid == _text(g, "fabric/clusterUuid")
+        h = p.fabric.health
+        shown = {None: "N/A", True: "True", False: "False"}
+        assert [shown.get(v, v) for v in (h.summary, h.bandwidth, h.route_recovery_in_progress, h.route_unhealthy,
+                                          h.access_timeout_recovery, h.incorrect_configuration)] == [
+            _text(g, f"fabric/health/{k}") for k in ("summary", "bandwidth", "route_recovery_in_progress",
+                                                     "route_unhealthy", "access_timeout_recovery",
+                                                     "incorrect_configuration")]
     assert p.node.driver_version == root.findtext("driver_version")
     assert p.node.cuda_version == root.findtext("cuda_version")
     assert p.node.pci_domain == int(_text(g, "pci/pci_domain"), 16)

@@ -124,7 +124,7 @@ class CpuLayout:
 def cpu_layout(config: NodeConfig) -> CpuLayout:
     # Grace-based trays (GB200/GB300 NVL) have 72 Arm cores per CPU and no SMT; the x86 HGX hosts
     # two 56-core Xeons with hyper-threading.
-    if config.profile.fabric:
+    if config.profile.grace:
         return CpuLayout(config.numa_nodes, 72, 1)
     return CpuLayout(config.numa_nodes, 56, 2)
 

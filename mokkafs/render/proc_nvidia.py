@@ -61,7 +61,7 @@ GCC = "gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04) "
 
 
 def _arch(config: NodeConfig) -> str:
-    return "aarch64" if config.profile.fabric else "x86_64"
+    return "aarch64" if config.profile.grace else "x86_64"
 
 
 def render_version(config: NodeConfig) -> str:

@@ -71,7 +71,7 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/publisher.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 3
+#define MOKKA_STATE_VERSION 4
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_MAX_NVLINKS 18
 #define MOKKA_EVENT_RING 256
@@ -146,6 +146,8 @@ struct mokka_gpu {
     uint32_t fabric_clique_id;
     uint32_t fabric_state;     /* nvmlGpuFabricState_t */
     uint8_t fabric_cluster_uuid[16];
+    uint32_t fabric_health_mask;    /* NVML_GPU_FABRIC_HEALTH_MASK_* */
+    uint32_t fabric_health_summary; /* NVML_GPU_FABRIC_HEALTH_SUMMARY_* */
     uint32_t persistence_mode;
     uint32_t compute_mode;
     /* memory, bytes */

@@ -1498,7 +1498,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMemoryAffinity(nvmlDevice_t device, unsigned i
 
 /* ---- fabric --------------------------------------------------------------------------- */
 
-struct fabric { uint32_t has, clique, state; uint8_t uuid[16]; };
+struct fabric { uint32_t has, clique, state, health_mask, health_summary; uint8_t uuid[16]; };
 
 static nvmlReturn_t read_fabric(const struct mokka_state *s, const struct mokka_gpu *g, struct fabric *f)
 {
@@ -1508,6 +1508,8 @@ static nvmlReturn_t read_fabric(const struct mokka_state *s, const struct mokka_
     SNAP(s, g->fabric_clique_id, f->clique);
     SNAP(s, g->fabric_state, f->state);
     SNAP(s, g->fabric_cluster_uuid, f->uuid);
+    SNAP(s, g->fabric_health_mask, f->health_mask);
+    SNAP(s, g->fabric_health_summary, f->health_summary);
     return NVML_SUCCESS;
 }
 
@@ -1546,6 +1548,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFab
     out.status = NVML_SUCCESS;
     out.cliqueId = f.clique;
     out.state = (nvmlGpuFabricState_t)f.state;
+    out.healthMask = f.health_mask;
+    out.healthSummary = (unsigned char)f.health_summary;
     memcpy(gpuFabricInfo, &out, version == nvmlGpuFabricInfo_v2 ? sizeof(nvmlGpuFabricInfo_v2_t) : sizeof(out));
     return NVML_SUCCESS;
 }

@@ -119,6 +119,11 @@ XML_MAP = {
     "max_customer_boost_clocks/graphics_clock": "x.clocks.max_boost.graphics",
     "fabric/state": "fabric.state", "fabric/status": "fabric.status", "fabric/cliqueId": "fabric.cliqueId",
     "fabric/clusterUuid": "fabric.clusterUuid",
+    "fabric/health/summary": "fabric.health.summary", "fabric/health/bandwidth": "fabric.health.bandwidth",
+    "fabric/health/route_recovery_in_progress": "fabric.health.route_recovery_in_progress",
+    "fabric/health/route_unhealthy": "fabric.health.route_unhealthy",
+    "fabric/health/access_timeout_recovery": "fabric.health.access_timeout_recovery",
+    "fabric/health/incorrect_configuration": "fabric.health.incorrect_configuration",
     "supported_clocks/supported_mem_clock/value": "x.supported_mem_clock",
     "supported_clocks/supported_mem_clock/supported_graphics_clock": "x.supported_graphics_clock",
 }
@@ -205,6 +210,11 @@ TEXT_MAP = {
     "Max Customer Boost Clocks/Graphics": "x.clocks.max_boost.graphics",
     "Fabric/State": "fabric.state", "Fabric/Status": "fabric.status", "Fabric/CliqueId": "fabric.cliqueId",
     "Fabric/ClusterUUID": "fabric.clusterUuid",
+    "Fabric/Health/Summary": "fabric.health.summary", "Fabric/Health/Bandwidth": "fabric.health.bandwidth",
+    "Fabric/Health/Route Recovery in progress": "fabric.health.route_recovery_in_progress",
+    "Fabric/Health/Route Unhealthy": "fabric.health.route_unhealthy",
+    "Fabric/Health/Access Timeout Recovery": "fabric.health.access_timeout_recovery",
+    "Fabric/Health/Incorrect Configuration": "fabric.health.incorrect_configuration",
 }
 
 # Leaves whose structure is rebuilt at run time (lists): their subtree is not copied.

@@ -63,6 +63,7 @@
     X(nvmlDeviceGetDefaultApplicationsClock) X(nvmlDeviceGetMaxCustomerBoostClock)           \
     X(nvmlDeviceGetMigMode) X(nvmlDeviceGetPersistenceMode) X(nvmlDeviceGetDisplayMode)      \
     X(nvmlDeviceGetDisplayActive) X(nvmlDeviceGetGpuFabricInfo)                              \
+    X(nvmlDeviceGetGpuFabricInfoV)                                                           \
     X(nvmlDeviceGetComputeRunningProcesses_v3) X(nvmlDeviceGetGraphicsRunningProcesses_v3)   \
     X(nvmlSystemGetProcessName) X(nvmlDeviceGetNvLinkState) X(nvmlDeviceGetNvLinkVersion)    \
     X(nvmlDeviceGetNvLinkCapability) X(nvmlDeviceGetNvLinkErrorCounter)                      \
@@ -644,6 +645,32 @@ static enum vr value(const struct dev *d, int key, char *out, size_t n)
         const unsigned char *c = f.clusterUuid;
         return PUT("%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", c[0], c[1], c[2], c[3],
                    c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11], c[12], c[13], c[14], c[15]);
+    }
+    case K_fabric_health_summary: case K_fabric_health_bandwidth: case K_fabric_health_route_recovery_in_progress:
+    case K_fabric_health_route_unhealthy: case K_fabric_health_access_timeout_recovery:
+    case K_fabric_health_incorrect_configuration: {
+        nvmlGpuFabricInfoV_t f;
+        memset(&f, 0, sizeof(f));
+        f.version = nvmlGpuFabricInfo_v3;
+        if (NV(nvmlDeviceGetGpuFabricInfoV, h, &f) != NVML_SUCCESS)
+            return V_NA;
+        if (key == K_fabric_health_summary) {
+            static const char *sum[] = {NULL, "Healthy", "Unhealthy", "Limited Capacity"};
+            return f.healthSummary >= 1 && f.healthSummary <= 3 ? PUT("%s", sum[f.healthSummary]) : V_NA;
+        }
+        if (key == K_fabric_health_incorrect_configuration) /* only "correct" is modelled */
+            return NVML_GPU_FABRIC_HEALTH_GET(f.healthMask, _INCORRECT_CONFIGURATION) ==
+                           NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NONE ? PUT("None") : V_NA;
+        unsigned v = key == K_fabric_health_bandwidth ? NVML_GPU_FABRIC_HEALTH_GET(f.healthMask, _DEGRADED_BW)
+                   : key == K_fabric_health_route_recovery_in_progress
+                       ? NVML_GPU_FABRIC_HEALTH_GET(f.healthMask, _ROUTE_RECOVERY)
+                   : key == K_fabric_health_route_unhealthy ? NVML_GPU_FABRIC_HEALTH_GET(f.healthMask, _ROUTE_UNHEALTHY)
+                   : NVML_GPU_FABRIC_HEALTH_GET(f.healthMask, _ACCESS_TIMEOUT_RECOVERY);
+        if (v != 1 && v != 2) /* 0: not supported */
+            return V_NA;
+        if (key == K_fabric_health_bandwidth)
+            return PUT("%s", v == 1 ? "Degraded" : "Full");
+        return PUT("%s", v == 1 ? "True" : "False");
     }
     default:
         return V_NA;
