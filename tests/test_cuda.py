@@ -698,3 +698,33 @@ def test_cuda_works_on_whatever_the_table_holds(pub, table):
         assert out == [2, [0, 0, pub.node.profile.memory.total_mib << 20]]  # OUT_OF_MEMORY, free 0
     else:
         assert out == [0, [0, usable - GIB, pub.node.profile.memory.total_mib << 20]]
+
+
+def test_many_processes_come_and_go_and_leave_no_slot_behind(node_factory):
+    """Twenty CUDA processes at once, half killed with -9 and half exiting: each is listed with
+    its own memory while alive, and afterwards every slot is free and nothing is used."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    from mokkafs.proctable import ProcessTable
+
+    node = node_factory(gpus=2)
+    env = mount_env(node)
+    holders = [start_holder(node.state_dir / "state", i % 2, (i + 1) << 20, 60 if i % 2 else 1.5)
+               for i in range(20)]
+    try:
+        want = [sorted([h.pid, (i + 1) << 20] for i, h in enumerate(holders) if i % 2 == g) for g in (0, 1)]
+        seen = _wait_for(lambda: [sorted(x[:-1]) for x in nvml_processes(env)] == want or None)
+        assert seen, nvml_processes(env)
+        for h in holders[1::2]:
+            h.kill()
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()
+            h.stdout.close()
+    assert _wait_for(lambda: nvml_processes(env) == [[0], [0]]), nvml_processes(env)
+    table = ProcessTable(node.state_dir / "state.procs")
+    table.open()
+    try:
+        assert _wait_for(lambda: all(table.read().slot[s].state == 0 for s in range(256)))
+    finally:
+        table.close()
