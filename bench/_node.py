@@ -55,3 +55,27 @@ class BenchNode:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_c_bench(name: str, cc_flags: list[str], run_args, header: str | None = None) -> int:
+    """The shape every C benchmark shares: parse --profile/--gpus, build bench/<name>.c with
+    `cc_flags`, mount a node, print a header line, and run the binary with `run_args(node)`
+    (the node's state file in MOKKA_STATE)."""
+    import argparse
+
+    main = sys.modules["__main__"]
+    ap = argparse.ArgumentParser(description=(main.__doc__ or name).splitlines()[0])
+    ap.add_argument("--profile", default="h100")
+    ap.add_argument("--gpus", type=int, default=8)
+    args = ap.parse_args()
+    bench = Path(__file__).resolve().parent
+    with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+        exe = Path(tmp) / name
+        subprocess.run(["cc", "-O2", str(bench / f"{name}.c"), "-o", str(exe), *cc_flags], check=True)
+        with BenchNode(args.profile, args.gpus) as node:
+            print(f"# {args.gpus} x {args.profile}, {os.cpu_count()} CPUs")
+            if header:
+                print(header, flush=True)
+            subprocess.run([str(exe), *run_args(node)], check=True,
+                           env=dict(node.env, MOKKA_STATE=str(node.state / "state")))
+    return 0
