@@ -450,6 +450,10 @@ def test_an_allocation_shows_in_nvml_and_memory_used(node_factory, ending):
         table = subprocess.run(smi, env=env, capture_output=True, text=True, timeout=30).stdout
         rows = [line.split() for line in table.splitlines() if f" {proc.pid} " in line]
         assert len(rows) == 1 and rows[0][1] == "1" and rows[0][-2] == "10240MiB", table
+        stat = json.loads(subprocess.run([sys.executable, "-m", "gpustat", "--json"], env=env, capture_output=True,
+                                         text=True, timeout=60).stdout)
+        listed = [(p["pid"], p["gpu_memory_usage"]) for g in stat["gpus"] for p in g["processes"]]
+        assert listed == [(proc.pid, 10240)] and stat["gpus"][1]["processes"][0]["pid"] == proc.pid
         if ending == "kill -9":
             proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
