@@ -270,6 +270,12 @@ class Publisher:
         st.magic = MAGIC
         st.version = VERSION
         st.size = STATE_SIZE
+        self._remember()
+
+    def _remember(self) -> None:
+        """Keep the counters consumers hold cursors into, to put back if the file is truncated."""
+        st = self._st
+        self._counters = (st.event_head, st.event_wake, st.generation)
 
     def _guard(self) -> bool:
         """Is the mapped file still whole? Root can truncate it under us, and a store into the
@@ -282,6 +288,8 @@ class Publisher:
         _allocate(self._fd)
         st = self._st
         st.magic, st.version, st.size = MAGIC, VERSION, STATE_SIZE
+        # Event sets keep cursors into the ring: counters back at 0 would starve them.
+        st.event_head, st.event_wake, st.generation = self._counters
         return True
 
     @staticmethod
@@ -330,6 +338,7 @@ class Publisher:
         st.publish_time_ns = int(now * 1e9)
         st.generation += 1
         st.seq += 1
+        self._remember()
 
     def append_events(self, notes: list[Notification], now: float | None = None) -> None:
         """Append to the ring, then wake every waiter once."""
@@ -346,6 +355,7 @@ class Publisher:
             slot.seq = n + 1
             st.event_head = n + 1
         st.event_wake = (st.event_wake + 1) & 0xFFFFFFFF
+        self._remember()
         self._futex_wake()
 
     def _futex_wake(self) -> None:

@@ -231,3 +231,51 @@ def test_a_writer_that_died_mid_publish_costs_one_wait_not_one_per_call(nvml, pu
     assert time.perf_counter() - t0 < 0.05  # 200 calls: microseconds each, not 50 ms each
     assert temp.value == 29
     published.publisher._st.seq += 1
+
+
+WAITER = """
+import sys, pynvml as p
+p.nvmlInit()
+s = p.nvmlEventSetCreate()
+p.nvmlDeviceRegisterEvents(p.nvmlDeviceGetHandleByIndex(1), p.nvmlEventTypeXidCriticalError, s)
+print("ready", flush=True)
+sys.stdin.readline()  # the state file is truncated and restored meanwhile; we touch nothing
+d = p.nvmlEventSetWait_v2(s, 5000)
+print(d.eventData, flush=True)
+"""
+
+
+def test_an_event_set_made_before_a_truncation_still_gets_events(tmp_path, expect_log):
+    """Restoring a truncated state file puts the event counters back where consumers' cursors
+    are (the shim would also resynchronise a cursor ahead of the ring), and events flow on."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    import subprocess
+    import sys
+
+    from helpers_nvml import consumer_env
+
+    expect_log(r"the state file was truncated under the daemon; restoring it")
+    pub = Published(tmp_path, "h100", 2)
+    try:
+        for _ in range(3):
+            pub.apply(InjectXid(0, 13))  # events before: the counters are not at 0
+        w = subprocess.Popen([sys.executable, "-c", WAITER], env=consumer_env(pub.path), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            assert w.stdout.readline().strip() == "ready"
+            os.truncate(pub.path, 0)
+            pub.publisher.publish(pub.node)  # the daemon's next tick
+            assert pub.path.stat().st_size == STATE_SIZE
+            assert pub.publisher._st.event_head == 3  # the counters, not zeros
+            w.stdin.write("\n")
+            w.stdin.flush()
+            time.sleep(0.2)
+            pub.apply(InjectXid(1, 48))
+            assert w.stdout.readline().strip() == "48"
+        finally:
+            w.kill()
+            w.wait()
+            w.stdin.close()
+            w.stdout.close()
+    finally:
+        pub.close()
