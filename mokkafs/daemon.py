@@ -3,6 +3,7 @@ signal or an unmount, tear down in reverse order."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import signal
@@ -101,11 +102,34 @@ def _mount_options(opts: Options) -> set[str]:
     return options
 
 
+@contextlib.contextmanager
+def state_lock(state_dir: str):
+    """One daemon per state directory: a second one would publish into the same state file,
+    reap the same process table and take over its socket. Held for the daemon's life."""
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    fd = os.open(Path(state_dir) / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RuntimeError(f"{state_dir} is in use by another mokka daemon; `mokka umount` it first") from None
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
 async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    controller, tree, restored = build(opts)
-    node = controller.node
     mountpoint = opts.mountpoint
     with contextlib.ExitStack() as stack:
+        # Refuse before touching anything a running daemon owns (state, table, socket, mount).
+        stack.enter_context(state_lock(opts.state_dir))
+        clear_stale_mount(mountpoint)
+        os.makedirs(mountpoint, exist_ok=True)
+        if is_mounted(mountpoint):
+            raise RuntimeError(f"{mountpoint} is already a mount point; `mokka umount {mountpoint}` first")
+        controller, tree, restored = build(opts)
+        node = controller.node
         if opts.kmsg:
             writer = KmsgWriter()
             stack.callback(writer.close)
@@ -125,10 +149,6 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
             nursery.start_soon(procs.run, controller)
             await nursery.start(procs.serve)
 
-            clear_stale_mount(mountpoint)
-            os.makedirs(mountpoint, exist_ok=True)
-            if is_mounted(mountpoint):
-                raise RuntimeError(f"{mountpoint} is already a mount point; `mokka umount {mountpoint}` first")
             # Resolve the pid file's name before mounting: realpath() would stat the mount
             # point, and a FUSE daemon that stats its own mount before serving deadlocks.
             pidf = pid_file(mountpoint)

@@ -67,6 +67,7 @@ class ProcessTable:
         self._id: tuple[int, int] | None = None  # (st_dev, st_ino) of the table we own
         self._complaint: str | None = None  # the last warning, so a lasting fault logs once
         self._refused: dict[int, str] = {}
+        self._blind = False  # warned once that a lock owner's pid was not visible
 
     # -- the file --------------------------------------------------------------------------
 
@@ -98,6 +99,7 @@ class ProcessTable:
             os.replace(tmp, self.path)
         except BaseException:
             os.close(fd)
+            tmp.unlink(missing_ok=True)
             raise
         return fd
 
@@ -166,6 +168,10 @@ class ProcessTable:
                     log.info("process %d is gone: freed its GPU memory", slot.pid)
                 continue
             pid = owner or slot.pid  # 0: the owner is in a pid namespace we cannot see
+            if not owner and not self._blind:
+                self._blind = True
+                log.warning("a CUDA process in a pid namespace this daemon cannot see is listed with "
+                            "its own pid %d; run the daemon in the host's pid namespace (hostPID)", slot.pid)
             if slot.state != LIVE or not 0 < pid < MAX_PID:
                 continue
             for g in gpus:
@@ -221,7 +227,12 @@ class ProcessTable:
                 return
             task_status.started()
             while True:
-                conn, _ = await listener.accept()
+                try:
+                    conn, _ = await listener.accept()
+                except OSError as e:  # out of descriptors, say: this consumer goes unaccounted
+                    log.warning("%s: %s", path, e)
+                    await trio.sleep(0.1)
+                    continue
                 with conn:
                     try:
                         fds = array.array("i", [self._fd])

@@ -221,6 +221,8 @@ class Publisher:
         self._st = None
         self._scratch = ffi.new("struct mokka_gpu[]", MAX_GPUS)
         self._statics: dict[tuple[int, int], bytes] = {}
+        self._last_node: Node | None = None
+        self._counters = (0, 0, 0)
 
     def _static(self, node: Node, i: int) -> bytes:
         """GPU `i`'s record with only `fill_static`'s part, rendered once: an event's publish
@@ -285,7 +287,10 @@ class Publisher:
         if os.fstat(self._fd).st_size == STATE_SIZE:
             return False
         log.warning("%s: the state file was truncated under the daemon; restoring it", self.path)
-        _allocate(self._fd)
+        try:
+            _allocate(self._fd)
+        except OSError:
+            os.ftruncate(self._fd, STATE_SIZE)  # sparse, then: a full disk may fault a page later
         st = self._st
         st.magic, st.version, st.size = MAGIC, VERSION, STATE_SIZE
         # Event sets keep cursors into the ring: counters back at 0 would starve them.
@@ -315,6 +320,7 @@ class Publisher:
         refreshes the rest within TICK_S) under the seqlock, at once."""
         if self._guard():
             only = None
+        self._last_node = node
         st, now = self._st, self.clock()
         count = min(len(node.gpus), MAX_GPUS)
         targets = range(count) if only is None else sorted(i for i in only if 0 <= i < count)
@@ -344,7 +350,8 @@ class Publisher:
         """Append to the ring, then wake every waiter once."""
         if not notes:
             return
-        self._guard()
+        if self._guard() and self._last_node is not None:
+            self.publish(self._last_node)  # the restored file has no records yet
         st = self._st
         t_ns = int((self.clock() if now is None else now) * 1e9)
         for note in notes:

@@ -712,19 +712,29 @@ def test_many_processes_come_and_go_and_leave_no_slot_behind(node_factory):
 
     node = node_factory(gpus=2)
     env = mount_env(node)
-    holders = [start_holder(node.state_dir / "state", i % 2, (i + 1) << 20, 60 if i % 2 else 1.5)
-               for i in range(20)]
+    e = dict(consumer_env(node.state_dir / "state"), MOKKA_CUDA_LIB=str(cuda_lib()))
+    until_stdin_closes = HOLDER.replace("time.sleep(float(sys.argv[3]))", "sys.stdin.read()")
+    holders = []
     try:
+        for i in range(20):
+            h = subprocess.Popen([sys.executable, "-c", until_stdin_closes, str(i % 2), str((i + 1) << 20), "0"],
+                                 env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            holders.append(h)
+            assert h.stdout.readline().strip() == "ready"
         want = [sorted([h.pid, (i + 1) << 20] for i, h in enumerate(holders) if i % 2 == g) for g in (0, 1)]
         seen = _wait_for(lambda: [sorted(x[:-1]) for x in nvml_processes(env)] == want or None)
         assert seen, nvml_processes(env)
-        for h in holders[1::2]:
-            h.kill()
+        for i, h in enumerate(holders):
+            if i % 2:
+                h.kill()
+            else:
+                h.stdin.close()  # exits on its own
+        for h in holders:
+            h.wait(timeout=30)
     finally:
         for h in holders:
-            h.kill()
-            h.wait()
-            h.stdout.close()
+            with killed_at_end(h):
+                pass
     assert _wait_for(lambda: nvml_processes(env) == [[0], [0]]), nvml_processes(env)
     table = ProcessTable(node.state_dir / "state.procs")
     table.open()

@@ -113,6 +113,7 @@ def test_daemonset_mounts_what_design_says():
     assert ref["configMapRef"]["name"].startswith("mokkafs-node-"), "the hashed generator name is wired in"
     assert {"operator": "Exists"} in pod["tolerations"]
     assert pod["serviceAccountName"] == "mokkafs-agent"
+    assert pod["hostPID"] is True, "CUDA processes of every pod are listed with their node pids"
 
 
 def test_rbac_is_minimal():

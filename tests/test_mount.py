@@ -237,3 +237,20 @@ def test_a_truncated_shared_state_file_is_restored_not_fatal(node_factory):
                                                              LD_LIBRARY_PATH=str(node.mnt / "driver/usr/lib64")),
                          capture_output=True, text=True, timeout=30)
     assert smi.stdout.splitlines()[1] == "1, 91", smi.stdout + smi.stderr
+
+
+def test_a_second_daemon_on_the_same_state_directory_is_refused_and_changes_nothing(node_factory):
+    import socket
+
+    node = node_factory(gpus=1)
+    node.expect_warning(r"is in use by another mokka daemon")  # the refused one's own log line
+    sock = node.state_dir / "state.procs.sock"
+    before = sock.stat().st_ino
+    out = node.cli("mount", str(node.mnt.parent / "elsewhere"), "--gpus", "1", "--state-dir", str(node.state_dir),
+                   check=False)
+    assert out.returncode == 1 and "in use by another mokka daemon" in out.stderr
+    assert sock.stat().st_ino == before  # the first daemon's socket was not taken over
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(sock))
+        assert s.recv(1) == b"\0"
+    assert not (node.mnt.parent / "elsewhere").is_mount()

@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
@@ -124,7 +125,7 @@ static int procs_from_daemon(void)
     int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (sock < 0)
         return -1;
-    struct timeval tv = {0, 250000}; /* a wedged daemon costs cuInit half a second, no more */
+    struct timeval tv = {0, 250000}; /* connect, then receive: a wedged daemon costs cuInit 0.5 s */
     setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     int fd = -1;
@@ -136,10 +137,24 @@ static int procs_from_daemon(void)
             char buf[CMSG_SPACE(sizeof(int))];
         } ctl;
         struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)};
+        /* A signal cuts recvmsg short even under SA_RESTART when a timeout is set: retry, but
+           only until the deadline, so a stream of signals cannot make the wait unbounded. */
+        struct timespec now, end;
+        clock_gettime(CLOCK_MONOTONIC, &end);
+        end.tv_nsec += 250000000L;
+        if (end.tv_nsec >= 1000000000L) {
+            end.tv_sec++;
+            end.tv_nsec -= 1000000000L;
+        }
         ssize_t n;
-        do
-            n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-        while (n < 0 && errno == EINTR);
+        while ((n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            long left_us = (long)(end.tv_sec - now.tv_sec) * 1000000L + (end.tv_nsec - now.tv_nsec) / 1000;
+            if (left_us <= 0)
+                break;
+            struct timeval rest = {left_us / 1000000L, left_us % 1000000L};
+            setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &rest, sizeof(rest));
+        }
         struct cmsghdr *h = n == 1 ? CMSG_FIRSTHDR(&msg) : NULL;
         if (h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS && h->cmsg_len == CMSG_LEN(sizeof(int)))
             memcpy(&fd, CMSG_DATA(h), sizeof(fd));
@@ -730,6 +745,7 @@ CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDe
 static pthread_mutex_t g_acct_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_slot = -1;                     /* this process's slot, -1: none claimed yet */
 static int g_slot_failed;                   /* no table or no free slot: account locally */
+static unsigned g_since_failed;             /* accounting calls since; a full table is retried */
 static uint32_t g_pid;                      /* who we are in the slot: pid and start time */
 static uint64_t g_start;
 static uint64_t g_mine[MOKKA_MAX_GPUS];     /* bytes this process has allocated, by GPU index */
@@ -757,6 +773,7 @@ static void after_fork_child(void)
     pthread_mutex_init(&g_acct_lock, NULL);
     g_slot = -1;
     g_slot_failed = 0;
+    g_since_failed = 0;
     g_pid = 0;
     g_start = 0;
     memset(g_mine, 0, sizeof(g_mine));
@@ -870,6 +887,10 @@ static void sync_slot(void)
             g_slot_failed = 0;
         }
     }
+    if (g_slot_failed && g_procs && ++g_since_failed >= 4096) { /* slots may have freed up */
+        g_slot_failed = 0;
+        g_since_failed = 0;
+    }
     claim_slot();
     errno = saved;
 }
@@ -968,9 +989,9 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     g_primary[dev].magic = CTX_MAGIC;
     g_primary[dev].dev = dev;
     g_primary[dev].primary = 1;
-    pthread_mutex_unlock(&g_lock);
-    if (first)
+    if (first) /* under g_lock (then g_acct_lock, the one order): a racing last release is whole */
         context_ref(g_visible[dev], +1);
+    pthread_mutex_unlock(&g_lock);
     *pctx = &g_primary[dev];
     return CUDA_SUCCESS;
 }
@@ -983,12 +1004,13 @@ static CUresult primary_release(CUdevice dev)
         pthread_mutex_unlock(&g_lock);
         return CUDA_ERROR_INVALID_CONTEXT;
     }
-    int last = --g_primary_refs[dev] == 0;
-    pthread_mutex_unlock(&g_lock);
-    if (last) { /* the last release destroys the primary context and what it holds */
+    if (--g_primary_refs[dev] == 0) {
+        /* The last release destroys the primary context and what it holds. Still under g_lock,
+           so a retain racing it cannot allocate into the context before its memory is freed. */
         free_context_memory(&g_primary[dev]);
         context_ref(g_visible[dev], -1);
     }
+    pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }
 
@@ -1018,7 +1040,9 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
 static CUresult primary_reset(CUdevice dev)
 {
     DEVICE(dev);
+    pthread_mutex_lock(&g_lock);
     free_context_memory(&g_primary[dev]);
+    pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }
 
