@@ -1,10 +1,9 @@
-"""The daemon's side of the CUDA process table `<state path>.procs` (layout and protocol in
-shims/include/mokka_state.h): create it, hand a read-write descriptor to consumers that may not
-open it themselves, free the slots of processes that are gone (their lock is gone with them),
-and fold the live ones into the model as validated `SetProcesses` events on a short tick.
-
-The daemon never maps the file: it reads it with pread and frees slots with pwrite, so a table
-that someone truncates or replaces costs a warning and a fresh table, never a SIGBUS."""
+"""The daemon's side of the CUDA process table (layout and protocol in
+shims/include/mokka_state.h): a sealed memfd that nobody can resize, so no mapping of it can
+fault; handed to every CUDA process over `<state path>.procs.sock`; adopted by a restarted
+daemon from a process that still holds it. The daemon frees the slots of processes that are gone
+(their lock is gone with them) and folds the live ones into the model as validated
+`SetProcesses` events on a short tick. It never maps the table: pread and pwrite only."""
 from __future__ import annotations
 
 import array
@@ -58,89 +57,104 @@ def lock_owner(fd: int, s: int) -> int | None:
     return None if l_type == fcntl.F_UNLCK else l_pid
 
 
+MEMFD_NAME = "mokka-procs"
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
 class ProcessTable:
-    """Owns `<state path>.procs`. `scan()` reaps and returns each GPU's (pid, bytes) list."""
+    """Owns the table. `path` (`<state path>.procs`) names its companions: `<path>.sock`, the
+    descriptor service, and `<path>.id`, which identifies the memfd for a successor."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._fd = -1
-        self._id: tuple[int, int] | None = None  # (st_dev, st_ino) of the table we own
         self._complaint: str | None = None  # the last warning, so a lasting fault logs once
         self._refused: dict[int, str] = {}
         self._blind = False  # warned once that a lock owner's pid was not visible
 
-    # -- the file --------------------------------------------------------------------------
+    # -- the table -------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Create the table, or adopt a valid one: processes that outlive a daemon restart keep
-        their slots. Anything else is replaced by a rename, never truncated under a writer."""
+        """Adopt a predecessor's table from a process still holding it (processes that outlive
+        a daemon restart keep their slots), or make a new one."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            fd = -1
-        if fd >= 0 and not self._valid(fd):
-            if os.fstat(fd).st_size:
-                log.warning("%s: replacing an incompatible process table", self.path)
-            os.close(fd)
-            fd = -1
+        fd = self._recover()
         if fd < 0:
             fd = self._create()
-        self._adopt(fd)
+        self._fd = fd
+        st = os.fstat(fd)
+        id_file = Path(f"{self.path}.id")
+        tmp = id_file.with_name(f".{id_file.name}.new")
+        tmp.write_text(f"{st.st_dev} {st.st_ino}\n")
+        tmp.replace(id_file)
 
-    def _create(self) -> int:
-        tmp = self.path.with_name(f".{self.path.name}.new")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    @staticmethod
+    def _create() -> int:
+        fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            # Allocated, not sparse: a consumer's first store into a page must not meet a full disk.
-            os.posix_fallocate(fd, 0, PROCS_SIZE)
+            os.ftruncate(fd, PROCS_SIZE)
+            os.posix_fallocate(fd, 0, PROCS_SIZE)  # memory now, not a fault on a first store
             os.pwrite(fd, HEADER, 0)
-            os.fchmod(fd, 0o644)  # writers that are not the owner get a descriptor from serve()
-            os.replace(tmp, self.path)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)  # a holder may write it, never resize it
         except BaseException:
             os.close(fd)
-            tmp.unlink(missing_ok=True)
             raise
         return fd
 
-    def _adopt(self, fd: int) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-        st = os.fstat(fd)
-        self._fd, self._id = fd, (st.st_dev, st.st_ino)
+    def _recover(self) -> int:
+        """The table `<path>.id` names, opened through /proc/<pid>/fd of a process holding it
+        (a CUDA process that outlived the last daemon); -1 if there is none, or we may not."""
+        try:
+            dev, ino = map(int, Path(f"{self.path}.id").read_text().split())
+        except (OSError, ValueError):
+            return -1
+        with os.scandir("/proc") as entries:
+            pids = [e.name for e in entries if e.name.isdigit()]
+        for pid in pids:
+            fds = f"/proc/{pid}/fd"
+            try:
+                names = os.listdir(fds)
+            except OSError:
+                continue
+            for n in names:
+                link = f"{fds}/{n}"
+                try:
+                    if not os.readlink(link).startswith(f"/memfd:{MEMFD_NAME}"):
+                        continue
+                    st = os.stat(link)
+                    if (st.st_dev, st.st_ino) != (dev, ino):
+                        continue
+                    fd = os.open(link, os.O_RDWR | os.O_CLOEXEC)
+                except OSError:
+                    continue
+                if self._valid(fd):
+                    log.info("adopted the process table held by pid %s", pid)
+                    return fd
+                os.close(fd)
+        return -1
 
     @staticmethod
     def _valid(fd: int) -> bool:
         st = os.fstat(fd)
-        return st.st_size == PROCS_SIZE and os.pread(fd, len(HEADER), 0) == HEADER
+        return (st.st_size == PROCS_SIZE and fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS == SEALS
+                and os.pread(fd, len(HEADER), 0) == HEADER)
 
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
-    def _ensure(self) -> bool:
-        """Is the table at our path still the intact file we made? If someone removed, replaced,
-        truncated or scribbled over it, put a fresh one in its place (processes still mapping
-        the old one go unlisted) and say so once."""
-        try:
-            st = os.stat(self.path, follow_symlinks=False)
-            if (st.st_dev, st.st_ino) == self._id and self._valid(self._fd):
-                self._complaint = None
-                return True
-            what = "damaged or replaced"
-        except FileNotFoundError:
-            what = "removed"
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._adopt(self._create())
-            complaint = f"{self.path}: the process table was {what}; made a new one"
-        except OSError as e:
-            complaint = f"{self.path}: the process table was {what} and cannot be made again: {e}"
+    def _ensure_header(self) -> None:
+        """Every holder may write the table; one that scribbles over the header gets it
+        rewritten (the size is sealed, so nothing else can go wrong with the file)."""
+        if os.pread(self._fd, len(HEADER), 0) == HEADER:
+            self._complaint = None
+            return
+        os.pwrite(self._fd, HEADER, 0)
+        complaint = "the process table's header was overwritten by a consumer; rewrote it"
         if complaint != self._complaint:
             log.warning("%s", complaint)
             self._complaint = complaint
-        return self._fd >= 0 and self._valid(self._fd)
 
     # -- reaping and folding -----------------------------------------------------------------
 
@@ -153,8 +167,7 @@ class ProcessTable:
         process with a context or an allocation there. `caps[g]` is GPU g's memory in bytes:
         counters are the shims' untrusted input, so each is clamped to it."""
         per_gpu: list[dict[int, int]] = [{} for _ in caps]
-        if not self._ensure():
-            return [()] * len(caps)
+        self._ensure_header()
         t = self.read()
         gpus = range(min(len(caps), MAX_GPUS))
         for s in range(SLOTS):  # every slot: a claimer may die before it raises `high`
@@ -207,38 +220,57 @@ class ProcessTable:
             self.fold(controller)
             await trio.sleep(TICK_S)
 
-    # -- descriptors for consumers that may not open the file ------------------------------
+    # -- descriptors for consumers ---------------------------------------------------------
 
     async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Answer each connection on `<state path>.procs.sock` with one byte and a read-write
-        descriptor of the table, then close it. Without the socket (a path too long for
-        sun_path, say) only the table's owner gets accounted; the daemon runs on."""
+        """Answer each connection on `<path>.sock` with one byte and a read-write descriptor of
+        the table, then close it. A socket someone removed or replaced is bound again within a
+        second. Without a socket (a path too long for sun_path, say) CUDA processes run
+        unaccounted; the daemon runs on."""
         path = sock_path(self.path)
-        listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            try:
-                path.unlink(missing_ok=True)
-                await listener.bind(os.fspath(path))
-                os.chmod(path, 0o666)  # any user's CUDA process may ask
-                listener.listen(64)
-            except OSError as e:
-                log.warning("%s: no descriptor service (%s): only the table's owner is accounted", path, e)
-                task_status.started()
-                return
-            task_status.started()
-            while True:
+        started = False
+        while True:
+            listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            with listener:
                 try:
-                    conn, _ = await listener.accept()
-                except OSError as e:  # out of descriptors, say: this consumer goes unaccounted
-                    log.warning("%s: %s", path, e)
-                    await trio.sleep(0.1)
-                    continue
-                with conn:
-                    try:
-                        fds = array.array("i", [self._fd])
-                        await conn.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-                    except OSError as e:
-                        if e.errno not in (errno.EPIPE, errno.ECONNRESET):
+                    path.unlink(missing_ok=True)
+                    await listener.bind(os.fspath(path))
+                    os.chmod(path, 0o666)  # any user's CUDA process may ask
+                    listener.listen(64)
+                    bound = os.stat(path).st_ino
+                except OSError as e:
+                    log.warning("%s: no descriptor service (%s): CUDA processes go unaccounted", path, e)
+                    if not started:
+                        task_status.started()
+                    return
+                if not started:
+                    task_status.started()
+                    started = True
+                while True:
+                    conn = None
+                    with trio.move_on_after(1):
+                        try:
+                            conn, _ = await listener.accept()
+                        except OSError as e:  # out of descriptors, say: this one goes unaccounted
                             log.warning("%s: %s", path, e)
-        finally:
-            listener.close()
+                            await trio.sleep(0.1)
+                            continue
+                    if conn is not None:
+                        await self._answer(conn, path)
+                        continue
+                    try:  # a quiet second: is our socket still where consumers look for it?
+                        if os.stat(path).st_ino == bound:
+                            continue
+                    except FileNotFoundError:
+                        pass
+                    log.warning("%s was removed or replaced; binding it again", path)
+                    break
+
+    async def _answer(self, conn, path: Path) -> None:
+        with conn:
+            try:
+                fds = array.array("i", [self._fd])
+                await conn.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            except OSError as e:
+                if e.errno not in (errno.EPIPE, errno.ECONNRESET):
+                    log.warning("%s: %s", path, e)

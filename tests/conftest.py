@@ -189,15 +189,48 @@ def mounted(node_factory) -> MountedNode:
 # --- a published state with its process table, no mount (test_cuda, test_proctable) -----------
 
 
+class _Service:
+    """The table's descriptor service (ProcessTable.serve) in a thread of its own, as the
+    daemon runs it in its trio loop, so that CUDA processes of a test find the table."""
+
+    def __init__(self, table) -> None:
+        import threading
+
+        import trio
+
+        ready = threading.Event()
+
+        async def main() -> None:
+            self.token = trio.lowlevel.current_trio_token()
+            with trio.CancelScope() as self.scope:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(table.serve)
+                    ready.set()
+                    await trio.sleep_forever()
+
+        self.thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
+        self.thread.start()
+        assert ready.wait(10), "the descriptor service did not start"
+
+    def stop(self) -> None:
+        import trio
+
+        trio.from_thread.run_sync(self.scope.cancel, trio_token=self.token)
+        self.thread.join(10)
+
+
 @pytest.fixture
 def pub(tmp_path):
-    """An h100 x 4 node's state published at tmp_path/state, and the daemon's process table."""
+    """An h100 x 4 node's state published at tmp_path/state, and the daemon's process table
+    with its descriptor service."""
     from helpers_nvml import Published
     from mokkafs.proctable import ProcessTable, procs_path
 
     p = Published(tmp_path, "h100", 4)
     p.table = ProcessTable(procs_path(p.path))
     p.table.open()
+    service = _Service(p.table)
     yield p
+    service.stop()
     p.table.close()
     p.close()

@@ -552,15 +552,28 @@ def nvml_processes(env) -> list:
     return json.loads(run_py(env, NVML_PROCS))
 
 
+RESIZER = """
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+fd = socket.recv_fds(s, 1, 1)[1][0]
+for size in (0, os.fstat(fd).st_size + 4096):
+    try:
+        os.ftruncate(fd, size)
+        print("resized")
+    except OSError as e:
+        print(e.errno)
+"""
+
+
 def test_another_user_gets_accounted_through_the_daemon(tmp_path):
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     if os.geteuid() != 0:
         pytest.skip("needs root to run a process as another user")
     for node in world_readable_node():
         env = mount_env(node)
-        table = node.state_dir / "state.procs"
-        assert table.stat().st_mode & 0o777 == 0o644
-        assert (node.state_dir / "state.procs.sock").stat().st_mode & 0o777 == 0o666
+        sock = node.state_dir / "state.procs.sock"
+        assert sock.stat().st_mode & 0o777 == 0o666
         e = dict(env, MOKKA_CUDA_LIB=str(cuda_lib()))
         holder = subprocess.Popen(["/usr/bin/python3", "-c", HOLDER, "1", str(GIB), "60"], env=e, user="nobody",
                                   stdout=subprocess.PIPE, text=True, cwd="/")
@@ -568,9 +581,10 @@ def test_another_user_gets_accounted_through_the_daemon(tmp_path):
             assert holder.stdout.readline().strip() == "ready"
             procs = _wait_for(lambda: nvml_processes(env)[1][:-1])
             assert procs == [[holder.pid, GIB]]
-            # nobody cannot truncate the table that root's processes map
-            r = subprocess.run(["truncate", "-s", "0", str(table)], user="nobody", capture_output=True)
-            assert r.returncode != 0 and table.stat().st_size > 0
+            # nobody holds a writable descriptor now, and still cannot resize what others map
+            r = subprocess.run(["/usr/bin/python3", "-c", RESIZER, str(sock)], user="nobody", capture_output=True,
+                               text=True, timeout=30, cwd="/")
+            assert r.stdout.split() == ["1", "1"], r.stderr  # EPERM for shrinking and for growing
         assert _wait_for(lambda: nvml_processes(env)[1] == [0])
 
 
@@ -597,18 +611,24 @@ def test_a_process_in_a_container_is_accounted_with_its_pid_on_the_node(node_fac
     assert _wait_for(lambda: nvml_processes(env)[0] == [0])
 
 
-def test_the_daemon_survives_a_truncated_or_removed_table(node_factory):
+def test_a_removed_or_replaced_socket_is_bound_again(node_factory):
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     node = node_factory(gpus=2)
-    node.expect_warning(r"the process table was .*; made a new one")
+    node.expect_warning(r"state.procs.sock was removed or replaced; binding it again")
     env = mount_env(node)
-    table = node.state_dir / "state.procs"
-    for damage in ("truncate", "remove"):
-        if damage == "truncate":
-            os.truncate(table, 0)
-        else:
-            table.unlink()
-        assert _wait_for(lambda: table.exists() and table.stat().st_size > 0)
+    sock = node.state_dir / "state.procs.sock"
+    def answers() -> bool:
+        try:
+            return table_snapshot(node.state_dir).magic == 0x53434F5250414B4D
+        except OSError:
+            return False
+
+    for damage in ("remove", "replace"):
+        sock.unlink()
+        if damage == "replace":
+            sock.write_text("not a socket")
+        assert not answers()
+        assert _wait_for(answers, timeout=15)
         with killed_at_end(start_holder(node.state_dir / "state", 1, GIB, 60)) as holder:
             assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, GIB]]
     assert node.read("gpu0/temperature").strip().isdigit()  # still serving
@@ -623,10 +643,18 @@ assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
 assert alloc(1 << 30)[0] == 0
 say("allocated")
 wait()
-fd = next(int(n) for n in os.listdir("/proc/self/fd")
-          if os.readlink(f"/proc/self/fd/{n}").endswith("state.procs"))
+def link(n):
+    try:
+        return os.readlink(f"/proc/self/fd/{n}")
+    except OSError:  # the descriptor listdir itself used
+        return ""
+fd = next(int(n) for n in os.listdir("/proc/self/fd") if link(n).startswith("/memfd:mokka-procs"))
 os.close(fd)  # a program that closes descriptors it does not own
 other = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)  # and the number comes back as another file
+if other != fd:
+    os.dup2(other, fd)
+    os.close(other)
+    other = fd
 say(json.dumps([fd, other]))
 wait()
 say(json.dumps([alloc(1 << 30)[0], info()]))
@@ -669,11 +697,14 @@ def test_cuda_works_on_whatever_the_table_holds(pub, table):
     the process counts only itself; absurd counters fill the GPU but never wrap to free."""
     from mokkafs.proctable import ffi as pffi
 
-    path = pub.table.path
+    path = f"/proc/{os.getpid()}/fd/{pub.table._fd}"  # the daemon's memfd, held by this process
+    state = pub.path
     slot0, slot, mem0 = (pffi.offsetof("struct mokka_procs", "slot"), pffi.sizeof("struct mokka_proc_slot"),
                          pffi.offsetof("struct mokka_procs", "mem"))
-    if table == "missing":
-        path.unlink()
+    if table == "missing":  # the state without a daemon's socket beside it
+        state = pub.path.parent / "elsewhere" / "state"
+        state.parent.mkdir()
+        state.write_bytes(pub.path.read_bytes())
     elif table == "garbage":
         with open(path, "r+b") as f:
             f.write(b"\x55" * 4096)
@@ -691,7 +722,7 @@ def test_cuda_works_on_whatever_the_table_holds(pub, table):
                 f.write((2).to_bytes(4, "little") + (999).to_bytes(4, "little"))
                 f.seek(mem0 + s * 8)  # GPU 0
                 f.write((1 << 63).to_bytes(8, "little"))
-    out = run_c(pub.path, ALLOC + textwrap.dedent("""
+    out = run_c(state, ALLOC + textwrap.dedent("""
         ctx = ctypes.c_void_p()
         assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
         r1, _ = alloc(1 << 30)
@@ -708,8 +739,6 @@ def test_many_processes_come_and_go_and_leave_no_slot_behind(node_factory):
     """Twenty CUDA processes at once, half killed with -9 and half exiting: each is listed with
     its own memory while alive, and afterwards every slot is free and nothing is used."""
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
-    from mokkafs.proctable import ProcessTable
-
     node = node_factory(gpus=2)
     env = mount_env(node)
     e = dict(consumer_env(node.state_dir / "state"), MOKKA_CUDA_LIB=str(cuda_lib()))
@@ -736,9 +765,35 @@ def test_many_processes_come_and_go_and_leave_no_slot_behind(node_factory):
             with killed_at_end(h):
                 pass
     assert _wait_for(lambda: nvml_processes(env) == [[0], [0]]), nvml_processes(env)
-    table = ProcessTable(node.state_dir / "state.procs")
-    table.open()
+    assert _wait_for(lambda: all(table_snapshot(node.state_dir).slot[s].state == 0 for s in range(256)))
+
+
+def table_snapshot(state_dir: Path):
+    """A copy of the running daemon's process table, got the way a CUDA process gets it."""
+    import socket
+
+    from mokkafs.proctable import PROCS_SIZE, ffi as pffi
+
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(state_dir / "state.procs.sock"))
+        fd = socket.recv_fds(s, 1, 1)[1][0]
     try:
-        assert _wait_for(lambda: all(table.read().slot[s].state == 0 for s in range(256)))
+        return pffi.from_buffer("struct mokka_procs *", bytearray(os.pread(fd, PROCS_SIZE, 0)))
     finally:
-        table.close()
+        os.close(fd)
+
+
+def test_a_restarted_daemon_adopts_the_table_from_a_live_process(node_factory):
+    """kill -9 the daemon under a running CUDA process and mount again: the new daemon finds
+    the table through the process that still holds it, and the process is listed as before."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    node = node_factory(gpus=2)
+    node.expect_warning("clearing stale mount")
+    env = mount_env(node)
+    with killed_at_end(start_holder(node.state_dir / "state", 1, 3 * GIB, 60)) as holder:
+        assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, 3 * GIB]]
+        node.kill9()
+        node.mount()
+        assert f"adopted the process table held by pid {holder.pid}" in (node.state_dir / "daemon.log").read_text()
+        assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, 3 * GIB]]
+    assert _wait_for(lambda: nvml_processes(env)[1] == [0])

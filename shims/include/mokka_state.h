@@ -29,16 +29,18 @@
  * so a wake between the check and the sleep is never lost. Each NVML event set
  * keeps its own cursor, so every set in every process sees each event once.
  *
- * Processes (a second file, <state path>.procs, struct mokka_procs): the CUDA
- * shim, not the daemon, writes it, so it is the one place consumers write and
- * it is kept out of the GPU records. The file belongs to the daemon (mode
- * 0644), so only its owner can truncate it under the processes that map it;
- * a process that may not open it read-write asks the daemon for a read-write
- * descriptor on the unix socket <state path>.procs.sock (one byte and the
- * descriptor in SCM_RIGHTS, then the daemon closes the connection).
+ * Processes (struct mokka_procs): the CUDA shim, not the daemon, writes this
+ * table, so it is the one place consumers write and it is kept out of the GPU
+ * records. It is a memfd sealed against shrinking and growing, so no holder
+ * can make a mapping of it fault. Every CUDA process gets a read-write
+ * descriptor from the daemon on the unix socket <state path>.procs.sock (one
+ * byte and the descriptor in SCM_RIGHTS, then the daemon closes the
+ * connection) and refuses one without those seals. <state path>.procs.id holds
+ * the memfd's "st_dev st_ino", so that a restarted daemon can adopt the table
+ * from a process still holding it (/proc/<pid>/fd/<n>).
  *
  * A process claims a free slot s by first taking a POSIX write lock
- * (F_SETLK) on byte s of the file, then compare-and-swapping state 0 -> 1,
+ * (F_SETLK) on byte s of the table, then compare-and-swapping state 0 -> 1,
  * then filling pid, start time (/proc/self/stat field 22) and contexts, then
  * storing state 2 (live) and raising `high` to cover the slot. It holds the
  * lock, and the descriptor, for as long as it lives: the kernel drops the
@@ -80,7 +82,7 @@
 #define MOKKA_MAX_RETIRED 64
 #define MOKKA_MAX_GPU_PROCS 64
 #define MOKKA_PROCS_MAGIC 0x53434f5250414b4d
-#define MOKKA_PROCS_VERSION 2
+#define MOKKA_PROCS_VERSION 3
 #define MOKKA_PROC_SLOTS 256
 
 struct mokka_gpu_process {

@@ -5,8 +5,9 @@
  * other exported function.
  *
  * Memory is accounting only: cuMemAlloc hands out unique addresses from a per-GPU window and
- * adds the size to this process's slot in the process table (<state path>.procs), which the
- * daemon folds into NVML's process lists and memory used. No host memory backs an allocation.
+ * adds the size to this process's slot in the process table (a sealed memfd from the daemon),
+ * which the daemon folds into NVML's process lists and memory used. No host memory backs an
+ * allocation.
  *
  * Host safety: no abort(), no unbounded waits; no state file is CUDA_ERROR_NO_DEVICE; errno is
  * restored around syscalls; the mappings, and the descriptor that holds our slot lock, live as
@@ -114,8 +115,8 @@ static CUresult map_state(void)
     return CUDA_SUCCESS;
 }
 
-/* A read-write descriptor of the process table from the daemon, for a process that may not
-   open the file itself; -1 if the daemon does not answer within the timeouts. */
+/* A read-write descriptor of the process table (a sealed memfd) from the daemon's socket; -1 if
+   the daemon does not answer within the timeouts. */
 static int procs_from_daemon(void)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -163,22 +164,21 @@ static int procs_from_daemon(void)
     return fd;
 }
 
-/* The process table; a missing, foreign or damaged one only turns accounting off. g_lock held.
+/* The process table, from the daemon's socket; none, or one that is not sealed against resizing
+   (a mapping of a file someone can shrink could fault), only turns accounting off. Called on the
+   first context, not in cuInit, which stays off the daemon's round trip. g_acct_lock held.
    The descriptor stays open: it carries this process's slot lock (mokka_state.h). */
 static void map_procs(void)
 {
     if (g_procs)
         return;
-    char path[4096];
-    if (snprintf(path, sizeof(path), "%s%s", state_path(), MOKKA_PROCS_SUFFIX) >= (int)sizeof(path))
-        return;
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0 && (errno == EACCES || errno == EPERM || errno == EROFS))
-        fd = procs_from_daemon();
+    int fd = procs_from_daemon();
     if (fd < 0)
         return;
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (size_t)sb.st_size != sizeof(struct mokka_procs)) {
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (size_t)sb.st_size != sizeof(struct mokka_procs) ||
+        seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
         close(fd);
         return;
     }
@@ -305,7 +305,6 @@ CUresult cuInit(unsigned int Flags)
     pthread_mutex_lock(&g_lock);
     CUresult r = map_state();
     if (r == CUDA_SUCCESS && !g_initialized) {
-        map_procs();
         uint32_t n;
         SNAP(g_state->gpu_count, n);
         parse_visible(n > MOKKA_MAX_GPUS ? MOKKA_MAX_GPUS : n);
@@ -836,11 +835,15 @@ static int procs_fd_ok(void)
 /* Claim a slot: lock its byte, then take it, then fill it from our own totals. */
 static void claim_slot(void)
 {
-    struct mokka_procs *t = LOAD(&g_procs);
-    if (!t)
-        g_slot_failed = 1;
     if (g_slot >= 0 || g_slot_failed)
         return;
+    if (!LOAD(&g_procs))
+        map_procs();
+    struct mokka_procs *t = LOAD(&g_procs);
+    if (!t) {
+        g_slot_failed = 1; /* no daemon: tried again after a while (sync_slot) */
+        return;
+    }
     if (!g_pid) {
         g_pid = (uint32_t)getpid();
         g_start = self_start_time();
@@ -887,7 +890,7 @@ static void sync_slot(void)
             g_slot_failed = 0;
         }
     }
-    if (g_slot_failed && g_procs && ++g_since_failed >= 4096) { /* slots may have freed up */
+    if (g_slot_failed && ++g_since_failed >= 4096) { /* a daemon may be up, slots may be free */
         g_slot_failed = 0;
         g_since_failed = 0;
     }
