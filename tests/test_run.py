@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -149,3 +150,24 @@ def test_unprivileged_user_gets_a_user_namespace_or_a_clear_error(node):
         assert res.stdout.count("0302: 10de:2330") == 8
     else:
         assert "cannot create a mount namespace" in res.stderr and "unprivileged user namespaces" in res.stderr
+
+
+CUDA_AND_SMI = """
+import ctypes, os, subprocess, time
+cu = ctypes.CDLL("libcuda.so.1")  # the driver root's, through the LD_LIBRARY_PATH mokka run sets
+ctx, p = ctypes.c_void_p(), ctypes.c_uint64()
+assert cu.cuInit(0) == 0 and cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 2) == 0
+assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 30)) == 0
+for _ in range(100):
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout
+    if out:
+        break
+    time.sleep(0.05)
+print(os.getpid(), out.strip())
+"""
+
+
+def test_a_cuda_program_under_mokka_run_is_accounted(node):
+    out = run(node, sys.executable, "-c", CUDA_AND_SMI).stdout.strip().split(maxsplit=1)
+    assert out[1] == f"{out[0]}, 1024 MiB"
