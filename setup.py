@@ -63,6 +63,16 @@ def build_smi(out: Path) -> None:
     os.replace(str(target) + ".tmp", target)
 
 
+def build_fence(out: Path) -> None:
+    """lib/libmokka-fence.so: a memory barrier for the daemon's stores on weakly ordered CPUs."""
+    cc = shlex.split(os.environ.get("CC", "cc"))
+    target = out / "lib" / "libmokka-fence.so"
+    cmd = [*cc, *CFLAGS, "-shared", str(SHIMS / "libmokka" / "fence.c"), "-o", str(target) + ".tmp"]
+    print(" ".join(cmd))
+    subprocess.run(cmd, check=True)
+    os.replace(str(target) + ".tmp", target)
+
+
 class BuildPyWithShims(build_py):
     def run(self) -> None:
         super().run()
@@ -71,6 +81,7 @@ class BuildPyWithShims(build_py):
         build_nvml(out)
         build_smi(out)
         build_cuda(out)
+        build_fence(out)
 
 
 class BinaryDistribution(Distribution):

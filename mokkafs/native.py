@@ -6,6 +6,7 @@ from pathlib import Path
 LIB_DIR = Path(__file__).resolve().parent / "_native" / "lib"
 NVML_SONAME = "libnvidia-ml.so.1"
 CUDA_SONAME = "libcuda.so.1"
+FENCE_LIBRARY = "libmokka-fence.so"
 
 
 def nvml_library() -> Path:
@@ -19,6 +20,14 @@ def nvml_library() -> Path:
 def cuda_library() -> Path:
     """The built libcuda.so.1; FileNotFoundError if the package was installed without it."""
     path = LIB_DIR / CUDA_SONAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: reinstall mokkafs (`pip install .`) to build the shims")
+    return path
+
+
+def fence_library() -> Path:
+    """The built libmokka-fence.so (the daemon's memory barrier on Arm)."""
+    path = LIB_DIR / FENCE_LIBRARY
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: reinstall mokkafs (`pip install .`) to build the shims")
     return path

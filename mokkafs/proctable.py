@@ -20,7 +20,7 @@ import trio
 from mokkafs.controller import Controller
 from mokkafs.model import InvalidCommand
 from mokkafs.model.events import MAX_PID, MAX_PROCESS_BYTES, SetProcesses
-from mokkafs.publisher import MAX_GPUS, _libc, ffi
+from mokkafs.publisher import MAX_GPUS, _libc, fence, ffi
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +198,7 @@ class ProcessTable:
         The state goes last, in its own write, so a claimer never sees a half-cleared slot."""
         base = _SLOT0 + s * _SLOT
         os.pwrite(self._fd, bytes(_SLOT - _STATE - 4), base + _STATE + 4)
+        fence()  # a syscall is no barrier on Arm
         os.pwrite(self._fd, bytes(4), base + _STATE)
 
     def fold(self, controller: Controller) -> None:

@@ -60,6 +60,7 @@ def make_ffi() -> FFI:
     ffi = FFI()
     ffi.cdef(cdef_source())
     ffi.cdef("long syscall(long number, ...);")
+    ffi.cdef("void mokka_fence(void);")
     return ffi
 
 
@@ -71,6 +72,21 @@ MAX_GPUS = _libc.MOKKA_MAX_GPUS
 MAX_GPU_PROCS = _libc.MOKKA_MAX_GPU_PROCS
 RING = _libc.MOKKA_EVENT_RING
 STATE_SIZE = ffi.sizeof("struct mokka_state")
+TSO = platform.machine() in ("x86_64", "AMD64", "i386", "i686")
+
+
+def load_fence(tso: bool = TSO):
+    """Order the daemon's stores into shared memory as other CPUs see them. On x86 (TSO) they
+    already are, and this is a no-op; elsewhere it is a full barrier from libmokka-fence.so,
+    without which a reader could see a seqlock's even count before the records it covers."""
+    if tso:
+        return lambda: None
+    from mokkafs import native
+
+    return ffi.dlopen(str(native.fence_library())).mokka_fence
+
+
+fence = load_fence()
 
 
 def cuda_version_int(version: str) -> int:
@@ -329,7 +345,8 @@ class Publisher:
             ffi.memmove(ffi.addressof(scratch, i), self._static(node, i), rec)
             fill_dynamic(scratch[i], node, i, now)
         cfg = node.config
-        st.seq += 1  # odd: records are changing (x86 keeps stores in program order)
+        st.seq += 1  # odd: records are changing
+        fence()  # the odd count before any record (a no-op on x86, which keeps store order)
         st.gpu_count = count
         st.daemon_pid = os.getpid()
         st.cuda_version = cuda_version_int(cfg.cuda_version)
@@ -343,6 +360,7 @@ class Publisher:
                 ffi.memmove(ffi.addressof(st.gpus, i), ffi.addressof(scratch, i), rec)
         st.publish_time_ns = int(now * 1e9)
         st.generation += 1
+        fence()  # every record before the even count
         st.seq += 1
         self._remember()
 
@@ -358,9 +376,13 @@ class Publisher:
             n = st.event_head
             slot = st.ring[n % RING]
             slot.seq = 0  # a reader that sees 0 (or another number) skips the slot as torn
+            fence()
             slot.type, slot.data, slot.gpu, slot.time_ns = note.event_type, note.data, note.gpu, t_ns
+            fence()
             slot.seq = n + 1
+            fence()
             st.event_head = n + 1
+        fence()
         st.event_wake = (st.event_wake + 1) & 0xFFFFFFFF
         self._remember()
         self._futex_wake()

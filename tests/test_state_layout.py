@@ -95,3 +95,13 @@ def test_restart_keeps_event_counters_and_replaces_bad_files(tmp_path, expect_lo
     assert pub._st.event_head == 0 and pub._st.magic == MAGIC
     pub.close()
     assert os.path.getsize(path) == STATE_SIZE
+
+
+def test_the_arm_fence_is_built_and_callable():
+    """x86 needs no barrier between the daemon's stores; Arm does, from libmokka-fence.so. The
+    library must be built and load here too, or an Arm install would first fail on Arm."""
+    from mokkafs.publisher import load_fence
+
+    assert load_fence(tso=True)() is None
+    fence = load_fence(tso=False)
+    assert fence is not None and fence() is None
