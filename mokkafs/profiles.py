@@ -155,15 +155,8 @@ class Fabric(_Strict):
     0 and an all-zero cluster UUID; a multi-node NVLink domain (GB200/GB300 NVL) its own."""
 
     clique_id: Annotated[int, Field(ge=0, le=0xFFFFFFFF)]
-    cluster_uuid: str
+    cluster_uuid: Annotated[str, Field(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")]
     health: FabricHealth = FabricHealth()
-
-    @field_validator("cluster_uuid")
-    @classmethod
-    def _uuid(cls, v: str) -> str:
-        if not re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", v):
-            raise ValueError("cluster_uuid must look like 00000001-0000-0000-0000-000000000001 (lower-case hex)")
-        return v
 
     @property
     def multi_node(self) -> bool:

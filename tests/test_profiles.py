@@ -297,3 +297,24 @@ def test_unknown_profile_name_lists_shipped():
     assert "v100" in str(e.value)
     for name in SHIPPED:
         assert name in str(e.value)
+
+
+@pytest.mark.parametrize("bad, key", [
+    ("  cluster_uuid: 00000000-0000-0000-0000-000000000000", "fabric.cluster_uuid"),
+    ("  clique_id: 0", "fabric.clique_id"),
+])
+def test_a_bad_fabric_names_the_key(tmp_path, bad, key):
+    replacement = {"fabric.cluster_uuid": "  cluster_uuid: not-a-uuid", "fabric.clique_id": "  clique_id: -1"}[key]
+    path = _write(tmp_path, _valid_yaml().replace(bad, replacement, 1))
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    assert str(path) in str(e.value) and key in str(e.value)
+
+
+def test_an_unknown_fabric_health_value_is_refused(tmp_path):
+    text = _valid_yaml().replace("  cluster_uuid: 00000000-0000-0000-0000-000000000000",
+                                 "  cluster_uuid: 00000000-0000-0000-0000-000000000000\n  health:\n    summary: Fine", 1)
+    path = _write(tmp_path, text)
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    assert "fabric.health.summary" in str(e.value) and "Healthy" in str(e.value)
