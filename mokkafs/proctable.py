@@ -71,6 +71,7 @@ class ProcessTable:
         self._complaint: str | None = None  # the last warning, so a lasting fault logs once
         self._refused: dict[int, str] = {}
         self._blind = False  # warned once that a lock owner's pid was not visible
+        self._accept_error: str | None = None
 
     # -- the table -------------------------------------------------------------------------
 
@@ -253,9 +254,12 @@ class ProcessTable:
                         try:
                             conn, _ = await listener.accept()
                         except OSError as e:  # out of descriptors, say: this one goes unaccounted
-                            log.warning("%s: %s", path, e)
+                            if str(e) != self._accept_error:  # once, not ten times a second
+                                log.warning("%s: %s", path, e)
+                                self._accept_error = str(e)
                             await trio.sleep(0.1)
                             continue
+                    self._accept_error = None
                     if conn is not None:
                         await self._answer(conn, path)
                         continue
