@@ -145,10 +145,10 @@ class ProcessTable:
             os.close(self._fd)
             self._fd = -1
 
-    def _ensure_header(self) -> None:
+    def _ensure_header(self, snapshot: bytes) -> None:
         """Every holder may write the table; one that scribbles over the header gets it
         rewritten (the size is sealed, so nothing else can go wrong with the file)."""
-        if os.pread(self._fd, len(HEADER), 0) == HEADER:
+        if snapshot[: len(HEADER)] == HEADER:
             self._complaint = None
             return
         os.pwrite(self._fd, HEADER, 0)
@@ -159,17 +159,20 @@ class ProcessTable:
 
     # -- reaping and folding -----------------------------------------------------------------
 
-    def read(self):
+    def read(self, snapshot: bytes | None = None):
         """A private snapshot of the table (a `struct mokka_procs *` over a copy)."""
-        return ffi.from_buffer("struct mokka_procs *", bytearray(os.pread(self._fd, PROCS_SIZE, 0)))
+        if snapshot is None:
+            snapshot = os.pread(self._fd, PROCS_SIZE, 0)
+        return ffi.from_buffer("struct mokka_procs *", bytearray(snapshot))
 
     def scan(self, caps: list[int]) -> list[tuple[tuple[int, int], ...]]:
         """Free the slots of dead processes; return, per GPU, the (pid, bytes) of every live
         process with a context or an allocation there. `caps[g]` is GPU g's memory in bytes:
         counters are the shims' untrusted input, so each is clamped to it."""
         per_gpu: list[dict[int, int]] = [{} for _ in caps]
-        self._ensure_header()
-        t = self.read()
+        snapshot = os.pread(self._fd, PROCS_SIZE, 0)
+        self._ensure_header(snapshot)
+        t = self.read(snapshot)
         gpus = range(min(len(caps), MAX_GPUS))
         for s in range(SLOTS):  # every slot: a claimer may die before it raises `high`
             slot = t.slot[s]

@@ -267,7 +267,6 @@ _Static_assert(sizeof(struct mokka_state) % 8 == 0, "mokka_state size");
 
 #define MOKKA_STATE_DEFAULT_PATH "/run/mokka/state"
 #define MOKKA_STATE_ENV "MOKKA_STATE"
-#define MOKKA_PROCS_SUFFIX ".procs"
 #define MOKKA_PROCS_SOCK_SUFFIX ".procs.sock"
 
 #endif /* MOKKA_STATE_H */
