@@ -130,9 +130,13 @@ static unsigned int gpu_count(const struct mokka_state *s)
     return n > MOKKA_MAX_GPUS ? MOKKA_MAX_GPUS : n;
 }
 
+/* A device handle is the address of one of g_devices' elements, exactly: the offset test never
+   reads through the caller's pointer, so a stray pointer (or one a few bytes into the array)
+   costs a subtraction and two compares, not a fault. */
 static inline int handle_ok(nvmlDevice_t d)
 {
-    return d >= g_devices && d < g_devices + MOKKA_MAX_GPUS;
+    uintptr_t off = (uintptr_t)d - (uintptr_t)g_devices;
+    return off < sizeof(g_devices) && off % sizeof(g_devices[0]) == 0;
 }
 
 /* The common prologue: initialised, a valid handle, and (unless allowed) not lost. */
@@ -1657,15 +1661,48 @@ nvmlReturn_t DECLDIR nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCou
 #define SUPPORTED_EVENTS (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | \
                           nvmlEventTypeXidCriticalError)
 
-struct nvmlEventSet_st {
-    uint32_t magic;
-    pthread_mutex_t lock;
+/* Event sets live in a table the library owns, and a handle is a number, never an address:
+   tag (16 bits) | generation (32) | slot (16). Nothing a caller hands back is dereferenced, so a
+   random value, a pointer to anything, or a freed set is refused with INVALID_ARGUMENT. Freeing
+   gives the slot a new generation: the old handle stays refused after the slot is reused, and a
+   thread waiting on a set that another thread frees sees the change under the lock and returns.
+   Chunks of the table are allocated on first use and never freed, so a slot's memory outlives
+   every handle to it. One lock guards every set: they are created, registered and polled rarely,
+   and never held across a sleep. */
+#define SET_TAG 0x6d65ull /* the top 16 bits of every event-set handle */
+#define SET_CHUNK 64
+#define SET_CHUNKS 64     /* at most 4096 live sets per process */
+
+struct event_set {
+    uint32_t gen;                               /* odd while handed out, even while free */
+    unsigned waiters;                           /* threads in nvmlEventSetWait on this slot */
     uint64_t next;                              /* next event number to look at */
     unsigned long long mask[MOKKA_MAX_GPUS];    /* registered types per GPU */
 };
-#define EVENT_SET_MAGIC 0x4d4b4553u
 
-static int set_ok(nvmlEventSet_t set) { return set && set->magic == EVENT_SET_MAGIC; }
+static pthread_mutex_t g_sets_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct event_set *g_set_chunks[SET_CHUNKS]; /* guarded by g_sets_lock */
+
+_Static_assert(sizeof(nvmlEventSet_t) == 8, "handles carry 64 bits");
+
+/* The set a handle names, or NULL if it names none that is live (g_sets_lock held). */
+static struct event_set *set_of(nvmlEventSet_t set)
+{
+    uint64_t h = (uint64_t)(uintptr_t)set;
+    unsigned slot = (unsigned)(h & 0xFFFF);
+    uint32_t gen = (uint32_t)(h >> 16);
+    if (h >> 48 != SET_TAG || slot >= SET_CHUNK * SET_CHUNKS || !(gen & 1))
+        return NULL;
+    struct event_set *chunk = g_set_chunks[slot / SET_CHUNK];
+    if (!chunk || chunk[slot % SET_CHUNK].gen != gen)
+        return NULL;
+    return &chunk[slot % SET_CHUNK];
+}
+
+/* A fork while another thread holds the lock would leave the child's copy locked forever. */
+static void sets_prepare(void) { pthread_mutex_lock(&g_sets_lock); }
+static void sets_release(void) { pthread_mutex_unlock(&g_sets_lock); }
+__attribute__((constructor)) static void sets_atfork(void) { pthread_atfork(sets_prepare, sets_release, sets_release); }
 
 nvmlReturn_t DECLDIR nvmlEventSetCreate(nvmlEventSet_t *set)
 {
@@ -1673,29 +1710,48 @@ nvmlReturn_t DECLDIR nvmlEventSetCreate(nvmlEventSet_t *set)
         return NVML_ERROR_UNINITIALIZED;
     ARG(set);
     int saved = errno;
-    struct nvmlEventSet_st *es = calloc(1, sizeof(*es));
+    nvmlReturn_t r = NVML_ERROR_MEMORY; /* every slot taken, or no memory for a new chunk */
+    pthread_mutex_lock(&g_sets_lock);
+    for (unsigned c = 0; c < SET_CHUNKS && r != NVML_SUCCESS; c++) {
+        if (!g_set_chunks[c] && !(g_set_chunks[c] = calloc(SET_CHUNK, sizeof(struct event_set))))
+            break;
+        for (unsigned i = 0; i < SET_CHUNK; i++) {
+            struct event_set *es = &g_set_chunks[c][i];
+            if (es->gen & 1)
+                continue;
+            es->gen++;
+            memset(es->mask, 0, sizeof(es->mask));
+            /* Only events after creation: a new set does not replay history. */
+            es->next = __atomic_load_n(&state()->event_head, __ATOMIC_ACQUIRE);
+            *set = (nvmlEventSet_t)(uintptr_t)(SET_TAG << 48 | (uint64_t)es->gen << 16 | (c * SET_CHUNK + i));
+            r = NVML_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_sets_lock);
     errno = saved;
-    if (!es)
-        return NVML_ERROR_MEMORY;
-    es->magic = EVENT_SET_MAGIC;
-    pthread_mutex_init(&es->lock, NULL);
-    /* Only events after creation: a new set does not replay history. */
-    es->next = __atomic_load_n(&state()->event_head, __ATOMIC_ACQUIRE);
-    *set = es;
-    return NVML_SUCCESS;
+    return r;
 }
 
 nvmlReturn_t DECLDIR nvmlEventSetFree(nvmlEventSet_t set)
 {
     if (!initialized())
         return NVML_ERROR_UNINITIALIZED;
-    if (!set_ok(set))
+    pthread_mutex_lock(&g_sets_lock);
+    struct event_set *es = set_of(set);
+    unsigned waiters = 0;
+    if (es) {
+        es->gen++;
+        waiters = es->waiters;
+    }
+    pthread_mutex_unlock(&g_sets_lock);
+    if (!es)
         return NVML_ERROR_INVALID_ARGUMENT;
-    set->magic = 0;
-    pthread_mutex_destroy(&set->lock);
-    int saved = errno;
-    free(set);
-    errno = saved;
+    if (waiters) { /* wake them now rather than at the end of their one-second slice */
+        int saved = errno;
+        syscall(SYS_futex, &state()->event_wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+        errno = saved;
+    }
     return NVML_SUCCESS;
 }
 
@@ -1712,28 +1768,37 @@ nvmlReturn_t DECLDIR nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long
 {
     DEV(device);
     (void)g;
-    if (!set_ok(set))
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (eventTypes & ~(unsigned long long)SUPPORTED_EVENTS)
-        return NVML_ERROR_NOT_SUPPORTED;
-    pthread_mutex_lock(&set->lock);
-    set->mask[device->index] |= eventTypes;
-    pthread_mutex_unlock(&set->lock);
-    return NVML_SUCCESS;
+    nvmlReturn_t r = NVML_SUCCESS;
+    pthread_mutex_lock(&g_sets_lock);
+    struct event_set *es = set_of(set);
+    if (!es)
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    else if (eventTypes & ~(unsigned long long)SUPPORTED_EVENTS)
+        r = NVML_ERROR_NOT_SUPPORTED;
+    else
+        es->mask[device->index] |= eventTypes;
+    pthread_mutex_unlock(&g_sets_lock);
+    return r;
 }
 
-/* Take the next event for `set` if one is there. 1: *out filled; 0: nothing new. */
+/* Take the next event for `set` if one is there. 1: *out filled; 0: nothing new; -1: the set
+   was freed. */
 static int take_event(const struct mokka_state *s, nvmlEventSet_t set, nvmlEventData_t *out)
 {
     int found = 0;
-    pthread_mutex_lock(&set->lock);
+    pthread_mutex_lock(&g_sets_lock);
+    struct event_set *es = set_of(set);
+    if (!es) {
+        pthread_mutex_unlock(&g_sets_lock);
+        return -1;
+    }
     uint64_t head = __atomic_load_n(&s->event_head, __ATOMIC_ACQUIRE);
-    if (head < set->next) /* the daemon started a fresh file: follow it */
-        set->next = head;
-    if (head - set->next > MOKKA_EVENT_RING) /* overrun: the oldest are gone */
-        set->next = head - MOKKA_EVENT_RING;
-    while (!found && set->next < head) {
-        uint64_t n = set->next++;
+    if (head < es->next) /* the daemon started a fresh file: follow it */
+        es->next = head;
+    if (head - es->next > MOKKA_EVENT_RING) /* overrun: the oldest are gone */
+        es->next = head - MOKKA_EVENT_RING;
+    while (!found && es->next < head) {
+        uint64_t n = es->next++;
         const struct mokka_event *slot = &s->ring[n % MOKKA_EVENT_RING];
         if (__atomic_load_n(&slot->seq, __ATOMIC_ACQUIRE) != n + 1)
             continue;
@@ -1742,7 +1807,7 @@ static int take_event(const struct mokka_state *s, nvmlEventSet_t set, nvmlEvent
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         if (__atomic_load_n(&slot->seq, __ATOMIC_RELAXED) != n + 1 || e.gpu >= MOKKA_MAX_GPUS)
             continue; /* overwritten while read */
-        if (!(set->mask[e.gpu] & e.type))
+        if (!(es->mask[e.gpu] & e.type))
             continue;
         out->device = &g_devices[e.gpu];
         out->eventType = e.type;
@@ -1751,7 +1816,7 @@ static int take_event(const struct mokka_state *s, nvmlEventSet_t set, nvmlEvent
         out->computeInstanceId = 0xFFFFFFFFu;
         found = 1;
     }
-    pthread_mutex_unlock(&set->lock);
+    pthread_mutex_unlock(&g_sets_lock);
     return found;
 }
 
@@ -1766,7 +1831,14 @@ nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *da
 {
     if (!initialized())
         return NVML_ERROR_UNINITIALIZED;
-    if (!set_ok(set) || !data)
+    if (!data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&g_sets_lock);
+    struct event_set *es = set_of(set); /* its memory is never freed: safe to count out below */
+    if (es)
+        es->waiters++;
+    pthread_mutex_unlock(&g_sets_lock);
+    if (!es)
         return NVML_ERROR_INVALID_ARGUMENT;
     const struct mokka_state *s = state();
     int saved = errno;
@@ -1774,8 +1846,9 @@ nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *da
     nvmlReturn_t r = NVML_ERROR_TIMEOUT;
     for (;;) {
         uint32_t wake = __atomic_load_n(&s->event_wake, __ATOMIC_ACQUIRE);
-        if (take_event(s, set, data)) {
-            r = NVML_SUCCESS;
+        int got = take_event(s, set, data);
+        if (got != 0) {
+            r = got > 0 ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT; /* < 0: freed meanwhile */
             break;
         }
         uint64_t now = now_ns();
@@ -1789,6 +1862,9 @@ nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *da
         struct timespec ts = {(time_t)(left / 1000000000ull), (long)(left % 1000000000ull)};
         syscall(SYS_futex, &s->event_wake, FUTEX_WAIT, wake, &ts, NULL, 0);
     }
+    pthread_mutex_lock(&g_sets_lock);
+    es->waiters--;
+    pthread_mutex_unlock(&g_sets_lock);
     errno = saved;
     return r;
 }
