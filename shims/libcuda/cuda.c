@@ -955,32 +955,104 @@ static void context_ref(unsigned gi, int delta)
 
 /* ---- contexts -------------------------------------------------------------------------- */
 
-#define CTX_MAGIC 0x6d6f6b6b61637478ull
+/* Contexts live in a table the library owns, and a CUcontext is a number, never an address:
+   tag (16 bits) | generation (32, odd while live) | slot (16). Slots 64.. are cuCtxCreate's:
+   destroying one moves its slot to the next generation, so its old handle is refused even after
+   the slot is reused, and a stale handle can never destroy, push or allocate into the newer
+   context (malloc handed a destroyed context's address to the next one). Slots 0..63 are the
+   primary contexts of ordinals 0..63, with one handle each for the life of the process, as the
+   driver's: generation 1 while retained, 0 once the last reference is gone, and a later retain
+   brings the same handle back (a thread that kept it current carries on, as with the driver). A
+   random value or a pointer to anything fails the shape compare; nothing a caller hands in is
+   dereferenced. A check is a mask compare and a load, so cuMemAlloc stays on its fast path. */
+#define CTX_TAG 0x6d63ull
+#define CTX_SLOTS 1024
 #define CTX_STACK 32
+/* Tag, slot < 1024 and an odd generation, in one compare. */
+#define CTX_SHAPE_MASK (0xFFFFull << 48 | 1ull << 16 | (0xFFFFull & ~(CTX_SLOTS - 1ull)))
+#define CTX_SHAPE (CTX_TAG << 48 | 1ull << 16)
 
-struct CUctx_st {
-    uint64_t magic;
+struct ctx_slot {
+    uint32_t gen;  /* odd while live: stored last on create, first on destroy */
     CUdevice dev;
-    int primary;
     unsigned flags;
 };
 
-static struct CUctx_st g_primary[MOKKA_MAX_GPUS];
+struct ctx_info {
+    CUdevice dev;
+    unsigned flags;
+};
+
+static struct ctx_slot g_ctx[CTX_SLOTS];
+static pthread_mutex_t g_ctx_lock = PTHREAD_MUTEX_INITIALIZER; /* creating and destroying slots >= 64;
+                                                                 the primary slots are g_lock's */
+static unsigned g_ctx_next = MOKKA_MAX_GPUS;                   /* where the search for a free slot starts */
+
+_Static_assert(sizeof(CUcontext) == 8 && CTX_SLOTS > MOKKA_MAX_GPUS && (CTX_SLOTS & (CTX_SLOTS - 1)) == 0,
+               "a 64-bit handle, room beyond the primary slots, a power of two");
+
 static void free_context_memory(CUcontext c);
 static __thread CUcontext t_stack[CTX_STACK];
 
-static inline int ctx_ok(CUcontext c) { return c && c->magic == CTX_MAGIC && c->dev >= 0 && c->dev < g_count; }
+static inline CUcontext ctx_handle(unsigned slot, uint32_t gen)
+{
+    return (CUcontext)(uintptr_t)(CTX_TAG << 48 | (uint64_t)gen << 16 | slot);
+}
+
+static inline unsigned ctx_slot_of(CUcontext c) { return (unsigned)((uintptr_t)c & 0xFFFF); }
+
+/* 1: a live context, *out filled; 0: not a handle of ours; -1: one of ours, since destroyed.
+   The fields are read between two loads of the generation, so a slot destroyed and reused
+   meanwhile is reported destroyed, not answered with the newer context's device. */
+static inline int ctx_lookup(CUcontext c, struct ctx_info *out)
+{
+    uint64_t h = (uint64_t)(uintptr_t)c;
+    if ((h & CTX_SHAPE_MASK) != CTX_SHAPE)
+        return 0;
+    const struct ctx_slot *sl = &g_ctx[h & 0xFFFF];
+    uint32_t gen = (uint32_t)(h >> 16);
+    if (LOAD(&sl->gen) != gen)
+        return -1;
+    out->dev = __atomic_load_n(&sl->dev, __ATOMIC_RELAXED);
+    out->flags = __atomic_load_n(&sl->flags, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return __atomic_load_n(&sl->gen, __ATOMIC_RELAXED) == gen ? 1 : -1;
+}
+
+/* The child of a fork has none of its parent's contexts (after_fork_child drops the references
+   and the stack): every handle it inherited is dead there. */
+static void ctx_after_fork_child(void)
+{
+    pthread_mutex_init(&g_ctx_lock, NULL);
+    for (unsigned i = 0; i < CTX_SLOTS; i++)
+        if (i < MOKKA_MAX_GPUS)
+            g_ctx[i].gen = 0;
+        else if (g_ctx[i].gen & 1)
+            g_ctx[i].gen++;
+}
+
+__attribute__((constructor)) static void ctx_register_fork(void) { pthread_atfork(NULL, NULL, ctx_after_fork_child); }
 
 static CUcontext current(void) { return t_depth > 0 ? t_stack[t_depth - 1] : NULL; }
 
-static CUresult current_ctx(CUcontext *out)
+/* The thread's current context. One destroyed while current here (by another thread, or a
+   primary context released for the last time) is CONTEXT_IS_DESTROYED, as cuda.h says. */
+static CUresult current_ctx(CUcontext *out, struct ctx_info *info)
 {
     INIT();
     CUcontext c = current();
-    if (!ctx_ok(c))
-        return CUDA_ERROR_INVALID_CONTEXT;
+    int k = c ? ctx_lookup(c, info) : 0;
+    if (k <= 0)
+        return k < 0 ? CUDA_ERROR_CONTEXT_IS_DESTROYED : CUDA_ERROR_INVALID_CONTEXT;
     *out = c;
     return CUDA_SUCCESS;
+}
+
+/* A context handed in as an argument: anything but a live one is INVALID_CONTEXT. */
+static inline int ctx_ok(CUcontext c)
+{
+    struct ctx_info ci;
+    return ctx_lookup(c, &ci) > 0;
 }
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
@@ -989,13 +1061,16 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     LIVE_DEVICE(dev);
     pthread_mutex_lock(&g_lock);
     int first = g_primary_refs[dev]++ == 0;
-    g_primary[dev].magic = CTX_MAGIC;
-    g_primary[dev].dev = dev;
-    g_primary[dev].primary = 1;
+    struct ctx_slot *sl = &g_ctx[dev];
+    if (first) {
+        __atomic_store_n(&sl->dev, dev, __ATOMIC_RELAXED);
+        __atomic_store_n(&sl->gen, 1, __ATOMIC_RELEASE);
+    }
     if (first) /* under g_lock (then g_acct_lock, the one order): a racing last release is whole */
         context_ref(g_visible[dev], +1);
+    CUcontext c = ctx_handle((unsigned)dev, sl->gen);
     pthread_mutex_unlock(&g_lock);
-    *pctx = &g_primary[dev];
+    *pctx = c;
     return CUDA_SUCCESS;
 }
 
@@ -1009,8 +1084,10 @@ static CUresult primary_release(CUdevice dev)
     }
     if (--g_primary_refs[dev] == 0) {
         /* The last release destroys the primary context and what it holds. Still under g_lock,
-           so a retain racing it cannot allocate into the context before its memory is freed. */
-        free_context_memory(&g_primary[dev]);
+           so a retain racing it cannot allocate into the context before its memory is freed.
+           Inactive, its handle is refused until the next retain. */
+        __atomic_store_n(&g_ctx[dev].gen, 0, __ATOMIC_RELEASE);
+        free_context_memory(ctx_handle((unsigned)dev, 1));
         context_ref(g_visible[dev], -1);
     }
     pthread_mutex_unlock(&g_lock);
@@ -1023,7 +1100,7 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return primary_release(dev
 static CUresult primary_set_flags(CUdevice dev, unsigned int flags)
 {
     DEVICE(dev);
-    g_primary[dev].flags = flags;
+    __atomic_store_n(&g_ctx[dev].flags, flags, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
 }
 
@@ -1035,7 +1112,7 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
     ARG(flags);
     ARG(active);
     DEVICE(dev);
-    *flags = g_primary[dev].flags;
+    *flags = __atomic_load_n(&g_ctx[dev].flags, __ATOMIC_RELAXED);
     *active = LOAD(&g_primary_refs[dev]) > 0;
     return CUDA_SUCCESS;
 }
@@ -1044,7 +1121,7 @@ static CUresult primary_reset(CUdevice dev)
 {
     DEVICE(dev);
     pthread_mutex_lock(&g_lock);
-    free_context_memory(&g_primary[dev]);
+    free_context_memory(ctx_handle((unsigned)dev, 1));
     pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }
@@ -1060,19 +1137,49 @@ static CUresult push(CUcontext c)
     return CUDA_SUCCESS;
 }
 
+/* A free slot beyond the primary ones, made live for `dev`; 0 when all are taken. */
+static CUcontext ctx_take(CUdevice dev, unsigned flags)
+{
+    CUcontext c = NULL;
+    pthread_mutex_lock(&g_ctx_lock);
+    for (unsigned n = 0; n < CTX_SLOTS - MOKKA_MAX_GPUS && !c; n++) {
+        unsigned i = g_ctx_next;
+        g_ctx_next = i + 1 < CTX_SLOTS ? i + 1 : MOKKA_MAX_GPUS;
+        struct ctx_slot *sl = &g_ctx[i];
+        if (sl->gen & 1)
+            continue;
+        __atomic_store_n(&sl->dev, dev, __ATOMIC_RELAXED);
+        __atomic_store_n(&sl->flags, flags, __ATOMIC_RELAXED);
+        __atomic_store_n(&sl->gen, sl->gen + 1, __ATOMIC_RELEASE);
+        c = ctx_handle(i, sl->gen);
+    }
+    pthread_mutex_unlock(&g_ctx_lock);
+    return c;
+}
+
+/* End a live non-primary context; 0 if `c` is not one (already destroyed: a racing destroy of
+   the same handle wins once). */
+static int ctx_end(CUcontext c, struct ctx_info *ci)
+{
+    pthread_mutex_lock(&g_ctx_lock);
+    int ok = ctx_lookup(c, ci) > 0 && ctx_slot_of(c) >= MOKKA_MAX_GPUS;
+    if (ok)
+        __atomic_store_n(&g_ctx[ctx_slot_of(c)].gen, g_ctx[ctx_slot_of(c)].gen + 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&g_ctx_lock);
+    return ok;
+}
+
 static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     ARG(pctx);
     LIVE_DEVICE(dev);
-    struct CUctx_st *c = calloc(1, sizeof(*c));
+    CUcontext c = ctx_take(dev, flags);
     if (!c)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    c->magic = CTX_MAGIC;
-    c->dev = dev;
-    c->flags = flags;
+        return CUDA_ERROR_OUT_OF_MEMORY; /* 960 live contexts: the driver runs out far sooner */
     CUresult r = push(c);
     if (r != CUDA_SUCCESS) {
-        free(c);
+        struct ctx_info ci;
+        ctx_end(c, &ci);
         return r;
     }
     context_ref(g_visible[dev], +1);
@@ -1097,17 +1204,16 @@ CUresult cuCtxCreate_v4(CUcontext *pctx, void *ctxCreateParams, unsigned int fla
 static CUresult ctx_destroy(CUcontext ctx)
 {
     INIT();
-    if (!ctx_ok(ctx) || ctx->primary)
+    struct ctx_info ci;
+    if (!ctx_end(ctx, &ci)) /* not ours, destroyed already, or a primary context */
         return CUDA_ERROR_INVALID_CONTEXT;
     for (int i = t_depth - 1; i >= 0; i--) /* off this thread's stack */
         if (t_stack[i] == ctx) {
             memmove(&t_stack[i], &t_stack[i + 1], (size_t)(t_depth - 1 - i) * sizeof(CUcontext));
             t_depth--;
         }
-    unsigned gi = g_visible[ctx->dev];
+    unsigned gi = g_visible[ci.dev];
     free_context_memory(ctx);
-    ctx->magic = 0;
-    free(ctx);
     context_ref(gi, -1);
     return CUDA_SUCCESS;
 }
@@ -1168,17 +1274,19 @@ CUresult cuCtxGetDevice(CUdevice *device)
 {
     ARG(device);
     CUcontext c;
-    CUresult r = current_ctx(&c);
+    struct ctx_info ci;
+    CUresult r = current_ctx(&c, &ci);
     if (r == CUDA_SUCCESS)
-        *device = c->dev;
+        *device = ci.dev;
     return r;
 }
 
 CUresult cuCtxSynchronize(void)
 {
     CUcontext c;
-    CUresult r = current_ctx(&c);
-    if (r == CUDA_SUCCESS && lost(c->dev))
+    struct ctx_info ci;
+    CUresult r = current_ctx(&c, &ci);
+    if (r == CUDA_SUCCESS && lost(ci.dev))
         return CUDA_ERROR_UNKNOWN;
     return r;
 }
@@ -1187,9 +1295,10 @@ CUresult cuCtxGetFlags(unsigned int *flags)
 {
     ARG(flags);
     CUcontext c;
-    CUresult r = current_ctx(&c);
+    struct ctx_info ci;
+    CUresult r = current_ctx(&c, &ci);
     if (r == CUDA_SUCCESS)
-        *flags = c->flags;
+        *flags = ci.flags;
     return r;
 }
 
@@ -1197,12 +1306,14 @@ CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 {
     ARG(version);
     INIT();
+    CUresult r = CUDA_SUCCESS;
     if (!ctx)
-        ctx = current();
-    if (!ctx_ok(ctx))
-        return CUDA_ERROR_INVALID_CONTEXT;
-    *version = 3020; /* the context ABI every context since CUDA 3.2 reports */
-    return CUDA_SUCCESS;
+        r = current_ctx(&ctx, &(struct ctx_info){0, 0});
+    else if (!ctx_ok(ctx))
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    if (r == CUDA_SUCCESS)
+        *version = 3020; /* the context ABI every context since CUDA 3.2 reports */
+    return r;
 }
 
 /* ---- memory ---------------------------------------------------------------------------- */
@@ -1281,14 +1392,15 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     ARG(dptr);
     CUcontext c;
-    CUresult r = current_ctx(&c);
+    struct ctx_info ci;
+    CUresult r = current_ctx(&c, &ci);
     if (r != CUDA_SUCCESS)
         return r;
     if (bytesize == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if (lost(c->dev))
+    if (lost(ci.dev))
         return CUDA_ERROR_UNKNOWN;
-    unsigned gi = g_visible[c->dev];
+    unsigned gi = g_visible[ci.dev];
     uint64_t total, usable, pinned;
     memory_limits(gi, &total, &usable, &pinned);
     if (bytesize > usable)
@@ -1389,12 +1501,13 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     ARG(free_bytes);
     ARG(total_bytes);
     CUcontext c;
-    CUresult r = current_ctx(&c);
+    struct ctx_info ci;
+    CUresult r = current_ctx(&c, &ci);
     if (r != CUDA_SUCCESS)
         return r;
-    if (lost(c->dev))
+    if (lost(ci.dev))
         return CUDA_ERROR_UNKNOWN;
-    unsigned gi = g_visible[c->dev];
+    unsigned gi = g_visible[ci.dev];
     uint64_t total, usable, pinned;
     memory_limits(gi, &total, &usable, &pinned);
     pthread_mutex_lock(&g_acct_lock);
