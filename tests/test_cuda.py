@@ -834,3 +834,89 @@ def test_a_restarted_daemon_adopts_the_table_from_a_live_process(node_factory):
         assert f"adopted the CUDA process record of pid {holder.pid}" in (node.state_dir / "daemon.log").read_text()
         assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, 3 * GIB]]
     assert _wait_for(lambda: nvml_processes(env)[1] == [0])
+
+
+# ---- who may account for whom, and when NVML sees it ---------------------------------------
+
+NVML_ON_CUE = """
+import json, sys, pynvml as p
+p.nvmlInit()
+h = p.nvmlDeviceGetHandleByIndex(int(sys.argv[1]))
+print("ready", flush=True)
+sys.stdin.readline()
+print(json.dumps([[x.pid, x.usedGpuMemory] for x in p.nvmlDeviceGetComputeRunningProcesses(h)]), flush=True)
+"""
+
+
+def test_a_process_is_listed_on_the_first_call_after_its_first_allocation(pub):
+    """No daemon tick runs here: only the process's own first-context and first-memory pings
+    can get it listed, and NVML in another process must see it on its very next call."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    watcher = subprocess.Popen([sys.executable, "-c", NVML_ON_CUE, "2"], env=consumer_env(pub.path),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    with killed_at_end(watcher):
+        assert watcher.stdout.readline().strip() == "ready"
+        with killed_at_end(start_holder(pub.path, 2, 3 * GIB, 60)) as holder:  # "ready" follows its cuMemAlloc
+            watcher.stdin.write("\n")
+            watcher.stdin.flush()
+            assert json.loads(watcher.stdout.readline()) == [[holder.pid, 3 * GIB]]
+
+
+# Forks COUNT children that each take whatever the daemon's socket hands them and overwrite all
+# of it past the 24-byte header with 0xff (contexts on every GPU, 2^64-1 bytes everywhere), then
+# ask to be folded; they hold on until stdin closes. Whatever the protocol, this is the most a
+# caller of the socket can do with what it gets.
+SCRIBBLERS = """
+import os, socket, sys
+path, count = sys.argv[1], int(sys.argv[2])
+hold_r, hold_w = os.pipe()
+for _ in range(count):
+    if os.fork() == 0:
+        os.close(hold_w)
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        _, fds, _, _ = socket.recv_fds(s, 1, 1)
+        for fd in fds:
+            size = os.fstat(fd).st_size
+            os.pwrite(fd, b"\\xff" * (size - 24), 24)
+        try:
+            s.send(b"?")
+            s.settimeout(1)
+            s.recv(1)
+        except OSError:
+            pass
+        os.read(hold_r, 1)
+        os._exit(0)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_nobody_cannot_touch_hide_or_starve_a_root_process(tmp_path):
+    """As nobody, 100 processes take what the socket gives and scribble on all of it; a root
+    process is still listed with its pid and 1 GiB by pynvml and nvidia-smi, and a new root
+    process's 1 GiB allocation succeeds and is listed too."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a process as another user")
+    for node in world_readable_node():
+        node.expect_warning(r"uid 65534 has \d+ CUDA processes accounted, its cap")
+        env = mount_env(node)
+        sock = str(node.state_dir / "state.procs.sock")
+        with killed_at_end(start_holder(node.state_dir / "state", 1, GIB, 120)) as holder:
+            assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, GIB]]
+            flood = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                                      "-c", SCRIBBLERS, sock, "100"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, cwd="/")
+            with killed_at_end(flood):
+                assert flood.stdout.readline().strip() == "ready"
+                time.sleep(0.5)  # two ticks: whatever the scribbling does, it has done
+                with killed_at_end(start_holder(node.state_dir / "state", 1, GIB, 120)) as late:
+                    for _ in range(3):  # and it stays so, tick after tick
+                        on_gpu1 = dict(map(tuple, nvml_processes(env)[1][:-1]))
+                        assert on_gpu1.get(holder.pid) == GIB and on_gpu1.get(late.pid) == GIB, on_gpu1
+                        time.sleep(0.2)
+                    smi = str(node.mnt / "driver/usr/bin/nvidia-smi")
+                    apps = subprocess.run([smi, "--query-compute-apps=pid,used_gpu_memory", "--format=csv,noheader"],
+                                          env=env, capture_output=True, text=True, timeout=30).stdout.splitlines()
+                    assert f"{holder.pid}, 1024 MiB" in apps and f"{late.pid}, 1024 MiB" in apps, apps
