@@ -820,19 +820,41 @@ def own_record(state_dir: Path):
         os.close(fd)
 
 
-def test_a_restarted_daemon_adopts_the_table_from_a_live_process(node_factory):
+CUED_HOLDER = HOLDER.replace("time.sleep(float(sys.argv[3]))", """
+sys.stdin.readline()
+c2 = ctypes.c_void_p()
+assert cu.cuCtxCreate_v2(ctypes.byref(c2), 0, 0) == 0
+print("again", flush=True)
+sys.stdin.read()
+""")
+
+
+def test_a_restarted_daemon_adopts_the_record_from_a_live_process(node_factory):
     """kill -9 the daemon under a running CUDA process and mount again: the new daemon finds
-    the process's record through the process itself and lists it as before."""
+    the process's record through the process itself and lists it as before; the process,
+    reconnecting on its next first context, is handed that same record back."""
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     node = node_factory(gpus=2)
     node.expect_warning("clearing stale mount")
     env = mount_env(node)
-    with killed_at_end(start_holder(node.state_dir / "state", 1, 3 * GIB, 60)) as holder:
+    e = dict(consumer_env(node.state_dir / "state"), MOKKA_CUDA_LIB=str(cuda_lib()))
+    holder = subprocess.Popen([sys.executable, "-c", CUED_HOLDER, "1", str(3 * GIB), "0"], env=e,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    id_file = node.state_dir / "state.procs.id"
+    with killed_at_end(holder):
+        assert holder.stdout.readline().strip() == "ready"
         assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, 3 * GIB]]
+        before = id_file.read_text()
+        assert before.split()[0] == str(holder.pid)
         node.kill9()
         node.mount()
         assert f"adopted the CUDA process record of pid {holder.pid}" in (node.state_dir / "daemon.log").read_text()
         assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, 3 * GIB]]
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "again"
+        assert nvml_processes(env)[0][:-1] == [[holder.pid, 0]]  # its new context: listed at once
+        assert id_file.read_text() == before  # the same record (pid, start time, dev, ino), not a second
     assert _wait_for(lambda: nvml_processes(env)[1] == [0])
 
 
