@@ -442,7 +442,7 @@ class ProcessTable:
                     if r is None:
                         await conn.send(b"\0")  # unaccounted: no descriptor
                         return
-                    await conn.sendmsg([b"\1"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r.fd]))])
+                    await conn.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r.fd]))])
                     while await conn.recv(64):
                         if controller is not None:
                             self.fold(controller)
