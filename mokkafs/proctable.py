@@ -38,6 +38,7 @@ VERSION = _libc.MOKKA_PROCS_VERSION
 # it can stop the daemon anyway, and a cap on it would only let others' usage matter to it.
 PER_UID = _libc.MOKKA_PROCS_PER_UID
 CONNECTIONS_PER_UID = 2 * PER_UID  # reconnects after a daemon restart overlap old connections
+FOLDS_PER_CONNECTION = 2 * MAX_GPUS + 8
 RECORD_SIZE = ffi.sizeof("struct mokka_proc_record")
 _CONTEXTS = ffi.offsetof("struct mokka_proc_record", "contexts")
 _OTHERS = ffi.offsetof("struct mokka_proc_record", "others")
@@ -443,8 +444,13 @@ class ProcessTable:
                         await conn.send(b"\0")  # unaccounted: no descriptor
                         return
                     await conn.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r.fd]))])
+                    folds = 0
                     while await conn.recv(64):
-                        if controller is not None:
+                        # A shim asks at most twice per GPU (a first context, first memory) and
+                        # after a reconnect: past that budget a connection's pings are answered
+                        # without a fold, so pinging in a loop cannot keep the daemon busy.
+                        if controller is not None and folds < FOLDS_PER_CONNECTION:
+                            folds += 1
                             self.fold(controller)
                         await conn.send(b"\1")
                 except OSError as e:

@@ -206,3 +206,57 @@ def test_the_id_file_is_not_trusted(pub, tmp_path):
     again.open()
     again.close()
     assert target.read_text() == "keep\n" and not id_file.is_symlink()
+
+
+# One process that opens N connections and keeps them, reporting how many came with a record
+# and how many distinct records it got; then pings one connection 1000 times.
+CONNECTOR = """
+import json, os, socket, sys
+path, n = sys.argv[1], int(sys.argv[2])
+socks, inos = [], set()
+for _ in range(n):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.settimeout(2)
+    try:
+        _, fds, _, _ = socket.recv_fds(s, 1, 1)
+    except OSError:
+        fds = []
+    for fd in fds:
+        inos.add(os.fstat(fd).st_ino)
+        os.close(fd)
+    socks.append((s, bool(fds)))
+got = [s for s, ok in socks if ok]
+for _ in range(1000):
+    got[0].send(b"?")
+    got[0].recv(1)
+print(json.dumps([len(got), len(inos)]), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run processes as nobody")
+def test_a_connection_flood_is_bounded_per_uid_and_pings_cannot_spin_the_daemon(open_pub, expect_log):
+    from mokkafs.proctable import CONNECTIONS_PER_UID, FOLDS_PER_CONNECTION
+
+    pub = open_pub
+    folds = []
+    real_fold = pub.table.fold
+    pub.table.fold = lambda controller: (folds.append(1), real_fold(controller))  # the service's calls
+    expect_log(rf"uid 65534 has {CONNECTIONS_PER_UID} connections open to .*: refusing more")
+    p = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                          CONNECTOR, str(pub.table.path) + ".sock", str(CONNECTIONS_PER_UID + 40)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+    try:
+        got, records = json.loads(p.stdout.readline())
+        assert (got, records) == (CONNECTIONS_PER_UID, 1)  # one process, one record, however it asks
+        assert len(folds) == FOLDS_PER_CONNECTION  # 1000 pings, folded only up to the budget
+        root = Claimers(pub, 1, 0, GIB)  # root still gets its record, listed at once
+        try:
+            assert root.got[0][1] and (root.pids[0], GIB) in pub.node.processes[0]
+        finally:
+            root.end()
+    finally:
+        p.stdin.close()
+        p.wait(timeout=10)
+        p.stdout.close()
