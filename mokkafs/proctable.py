@@ -71,8 +71,11 @@ def start_time(pid: int) -> int | None:
 
 
 def exited(pidfd: int) -> bool:
-    """A pidfd polls readable once its process has exited."""
-    return bool(select.select([pidfd], [], [], 0)[0])
+    """A pidfd polls readable once its process has exited. (poll, not select: with many records
+    the daemon's descriptors go past select's 1024.)"""
+    p = select.poll()
+    p.register(pidfd, select.POLLIN)
+    return bool(p.poll(0))
 
 
 def header(pid: int) -> bytes:

@@ -739,6 +739,14 @@ static uint64_t g_bump[MOKKA_MAX_GPUS];
 static unsigned g_primary_refs[MOKKA_MAX_GPUS]; /* guarded by g_lock */
 static __thread int t_depth;
 
+/* Is descriptor fd still what we opened (dev, ino)? One the program closed, or whose number now
+   names another file, must be neither used nor closed by us. */
+static int still_ours(int fd, dev_t dev, ino_t ino)
+{
+    struct stat sb;
+    return fd >= 0 && fstat(fd, &sb) == 0 && sb.st_dev == dev && sb.st_ino == ino;
+}
+
 static void after_fork_child(void)
 {
     /* The child is another process with no contexts: the parent's record and connection are the
@@ -751,9 +759,9 @@ static void after_fork_child(void)
     if (g_rec)
         munmap(g_rec, sizeof(*g_rec));
     g_rec = NULL;
-    if (g_rec_fd >= 0)
+    if (still_ours(g_rec_fd, g_rec_dev, g_rec_ino)) /* not a number the program reused */
         close(g_rec_fd);
-    if (g_conn >= 0)
+    if (still_ours(g_conn, g_conn_dev, g_conn_ino))
         close(g_conn);
     g_rec_fd = g_conn = -1;
     g_unaccounted = 0;
@@ -777,14 +785,6 @@ static uint64_t ctx_mask(void)
         if (g_ctx_refs[gi])
             m |= 1ull << gi;
     return m;
-}
-
-/* Is descriptor fd still what we opened (dev, ino)? One the program closed, or whose number now
-   names another file, must be neither used nor closed by us. */
-static int still_ours(int fd, dev_t dev, ino_t ino)
-{
-    struct stat sb;
-    return fd >= 0 && fstat(fd, &sb) == 0 && sb.st_dev == dev && sb.st_ino == ino;
 }
 
 static void drop_conn(void)
