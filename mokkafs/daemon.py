@@ -142,12 +142,13 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
             stack.callback(publisher.close)
             controller.subscribers.append(publisher)
             await nursery.start(publisher.run, node)
-            # CUDA processes (the shims' table) fold into the model on their own tick.
+            # CUDA processes (their records) fold into the model on their own tick, and at once
+            # when a process first takes a context or memory on a GPU.
             procs = ProcessTable(procs_path(state_path(opts.state_dir)))
             procs.open()
             stack.callback(procs.close)
             nursery.start_soon(procs.run, controller)
-            await nursery.start(procs.serve)
+            await nursery.start(procs.serve, controller)
 
             # Resolve the pid file's name before mounting: realpath() would stat the mount
             # point, and a FUSE daemon that stats its own mount before serving deadlocks.

@@ -1,9 +1,9 @@
-"""The daemon's side of the CUDA process table (layout and protocol in
-shims/include/mokka_state.h): a sealed memfd that nobody can resize, so no mapping of it can
-fault; handed to every CUDA process over `<state path>.procs.sock`; adopted by a restarted
-daemon from a process that still holds it. The daemon frees the slots of processes that are gone
-(their lock is gone with them) and folds the live ones into the model as validated
-`SetProcesses` events on a short tick. It never maps the table: pread and pwrite only."""
+"""The daemon's side of CUDA process accounting (layout and protocol in
+shims/include/mokka_state.h): one sealed memfd record per CUDA process, made for and sent to that
+process alone over `<state path>.procs.sock`, which it identifies by the kernel's word
+(SO_PEERCRED, a pidfd), never by what it sends; folded into the model as validated
+`SetProcesses` events on a short tick and at once when a process asks; re-opened by a restarted
+daemon through /proc/<pid>/fd. The daemon never maps a record: pread and pwrite only."""
 from __future__ import annotations
 
 import array
@@ -11,8 +11,12 @@ import errno
 import fcntl
 import logging
 import os
+import resource
+import select
 import socket
+import stat
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
@@ -20,7 +24,7 @@ import trio
 from mokkafs.controller import Controller
 from mokkafs.model import InvalidCommand
 from mokkafs.model.events import MAX_PID, MAX_PROCESS_BYTES, SetProcesses
-from mokkafs.publisher import MAX_GPUS, _libc, fence, ffi
+from mokkafs.publisher import MAX_GPU_PROCS, MAX_GPUS, _libc, ffi
 
 log = logging.getLogger(__name__)
 
@@ -28,185 +32,286 @@ TICK_S = 0.1
 SUFFIX = ".procs"
 MAGIC = 0x53434F5250414B4D
 VERSION = _libc.MOKKA_PROCS_VERSION
-SLOTS = _libc.MOKKA_PROC_SLOTS
-PROCS_SIZE = ffi.sizeof("struct mokka_procs")
-HEADER = MAGIC.to_bytes(8, "little") + VERSION.to_bytes(4, "little") + SLOTS.to_bytes(4, "little")
-HEADER += PROCS_SIZE.to_bytes(8, "little")
-LIVE = 2
-_SLOT = ffi.sizeof("struct mokka_proc_slot")
-_SLOT0 = ffi.offsetof("struct mokka_procs", "slot")
-_STATE = ffi.offsetof("struct mokka_proc_slot", "state")
-_FLOCK = "@hhqqi4x"  # struct flock on Linux (x86_64 and aarch64 alike)
+# Live records per uid. A node of 8 GPUs runs a few CUDA processes per GPU per user (a
+# DataLoader's workers do not take contexts); 64 leaves room for that and bounds what one user
+# can make the daemon hold (a record is 1 KiB of memory and two descriptors). Root is not capped:
+# it can stop the daemon anyway, and a cap on it would only let others' usage matter to it.
+PER_UID = _libc.MOKKA_PROCS_PER_UID
+CONNECTIONS_PER_UID = 2 * PER_UID  # reconnects after a daemon restart overlap old connections
+FOLDS_PER_CONNECTION = 2 * MAX_GPUS + 8
+RECORD_SIZE = ffi.sizeof("struct mokka_proc_record")
+_CONTEXTS = ffi.offsetof("struct mokka_proc_record", "contexts")
+_OTHERS = ffi.offsetof("struct mokka_proc_record", "others")
+_PID = ffi.offsetof("struct mokka_proc_record", "pid")
+MEMFD_NAME = "mokka-proc"
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+SO_PEERPIDFD = 77  # Linux 6.5+; older kernels: pidfd_open(pid), which a pid reuse could fool
+MAX_ID_FILE = 1 << 20
 
 
 def procs_path(state: str | os.PathLike) -> Path:
-    """Where the process table of the state file `state` lives (the shims derive it alike)."""
+    """The stem of the process-accounting files of the state file `state` (the shims derive
+    the socket's name alike)."""
     return Path(f"{os.fspath(state)}{SUFFIX}")
 
 
 def sock_path(table: str | os.PathLike) -> Path:
-    """The unix socket that hands out descriptors of the table at `table`."""
+    """The unix socket that hands each CUDA process its record."""
     return Path(f"{os.fspath(table)}.sock")
 
 
-def lock_owner(fd: int, s: int) -> int | None:
-    """The pid (in our pid namespace; 0 if it is not visible from here) that holds the lock on
-    slot `s`, or None when nobody does: the slot's process is gone."""
-    probe = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, s, 1, 0)
-    l_type, _, _, _, l_pid = struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_GETLK, probe))
-    return None if l_type == fcntl.F_UNLCK else l_pid
+def start_time(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, names a process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read(4096)
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
-MEMFD_NAME = "mokka-procs"
-SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+def exited(pidfd: int) -> bool:
+    """A pidfd polls readable once its process has exited. (poll, not select: with many records
+    the daemon's descriptors go past select's 1024.)"""
+    p = select.poll()
+    p.register(pidfd, select.POLLIN)
+    return bool(p.poll(0))
+
+
+def header(pid: int) -> bytes:
+    return struct.pack("<QIIQ", MAGIC, VERSION, pid, RECORD_SIZE)
+
+
+@dataclass(eq=False)
+class Record:
+    pid: int       # in the daemon's pid namespace: what NVML lists
+    uid: int
+    start: int
+    pidfd: int
+    fd: int        # the memfd
+    dev: int = 0
+    ino: int = 0
+    others: tuple[int, ...] = ()  # what was last written into the record's `others`
+    connections: int = 0
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self.pidfd)
+
+
+@dataclass(eq=False)
+class _Limits:
+    refused: dict[int, str] = field(default_factory=dict)  # per GPU: the last refusal's reason
+    capped: set[int] = field(default_factory=set)          # uids told about being at their cap
+    flooding: set[int] = field(default_factory=set)        # uids told about too many connections
 
 
 class ProcessTable:
-    """Owns the table. `path` (`<state path>.procs`) names its companions: `<path>.sock`, the
-    descriptor service, and `<path>.id`, which identifies the memfd for a successor."""
+    """The live records. `path` (`<state path>.procs`) names their companions: `<path>.sock`,
+    where processes connect, and `<path>.id`, which identifies the records for a successor."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._fd = -1
-        self._complaint: str | None = None  # the last warning, so a lasting fault logs once
-        self._refused: dict[int, str] = {}
-        self._blind = False  # warned once that a lock owner's pid was not visible
+        self.records: dict[int, Record] = {}
+        self._connections: dict[int, int] = {}  # per uid
+        self._limits = _Limits()
         self._accept_error: str | None = None
+        self._complaints: set[str] = set()
 
-    # -- the table -------------------------------------------------------------------------
+    # -- records ---------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Adopt a predecessor's table from a process still holding it (processes that outlive
-        a daemon restart keep their slots), or make a new one."""
+        """Adopt the live records a predecessor left (processes that outlive a daemon restart
+        stay listed), and get descriptors enough for every uid's records."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = self._recover()
-        if fd < 0:
-            fd = self._create()
-        self._fd = fd
-        st = os.fstat(fd)
-        id_file = Path(f"{self.path}.id")
-        tmp = id_file.with_name(f".{id_file.name}.new")
-        tmp.write_text(f"{st.st_dev} {st.st_ino}\n")
-        tmp.replace(id_file)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1 << 20), hard))
+        self._adopt()
+        self._write_id()
 
-    @staticmethod
-    def _create() -> int:
+    def close(self) -> None:
+        for r in self.records.values():
+            r.close()
+        self.records.clear()
+
+    def _make(self, pid: int, uid: int, start: int, pidfd: int) -> Record:
         fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            os.ftruncate(fd, PROCS_SIZE)
-            os.posix_fallocate(fd, 0, PROCS_SIZE)  # memory now, not a fault on a first store
-            os.pwrite(fd, HEADER, 0)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)  # a holder may write it, never resize it
+            os.ftruncate(fd, RECORD_SIZE)
+            os.posix_fallocate(fd, 0, RECORD_SIZE)  # memory now, not a fault on a first store
+            os.pwrite(fd, header(pid), 0)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)  # its holder may write it, never resize it
         except BaseException:
             os.close(fd)
             raise
-        return fd
-
-    def _recover(self) -> int:
-        """The table `<path>.id` names, opened through /proc/<pid>/fd of a process holding it
-        (a CUDA process that outlived the last daemon); -1 if there is none, or we may not."""
-        try:
-            dev, ino = map(int, Path(f"{self.path}.id").read_text().split())
-        except (OSError, ValueError):
-            return -1
-        with os.scandir("/proc") as entries:
-            pids = [e.name for e in entries if e.name.isdigit()]
-        for pid in pids:
-            fds = f"/proc/{pid}/fd"
-            try:
-                names = os.listdir(fds)
-            except OSError:
-                continue
-            for n in names:
-                link = f"{fds}/{n}"
-                try:
-                    if not os.readlink(link).startswith(f"/memfd:{MEMFD_NAME}"):
-                        continue
-                    st = os.stat(link)
-                    if (st.st_dev, st.st_ino) != (dev, ino):
-                        continue
-                    fd = os.open(link, os.O_RDWR | os.O_CLOEXEC)
-                except OSError:
-                    continue
-                if self._valid(fd):
-                    log.info("adopted the process table held by pid %s", pid)
-                    return fd
-                os.close(fd)
-        return -1
+        st = os.fstat(fd)
+        return Record(pid, uid, start, pidfd, fd, st.st_dev, st.st_ino)
 
     @staticmethod
     def _valid(fd: int) -> bool:
         st = os.fstat(fd)
-        return (st.st_size == PROCS_SIZE and fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS == SEALS
-                and os.pread(fd, len(HEADER), 0) == HEADER)
+        return (st.st_size == RECORD_SIZE and fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS == SEALS
+                and os.pread(fd, 8, 0) == MAGIC.to_bytes(8, "little"))
 
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+    def _write_id(self) -> None:
+        """`<path>.id`: "pid start_time dev ino" per live record, replaced whole (tmp and
+        rename), never following a link someone put in our way."""
+        id_file = Path(f"{self.path}.id")
+        tmp = id_file.with_name(f".{id_file.name}.new")
+        text = "".join(f"{r.pid} {r.start} {r.dev} {r.ino}\n" for r in self.records.values())
+        try:
+            tmp.unlink(missing_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            tmp.replace(id_file)
+        except OSError as e:
+            self._complain(f"{id_file}: {e}: a restarted daemon will not find the live CUDA processes")
 
-    def _ensure_header(self, snapshot: bytes) -> None:
-        """Every holder may write the table; one that scribbles over the header gets it
-        rewritten (the size is sealed, so nothing else can go wrong with the file)."""
-        if snapshot[: len(HEADER)] == HEADER:
-            self._complaint = None
-            return
-        os.pwrite(self._fd, HEADER, 0)
-        complaint = "the process table's header was overwritten by a consumer; rewrote it"
-        if complaint != self._complaint:
+    def _read_id(self) -> list[tuple[int, int, int, int]]:
+        id_file = Path(f"{self.path}.id")
+        try:
+            fd = os.open(id_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return []
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                log.warning("%s is not a regular file: adopting no CUDA processes", id_file)
+                return []
+            text = f.read(MAX_ID_FILE)
+        rows = []
+        for line in text.splitlines():
+            try:
+                pid, start, dev, ino = map(int, line.split())
+            except ValueError:
+                continue
+            if 0 < pid < MAX_PID:
+                rows.append((pid, start, dev, ino))
+        return rows
+
+    def _adopt(self) -> None:
+        """Each record `<path>.id` names, re-opened through /proc/<pid>/fd of the process that
+        still holds it, once its start time says the pid is still that process."""
+        for pid, start, dev, ino in self._read_id():
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            fd = self._find(pid, dev, ino) if start_time(pid) == start else -1
+            if fd < 0 or exited(pidfd):
+                if fd >= 0:
+                    os.close(fd)
+                os.close(pidfd)
+                continue
+            try:
+                uid = os.stat(f"/proc/{pid}").st_uid
+            except OSError:
+                os.close(fd)
+                os.close(pidfd)
+                continue
+            self.records[pid] = Record(pid, uid, start, pidfd, fd, dev, ino)
+            log.info("adopted the CUDA process record of pid %d", pid)
+
+    def _find(self, pid: int, dev: int, ino: int) -> int:
+        fds = f"/proc/{pid}/fd"
+        try:
+            names = os.listdir(fds)
+        except OSError:
+            return -1
+        for n in names:
+            link = f"{fds}/{n}"
+            try:
+                if not os.readlink(link).startswith(f"/memfd:{MEMFD_NAME}"):
+                    continue
+                st = os.stat(link)
+                if (st.st_dev, st.st_ino) != (dev, ino):
+                    continue
+                fd = os.open(link, os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                continue
+            if self._valid(fd):
+                return fd
+            os.close(fd)
+        return -1
+
+    def _complain(self, complaint: str) -> None:
+        if complaint not in self._complaints:
+            self._complaints.add(complaint)
             log.warning("%s", complaint)
-            self._complaint = complaint
 
-    # -- reaping and folding -----------------------------------------------------------------
+    # -- folding ---------------------------------------------------------------------------
 
-    def read(self, snapshot: bytes | None = None):
-        """A private snapshot of the table (a `struct mokka_procs *` over a copy)."""
-        if snapshot is None:
-            snapshot = os.pread(self._fd, PROCS_SIZE, 0)
-        return ffi.from_buffer("struct mokka_procs *", bytearray(snapshot))
+    def reap(self) -> None:
+        """Drop the records of processes that exited (their pidfd says so)."""
+        gone = [r for r in self.records.values() if exited(r.pidfd)]
+        for r in gone:
+            del self.records[r.pid]
+            r.close()
+            log.info("process %d is gone: freed its GPU memory", r.pid)
+        if gone:
+            self._write_id()
+
+    def usage(self, caps: list[int]) -> dict[int, list[int]]:
+        """Per live record's pid, the bytes on each GPU (-1: no context and nothing there).
+        Counters are the process's own untrusted input: each is clamped to its GPU's memory."""
+        gpus = min(len(caps), MAX_GPUS)
+        out: dict[int, list[int]] = {}
+        for r in self.records.values():
+            t = ffi.from_buffer("struct mokka_proc_record *", bytearray(os.pread(r.fd, RECORD_SIZE, 0)))
+            row = []
+            for g in range(gpus):
+                used = min(t.mem[g], caps[g], MAX_PROCESS_BYTES)
+                row.append(used if used or t.contexts >> g & 1 else -1)
+            out[r.pid] = row
+        return out
 
     def scan(self, caps: list[int]) -> list[tuple[tuple[int, int], ...]]:
-        """Free the slots of dead processes; return, per GPU, the (pid, bytes) of every live
-        process with a context or an allocation there. `caps[g]` is GPU g's memory in bytes:
-        counters are the shims' untrusted input, so each is clamped to it."""
-        per_gpu: list[dict[int, int]] = [{} for _ in caps]
-        snapshot = os.pread(self._fd, PROCS_SIZE, 0)
-        self._ensure_header(snapshot)
-        t = self.read(snapshot)
-        gpus = range(min(len(caps), MAX_GPUS))
-        for s in range(SLOTS):  # every slot: a claimer may die before it raises `high`
-            slot = t.slot[s]
-            if slot.state == 0:
-                continue
-            owner = lock_owner(self._fd, s)
-            if owner is None:
-                self._free(s)
-                if slot.state == LIVE:
-                    log.info("process %d is gone: freed its GPU memory", slot.pid)
-                continue
-            pid = owner or slot.pid  # 0: the owner is in a pid namespace we cannot see
-            if not owner and not self._blind:
-                self._blind = True
-                log.warning("a CUDA process in a pid namespace this daemon cannot see is listed with "
-                            "its own pid %d; run the daemon in the host's pid namespace (hostPID)", slot.pid)
-            if slot.state != LIVE or not 0 < pid < MAX_PID:
-                continue
-            for g in gpus:
-                used = min(t.mem[g][s], caps[g], MAX_PROCESS_BYTES)
-                if slot.contexts >> g & 1 or used:
-                    per_gpu[g][pid] = min(per_gpu[g].get(pid, 0) + used, caps[g], MAX_PROCESS_BYTES)
-        return [tuple(sorted(d.items())) for d in per_gpu]
+        """Reap, then, per GPU, the (pid, bytes) of every live process with a context or an
+        allocation there; and tell each record what counts against it."""
+        self.reap()
+        usage = self.usage(caps)
+        per_gpu: list[list[tuple[int, int]]] = [[] for _ in caps]
+        for pid, row in usage.items():
+            for g, used in enumerate(row):
+                if used >= 0:
+                    per_gpu[g].append((pid, used))
+        self._tell_others(usage, caps)
+        return [tuple(sorted(self._fair(p))) for p in per_gpu]
 
-    def _free(self, s: int) -> None:
-        """Only the daemon frees, and only slots whose owner is gone: nobody else writes them.
-        The state goes last, in its own write, so a claimer never sees a half-cleared slot."""
-        base = _SLOT0 + s * _SLOT
-        os.pwrite(self._fd, bytes(_SLOT - _STATE - 4), base + _STATE + 4)
-        fence()  # a syscall is no barrier on Arm
-        os.pwrite(self._fd, bytes(4), base + _STATE)
+    def _fair(self, procs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """At most MAX_GPU_PROCS of one GPU's processes (what the state file lists), chosen so
+        that one user's many processes cannot push anyone else's out: root's first, then each
+        uid's first, second, ... process in turn."""
+        if len(procs) <= MAX_GPU_PROCS:
+            return procs
+        rank: dict[int, int] = {}
+        keyed = []
+        for pid, used in sorted(procs):
+            uid = self.records[pid].uid
+            rank[uid] = rank.get(uid, 0) + 1
+            keyed.append(((uid != 0, rank[uid], pid), (pid, used)))
+        return [p for _, p in sorted(keyed)[:MAX_GPU_PROCS]]
+
+    def _tell_others(self, usage: dict[int, list[int]], caps: list[int]) -> None:
+        """Write each record's `others`: its uid's other processes' and root's bytes per GPU.
+        Other users' claims are listed but refuse nobody: a claim is not an allocation."""
+        gpus = min(len(caps), MAX_GPUS)
+        by_uid: dict[int, list[int]] = {}
+        for r in self.records.values():
+            tot = by_uid.setdefault(r.uid, [0] * gpus)
+            for g, used in enumerate(usage[r.pid]):
+                tot[g] += max(used, 0)
+        root = by_uid.get(0, [0] * gpus)
+        for r in self.records.values():
+            mine, same = usage[r.pid], by_uid[r.uid]
+            others = tuple(min(same[g] - max(mine[g], 0) + (root[g] if r.uid else 0), caps[g]) for g in range(gpus))
+            if others != r.others:
+                os.pwrite(r.fd, struct.pack(f"<{gpus}Q", *others), _OTHERS)
+                r.others = others
 
     def fold(self, controller: Controller) -> None:
-        """One tick: a SetProcesses event for each GPU whose list changed."""
+        """A SetProcesses event for each GPU whose list changed."""
         node = controller.node
         cap = node.profile.memory.total_mib << 20
         for i, procs in enumerate(self.scan([cap] * len(node.gpus))):
@@ -214,71 +319,147 @@ class ProcessTable:
                 continue
             try:
                 controller.apply(SetProcesses(i, procs))
-                self._refused.pop(i, None)
+                self._limits.refused.pop(i, None)
             except InvalidCommand as e:
-                if self._refused.get(i) != str(e):  # once per distinct reason, not every tick
-                    log.warning("gpu%d: ignoring the process table: %s", i, e)
-                    self._refused[i] = str(e)
+                if self._limits.refused.get(i) != str(e):  # once per distinct reason, not every tick
+                    log.warning("gpu%d: ignoring the process records: %s", i, e)
+                    self._limits.refused[i] = str(e)
 
     async def run(self, controller: Controller) -> None:
         while True:
             self.fold(controller)
             await trio.sleep(TICK_S)
 
-    # -- descriptors for consumers ---------------------------------------------------------
+    # -- connections -----------------------------------------------------------------------
 
-    async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Answer each connection on `<path>.sock` with one byte and a read-write descriptor of
-        the table, then close it. A socket someone removed or replaced is bound again within a
-        second. Without a socket (a path too long for sun_path, say) CUDA processes run
-        unaccounted; the daemon runs on."""
+    def record_for(self, pid: int, uid: int, pidfd: int) -> Record | None:
+        """The record of the process (pid, uid, pidfd): its own from before (a reconnect, or
+        one adopted after a restart, if the start time matches), else a new one; None when the
+        uid is at its cap. Takes ownership of pidfd."""
+        start = start_time(pid)
+        old = self.records.get(pid)
+        if start is None or exited(pidfd):
+            os.close(pidfd)
+            return None
+        if old is not None and old.start == start and old.uid == uid:
+            os.close(pidfd)
+            return old
+        if old is not None:  # the pid was reused before the tick noticed the old one exit
+            del self.records[pid]
+            old.close()
+        if uid and sum(r.uid == uid for r in self.records.values()) >= PER_UID:
+            if uid not in self._limits.capped:
+                self._limits.capped.add(uid)
+                log.warning("uid %d has %d CUDA processes accounted, its cap: pid %d and later ones run "
+                            "unaccounted", uid, PER_UID, pid)
+            os.close(pidfd)
+            return None
+        self._limits.capped.discard(uid)
+        r = self._make(pid, uid, start, pidfd)
+        self.records[pid] = r
+        self._write_id()
+        return r
+
+    async def serve(self, controller: Controller | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Keep `<path>.sock` bound (a socket someone removed or replaced is bound again within
+        a second) and give each connection a task of its own. Without a socket (a path too long
+        for sun_path, say) CUDA processes run unaccounted; the daemon runs on."""
         path = sock_path(self.path)
         started = False
-        while True:
-            listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            with listener:
-                try:
-                    path.unlink(missing_ok=True)
-                    await listener.bind(os.fspath(path))
-                    os.chmod(path, 0o666)  # any user's CUDA process may ask
-                    listener.listen(64)
-                    bound = os.stat(path).st_ino
-                except OSError as e:
-                    log.warning("%s: no descriptor service (%s): CUDA processes go unaccounted", path, e)
+        async with trio.open_nursery() as nursery:
+            while True:
+                listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                with listener:
+                    try:
+                        path.unlink(missing_ok=True)
+                        await listener.bind(os.fspath(path))
+                        os.chmod(path, 0o666)  # any user's CUDA process may ask
+                        listener.listen(64)
+                        bound = os.stat(path).st_ino
+                    except OSError as e:
+                        log.warning("%s: no record service (%s): CUDA processes go unaccounted", path, e)
+                        if not started:
+                            task_status.started()
+                        return
                     if not started:
                         task_status.started()
-                    return
-                if not started:
-                    task_status.started()
-                    started = True
-                while True:
-                    conn = None
-                    with trio.move_on_after(1):
-                        try:
-                            conn, _ = await listener.accept()
-                        except OSError as e:  # out of descriptors, say: this one goes unaccounted
-                            if str(e) != self._accept_error:  # once, not ten times a second
-                                log.warning("%s: %s", path, e)
-                                self._accept_error = str(e)
-                            await trio.sleep(0.1)
+                        started = True
+                    while True:
+                        conn = None
+                        with trio.move_on_after(1):
+                            try:
+                                conn, _ = await listener.accept()
+                            except OSError as e:  # out of descriptors, say: this one goes unaccounted
+                                if str(e) != self._accept_error:  # once, not ten times a second
+                                    log.warning("%s: %s", path, e)
+                                    self._accept_error = str(e)
+                                await trio.sleep(0.1)
+                                continue
+                        self._accept_error = None
+                        if conn is not None:
+                            nursery.start_soon(self._connection, conn, controller)
                             continue
-                    self._accept_error = None
-                    if conn is not None:
-                        await self._answer(conn, path)
-                        continue
-                    try:  # a quiet second: is our socket still where consumers look for it?
-                        if os.stat(path).st_ino == bound:
-                            continue
-                    except FileNotFoundError:
-                        pass
-                    log.warning("%s was removed or replaced; binding it again", path)
-                    break
+                        try:  # a quiet second: is our socket still where consumers look for it?
+                            if os.stat(path).st_ino == bound:
+                                continue
+                        except FileNotFoundError:
+                            pass
+                        log.warning("%s was removed or replaced; binding it again", path)
+                        break
 
-    async def _answer(self, conn, path: Path) -> None:
+    @staticmethod
+    def _peer(conn) -> tuple[int, int, int]:
+        """(pid, uid, pidfd) of the connecting process, from the kernel."""
+        pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        try:
+            pidfd = conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+        except OSError:
+            pidfd = os.pidfd_open(pid) if pid > 0 else -1
+        return pid, uid, pidfd
+
+    async def _connection(self, conn, controller: Controller | None) -> None:
+        """One process's connection, for its life: its record, then a reply to each byte it
+        sends, after its record was folded and published."""
         with conn:
             try:
-                fds = array.array("i", [self._fd])
-                await conn.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+                pid, uid, pidfd = self._peer(conn)
             except OSError as e:
-                if e.errno not in (errno.EPIPE, errno.ECONNRESET):
-                    log.warning("%s: %s", path, e)
+                log.warning("%s: cannot identify a CUDA process (%s): it runs unaccounted", self.path, e)
+                return
+            if not 0 < pid < MAX_PID or pidfd < 0:
+                if pidfd >= 0:
+                    os.close(pidfd)
+                self._complain("a CUDA process in a pid namespace this daemon cannot see runs unaccounted; "
+                               "run the daemon in the host's pid namespace (hostPID)")
+                return
+            if uid and self._connections.get(uid, 0) >= CONNECTIONS_PER_UID:
+                os.close(pidfd)
+                if uid not in self._limits.flooding:
+                    self._limits.flooding.add(uid)
+                    log.warning("uid %d has %d connections open to %s: refusing more", uid, CONNECTIONS_PER_UID,
+                                sock_path(self.path))
+                return
+            self._connections[uid] = self._connections.get(uid, 0) + 1
+            try:
+                r = self.record_for(pid, uid, pidfd)
+                try:
+                    if r is None:
+                        await conn.send(b"\0")  # unaccounted: no descriptor
+                        return
+                    await conn.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r.fd]))])
+                    folds = 0
+                    while await conn.recv(64):
+                        # A shim asks at most twice per GPU (a first context, first memory) and
+                        # after a reconnect: past that budget a connection's pings are answered
+                        # without a fold, so pinging in a loop cannot keep the daemon busy.
+                        if controller is not None and folds < FOLDS_PER_CONNECTION:
+                            folds += 1
+                            self.fold(controller)
+                        await conn.send(b"\1")
+                except OSError as e:
+                    if e.errno not in (errno.EPIPE, errno.ECONNRESET):
+                        log.warning("%s: %s", sock_path(self.path), e)
+            finally:
+                self._connections[uid] -= 1
+                if self._connections[uid] < CONNECTIONS_PER_UID:
+                    self._limits.flooding.discard(uid)

@@ -193,7 +193,7 @@ class _Service:
     """The table's descriptor service (ProcessTable.serve) in a thread of its own, as the
     daemon runs it in its trio loop, so that CUDA processes of a test find the table."""
 
-    def __init__(self, table) -> None:
+    def __init__(self, table, controller=None) -> None:
         import threading
 
         import trio
@@ -204,7 +204,7 @@ class _Service:
             self.token = trio.lowlevel.current_trio_token()
             with trio.CancelScope() as self.scope:
                 async with trio.open_nursery() as nursery:
-                    await nursery.start(table.serve)
+                    await nursery.start(table.serve, controller)
                     ready.set()
                     await trio.sleep_forever()
 
@@ -226,10 +226,14 @@ def pub(tmp_path):
     from helpers_nvml import Published
     from mokkafs.proctable import ProcessTable, procs_path
 
+    from mokkafs.controller import Controller
+
     p = Published(tmp_path, "h100", 4)
     p.table = ProcessTable(procs_path(p.path))
     p.table.open()
-    service = _Service(p.table)
+    p.controller = Controller(p.node, None, time.time)  # a process's first context folds at once
+    p.controller.subscribers.append(p.publisher)
+    service = _Service(p.table, p.controller)
     yield p
     service.stop()
     p.table.close()

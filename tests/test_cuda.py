@@ -303,7 +303,7 @@ def test_process_table_folds_into_the_model(pub):
     pub.table.fold(controller)
     assert pub.node.processes[1] == ()
     assert pub.publisher._st.gpus[1].process_count == 0 and pub.publisher._st.gpus[1].mem_used == 0
-    assert pub.table.read().slot[0].state == 0  # freed for the next process
+    assert pub.table.records == {}  # its record went with it
 
 
 def test_set_processes_is_validated():
@@ -619,7 +619,7 @@ def test_a_removed_or_replaced_socket_is_bound_again(node_factory):
     sock = node.state_dir / "state.procs.sock"
     def answers() -> bool:
         try:
-            return table_snapshot(node.state_dir).magic == 0x53434F5250414B4D
+            return own_record(node.state_dir).magic == 0x53434F5250414B4D
         except OSError:
             return False
 
@@ -635,7 +635,7 @@ def test_a_removed_or_replaced_socket_is_bound_again(node_factory):
 
 
 STEPPER = PRELUDE + ALLOC + """
-import fcntl
+import socket, stat
 say = lambda *a: print(*a, flush=True)
 wait = sys.stdin.readline
 ctx = ctypes.c_void_p()
@@ -643,12 +643,8 @@ assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
 assert alloc(1 << 30)[0] == 0
 say("allocated")
 wait()
-def link(n):
-    try:
-        return os.readlink(f"/proc/self/fd/{n}")
-    except OSError:  # the descriptor listdir itself used
-        return ""
-fd = next(int(n) for n in os.listdir("/proc/self/fd") if link(n).startswith("/memfd:mokka-procs"))
+fd = next(int(n) for n in os.listdir("/proc/self/fd")
+          if int(n) > 2 and stat.S_ISSOCK(os.fstat(int(n)).st_mode))
 os.close(fd)  # a program that closes descriptors it does not own
 other = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)  # and the number comes back as another file
 if other != fd:
@@ -657,13 +653,17 @@ if other != fd:
     other = fd
 say(json.dumps([fd, other]))
 wait()
-say(json.dumps([alloc(1 << 30)[0], info()]))
+c2 = ctypes.c_void_p()
+res = [alloc(1 << 30)[0], cu.cuCtxCreate_v2(ctypes.byref(c2), 0, 1), alloc(1 << 20)[0], info()]
+os.fstat(fd)  # still open: the shim neither closed nor wrote the program's file
+say(json.dumps(res))
 wait()
 """
 
 
-def test_a_program_that_closes_the_tables_descriptor_goes_unlisted_not_wrong(pub, tmp_path):
-    controller = Controller(pub.node, None, time.time)
+def test_a_program_that_closes_the_daemon_connection_stays_listed_and_right(pub, tmp_path):
+    """The connection is only for pings: its record (still mapped) keeps the process listed,
+    its next first-on-a-GPU reconnects, and the file that took the number is left alone."""
     e = consumer_env(pub.path)
     e["MOKKA_CUDA_LIB"] = str(cuda_lib())
     other = tmp_path / "other"
@@ -671,73 +671,108 @@ def test_a_program_that_closes_the_tables_descriptor_goes_unlisted_not_wrong(pub
                          stdout=subprocess.PIPE, text=True)
     with killed_at_end(p):
         assert p.stdout.readline().strip() == "allocated"
-        pub.table.fold(controller)
-        assert pub.node.processes[0] == ((p.pid, GIB),)
+        assert pub.node.processes[0] == ((p.pid, GIB),)  # folded at once, no tick in this fixture
         p.stdin.write("\n")
         p.stdin.flush()
         fd, reused = json.loads(p.stdout.readline())
         assert fd == reused  # the case that matters: the shim's number now names another file
-        pub.table.fold(controller)
-        assert pub.node.processes[0] == ()  # its lock went with the descriptor: no longer listed
+        pub.table.fold(pub.controller)
+        assert pub.node.processes[0] == ((p.pid, GIB),)
         p.stdin.write("\n")
         p.stdin.flush()
-        r, (ri, free, total) = json.loads(p.stdout.readline())
+        r, rc, r2, (ri, free, total) = json.loads(p.stdout.readline())
         usable = (pub.node.profile.memory.total_mib - pub.node.profile.memory.reserved_mib) << 20
-        assert (r, ri, free) == (0, 0, usable - 2 * GIB)  # CUDA works on, counting its own memory
-        with open(other, "rb") as f:  # and took no lock on the file that reused the number
-            probe = struct.pack("@hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
-            assert struct.unpack("@hhqqi4x", fcntl.fcntl(f, fcntl.F_GETLK, probe))[0] == fcntl.F_UNLCK
-        pub.table.fold(controller)
-        assert pub.node.processes[0] == ()
+        assert (r, rc, r2, ri, free) == (0, 0, 0, 0, usable - (1 << 20))  # GPU 1's, c2 is current
+        assert pub.node.processes[1] == ((p.pid, 1 << 20),)  # reconnected: listed at once on GPU 1
+        pub.table.fold(pub.controller)
+        assert pub.node.processes[0] == ((p.pid, 2 * GIB),)
+        assert other.read_bytes() == b""
+        assert len(pub.table.records) == 1  # the reconnect got its own record back, not a second
 
 
-@pytest.mark.parametrize("table", ["missing", "garbage", "full", "hostile counters"])
-def test_cuda_works_on_whatever_the_table_holds(pub, table):
-    """The table is other processes' input: missing or damaged, CUDA works unaccounted; full,
-    the process counts only itself; absurd counters fill the GPU but never wrap to free."""
-    from mokkafs.proctable import ffi as pffi
+class FakeDaemon:
+    """A socket at `<state>.procs.sock` that answers every connection with `record` (a memfd
+    made by `make`, or none), as a broken or hostile daemon would."""
 
-    path = f"/proc/{os.getpid()}/fd/{pub.table._fd}"  # the daemon's memfd, held by this process
-    state = pub.path
-    slot0, slot, mem0 = (pffi.offsetof("struct mokka_procs", "slot"), pffi.sizeof("struct mokka_proc_slot"),
-                         pffi.offsetof("struct mokka_procs", "mem"))
-    if table == "missing":  # the state without a daemon's socket beside it
-        state = pub.path.parent / "elsewhere" / "state"
-        state.parent.mkdir()
-        state.write_bytes(pub.path.read_bytes())
-    elif table == "garbage":
-        with open(path, "r+b") as f:
-            f.write(b"\x55" * 4096)
-    elif table == "full":
-        with open(path, "r+b") as f:
-            for s in range(256):
-                f.seek(slot0 + s * slot)
-                f.write((2).to_bytes(4, "little") + (999).to_bytes(4, "little"))
-    else:
-        with open(path, "r+b") as f:
-            f.seek(pffi.offsetof("struct mokka_procs", "high"))
-            f.write((2).to_bytes(4, "little"))
-            for s in (0, 1):  # 2^63 + 2^63 wraps to 0 in 64 bits: "all free" to a naive sum
-                f.seek(slot0 + s * slot)
-                f.write((2).to_bytes(4, "little") + (999).to_bytes(4, "little"))
-                f.seek(mem0 + s * 8)  # GPU 0
-                f.write((1 << 63).to_bytes(8, "little"))
-    out = run_c(state, ALLOC + textwrap.dedent("""
-        ctx = ctypes.c_void_p()
-        assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
-        r1, _ = alloc(1 << 30)
-        print(json.dumps([r1, info()]))
-    """))
+    def __init__(self, state: Path, make) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(f"{state}.procs.sock")
+        self.sock.listen(8)
+        self.make, self.conns, self.fds = make, [], []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import socket
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            fd = self.make()
+            self.conns.append(conn)
+            self.fds.append(fd)
+            socket.send_fds(conn, [b"\1"], [fd] if fd >= 0 else [])
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def memfd(size: int, seals: int, others: int = 0) -> int:
+    from mokkafs.proctable import header, SEALS, _OTHERS
+
+    fd = os.memfd_create("mokka-proc", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    os.pwrite(fd, header(1), 0)
+    if others:
+        os.pwrite(fd, others.to_bytes(8, "little"), _OTHERS)  # GPU 0
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+    return fd
+
+
+@pytest.mark.parametrize("record", ["missing", "declined", "unsealed", "wrong size", "hostile others", "valid"])
+def test_cuda_works_on_whatever_the_daemon_hands_over(pub, record):
+    """What comes over the socket is input: no daemon, a refusal, or a record that could fault
+    (unsealed, the wrong size): CUDA works unaccounted; absurd counters fill the GPU but never
+    wrap to free."""
+    from mokkafs.proctable import RECORD_SIZE
+
+    state = pub.path.parent / "elsewhere" / "state"  # the state without the real daemon's socket
+    state.parent.mkdir()
+    state.write_bytes(pub.path.read_bytes())
+    make = {"declined": lambda: -1, "unsealed": lambda: memfd(RECORD_SIZE, 0),
+            "wrong size": lambda: memfd(RECORD_SIZE - 8, 1), "hostile others": lambda: memfd(RECORD_SIZE, 1, (1 << 64) - 1),
+            "valid": lambda: memfd(RECORD_SIZE, 1)}
+    fake = FakeDaemon(state, make[record]) if record in make else None
+    try:
+        out = run_c(state, ALLOC + textwrap.dedent("""
+            ctx = ctypes.c_void_p()
+            assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
+            r1, _ = alloc(1 << 30)
+            print(json.dumps([r1, info()]))
+        """))
+        # the shim stored into a record only where it may: a valid one (mem[0] at offset 32)
+        written = [int.from_bytes(os.pread(fd, 8, 32), "little") for fd in fake.fds if fd >= 0] if fake else []
+        assert written == {"valid": [GIB], "unsealed": [0], "wrong size": [0], "hostile others": [0]}.get(record, [])
+    finally:
+        if fake:
+            fake.close()
     usable = (pub.node.profile.memory.total_mib - pub.node.profile.memory.reserved_mib) << 20
-    if table == "hostile counters":
+    if record == "hostile others":
         assert out == [2, [0, 0, pub.node.profile.memory.total_mib << 20]]  # OUT_OF_MEMORY, free 0
     else:
         assert out == [0, [0, usable - GIB, pub.node.profile.memory.total_mib << 20]]
 
 
-def test_many_processes_come_and_go_and_leave_no_slot_behind(node_factory):
+def test_many_processes_come_and_go_and_leave_no_record_behind(node_factory):
     """Twenty CUDA processes at once, half killed with -9 and half exiting: each is listed with
-    its own memory while alive, and afterwards every slot is free and nothing is used."""
+    its own memory while alive, and afterwards no record is left and nothing is used."""
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     node = node_factory(gpus=2)
     env = mount_env(node)
@@ -765,35 +800,145 @@ def test_many_processes_come_and_go_and_leave_no_slot_behind(node_factory):
             with killed_at_end(h):
                 pass
     assert _wait_for(lambda: nvml_processes(env) == [[0], [0]]), nvml_processes(env)
-    assert _wait_for(lambda: all(table_snapshot(node.state_dir).slot[s].state == 0 for s in range(256)))
+    # every record is gone: a restarted daemon would adopt none
+    assert _wait_for(lambda: (node.state_dir / "state.procs.id").read_text() == "")
 
 
-def table_snapshot(state_dir: Path):
-    """A copy of the running daemon's process table, got the way a CUDA process gets it."""
+def own_record(state_dir: Path):
+    """A copy of the record the running daemon makes for this process, got the way a CUDA
+    process gets it."""
     import socket
 
-    from mokkafs.proctable import PROCS_SIZE, ffi as pffi
+    from mokkafs.proctable import RECORD_SIZE, ffi as pffi
 
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(state_dir / "state.procs.sock"))
         fd = socket.recv_fds(s, 1, 1)[1][0]
     try:
-        return pffi.from_buffer("struct mokka_procs *", bytearray(os.pread(fd, PROCS_SIZE, 0)))
+        return pffi.from_buffer("struct mokka_proc_record *", bytearray(os.pread(fd, RECORD_SIZE, 0)))
     finally:
         os.close(fd)
 
 
-def test_a_restarted_daemon_adopts_the_table_from_a_live_process(node_factory):
+CUED_HOLDER = HOLDER.replace("time.sleep(float(sys.argv[3]))", """
+sys.stdin.readline()
+c2 = ctypes.c_void_p()
+assert cu.cuCtxCreate_v2(ctypes.byref(c2), 0, 0) == 0
+print("again", flush=True)
+sys.stdin.read()
+""")
+
+
+def test_a_restarted_daemon_adopts_the_record_from_a_live_process(node_factory):
     """kill -9 the daemon under a running CUDA process and mount again: the new daemon finds
-    the table through the process that still holds it, and the process is listed as before."""
+    the process's record through the process itself and lists it as before; the process,
+    reconnecting on its next first context, is handed that same record back."""
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     node = node_factory(gpus=2)
     node.expect_warning("clearing stale mount")
     env = mount_env(node)
-    with killed_at_end(start_holder(node.state_dir / "state", 1, 3 * GIB, 60)) as holder:
+    e = dict(consumer_env(node.state_dir / "state"), MOKKA_CUDA_LIB=str(cuda_lib()))
+    holder = subprocess.Popen([sys.executable, "-c", CUED_HOLDER, "1", str(3 * GIB), "0"], env=e,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    id_file = node.state_dir / "state.procs.id"
+    with killed_at_end(holder):
+        assert holder.stdout.readline().strip() == "ready"
         assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, 3 * GIB]]
+        before = id_file.read_text()
+        assert before.split()[0] == str(holder.pid)
         node.kill9()
         node.mount()
-        assert f"adopted the process table held by pid {holder.pid}" in (node.state_dir / "daemon.log").read_text()
+        assert f"adopted the CUDA process record of pid {holder.pid}" in (node.state_dir / "daemon.log").read_text()
         assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, 3 * GIB]]
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "again"
+        assert nvml_processes(env)[0][:-1] == [[holder.pid, 0]]  # its new context: listed at once
+        assert id_file.read_text() == before  # the same record (pid, start time, dev, ino), not a second
     assert _wait_for(lambda: nvml_processes(env)[1] == [0])
+
+
+# ---- who may account for whom, and when NVML sees it ---------------------------------------
+
+NVML_ON_CUE = """
+import json, sys, pynvml as p
+p.nvmlInit()
+h = p.nvmlDeviceGetHandleByIndex(int(sys.argv[1]))
+print("ready", flush=True)
+sys.stdin.readline()
+print(json.dumps([[x.pid, x.usedGpuMemory] for x in p.nvmlDeviceGetComputeRunningProcesses(h)]), flush=True)
+"""
+
+
+def test_a_process_is_listed_on_the_first_call_after_its_first_allocation(pub):
+    """No daemon tick runs here: only the process's own first-context and first-memory pings
+    can get it listed, and NVML in another process must see it on its very next call."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    watcher = subprocess.Popen([sys.executable, "-c", NVML_ON_CUE, "2"], env=consumer_env(pub.path),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    with killed_at_end(watcher):
+        assert watcher.stdout.readline().strip() == "ready"
+        with killed_at_end(start_holder(pub.path, 2, 3 * GIB, 60)) as holder:  # "ready" follows its cuMemAlloc
+            watcher.stdin.write("\n")
+            watcher.stdin.flush()
+            assert json.loads(watcher.stdout.readline()) == [[holder.pid, 3 * GIB]]
+
+
+# Forks COUNT children that each take whatever the daemon's socket hands them and overwrite all
+# of it past the 24-byte header with 0xff (contexts on every GPU, 2^64-1 bytes everywhere), then
+# ask to be folded; they hold on until stdin closes. Whatever the protocol, this is the most a
+# caller of the socket can do with what it gets.
+SCRIBBLERS = """
+import os, socket, sys
+path, count = sys.argv[1], int(sys.argv[2])
+hold_r, hold_w = os.pipe()
+for _ in range(count):
+    if os.fork() == 0:
+        os.close(hold_w)
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        _, fds, _, _ = socket.recv_fds(s, 1, 1)
+        for fd in fds:
+            size = os.fstat(fd).st_size
+            os.pwrite(fd, b"\\xff" * (size - 24), 24)
+        try:
+            s.send(b"?")
+            s.settimeout(1)
+            s.recv(1)
+        except OSError:
+            pass
+        os.read(hold_r, 1)
+        os._exit(0)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_nobody_cannot_touch_hide_or_starve_a_root_process(tmp_path):
+    """As nobody, 100 processes take what the socket gives and scribble on all of it; a root
+    process is still listed with its pid and 1 GiB by pynvml and nvidia-smi, and a new root
+    process's 1 GiB allocation succeeds and is listed too."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a process as another user")
+    for node in world_readable_node():
+        node.expect_warning(r"uid 65534 has \d+ CUDA processes accounted, its cap")
+        env = mount_env(node)
+        sock = str(node.state_dir / "state.procs.sock")
+        with killed_at_end(start_holder(node.state_dir / "state", 1, GIB, 120)) as holder:
+            assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, GIB]]
+            flood = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                                      "-c", SCRIBBLERS, sock, "100"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, cwd="/")
+            with killed_at_end(flood):
+                assert flood.stdout.readline().strip() == "ready"
+                time.sleep(0.5)  # two ticks: whatever the scribbling does, it has done
+                with killed_at_end(start_holder(node.state_dir / "state", 1, GIB, 120)) as late:
+                    for _ in range(3):  # and it stays so, tick after tick
+                        on_gpu1 = dict(map(tuple, nvml_processes(env)[1][:-1]))
+                        assert on_gpu1.get(holder.pid) == GIB and on_gpu1.get(late.pid) == GIB, on_gpu1
+                        time.sleep(0.2)
+                    smi = str(node.mnt / "driver/usr/bin/nvidia-smi")
+                    apps = subprocess.run([smi, "--query-compute-apps=pid,used_gpu_memory", "--format=csv,noheader"],
+                                          env=env, capture_output=True, text=True, timeout=30).stdout.splitlines()
+                    assert f"{holder.pid}, 1024 MiB" in apps and f"{late.pid}, 1024 MiB" in apps, apps

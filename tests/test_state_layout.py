@@ -14,8 +14,7 @@ from mokkafs.model.node import Notification
 from mokkafs.profiles import load_profile
 from mokkafs.publisher import MAGIC, STATE_SIZE, VERSION, Publisher, ffi, header_path
 
-STRUCTS = ["mokka_nvlink", "mokka_gpu_process", "mokka_gpu", "mokka_event", "mokka_state", "mokka_proc_slot",
-           "mokka_procs"]
+STRUCTS = ["mokka_nvlink", "mokka_gpu_process", "mokka_gpu", "mokka_event", "mokka_state", "mokka_proc_record"]
 
 
 def _python_layout() -> dict[str, int]:

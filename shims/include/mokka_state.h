@@ -29,32 +29,36 @@
  * so a wake between the check and the sleep is never lost. Each NVML event set
  * keeps its own cursor, so every set in every process sees each event once.
  *
- * Processes (struct mokka_procs): the CUDA shim, not the daemon, writes this
- * table, so it is the one place consumers write and it is kept out of the GPU
- * records. It is a memfd sealed against shrinking and growing, so no holder
- * can make a mapping of it fault. Every CUDA process gets a read-write
- * descriptor from the daemon on the unix socket <state path>.procs.sock (one
- * byte and the descriptor in SCM_RIGHTS, then the daemon closes the
- * connection) and refuses one without those seals. <state path>.procs.id holds
- * the memfd's "st_dev st_ino", so that a restarted daemon can adopt the table
- * from a process still holding it (/proc/<pid>/fd/<n>).
+ * Processes (struct mokka_proc_record): the one thing consumers write, and
+ * each process writes only its own. A process that takes its first context
+ * connects to the unix socket <state path>.procs.sock and keeps the
+ * connection for its life. The daemon identifies the caller by the kernel's
+ * word only (SO_PEERCRED pid and uid, a pidfd for liveness), makes a record
+ * for it (a memfd of exactly sizeof(struct mokka_proc_record), sealed against
+ * shrinking and growing, so no mapping of it can fault) and sends it to that
+ * caller alone in SCM_RIGHTS with one byte; nobody else ever gets a
+ * descriptor of it. One byte without a descriptor means "unaccounted" (the
+ * uid is at its cap of live records, MOKKA_PROCS_PER_UID): CUDA works on,
+ * counting the process's own memory. The shim refuses a record without the
+ * seals, of the wrong size or with the wrong header.
  *
- * A process claims a free slot s by first taking a POSIX write lock
- * (F_SETLK) on byte s of the table, then compare-and-swapping state 0 -> 1,
- * then filling pid, start time (/proc/self/stat field 22) and contexts, then
- * storing state 2 (live) and raising `high` to cover the slot. It holds the
- * lock, and the descriptor, for as long as it lives: the kernel drops the
- * lock when the process exits or is killed, which is how the daemon knows it
- * is gone, whatever pid namespace either of them is in. The owner keeps its
- * own per-GPU totals and stores them into mem[gpu][slot]; before each store
- * it checks that the slot still holds its pid and start time, and claims a
- * new one if not. The daemon, on its tick, asks F_GETLK for every slot that
- * is not free: an unlocked one is dead, and the daemon zeroes it, storing
- * state 0 last. The lock's l_pid is the owner's pid in the daemon's pid
- * namespace, which is the pid the daemon reports. The daemon folds the live
- * slots into the model, which publishes each GPU's processes and memory used
- * in its record. Counters are untrusted input: readers clamp each to the
- * GPU's memory and never let a sum wrap.
+ * The process stores its contexts mask and its per-GPU bytes into its
+ * record; the daemon folds every live record into the model (SetProcesses,
+ * published in the GPU records) on a ~100 ms tick, clamping each counter to
+ * the GPU's memory, and lists it under the peer pid (the daemon's pid
+ * namespace, so containers show node pids). The daemon writes `pid` (that
+ * listed pid) and `others[gpu]`: the bytes that count against this process
+ * on each GPU (its own uid's other processes and root's; claims of other
+ * users are listed but refuse nobody, since the simulator cannot tell a claim
+ * from an allocation). A process that scribbles on its record only lies about
+ * itself. When a process first takes a context on a GPU, or first has memory
+ * there, it writes one byte on its connection and waits (bounded, 200 ms) for
+ * the daemon's byte, which comes after the record was folded and published:
+ * NVML lists it at once. The record goes when the connection closes or the
+ * pidfd says the process exited. <state path>.procs.id lists "pid start_time
+ * dev ino" of each live record, so that a restarted daemon re-opens it
+ * through /proc/<pid>/fd (start time checked) and hands the same record back
+ * when the shim, having seen its connection close, reconnects.
  *
  * Restart: a daemon that finds a valid file of this version rewrites it in
  * place and continues `event_head`/`event_wake`, so consumers that hold the
@@ -82,8 +86,8 @@
 #define MOKKA_MAX_RETIRED 64
 #define MOKKA_MAX_GPU_PROCS 64
 #define MOKKA_PROCS_MAGIC 0x53434f5250414b4d
-#define MOKKA_PROCS_VERSION 3
-#define MOKKA_PROC_SLOTS 256
+#define MOKKA_PROCS_VERSION 4
+#define MOKKA_PROCS_PER_UID 64
 
 struct mokka_gpu_process {
     uint32_t pid;
@@ -239,23 +243,15 @@ struct mokka_state {
     struct mokka_gpu gpus[MOKKA_MAX_GPUS];
 };
 
-/* <state path>.procs: written by CUDA consumers, read and reaped by the daemon (see above). */
-struct mokka_proc_slot {
-    uint32_t state;            /* 0 free, 1 being claimed, 2 live */
-    uint32_t pid;
-    uint64_t start_time;       /* clock ticks after boot, /proc/<pid>/stat field 22 */
-    uint64_t contexts;         /* bit i: the process holds a context on GPU index i */
-};
-
-struct mokka_procs {
+/* One CUDA process's record (see above): written by that process, except `pid` and `others`. */
+struct mokka_proc_record {
     uint64_t magic;            /* MOKKA_PROCS_MAGIC */
-    uint32_t version;
-    uint32_t slot_count;       /* MOKKA_PROC_SLOTS */
-    uint64_t size;             /* sizeof(struct mokka_procs) */
-    uint32_t high;             /* slots [0, high) have ever been claimed */
-    uint32_t pad0;
-    struct mokka_proc_slot slot[MOKKA_PROC_SLOTS];
-    uint64_t mem[MOKKA_MAX_GPUS][MOKKA_PROC_SLOTS]; /* bytes allocated, by GPU index, then slot */
+    uint32_t version;          /* MOKKA_PROCS_VERSION */
+    uint32_t pid;              /* daemon: the pid the process is listed under */
+    uint64_t size;             /* sizeof(struct mokka_proc_record) */
+    uint64_t contexts;         /* bit i: the process holds a context on GPU index i */
+    uint64_t mem[MOKKA_MAX_GPUS];    /* bytes allocated, by GPU index */
+    uint64_t others[MOKKA_MAX_GPUS]; /* daemon: bytes that count against this process */
 };
 /* END CDEF */
 

@@ -5,13 +5,14 @@
  * other exported function.
  *
  * Memory is accounting only: cuMemAlloc hands out unique addresses from a per-GPU window and
- * adds the size to this process's slot in the process table (a sealed memfd from the daemon),
+ * adds the size to this process's own record (a sealed memfd the daemon made for it alone),
  * which the daemon folds into NVML's process lists and memory used. No host memory backs an
  * allocation.
  *
  * Host safety: no abort(), no unbounded waits; no state file is CUDA_ERROR_NO_DEVICE; errno is
- * restored around syscalls; the mappings, and the descriptor that holds our slot lock, live as
- * long as the process (no destructor unmaps anything).
+ * restored around syscalls; every wait on the daemon is bounded; the mappings, the record's
+ * descriptor and the daemon connection live as long as the process (no destructor unmaps
+ * anything).
  */
 #define _GNU_SOURCE
 #include "cuda_shim.h"
@@ -20,6 +21,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -44,10 +46,6 @@
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static const struct mokka_state *g_state;   /* read-only mapping; set once */
-static struct mokka_procs *g_procs;         /* read-write mapping, or NULL: no accounting */
-static int g_procs_fd = -1;                 /* its descriptor, which holds our slot's lock */
-static dev_t g_procs_dev;                   /* and what it was opened on, in case the program */
-static ino_t g_procs_ino;                   /* closes it and the number comes back as another file */
 static int g_initialized;                   /* cuInit succeeded */
 static int g_count;                         /* visible devices */
 static unsigned g_visible[MOKKA_MAX_GPUS];  /* CUdevice ordinal -> GPU index in the state */
@@ -115,10 +113,13 @@ static CUresult map_state(void)
     return CUDA_SUCCESS;
 }
 
-/* A read-write descriptor of the process table (a sealed memfd) from the daemon's socket; -1 if
-   the daemon does not answer within the timeouts. */
-static int procs_from_daemon(void)
+/* One byte from the daemon's socket and, unless the daemon declines to account for us (our uid
+   is at its cap), our record (a sealed memfd) in SCM_RIGHTS; -1 if the daemon does not answer
+   within the timeouts. *conn gets the connection, which we keep: the daemon answers our pings on
+   it. */
+static int procs_from_daemon(int *conn)
 {
+    *conn = -1;
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (snprintf(addr.sun_path, sizeof(addr.sun_path), "%s%s", state_path(), MOKKA_PROCS_SOCK_SUFFIX) >=
         (int)sizeof(addr.sun_path))
@@ -126,12 +127,12 @@ static int procs_from_daemon(void)
     int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (sock < 0)
         return -1;
-    struct timeval tv = {0, 250000}; /* connect, then receive: a wedged daemon costs cuInit 0.5 s */
+    struct timeval tv = {0, 250000}; /* connect, then receive: a wedged daemon costs 0.5 s once */
     setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     int fd = -1;
     if (connect(sock, (struct sockaddr *)&addr, sizeof(addr)) == 0) {
-        char byte;
+        char byte = 0;
         struct iovec iov = {&byte, 1};
         union {
             struct cmsghdr h;
@@ -160,43 +161,12 @@ static int procs_from_daemon(void)
         if (h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS && h->cmsg_len == CMSG_LEN(sizeof(int)))
             memcpy(&fd, CMSG_DATA(h), sizeof(fd));
     }
-    close(sock);
+    if (fd < 0) {
+        close(sock);
+        return -1;
+    }
+    *conn = sock;
     return fd;
-}
-
-/* The process table, from the daemon's socket; none, or one that is not sealed against resizing
-   (a mapping of a file someone can shrink could fault), only turns accounting off. Called on the
-   first context, not in cuInit, which stays off the daemon's round trip. g_acct_lock held.
-   The descriptor stays open: it carries this process's slot lock (mokka_state.h). */
-static void map_procs(void)
-{
-    if (g_procs)
-        return;
-    int fd = procs_from_daemon();
-    if (fd < 0)
-        return;
-    struct stat sb;
-    int seals = fcntl(fd, F_GET_SEALS);
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (size_t)sb.st_size != sizeof(struct mokka_procs) ||
-        seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
-        close(fd);
-        return;
-    }
-    void *m = mmap(NULL, sizeof(struct mokka_procs), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (m == MAP_FAILED) {
-        close(fd);
-        return;
-    }
-    struct mokka_procs *t = m;
-    if (t->magic != MOKKA_PROCS_MAGIC || t->version != MOKKA_PROCS_VERSION || t->size != sizeof(*t)) {
-        munmap(m, sizeof(*t));
-        close(fd);
-        return;
-    }
-    g_procs_fd = fd;
-    g_procs_dev = sb.st_dev;
-    g_procs_ino = sb.st_ino;
-    __atomic_store_n(&g_procs, t, __ATOMIC_RELEASE);
 }
 
 /* No destructor unmaps anything: at exit() other threads may still be inside a call, and
@@ -736,17 +706,23 @@ CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDe
     return CUDA_SUCCESS;
 }
 
-/* ---- the process table ----------------------------------------------------------------- */
+/* ---- this process's record --------------------------------------------------------------- */
 
 /* Everything below, and the allocation table further down, is guarded by g_acct_lock. The
-   process's own totals live here; its slot in the table only mirrors them, so a slot the daemon
-   took away (or a table it replaced) is claimed again with the right numbers. */
+   process's own totals live here; its record (mokka_state.h) only mirrors them, so a record
+   lost with the daemon is refilled from them. */
 static pthread_mutex_t g_acct_lock = PTHREAD_MUTEX_INITIALIZER;
-static int g_slot = -1;                     /* this process's slot, -1: none claimed yet */
-static int g_slot_failed;                   /* no table or no free slot: account locally */
-static unsigned g_since_failed;             /* accounting calls since; a full table is retried */
-static uint32_t g_pid;                      /* who we are in the slot: pid and start time */
-static uint64_t g_start;
+static struct mokka_proc_record *g_rec;     /* our record, mapped read-write; NULL: unaccounted */
+static int g_rec_fd = -1;                   /* kept open: a restarted daemon re-opens it here */
+static dev_t g_rec_dev;
+static ino_t g_rec_ino;
+static int g_conn = -1;                     /* our connection to the daemon, for pings */
+static dev_t g_conn_dev;                    /* what it was, in case the program closes it and */
+static ino_t g_conn_ino;                    /* the number comes back as another file */
+static int g_unaccounted;                   /* no daemon, or it declined: retried after a while */
+static unsigned g_since_check;              /* accounting calls since the connection was checked */
+static uint64_t g_told;                     /* GPUs the daemon has folded our context in for */
+static uint64_t g_told_mem;                 /* and our memory */
 static uint64_t g_mine[MOKKA_MAX_GPUS];     /* bytes this process has allocated, by GPU index */
 static unsigned g_ctx_refs[MOKKA_MAX_GPUS]; /* contexts per GPU index */
 
@@ -763,18 +739,34 @@ static uint64_t g_bump[MOKKA_MAX_GPUS];
 static unsigned g_primary_refs[MOKKA_MAX_GPUS]; /* guarded by g_lock */
 static __thread int t_depth;
 
+/* Is descriptor fd still what we opened (dev, ino)? One the program closed, or whose number now
+   names another file, must be neither used nor closed by us. */
+static int still_ours(int fd, dev_t dev, ino_t ino)
+{
+    struct stat sb;
+    return fd >= 0 && fstat(fd, &sb) == 0 && sb.st_dev == dev && sb.st_ino == ino;
+}
+
 static void after_fork_child(void)
 {
-    /* The child is another process with no contexts: it inherits no lock (POSIX locks belong
-       to a process), and claims its own slot on its first context. The parent's allocation
-       table is left behind, not freed: a thread may have been resizing it at fork time. */
+    /* The child is another process with no contexts: the parent's record and connection are the
+       parent's (the daemon knows the parent by them), so the child lets go of both and gets its
+       own on its first context. The child has one thread, so unmapping is safe here. The
+       parent's allocation table is left behind, not freed: a thread may have been resizing it
+       at fork time. */
     pthread_mutex_init(&g_lock, NULL);
     pthread_mutex_init(&g_acct_lock, NULL);
-    g_slot = -1;
-    g_slot_failed = 0;
-    g_since_failed = 0;
-    g_pid = 0;
-    g_start = 0;
+    if (g_rec)
+        munmap(g_rec, sizeof(*g_rec));
+    g_rec = NULL;
+    if (still_ours(g_rec_fd, g_rec_dev, g_rec_ino)) /* not a number the program reused */
+        close(g_rec_fd);
+    if (still_ours(g_conn, g_conn_dev, g_conn_ino))
+        close(g_conn);
+    g_rec_fd = g_conn = -1;
+    g_unaccounted = 0;
+    g_since_check = 0;
+    g_told = g_told_mem = 0;
     memset(g_mine, 0, sizeof(g_mine));
     memset(g_ctx_refs, 0, sizeof(g_ctx_refs));
     memset(g_primary_refs, 0, sizeof(g_primary_refs));
@@ -786,35 +778,6 @@ static void after_fork_child(void)
 
 __attribute__((constructor)) static void register_fork(void) { pthread_atfork(NULL, NULL, after_fork_child); }
 
-static uint64_t self_start_time(void)
-{
-    char buf[1024];
-    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')');
-    if (!p)
-        return 0;
-    p += 2; /* field 3, the state */
-    for (int field = 3; field < 22 && p; field++) {
-        p = strchr(p, ' ');
-        if (p)
-            p++;
-    }
-    return p ? strtoull(p, NULL, 10) : 0;
-}
-
-static int slot_lock(int s, short type)
-{
-    struct flock l = {.l_type = type, .l_whence = SEEK_SET, .l_start = s, .l_len = 1};
-    return fcntl(g_procs_fd, F_SETLK, &l);
-}
-
 static uint64_t ctx_mask(void)
 {
     uint64_t m = 0;
@@ -824,106 +787,167 @@ static uint64_t ctx_mask(void)
     return m;
 }
 
-/* Is g_procs_fd still the table? A descriptor the program closed, or whose number now names
-   another file, must not take or drop our locks. */
-static int procs_fd_ok(void)
+static void drop_conn(void)
 {
-    struct stat sb;
-    return fstat(g_procs_fd, &sb) == 0 && sb.st_dev == g_procs_dev && sb.st_ino == g_procs_ino;
+    if (still_ours(g_conn, g_conn_dev, g_conn_ino))
+        close(g_conn);
+    g_conn = -1;
 }
 
-/* Claim a slot: lock its byte, then take it, then fill it from our own totals. */
+/* Connect and take the record the daemon gives (our own again after a daemon restart, or a
+   fresh one); a record without the seals, of another size or header is refused, which only
+   turns accounting off. A new record is filled from our totals. Called on the first context,
+   not in cuInit, which stays off the daemon's round trip. */
+static void map_procs(void)
+{
+    drop_conn();
+    int conn, fd = procs_from_daemon(&conn);
+    if (fd < 0) {
+        g_unaccounted = 1;
+        return;
+    }
+    struct stat sb, cb;
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (fstat(conn, &cb) != 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) ||
+        (size_t)sb.st_size != sizeof(struct mokka_proc_record) || seals < 0 ||
+        (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+        goto refuse;
+    g_conn = conn;
+    g_conn_dev = cb.st_dev;
+    g_conn_ino = cb.st_ino;
+    if (g_rec && sb.st_dev == g_rec_dev && sb.st_ino == g_rec_ino) { /* the daemon kept ours */
+        close(fd);
+        return;
+    }
+    void *m = mmap(NULL, sizeof(struct mokka_proc_record), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        g_conn = -1;
+        goto refuse;
+    }
+    struct mokka_proc_record *r = m;
+    if (r->magic != MOKKA_PROCS_MAGIC || r->version != MOKKA_PROCS_VERSION || r->size != sizeof(*r)) {
+        munmap(m, sizeof(*r));
+        g_conn = -1;
+        goto refuse;
+    }
+    __atomic_store_n(&r->contexts, ctx_mask(), __ATOMIC_RELAXED);
+    for (int gi = 0; gi < MOKKA_MAX_GPUS; gi++)
+        __atomic_store_n(&r->mem[gi], g_mine[gi], __ATOMIC_RELAXED);
+    if (g_rec) /* only ever touched under g_acct_lock, which we hold */
+        munmap(g_rec, sizeof(*g_rec));
+    if (g_rec_fd >= 0 && still_ours(g_rec_fd, g_rec_dev, g_rec_ino))
+        close(g_rec_fd);
+    g_rec = r;
+    g_rec_fd = fd;
+    g_rec_dev = sb.st_dev;
+    g_rec_ino = sb.st_ino;
+    g_told = g_told_mem = 0; /* a new daemon, or a new record: tell it again */
+    return;
+refuse:
+    close(fd);
+    close(conn);
+    g_unaccounted = 1;
+}
+
+/* Take our record, once (retried after a while when there was none: sync_slot). */
 static void claim_slot(void)
 {
-    if (g_slot >= 0 || g_slot_failed)
-        return;
-    if (!LOAD(&g_procs))
+    if (!g_rec && !g_unaccounted)
         map_procs();
-    struct mokka_procs *t = LOAD(&g_procs);
-    if (!t) {
-        g_slot_failed = 1; /* no daemon: tried again after a while (sync_slot) */
-        return;
-    }
-    if (!g_pid) {
-        g_pid = (uint32_t)getpid();
-        g_start = self_start_time();
-    }
-    if (!procs_fd_ok()) {
-        g_slot_failed = 1;
-        return;
-    }
-    for (int s = 0; s < MOKKA_PROC_SLOTS; s++) {
-        uint32_t expect = 0;
-        if (LOAD(&t->slot[s].state) != 0 || slot_lock(s, F_WRLCK) != 0)
-            continue;
-        if (!__atomic_compare_exchange_n(&t->slot[s].state, &expect, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
-            slot_lock(s, F_UNLCK); /* a dead owner's slot the daemon has not freed yet */
-            continue;
-        }
-        __atomic_store_n(&t->slot[s].pid, g_pid, __ATOMIC_RELAXED);
-        __atomic_store_n(&t->slot[s].start_time, g_start, __ATOMIC_RELAXED);
-        __atomic_store_n(&t->slot[s].contexts, ctx_mask(), __ATOMIC_RELAXED);
-        for (int gi = 0; gi < MOKKA_MAX_GPUS; gi++)
-            __atomic_store_n(&t->mem[gi][s], g_mine[gi], __ATOMIC_RELAXED);
-        __atomic_store_n(&t->slot[s].state, 2, __ATOMIC_RELEASE);
-        uint32_t high = LOAD(&t->high);
-        while (high < (uint32_t)s + 1 &&
-               !__atomic_compare_exchange_n(&t->high, &high, (uint32_t)s + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-            ;
-        g_slot = s;
-        return;
-    }
-    g_slot_failed = 1; /* a full table: this process is not listed, its memory is not shared */
 }
 
-/* Make sure the slot we write is still ours (the daemon frees a slot whose lock is gone, e.g.
-   when the program closed our descriptor), claiming a new one if not. */
+/* Is the daemon still at the other end? A closed connection (the daemon restarted, or the program
+   closed our descriptor) is made again, which gives back our record or a new one. Checked once
+   every 4096 calls, so the allocation fast path stays a few stores. */
 static void sync_slot(void)
 {
-    int saved = errno;
-    if (g_slot >= 0) {
-        struct mokka_proc_slot *sl = &g_procs->slot[g_slot];
-        if (LOAD(&sl->state) != 2 || LOAD(&sl->pid) != g_pid || LOAD(&sl->start_time) != g_start) {
-            if (procs_fd_ok())
-                slot_lock(g_slot, F_UNLCK);
-            g_slot = -1;
-            g_slot_failed = 0;
-        }
+    if (++g_since_check < 4096) {
+        claim_slot();
+        return;
     }
-    if (g_slot_failed && ++g_since_failed >= 4096) { /* a daemon may be up, slots may be free */
-        g_slot_failed = 0;
-        g_since_failed = 0;
+    int saved = errno;
+    g_since_check = 0;
+    if (g_unaccounted) {
+        g_unaccounted = 0; /* a daemon may be up, its cap may have room */
+    } else if (g_rec) {
+        struct pollfd p = {.fd = g_conn, .events = POLLIN};
+        char c;
+        if (!still_ours(g_conn, g_conn_dev, g_conn_ino) ||
+            (poll(&p, 1, 0) == 1 && ((p.revents & (POLLHUP | POLLERR)) || recv(g_conn, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)))
+            map_procs();
     }
     claim_slot();
     errno = saved;
 }
 
-/* Mirror our total on GPU index gi into the slot. Sequentially consistent, so that a store
-   followed by reading the others (alloc) cannot miss a racing process's store. */
-static void publish_mem(unsigned gi)
+/* Ask the daemon to fold our record into what NVML shows, and wait (bounded) until it has; a
+   daemon that does not answer in time costs this call 200 ms and nothing else. A connection
+   found closed is made again once. */
+static void tell_daemon(void)
 {
-    if (g_slot >= 0)
-        __atomic_store_n(&g_procs->mem[gi][g_slot], LOAD(&g_mine[gi]), __ATOMIC_SEQ_CST);
+    int saved = errno;
+    for (int attempt = 0; attempt < 2 && g_rec; attempt++) {
+        if (!still_ours(g_conn, g_conn_dev, g_conn_ino)) {
+            map_procs();
+            continue;
+        }
+        char buf[64];
+        while (recv(g_conn, buf, sizeof(buf), MSG_DONTWAIT) > 0) /* late answers to earlier pings */
+            ;
+        if (send(g_conn, "?", 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+            map_procs();
+            continue;
+        }
+        struct timespec now, end;
+        clock_gettime(CLOCK_MONOTONIC, &end);
+        end.tv_nsec += 200000000L;
+        if (end.tv_nsec >= 1000000000L) {
+            end.tv_sec++;
+            end.tv_nsec -= 1000000000L;
+        }
+        for (;;) {
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            long left_ms = (long)(end.tv_sec - now.tv_sec) * 1000L + (end.tv_nsec - now.tv_nsec) / 1000000L;
+            struct pollfd p = {.fd = g_conn, .events = POLLIN};
+            int n = left_ms > 0 ? poll(&p, 1, (int)left_ms) : 0;
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0) { /* no answer in time: go on, listed at the daemon's next tick */
+                errno = saved;
+                return;
+            }
+            break;
+        }
+        if (recv(g_conn, buf, 1, MSG_DONTWAIT) == 1) {
+            errno = saved;
+            return;
+        }
+        map_procs(); /* closed: the daemon restarted */
+    }
+    errno = saved;
 }
 
-/* Bytes the other listed processes hold on GPU index gi. Their counters are untrusted: each,
-   and the sum, is clamped to the GPU's memory, so garbage cannot wrap the sum to "free". */
+/* Mirror our total on GPU index gi into the record; the first time we have memory there, have
+   the daemon list it at once. */
+static void publish_mem(unsigned gi)
+{
+    if (!g_rec)
+        return;
+    __atomic_store_n(&g_rec->mem[gi], LOAD(&g_mine[gi]), __ATOMIC_RELAXED);
+    if (g_mine[gi] && !(g_told_mem >> gi & 1)) {
+        g_told_mem |= 1ull << gi;
+        tell_daemon();
+    }
+}
+
+/* Bytes that count against us on GPU index gi, as the daemon last told our record: our uid's
+   other processes' and root's. Clamped: it is the record, and we may have scribbled on it. */
 static uint64_t others_used(unsigned gi, uint64_t cap)
 {
-    struct mokka_procs *t = LOAD(&g_procs);
-    uint64_t sum = 0;
-    if (!t)
+    if (!g_rec)
         return 0;
-    uint32_t high = LOAD(&t->high);
-    if (high > MOKKA_PROC_SLOTS)
-        high = MOKKA_PROC_SLOTS;
-    for (uint32_t s = 0; s < high && sum < cap; s++) {
-        if ((int)s == g_slot || __atomic_load_n(&t->slot[s].state, __ATOMIC_SEQ_CST) != 2)
-            continue;
-        uint64_t v = __atomic_load_n(&t->mem[gi][s], __ATOMIC_SEQ_CST);
-        sum += v < cap - sum ? v : cap - sum;
-    }
-    return sum;
+    uint64_t v = __atomic_load_n(&g_rec->others[gi], __ATOMIC_RELAXED);
+    return v < cap ? v : cap;
 }
 
 /* Usable memory and what the pin (if any) says is used. */
@@ -947,8 +971,13 @@ static void context_ref(unsigned gi, int delta)
     if (delta > 0 || g_ctx_refs[gi] > 0) {
         g_ctx_refs[gi] += (unsigned)delta;
         sync_slot();
-        if (g_slot >= 0)
-            __atomic_store_n(&g_procs->slot[g_slot].contexts, ctx_mask(), __ATOMIC_RELEASE);
+        if (g_rec) {
+            __atomic_store_n(&g_rec->contexts, ctx_mask(), __ATOMIC_RELAXED);
+            if (g_ctx_refs[gi] && !(g_told >> gi & 1)) { /* a first context here: listed at once */
+                g_told |= 1ull << gi;
+                tell_daemon();
+            }
+        }
     }
     pthread_mutex_unlock(&g_acct_lock);
 }
@@ -1408,11 +1437,9 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     uint64_t size = ((uint64_t)bytesize + ALIGN - 1) & ~(ALIGN - 1);
     pthread_mutex_lock(&g_acct_lock);
     sync_slot();
-    /* Publish first, then read the others: two processes racing for the last bytes may both
-       fail, but never both succeed. */
+    /* What counts against us is what the daemon last folded (at most a tick old): two processes
+       racing for the last bytes may both succeed, as they could not on a real GPU. */
     uint64_t before = g_mine[gi];
-    __atomic_store_n(&g_mine[gi], before + size, __ATOMIC_RELAXED);
-    publish_mem(gi);
     uint64_t prior = others_used(gi, total);
     prior = before < total - prior ? prior + before : total;
     CUdeviceptr p = 0;
@@ -1421,8 +1448,8 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         if (p && !table_insert((struct alloc){p, size, gi, c}))
             p = 0;
     }
-    if (!p) {
-        __atomic_store_n(&g_mine[gi], before, __ATOMIC_RELAXED);
+    if (p) {
+        __atomic_store_n(&g_mine[gi], before + size, __ATOMIC_RELAXED);
         publish_mem(gi);
     }
     pthread_mutex_unlock(&g_acct_lock);
@@ -1511,7 +1538,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     uint64_t total, usable, pinned;
     memory_limits(gi, &total, &usable, &pinned);
     pthread_mutex_lock(&g_acct_lock);
-    sync_slot(); /* others_used skips g_slot, which must still be ours */
+    sync_slot();
     uint64_t used = others_used(gi, total), mine = LOAD(&g_mine[gi]);
     pthread_mutex_unlock(&g_acct_lock);
     used = mine < total - used ? used + mine : total;
