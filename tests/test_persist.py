@@ -257,3 +257,14 @@ def test_mokka_mount_refuses_a_corrupt_state_with_one_line(node_factory, tmp_pat
     text = out.stdout + out.stderr
     assert "Traceback" not in text and "gpu1.json" in text and "pins.clocks" in text
     assert len(text.strip().splitlines()) == 1 and len(text) < 600
+
+
+def test_big_writes_through_a_mount_leave_a_state_that_mounts_again(node_factory):
+    node = node_factory(gpus=2)
+    for _ in range(300):
+        assert node.write("gpu0/inject_ecc", b"sbe 1000000\n") == 0
+        assert node.write("gpu0/nvlink", b"1 errors 1000000\n") == 0
+    node.umount()
+    again = node.mount()
+    assert again.returncode == 0
+    assert "300000000" in node.read("gpu0/inject_ecc")
