@@ -33,6 +33,9 @@ class Controller:
         now = self.clock()
         seq = self.node.log_seq
         notes = self.node.apply(event, now)
+        for name in self.node.saturated:
+            # Once per counter: it stays at its maximum until a reset clears it.
+            log.warning("%s saturated at its maximum; later errors are not counted", name)
         new_entries = self.node.log_since(seq)
         # Subscribers first: a blocked nvmlEventSetWait wakes as soon as the event is in the
         # shared state; the write that caused it still returns only once it is persisted.

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from mokkafs.kmsg import KmsgWriter
 from mokkafs.mirror import Mirror, mirror_path
 from mokkafs.paths import DEAD_MOUNT_ERRNOS, DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, is_mounted, pid_file
 from mokkafs.model import Node, compose
-from mokkafs.persist import StateDir
+from mokkafs.persist import StateDir, StateError, check_state_dir
 from mokkafs.profiles import load_profile
 from mokkafs.proctable import ProcessTable, procs_path
 from mokkafs.publisher import Publisher, state_path
@@ -106,8 +107,15 @@ def _mount_options(opts: Options) -> set[str]:
 def state_lock(state_dir: str):
     """One daemon per state directory: a second one would publish into the same state file,
     reap the same process table and take over its socket. Held for the daemon's life."""
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(state_dir) / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    check_state_dir(Path(state_dir))
+    lock = Path(state_dir) / "daemon.lock"
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise StateError(f"{lock}: cannot open ({e.strerror}); a symlink here is refused") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StateError(f"{lock}: not a regular file")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

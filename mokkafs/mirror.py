@@ -62,6 +62,19 @@ def render(tree: Tree, ctx: Ctx, tops: tuple[str, ...] = TREES) -> dict[str, Ite
     return out
 
 
+def _remove_path(path: Path) -> None:
+    """Remove whatever is at `path` without following a link there: a symlink is unlinked, its
+    target untouched; rmtree does not descend into links below a real directory."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
 class Mirror:
     def __init__(self, tree: Tree, path: Path, clock: Callable[[], float]) -> None:
         self.tree = tree
@@ -94,8 +107,7 @@ class Mirror:
     def _clear(self) -> None:
         self._items, self._rendered_state, self._ready = {}, None, False
         for leftover in (self.path, self.path.with_name(self.path.name + ".new")):
-            if leftover.exists():
-                shutil.rmtree(leftover)
+            _remove_path(leftover)
 
     def _write_all(self, base: Path, items: dict[str, Item]) -> None:
         base.mkdir(parents=True)
@@ -127,14 +139,7 @@ class Mirror:
         self._rendered_state = state
 
     def _remove(self, rel: str, item: Item) -> None:
-        target = self.path / rel
-        try:
-            if item[0] == "d":
-                shutil.rmtree(target)
-            else:
-                target.unlink()
-        except FileNotFoundError:
-            pass  # went with a directory removed before it
+        _remove_path(self.path / rel)  # may have gone with a directory removed before it
 
     def _write(self, rel: str, item: Item, replace: bool) -> None:
         target = self.path / rel
@@ -146,8 +151,9 @@ class Mirror:
                 os.mkdir(target, item[1])
             return
         tmp = target.with_name(f".{target.name}.mokka-tmp")
+        _remove_path(tmp)  # a stale one is removed, never written through
         if kind == "f":
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, item[1])
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, item[1])
             try:
                 os.write(fd, item[2])
             finally:

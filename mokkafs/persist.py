@@ -11,31 +11,123 @@ process crash is covered, a power cut may lose the last changes.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
+import re
+import stat
 from pathlib import Path
 
-from mokkafs.model.node import LOG_LIMIT, LogEntry, Node
+from mokkafs.model.node import LOG_LIMIT, LogEntry, Node, RestoreError
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+
+# Caps on what a state file may hold, checked before reading: a node's record is a few KiB;
+# the event log is at most 2 * LOG_LIMIT model-written lines (under 1 KiB each).
+MAX_RECORD_BYTES = 1 << 20
+MAX_LOG_BYTES = 2 * LOG_LIMIT * 1024
+MAX_MESSAGE = 300  # a StateError is one line of at most this many characters (plus the path)
+
+# Opened this way, a symlink in place of a state file fails (ELOOP) instead of leading the
+# daemon, as root, elsewhere, and a FIFO opens at once instead of blocking the start.
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CREATING = ".creating"  # present while a fresh state directory is being written
+_STATE_FILES = re.compile(r"gpu[0-9]+\.json|hcas\.json|events\.log")
 
 
 class StateError(Exception):
     """A state directory that cannot be used; the message says which file and why."""
 
 
+def _one_line(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+
+
+def _refuse(path: Path, problem: str) -> StateError:
+    return StateError(
+        f"{path}: {_one_line(problem)}; fix or remove the state directory to start a fresh node"
+    )
+
+
+def check_state_dir(path: Path) -> None:
+    """The state directory's rule: its last component is a real directory (not a symlink),
+    owned by this user and writable by no one else; whoever could write into it could swap a
+    state file under a daemon running as root. Created (0755) if absent."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o755)
+    except FileExistsError:
+        pass  # a symlink or a file: refused below
+    except OSError as e:
+        raise StateError(f"{path}: cannot create state directory: {e.strerror}") from None
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise StateError(f"{path}: the state directory is a symbolic link; give its target instead")
+    if not stat.S_ISDIR(st.st_mode):
+        raise StateError(f"{path}: the state directory is not a directory")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise StateError(f"{path}: the state directory must be owned by uid {os.geteuid()} and writable only by it")
+
+
+def read_regular(path: Path, cap: int) -> bytes:
+    """The contents of `path`, a regular file of at most `cap` bytes, or StateError."""
+    try:
+        fd = os.open(path, _READ)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _refuse(path, "is a symbolic link, not a state file") from None
+        raise _refuse(path, f"unreadable ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, "is not a regular file")
+        if st.st_size > cap:
+            raise _refuse(path, f"is {st.st_size} bytes, more than the {cap} a state file may hold")
+        chunks, left = [], cap + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > cap:  # grew while read
+            raise _refuse(path, f"is more than the {cap} bytes a state file may hold")
+        return data
+    finally:
+        os.close(fd)
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    # A stale tmp (a crash mid-write, or a link someone planted) is removed, never written
+    # through: O_EXCL|O_NOFOLLOW creates a new file or fails.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)  # rename replaces a symlink at `path`, never its target
 
 
 def _log_line(entry: LogEntry) -> bytes:
     return json.dumps([entry.time, entry.gpu, entry.text]).encode() + b"\n"
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not a number a state file may hold")
+
+
+def _parse_json(data: bytes):
+    return json.loads(data, parse_constant=_no_constants)
 
 
 class StateDir:
@@ -45,65 +137,89 @@ class StateDir:
 
     def _load_json(self, name: str) -> object:
         path = self.path / name
+        data = read_regular(path, MAX_RECORD_BYTES)
         try:
-            return json.loads(path.read_bytes())
-        except (OSError, ValueError) as e:
-            raise StateError(
-                f"{path}: unreadable state ({e}); fix or remove the state directory to start a fresh node"
-            ) from None
+            return _parse_json(data)
+        except (ValueError, RecursionError) as e:
+            raise _refuse(path, f"unreadable state ({e})") from None
+
+    def _exists(self, name: str) -> bool:
+        return os.path.lexists(self.path / name)
 
     def open(self, node: Node) -> bool:
         """Create the directory for `node`, or restore `node` from it. True if restored."""
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise StateError(f"{self.path}: cannot create state directory: {e.strerror}") from None
+        check_state_dir(self.path)
         meta_path = self.path / "node.json"
         meta = {"format": FORMAT_VERSION, "node": node.config.key}
-        if not meta_path.exists():
-            for i in range(len(node.gpus)):
-                self.save_gpu(node, i)
-            self.save_hcas(node)
-            _write_atomic(meta_path, json.dumps(meta).encode())
-            (self.path / "events.log").write_bytes(b"")
+        if not self._exists("node.json"):
+            if not self._exists(_CREATING):
+                found = sorted(n for n in os.listdir(self.path) if _STATE_FILES.fullmatch(n))
+                if found:
+                    # A fresh node here would overwrite them; node.json says whose they are.
+                    raise _refuse(meta_path, f"missing beside {', '.join(found[:4])}")
+            self._create(node, meta)
             return False
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path / _CREATING)  # a crash after node.json: creation was complete
         saved = self._load_json("node.json")
         if saved != meta:
             raise StateError(
-                f"{meta_path}: this state directory holds node {saved}, not {meta}; "
+                f"{meta_path}: this state directory holds node {_one_line(str(saved))}, not {meta}; "
                 "use another --state-dir or remove this one"
             )
         gpus = [self._load_json(f"gpu{i}.json") for i in range(len(node.gpus))]
-        entries = self._load_log()
-        hcas = self._load_json("hcas.json") if (self.path / "hcas.json").exists() else None
+        entries = self._load_log(node)
+        hcas = self._load_json("hcas.json") if self._exists("hcas.json") else None
         try:
             node.restore(gpus, entries)
-        except ValueError as e:
-            raise StateError(f"{self.path}: saved GPU state is invalid: {e}") from None
-        if hcas is not None:
-            try:
+            if hcas is not None:
                 node.restore_hcas(hcas)
-            except (ValueError, TypeError) as e:
-                raise StateError(f"{self.path / 'hcas.json'}: saved HCA state is invalid: {e}") from None
+        except RestoreError as e:
+            name = {"gpu": f"gpu{e.index}.json", "hca": "hcas.json", "log": "events.log"}[e.part]
+            where = {"gpu": "", "hca": f"HCA {e.index}: ", "log": f"line {e.index}: "}[e.part]
+            raise _refuse(self.path / name, f"{where}{e}") from None
+        except (ValueError, TypeError) as e:
+            raise _refuse(self.path / ("hcas.json" if hcas is not None else "node.json"), str(e)) from None
         return True
 
-    def _load_log(self) -> list[LogEntry]:
+    def _create(self, node: Node, meta: dict) -> None:
+        """A fresh node's files. `.creating` marks the files as not yet a state directory, so
+        a daemon killed before node.json is written leaves something the next start redoes."""
+        _write_atomic(self.path / _CREATING, b"")
+        for i in range(len(node.gpus)):
+            self.save_gpu(node, i)
+        self.save_hcas(node)
+        _write_atomic(self.path / "events.log", b"")
+        _write_atomic(self.path / "node.json", json.dumps(meta).encode())
+        os.unlink(self.path / _CREATING)
+
+    def _load_log(self, node: Node) -> list[LogEntry]:
+        """The saved log. A last line without its newline is one a crash cut short: skipped with
+        a warning, and the file rewritten without it. Any complete line that is not what the
+        daemon writes refuses the directory: it was changed by something else."""
         path = self.path / "events.log"
+        if not self._exists("events.log"):
+            return []
+        data = read_regular(path, MAX_LOG_BYTES)
+        lines = data.split(b"\n")
+        torn = lines.pop()  # b"" when the file ends with a newline
         entries: list[LogEntry] = []
-        try:
-            lines = path.read_bytes().splitlines()
-        except FileNotFoundError:
-            return entries
-        except OSError as e:
-            raise StateError(f"{path}: unreadable event log: {e.strerror}") from None
-        for n, line in enumerate(lines[-LOG_LIMIT:], 1):
+        first = max(0, len(lines) - LOG_LIMIT)
+        for n, line in enumerate(lines[first:], first + 1):
             try:
-                t, gpu, text = json.loads(line)
-                entries.append(LogEntry(float(t), None if gpu is None else int(gpu), str(text)))
-            except (ValueError, TypeError):
-                # A line cut short by a crash mid-append: the log is history, the rest stands.
-                log.warning("%s: skipping unreadable event-log line %d", path, n)
+                t, gpu, text = _parse_json(line)
+                if not isinstance(t, (int, float)) or isinstance(t, bool):
+                    raise ValueError("time: not a number")
+                entry = LogEntry(float(t), gpu, text)
+                node.check_log_entry(entry)
+            except (ValueError, TypeError, RecursionError) as e:
+                raise _refuse(path, f"line {n}: {e}") from None
+            entries.append(entry)
         self._log_lines = len(lines)
+        if torn:
+            log.warning("%s: skipping unreadable event-log line %d, cut short by a crash", path, len(lines) + 1)
+            _write_atomic(path, b"".join(map(_log_line, entries)))
+            self._log_lines = len(entries)
         return entries
 
     def save_gpu(self, node: Node, i: int) -> None:
@@ -116,8 +232,20 @@ class StateDir:
         if not entries:
             return
         data = b"".join(map(_log_line, entries))
-        with open(self.path / "events.log", "ab") as f:
-            f.write(data)
+        # Never through a link; a FIFO or device fails here (ENXIO) or at the check below.
+        fd = os.open(
+            self.path / "events.log",
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            0o644,
+        )
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, f"{self.path / 'events.log'} is not a regular file")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
         self._log_lines += len(entries)
         if self._log_lines > 2 * LOG_LIMIT:
             _write_atomic(self.path / "events.log", b"".join(map(_log_line, node.log)))

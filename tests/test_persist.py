@@ -104,3 +104,167 @@ def test_the_event_log_is_bounded_on_disk(tmp_path, monkeypatch):
     lines = (tmp_path / "state" / "events.log").read_bytes().splitlines()
     assert len(lines) <= 20
     assert json.loads(lines[-1])[2] == node.log[-1].text
+
+
+# --- issue 12: counters saturate, restore validates, no links followed -------------------------
+
+import os
+import subprocess
+import sys
+
+from mokkafs.model.events import IbPortCommand
+from mokkafs.model.node import COUNTER_BITS, counter_max
+
+
+def test_ten_thousand_big_ecc_writes_saturate_and_restore(tmp_path, expect_log):
+    expect_log(r"saturated at its maximum")
+    node, state, _ = make(tmp_path)
+    ctl = Controller(node, state, clock=lambda: T0)
+    for _ in range(10_000):
+        ctl.apply(InjectEcc(0, "sbe", 1_000_000))
+        ctl.apply(NvLinkCommand(1, 2, "errors", 1_000_000))
+    for _ in range(300):
+        ctl.apply(IbPortCommand(None, 0, 1, "errors", "symbol_error", 1_000_000))
+    again, _, restored = make(tmp_path)
+    assert restored
+    assert again.gpus[0].ecc["aggregate.corrected.dram"] == 10_000 * 1_000_000  # under 2^64
+    assert again.hcas[0].counters["symbol_error"] == counter_max("ib.symbol_error") == 0xFFFF
+
+
+def test_a_saturated_counter_is_logged_once(tmp_path, caplog, expect_log):
+    expect_log(r"saturated at its maximum")
+    node, state, _ = make(tmp_path)
+    ctl = Controller(node, state, clock=lambda: T0)
+    for _ in range(500):
+        ctl.apply(IbPortCommand(None, 0, 1, "errors", "link_downed", 1))
+    lines = [r for r in caplog.records if "saturated" in r.getMessage()]
+    assert len(lines) == 1 and "link_downed" in lines[0].getMessage()
+    assert node.hcas[0].counters["link_downed"] == 255
+    again, _, _ = make(tmp_path)
+    assert again.hcas[0].counters["link_downed"] == 255
+
+
+def test_counter_widths_fit_the_shared_state_fields():
+    from mokkafs.publisher import make_ffi
+
+    ffi = make_ffi()
+    gpu = ffi.new("struct mokka_gpu *")
+    for field, family in [("pcie_replay", "pcie_replay"), ("retired_sbe", "retired_pages"), ("remapped_unc", "remapped_rows")]:
+        assert ffi.sizeof(ffi.typeof(getattr(gpu, field))) * 8 >= COUNTER_BITS[family] if not isinstance(getattr(gpu, field), int) else True
+        setattr(gpu, field, counter_max(family))  # cffi raises OverflowError if it does not fit
+    gpu.ecc[0][0][0] = counter_max("ecc")
+
+
+def _gpu1(**changes):
+    base = {"t0": T0, "temp0": 29.0}
+    base.update(changes)
+    return json.dumps(base).encode()
+
+
+@pytest.mark.parametrize(
+    "name,content,words",
+    [
+        ("gpu1.json", _gpu1(last_xid=79, last_xid_time=float("nan")).replace(b"NaN", b"NaN"), "NaN"),
+        ("gpu1.json", _gpu1(last_xid=79, last_xid_time=1e300), "last_xid_time"),
+        ("gpu1.json", _gpu1(t0=float("inf")).replace(b"Infinity", b"Infinity"), "Infinity"),
+        ("gpu1.json", _gpu1(power_limit_w=1.0), "power_limit_w"),
+        ("gpu1.json", _gpu1(pins={"clocks": [0, 0]}), "pins.clocks"),
+        ("gpu1.json", _gpu1(pcie_replay="5"), "pcie_replay"),
+        ("gpu1.json", _gpu1(lost=1), "lost"),
+        ("gpu1.json", _gpu1(retired_sbe=1 << 32), "retired_sbe"),
+        ("gpu1.json", b'"' + b"x" * (50 << 20) + b'"', "bytes"),
+        ("hcas.json", json.dumps([{"counters": {"symbol_error": -1}}] * 8).encode(), "symbol_error"),
+        ("hcas.json", json.dumps([{"counters": {"symbol_error": 1 << 70}}] * 8).encode(), "symbol_error"),
+        ("events.log", b'[NaN, 0, "x"]\n', "line 1"),
+        ("events.log", b'[1e300, 0, "x"]\n', "line 1"),
+        ("events.log", b'[1800000000.0, 99, "x"]\n', "line 1"),
+        ("events.log", b"garbage\n", "line 1"),
+    ],
+)
+def test_restore_refuses_what_no_event_could_make(tmp_path, name, content, words):
+    make(tmp_path)
+    (tmp_path / "state" / name).write_bytes(content)
+    with pytest.raises(StateError) as err:
+        make(tmp_path)
+    msg = str(err.value)
+    assert name in msg and words in msg and "\n" not in msg and len(msg) < 500, msg
+
+
+def test_a_missing_node_json_beside_gpu_files_is_refused(tmp_path):
+    make(tmp_path)
+    (tmp_path / "state" / "node.json").unlink()
+    before = (tmp_path / "state" / "gpu0.json").read_bytes()
+    with pytest.raises(StateError, match="node.json: missing beside events.log, gpu0.json"):
+        make(tmp_path)
+    assert (tmp_path / "state" / "gpu0.json").read_bytes() == before
+
+
+def test_an_interrupted_first_start_is_redone(tmp_path):
+    make(tmp_path)
+    (tmp_path / "state" / "node.json").unlink()
+    (tmp_path / "state" / ".creating").write_bytes(b"")
+    _, _, restored = make(tmp_path)
+    assert not restored and not (tmp_path / "state" / ".creating").exists()
+
+
+@pytest.mark.parametrize("name", ["gpu1.json", "events.log", "hcas.json", "node.json"])
+def test_a_symlink_or_fifo_state_file_is_refused_at_once(tmp_path, name):
+    make(tmp_path)
+    target = tmp_path / "passwd-copy"
+    target.write_bytes(b"root:x:0:0\n")
+    path = tmp_path / "state" / name
+    path.unlink()
+    path.symlink_to(target)
+    with pytest.raises(StateError, match="symbolic link"):
+        make(tmp_path)
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(StateError, match="not a regular file"):
+        make(tmp_path)  # no hang: O_NONBLOCK
+    assert target.read_bytes() == b"root:x:0:0\n"
+
+
+def test_an_event_log_symlink_is_never_appended_to(tmp_path):
+    node, state, _ = make(tmp_path)
+    target = tmp_path / "passwd-copy"
+    target.write_bytes(b"root:x:0:0\n")
+    (tmp_path / "state" / "events.log").unlink()
+    (tmp_path / "state" / "events.log").symlink_to(target)
+    with pytest.raises(OSError):
+        Controller(node, state, clock=lambda: T0).apply(InjectXid(0, 13))
+    assert target.read_bytes() == b"root:x:0:0\n"
+
+
+def test_a_symlinked_state_dir_is_refused(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "state").symlink_to(tmp_path / "real")
+    with pytest.raises(StateError, match="symbolic link"):
+        make(tmp_path)
+    assert list((tmp_path / "real").iterdir()) == []
+
+
+def test_mokka_mount_refuses_a_corrupt_state_with_one_line(node_factory, tmp_path):
+    node = node_factory(gpus=2, mount=False)
+    node.state_dir.mkdir()
+    node.state_dir.chmod(0o755)
+    node.mount()
+    node.umount()
+    (node.state_dir / "gpu1.json").write_bytes(_gpu1(pins={"clocks": [0, 0]}))
+    out = node.mount_result = node.cli("mount", str(node.mnt), "--profile", "h100", "--gpus", "2",
+                                       "--state-dir", str(node.state_dir), check=False, timeout=30)
+    node.expect_warning(r"gpu1.json: pins.clocks")
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert "Traceback" not in text and "gpu1.json" in text and "pins.clocks" in text
+    assert len(text.strip().splitlines()) == 1 and len(text) < 600
+
+
+def test_big_writes_through_a_mount_leave_a_state_that_mounts_again(node_factory):
+    node = node_factory(gpus=2)
+    for _ in range(300):
+        assert node.write("gpu0/inject_ecc", b"sbe 1000000\n") == 0
+        assert node.write("gpu0/nvlink", b"1 errors 1000000\n") == 0
+    node.umount()
+    again = node.mount()
+    assert again.returncode == 0
+    assert "300000000" in node.read("gpu0/inject_ecc")

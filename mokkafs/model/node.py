@@ -8,11 +8,14 @@ to `now`, then changes inputs; that keeps temperature continuous and energy exac
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from pydantic import TypeAdapter
+import typing
+
+from pydantic import ConfigDict, ValidationError, create_model
 
 from mokkafs.model.events import (
     PIN_SIGNALS,
@@ -42,6 +45,45 @@ EVENT_DBE = 0x2
 EVENT_XID = 0x8
 
 NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
+
+# The width, in bits, of each counter as the real surface reports it; a counter stops at
+# all-ones there (saturates) instead of wrapping or growing past what its reader can hold.
+# Saturation and restore validation both read this table, so whatever the daemon counted it
+# can restore. The shared state's C fields (mokka_state.h) are at least this wide
+# (tests/test_model.py checks it against the header).
+COUNTER_BITS = {
+    "ecc": 64,  # nvmlDeviceGetMemoryErrorCounter: unsigned long long
+    "retired_pages": 32,  # nvmlDeviceGetRetiredPages: unsigned int *pageCount
+    "remapped_rows": 32,  # nvmlDeviceGetRemappedRows: unsigned int corrRows, uncRows
+    "nvlink_errors": 64,  # nvmlDeviceGetNvLinkErrorCounter: unsigned long long
+    "pcie_replay": 32,  # nvmlDeviceGetPcieReplayCounter: unsigned int
+    "xid_counts": 64,  # mokkafs' own count; no NVML surface
+    # InfiniBand PortCounters (IBA spec, PMA attribute 0x0012): the kernel's ports/1/counters
+    # files show these fields, which stop at all-ones.
+    "ib.symbol_error": 16,
+    "ib.link_error_recovery": 8,
+    "ib.link_downed": 8,
+    "ib.port_rcv_errors": 16,
+    "ib.port_rcv_remote_physical_errors": 16,
+    "ib.port_rcv_switch_relay_errors": 16,
+    "ib.port_xmit_discards": 16,
+    "ib.port_xmit_constraint_errors": 8,
+    "ib.port_rcv_constraint_errors": 8,
+    "ib.local_link_integrity_errors": 4,
+    "ib.excessive_buffer_overrun_errors": 4,
+    "ib.VL15_dropped": 16,
+}
+
+
+def counter_max(family: str) -> int:
+    return (1 << COUNTER_BITS[family]) - 1
+
+
+# Times a saved state may hold: after the epoch, before the year 10000 (what the event files
+# render as ISO 8601). A NaN or 1e300 would pass a type check and fail every later read.
+MAX_TIME = 253_402_300_799.0
+MAX_ENERGY_MJ = float((1 << 64) - 1)  # mokka_state.h energy_mj is a uint64_t
+MAX_LOG_TEXT = 1024  # no line the model writes is near this
 
 # Clock factors while a slowdown reason is active (the driver steps clocks down; these are
 # plausible, not measured).
@@ -140,47 +182,105 @@ class GpuState:
         if not isinstance(data, dict):
             raise ValueError(f"a GPU record must be a mapping, got {type(data).__name__}")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        state = _GPU_STATE_ADAPTER.validate_python(known)
+        if isinstance(known.get("pins"), dict):  # JSON has no tuples
+            known["pins"] = {k: tuple(v) if isinstance(v, list) else v for k, v in known["pins"].items()}
+        # Strict: a "5" or a true where a number belongs is a corrupt file, not a number.
+        state = _validate(cls, _GPU_RECORD, known)
         unknown = set(state.ecc) - set(_zero_ecc())
         if unknown:
-            raise ValueError(f"unknown ECC counter {sorted(unknown)[0]!r}")
+            raise ValueError(f"ecc: unknown ECC counter {sorted(unknown)[0][:40]!r}")
         state.ecc = {**_zero_ecc(), **state.ecc}
         _check_ranges(state)
         return state
 
 
-_U32 = 0xFFFFFFFF
+class RestoreError(ValueError):
+    """A saved record that does not fit this node: `part` ("gpu", "hca" or "log") and `index`
+    say which record (the log's index counts lines from 1), the message says which key and why."""
+
+    def __init__(self, part: str, index: int, message: str) -> None:
+        super().__init__(message)
+        self.part, self.index = part, index
+
+
+def _strict_record(cls):
+    """A strict pydantic model of dataclass `cls`'s fields: a "5" or a true where a number
+    belongs is a corrupt file, not a number (pydantic's lax mode would take both)."""
+    hints = typing.get_type_hints(cls)
+    fields = {name: (hints[name], ...) for name in cls.__dataclass_fields__}
+    return create_model(f"{cls.__name__}Record", __config__=ConfigDict(strict=True, extra="ignore"), **fields)
+
+
+def _validate(cls, record, data: dict):
+    """`cls(**data)` checked by `record`, or pydantic's verdict as one short line,
+    `key: problem`, without echoing the input. Missing keys take the dataclass defaults."""
+    for name, f in cls.__dataclass_fields__.items():
+        if name not in data:
+            if f.default_factory is not dataclasses.MISSING:
+                data[name] = f.default_factory()
+            elif f.default is not dataclasses.MISSING:
+                data[name] = f.default
+    try:
+        checked = record.model_validate(data)
+        return cls(**{name: getattr(checked, name) for name in cls.__dataclass_fields__})
+    except ValidationError as e:
+        first = e.errors(include_input=False, include_url=False)[0]
+        where = ".".join(str(part)[:40] for part in first["loc"]) or "record"
+        raise ValueError(f"{where}: {first['msg'][:120]}") from None
+
+
+def valid_time(t: object) -> bool:
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= MAX_TIME
+
+
+def _check_counter(key: str, family: str, value: int) -> None:
+    if not 0 <= value <= counter_max(family):
+        raise ValueError(f"{key}: {value} is outside 0..{counter_max(family)} ({COUNTER_BITS[family]} bits)")
 
 
 def _check_ranges(state: "GpuState") -> None:
     """A record of the right types can still hold what no event could make (a negative
-    counter, a NaN time, a pin out of range); refuse it here, not in the publisher later."""
-    counters = [state.retired_sbe, state.retired_dbe, state.remapped_corr, state.remapped_unc, state.pcie_replay]
-    counters += list(state.ecc.values()) + list(state.xid_counts.values())
-    counters += [v for errs in state.nvlink_errors.values() for v in errs.values()]
-    if any(not 0 <= v <= _U32 for v in counters):
-        raise ValueError("a counter is negative or beyond 32 bits")
+    counter, a NaN time); refuse it here, not in a renderer or the publisher later. Each
+    message starts with the key. Pins and the power limit need the profile: `Node.restore`."""
+    for key in ("retired_sbe", "retired_dbe"):
+        _check_counter(key, "retired_pages", getattr(state, key))
+    for key in ("remapped_corr", "remapped_unc"):
+        _check_counter(key, "remapped_rows", getattr(state, key))
+    _check_counter("pcie_replay", "pcie_replay", state.pcie_replay)
+    for name, value in state.ecc.items():
+        _check_counter(f"ecc.{name}", "ecc", value)
+    for code, value in state.xid_counts.items():
+        if not (code.isdigit() and 1 <= int(code) <= 999):
+            raise ValueError(f"xid_counts: {code[:20]!r} is not an Xid")
+        _check_counter(f"xid_counts.{code}", "xid_counts", value)
+    for link, errs in state.nvlink_errors.items():
+        if not (link.isdigit() and int(link) < 18):
+            raise ValueError(f"nvlink_errors: {link[:20]!r} is not a link 0..17")
+        unknown = set(errs) - set(NVLINK_COUNTERS)
+        if unknown:
+            raise ValueError(f"nvlink_errors.{link}: unknown counter {sorted(unknown)[0][:40]!r}")
+        for name, value in errs.items():
+            _check_counter(f"nvlink_errors.{link}.{name}", "nvlink_errors", value)
+        state.nvlink_errors[link] = {**dict.fromkeys(NVLINK_COUNTERS, 0), **errs}
     if state.last_xid is not None and not 1 <= state.last_xid <= 999:
-        raise ValueError(f"last_xid {state.last_xid} is not an Xid")
-    if not all(math.isfinite(x) for x in (state.t0, state.temp0, state.energy0_mj)):
-        raise ValueError("t0, temp0 and energy0_mj must be finite")
-    if state.power_limit_w is not None and not 0 < state.power_limit_w < 100_000:
-        raise ValueError(f"power_limit_w {state.power_limit_w} out of range")
+        raise ValueError(f"last_xid: {state.last_xid} is not an Xid")
+    if (state.last_xid is None) != (state.last_xid_time is None):
+        raise ValueError("last_xid_time: set without last_xid, or missing beside it")
+    for key in ("t0", "last_xid_time"):
+        t = getattr(state, key)
+        if t is not None and not valid_time(t):
+            raise ValueError(f"{key}: {t} is not a time between 1970 and 9999")
+    if not (math.isfinite(state.temp0) and -100 <= state.temp0 <= 1000):
+        raise ValueError(f"temp0: {state.temp0} is not a plausible temperature")
+    if not (math.isfinite(state.energy0_mj) and 0 <= state.energy0_mj <= MAX_ENERGY_MJ):
+        raise ValueError(f"energy0_mj: {state.energy0_mj} is outside 0..2^64-1")
     if any(not 0 <= link < 18 for link in state.nvlink_down):
-        raise ValueError("nvlink_down names a link beyond 17")
-    for signal, values in state.pins.items():
-        # The same checks a control write gets (the parser's text form, then the event).
-        parse = PIN_SIGNALS.get(signal)
-        if parse is None:
-            raise ValueError(f"unknown pinned signal {signal!r}")
-        try:
-            text = " ".join(str(v) for v in values) if values else "none"
-            parse(0, text.encode())
-        except InvalidCommand as e:
-            raise ValueError(f"pin {signal}: {e}") from None
+        raise ValueError("nvlink_down: names a link beyond 17")
+    if len(set(state.nvlink_down)) != len(state.nvlink_down):
+        raise ValueError("nvlink_down: names a link twice")
 
 
-_GPU_STATE_ADAPTER = TypeAdapter(GpuState)
+_GPU_RECORD = _strict_record(GpuState)
 
 
 @dataclass
@@ -198,15 +298,17 @@ class HcaState:
         if not isinstance(data, dict):
             raise ValueError(f"an HCA record must be a mapping, got {type(data).__name__}")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        state = _HCA_STATE_ADAPTER.validate_python(known)
+        state = _validate(cls, _HCA_RECORD, known)
         unknown = set(state.counters) - set(IB_ERROR_COUNTERS)
         if unknown:
-            raise ValueError(f"unknown InfiniBand counter {sorted(unknown)[0]!r}")
+            raise ValueError(f"counters: unknown InfiniBand counter {sorted(unknown)[0][:40]!r}")
         state.counters = {**dict.fromkeys(IB_ERROR_COUNTERS, 0), **state.counters}
+        for name, value in state.counters.items():
+            _check_counter(f"counters.{name}", f"ib.{name}", value)
         return state
 
 
-_HCA_STATE_ADAPTER = TypeAdapter(HcaState)
+_HCA_RECORD = _strict_record(HcaState)
 
 
 class Node:
@@ -225,6 +327,9 @@ class Node:
         self.generation = 0  # bumped on every applied event; caches key on it
         self.log_seq = 0  # log lines ever appended (the deque keeps the last LOG_LIMIT)
         self.injections: dict[str, int] = {}  # applied events by kind, for metrics
+        # Counters the last `apply` brought to their maximum (COUNTER_BITS), by name: the
+        # controller logs each once. A counter that stays saturated is not named again.
+        self.saturated: list[str] = []
 
     # --- events -------------------------------------------------------------------------------
 
@@ -251,6 +356,7 @@ class Node:
     def apply(self, event: Event, now: float) -> list[Notification]:
         """Validate, then apply `event` in one step. Returns what subscribers must be told."""
         self.validate(event)
+        self.saturated = []
         targets = range(len(self.gpus)) if event.gpu is None else [event.gpu]
         for i in targets:
             self._checkpoint(i, now)
@@ -293,6 +399,13 @@ class Node:
             tuple((h.port_down, tuple(h.counters.values())) for h in self.hcas),
         )
 
+    def _add(self, name: str, family: str, value: int, n: int) -> int:
+        """`value + n`, stopping at the counter's maximum as the real counter does."""
+        cap = counter_max(family)
+        if value < cap <= value + n:
+            self.saturated.append(name)
+        return min(value + n, cap)
+
     def log_since(self, seq: int) -> list[LogEntry]:
         """The log lines appended after `log_seq` was `seq`."""
         n = min(self.log_seq - seq, len(self.log))
@@ -307,14 +420,14 @@ class Node:
         details: dict = {}
         notes = [Notification(i, EVENT_XID, code)]
         if code in (48, 94, 95):  # uncorrectable ECC in device memory
-            self._count_ecc(g, "uncorrected", "dram", 1)
+            self._count_ecc(i, "uncorrected", "dram", 1)
             notes.append(Notification(i, EVENT_DBE, 1))
-            self._record_remap_or_retire(g, uncorrectable=True)
+            self._record_remap_or_retire(i, uncorrectable=True)
         elif code == 92:  # high single-bit rate: a burst of corrected errors
-            self._count_ecc(g, "corrected", "dram", 10)
+            self._count_ecc(i, "corrected", "dram", 10)
             notes.append(Notification(i, EVENT_SBE, 10))
         elif code == 63:
-            self._record_remap_or_retire(g, uncorrectable=True)
+            self._record_remap_or_retire(i, uncorrectable=True)
         elif code == 64:
             if self._has_row_remapper():
                 g.remap_failure = True
@@ -323,15 +436,13 @@ class Node:
         elif code == 74:
             link = self._first_up_link(g)
             details["link"] = link
-            errs = g.nvlink_errors.setdefault(str(link), dict.fromkeys(NVLINK_COUNTERS, 0))
-            errs["replay"] += 1
-            errs["recovery"] += 1
+            self._count_nvlink(i, link, ("replay", "recovery"), 1)
         elif code == 79:
             g.lost = True
         if code in NEEDS_RESET or code == 95:
             g.needs_reset = True
         g.last_xid, g.last_xid_time = code, now
-        g.xid_counts[str(code)] = g.xid_counts.get(str(code), 0) + 1
+        g.xid_counts[str(code)] = self._add(f"gpu{i} xid_counts.{code}", "xid_counts", g.xid_counts.get(str(code), 0), 1)
         self._log(now, i, kernel_log_line(ident.bdf.xid, code, **details))
         return notes
 
@@ -339,18 +450,15 @@ class Node:
         # Ampere and later remap rows; Turing and earlier retire pages (nvidia-smi -q shows which).
         return self.profile.architecture not in ("Turing",)
 
-    def _record_remap_or_retire(self, g: GpuState, uncorrectable: bool) -> None:
+    def _record_remap_or_retire(self, i: int, uncorrectable: bool) -> None:
+        g = self.gpus[i]
         if self._has_row_remapper():
-            if uncorrectable:
-                g.remapped_unc += 1
-            else:
-                g.remapped_corr += 1
+            key = "remapped_unc" if uncorrectable else "remapped_corr"
+            setattr(g, key, self._add(f"gpu{i} {key}", "remapped_rows", getattr(g, key), 1))
             g.remap_pending = True
         else:
-            if uncorrectable:
-                g.retired_dbe += 1
-            else:
-                g.retired_sbe += 1
+            key = "retired_dbe" if uncorrectable else "retired_sbe"
+            setattr(g, key, self._add(f"gpu{i} {key}", "retired_pages", getattr(g, key), 1))
             g.retired_pending = True
 
     def _first_up_link(self, g: GpuState) -> int:
@@ -359,19 +467,24 @@ class Node:
                 return link
         return 0
 
-    @staticmethod
-    def _count_ecc(g: GpuState, kind: str, location: str, count: int) -> None:
+    def _count_ecc(self, i: int, kind: str, location: str, count: int) -> None:
+        ecc = self.gpus[i].ecc
         for scope in ("volatile", "aggregate"):
-            g.ecc[f"{scope}.{kind}.{location}"] += count
+            key = f"{scope}.{kind}.{location}"
+            ecc[key] = self._add(f"gpu{i} ecc.{key}", "ecc", ecc[key], count)
+
+    def _count_nvlink(self, i: int, link: int, counters: tuple[str, ...], count: int) -> None:
+        errs = self.gpus[i].nvlink_errors.setdefault(str(link), dict.fromkeys(NVLINK_COUNTERS, 0))
+        for name in counters:
+            errs[name] = self._add(f"gpu{i} nvlink_errors.{link}.{name}", "nvlink_errors", errs[name], count)
 
     def _ecc(self, e: InjectEcc, now: float) -> list[Notification]:
-        g = self.gpus[e.gpu]
         kind = "corrected" if e.kind == "sbe" else "uncorrected"
-        self._count_ecc(g, kind, e.location, e.count)
+        self._count_ecc(e.gpu, kind, e.location, e.count)
         self._log(now, e.gpu, f"mokka: gpu{e.gpu} {e.count} {e.kind.upper()} ECC error(s) in {e.location}")
         if e.kind == "dbe":
             if e.location == "dram":
-                self._record_remap_or_retire(g, uncorrectable=True)
+                self._record_remap_or_retire(e.gpu, uncorrectable=True)
             return [Notification(e.gpu, EVENT_DBE, e.count)]
         return [Notification(e.gpu, EVENT_SBE, e.count)]
 
@@ -401,9 +514,7 @@ class Node:
         elif e.action == "up" and e.link in g.nvlink_down:
             g.nvlink_down = [link for link in g.nvlink_down if link != e.link]
         elif e.action == "errors":
-            errs = g.nvlink_errors.setdefault(str(e.link), dict.fromkeys(NVLINK_COUNTERS, 0))
-            errs["replay"] += e.count
-            errs["crc_flit"] += e.count
+            self._count_nvlink(e.gpu, e.link, ("replay", "crc_flit"), e.count)
         self._log(now, e.gpu, f"mokka: gpu{e.gpu} nvlink {e.link} {e.action}{f' {e.count}' if e.count else ''}")
 
     def _reset(self, i: int, now: float) -> None:
@@ -430,13 +541,14 @@ class Node:
         name = f"mlx5_{e.hca} port {e.port}"
         if e.action == "down" and not h.port_down:
             h.port_down = True
-            h.counters["link_downed"] += 1  # the port counts each time its link goes down
+            # The port counts each time its link goes down.
+            h.counters["link_downed"] = self._add(f"{name} link_downed", "ib.link_downed", h.counters["link_downed"], 1)
             self._log(now, None, f"mokka: {name} down")
         elif e.action == "up" and h.port_down:
             h.port_down = False
             self._log(now, None, f"mokka: {name} up")
         elif e.action == "errors":
-            h.counters[e.counter] += e.count
+            h.counters[e.counter] = self._add(f"{name} {e.counter}", f"ib.{e.counter}", h.counters[e.counter], e.count)
             self._log(now, None, f"mokka: {name} {e.count} {e.counter}")
 
     def _reset_hcas(self, now: float) -> None:
@@ -447,9 +559,15 @@ class Node:
 
     def restore_hcas(self, hcas: list[dict]) -> None:
         """Load saved HCA states (`HcaState.to_dict`); all or nothing, ValueError on a misfit."""
-        if len(hcas) != len(self.hcas):
-            raise ValueError(f"saved state has {len(hcas)} HCAs, node has {len(self.hcas)}")
-        self.hcas = [HcaState.from_dict(d) for d in hcas]
+        if not isinstance(hcas, list) or len(hcas) != len(self.hcas):
+            raise ValueError(f"saved state is not a list of {len(self.hcas)} HCA records")
+        states = []
+        for j, data in enumerate(hcas):
+            try:
+                states.append(HcaState.from_dict(data))
+            except ValueError as e:
+                raise RestoreError("hca", j, str(e)) from None
+        self.hcas = states
         self.generation += 1
 
     # --- readings -----------------------------------------------------------------------------
@@ -584,12 +702,56 @@ class Node:
 
     # --- persistence --------------------------------------------------------------------------
 
+    def _check_profile_ranges(self, state: GpuState) -> None:
+        """What only this node's profile can judge: the power limit, and pins through exactly
+        the checks a control write gets (its parser, then `validate`)."""
+        p = self.profile.power
+        if state.power_limit_w is not None and not p.min_limit_w <= state.power_limit_w <= p.max_limit_w:
+            raise ValueError(
+                f"power_limit_w: {state.power_limit_w} W is outside "
+                f"{self.profile.name}'s {p.min_limit_w}..{p.max_limit_w} W"
+            )
+        for signal, values in state.pins.items():
+            parse = PIN_SIGNALS.get(signal)
+            if parse is None:
+                raise ValueError(f"pins: unknown signal {signal[:40]!r}")
+            try:
+                # The text a control write would carry; ints only (str(88.0) is refused).
+                if not all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in values):
+                    raise InvalidCommand("values must be whole numbers or throttle reasons")
+                text = " ".join(str(v) for v in values) if values else "none"
+                self.validate(parse(0, text.encode()))
+            except InvalidCommand as e:
+                raise ValueError(f"pins.{signal}: {e}") from None
+
+    def check_log_entry(self, entry: LogEntry) -> None:
+        """Raise ValueError unless `entry` could have been written by this node."""
+        if not valid_time(entry.time):
+            raise ValueError(f"time: {entry.time} is not between 1970 and 9999")
+        if entry.gpu is not None and not (
+            isinstance(entry.gpu, int) and not isinstance(entry.gpu, bool) and 0 <= entry.gpu < len(self.gpus)
+        ):
+            raise ValueError(f"gpu: {str(entry.gpu)[:20]} is not a GPU of this node")
+        if not isinstance(entry.text, str) or len(entry.text) > MAX_LOG_TEXT:
+            raise ValueError(f"text: not a string of at most {MAX_LOG_TEXT} characters")
+
     def restore(self, gpus: list[dict], log: list[LogEntry]) -> None:
         """Load saved per-GPU states (`GpuState.to_dict`) and log lines into this node. Raises
         ValueError on anything that does not fit; either all of it loads or nothing changes."""
         if len(gpus) != len(self.gpus):
             raise ValueError(f"saved state has {len(gpus)} GPUs, node has {len(self.gpus)}")
-        states = [GpuState.from_dict(d) for d in gpus]
+        states = []
+        for i, data in enumerate(gpus):
+            try:
+                states.append(GpuState.from_dict(data))
+                self._check_profile_ranges(states[-1])
+            except ValueError as e:
+                raise RestoreError("gpu", i, str(e)) from None
+        for n, entry in enumerate(log, 1):
+            try:
+                self.check_log_entry(entry)
+            except ValueError as e:
+                raise RestoreError("log", n, str(e)) from None
         self.gpus = states
         self.log = deque(log, maxlen=LOG_LIMIT)
         self.generation += 1
