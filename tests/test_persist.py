@@ -145,14 +145,27 @@ def test_a_saturated_counter_is_logged_once(tmp_path, caplog, expect_log):
 
 
 def test_counter_widths_fit_the_shared_state_fields():
+    """Every counter published in the shared state holds its saturated value in its C field
+    (cffi raises OverflowError where a value does not fit)."""
     from mokkafs.publisher import make_ffi
 
-    ffi = make_ffi()
-    gpu = ffi.new("struct mokka_gpu *")
-    for field, family in [("pcie_replay", "pcie_replay"), ("retired_sbe", "retired_pages"), ("remapped_unc", "remapped_rows")]:
-        assert ffi.sizeof(ffi.typeof(getattr(gpu, field))) * 8 >= COUNTER_BITS[family] if not isinstance(getattr(gpu, field), int) else True
-        setattr(gpu, field, counter_max(family))  # cffi raises OverflowError if it does not fit
-    gpu.ecc[0][0][0] = counter_max("ecc")
+    gpu = make_ffi().new("struct mokka_gpu *")
+    gpu.pcie_replay = counter_max("pcie_replay")
+    gpu.retired_sbe = gpu.retired_dbe = counter_max("retired_pages")
+    gpu.remapped_corr = gpu.remapped_unc = counter_max("remapped_rows")
+    gpu.ecc[1][1][7] = counter_max("ecc")
+    gpu.nvlink[17].errors[3] = counter_max("nvlink_errors")
+
+
+def test_a_restored_energy_at_its_cap_still_publishes(tmp_path):
+    """The largest energy restore accepts keeps growing without overflowing energy_mj."""
+    from mokkafs.model.node import MAX_ENERGY_MJ
+    from mokkafs.publisher import fill_gpu, make_ffi
+
+    make(tmp_path)
+    (tmp_path / "state" / "gpu0.json").write_bytes(_gpu1(energy0_mj=MAX_ENERGY_MJ))
+    node, _, _ = make(tmp_path)
+    fill_gpu(make_ffi().new("struct mokka_gpu *"), node, 0, T0 + 86400 * 365)
 
 
 def _gpu1(**changes):
@@ -164,9 +177,12 @@ def _gpu1(**changes):
 @pytest.mark.parametrize(
     "name,content,words",
     [
-        ("gpu1.json", _gpu1(last_xid=79, last_xid_time=float("nan")).replace(b"NaN", b"NaN"), "NaN"),
+        ("gpu1.json", _gpu1(last_xid=79, last_xid_time=float("nan")), "NaN"),
         ("gpu1.json", _gpu1(last_xid=79, last_xid_time=1e300), "last_xid_time"),
-        ("gpu1.json", _gpu1(t0=float("inf")).replace(b"Infinity", b"Infinity"), "Infinity"),
+        ("gpu1.json", _gpu1(t0=float("inf")), "Infinity"),
+        ("gpu1.json", _gpu1(energy0_mj=float(1 << 64)), "energy0_mj"),
+        ("gpu1.json", _gpu1(power_limit_w=1e9), "power_limit_w"),
+        ("gpu1.json", _gpu1(last_xid=79, last_xid_time=-1.0), "last_xid_time"),
         ("gpu1.json", _gpu1(power_limit_w=1.0), "power_limit_w"),
         ("gpu1.json", _gpu1(pins={"clocks": [0, 0]}), "pins.clocks"),
         ("gpu1.json", _gpu1(pcie_replay="5"), "pcie_replay"),

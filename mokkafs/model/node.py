@@ -82,7 +82,9 @@ def counter_max(family: str) -> int:
 # Times a saved state may hold: after the epoch, before the year 10000 (what the event files
 # render as ISO 8601). A NaN or 1e300 would pass a type check and fail every later read.
 MAX_TIME = 253_402_300_799.0
-MAX_ENERGY_MJ = float((1 << 64) - 1)  # mokka_state.h energy_mj is a uint64_t
+# mokka_state.h energy_mj is a uint64_t, and energy keeps growing after a restore: half its
+# range leaves millennia of headroom (2^62 mJ is 14,000 years at 10 kW).
+MAX_ENERGY_MJ = float(1 << 62)
 MAX_LOG_TEXT = 1024  # no line the model writes is near this
 
 # Clock factors while a slowdown reason is active (the driver steps clocks down; these are
@@ -273,7 +275,7 @@ def _check_ranges(state: "GpuState") -> None:
     if not (math.isfinite(state.temp0) and -100 <= state.temp0 <= 1000):
         raise ValueError(f"temp0: {state.temp0} is not a plausible temperature")
     if not (math.isfinite(state.energy0_mj) and 0 <= state.energy0_mj <= MAX_ENERGY_MJ):
-        raise ValueError(f"energy0_mj: {state.energy0_mj} is outside 0..2^64-1")
+        raise ValueError(f"energy0_mj: {state.energy0_mj} is outside 0..2^62")
     if any(not 0 <= link < 18 for link in state.nvlink_down):
         raise ValueError("nvlink_down: names a link beyond 17")
     if len(set(state.nvlink_down)) != len(state.nvlink_down):
