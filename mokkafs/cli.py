@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import logging.handlers
 import os
 import signal
 import subprocess
@@ -32,10 +33,38 @@ def _fail(msg: str, code: int = 1) -> int:
     return code
 
 
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+LOG_MAX_BYTES = 1 << 20  # daemon.log is rotated at this size, with LOG_BACKUPS older copies kept
+LOG_BACKUPS = 2
+
+
 def _setup_logging(stream) -> None:
-    logging.basicConfig(
-        stream=stream, level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True
-    )
+    logging.basicConfig(stream=stream, level=logging.INFO, format=LOG_FORMAT, force=True)
+
+
+class _DaemonLog(logging.handlers.RotatingFileHandler):
+    """daemon.log, capped in size (it is usually on tmpfs), and never opened through a link
+    someone planted in the state directory."""
+
+    def _open(self):
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        return os.fdopen(fd, "a", encoding="utf-8", errors="replace")
+
+
+def _setup_daemon_logging(logfile: Path) -> None:
+    handler = _DaemonLog(logfile, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.basicConfig(handlers=[handler], level=logging.INFO, force=True)
+
+
+def _group(value: str) -> int:
+    """A group name or gid that exists on this machine."""
+    import grp
+
+    try:
+        return grp.getgrgid(int(value)).gr_gid if value.isdigit() else grp.getgrnam(value).gr_gid
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"no group {value!r} on this machine") from None
 
 
 def _serve_in_this_process(opts: Options, ready_fd: int | None) -> int:
@@ -67,6 +96,7 @@ def _serve_in_this_process(opts: Options, ready_fd: int | None) -> int:
         while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
             e = e.exceptions[0]
         if not isinstance(e, expected):
+            log.exception("daemon failed")  # stderr goes nowhere in a forked daemon
             raise
         msg = str(e).replace("\n", "\n  ")
         log.error("%s", msg)
@@ -89,6 +119,7 @@ def cmd_mount(args) -> int:
         cuda_version=args.cuda_version,
         numa_nodes=args.numa_nodes,
         hcas=args.hcas,
+        control_group=args.control_group,
     )
     if args.hostname:
         opts.hostname = args.hostname
@@ -102,12 +133,16 @@ def cmd_mount(args) -> int:
     if pid == 0:  # the daemon: its own session, output to the log file
         os.close(r)
         os.setsid()
-        fd = os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        _setup_logging(sys.stderr)
+        # Everything goes through the size-capped log handler; stray writes to fds 1 and 2
+        # (which nothing bounds) go nowhere.
+        try:
+            _setup_daemon_logging(logfile)
+        except OSError as e:
+            os.write(w, f"error: {logfile}: {e.strerror} (a symlink is refused)\n".encode())
+            os._exit(1)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for n in (0, 1, 2):
+            os.dup2(devnull, n)
         os._exit(_serve_in_this_process(opts, w))
     os.close(w)
     with os.fdopen(r, "rb") as pipe:
@@ -288,6 +323,12 @@ def parser() -> argparse.ArgumentParser:
         type=_listen_address,
         metavar="[HOST:]PORT",
         help="serve dcgm-exporter-style /metrics (bare flag: 127.0.0.1:9400; :PORT binds all interfaces)",
+    )
+    m.add_argument(
+        "--control-group",
+        type=_group,
+        metavar="GROUP",
+        help="a group (name or gid) whose members may write control files too (default: root only)",
     )
     m.add_argument("-f", "--foreground", action="store_true")
     m.set_defaults(func=cmd_mount)
