@@ -48,6 +48,7 @@ class Options:
     kmsg: bool = False
     allow_other: bool = True
     metrics: str | None = None  # [HOST:]PORT to serve /metrics on (mokkafs.metrics)
+    control_group: int | None = None  # gid that may write control files besides root
 
 
 def clear_stale_mount(mountpoint: str) -> None:
@@ -84,6 +85,14 @@ def build(opts: Options, clock=time.time) -> tuple[Controller, Tree, bool]:
     return controller, Tree(root(config, state_dir=os.path.abspath(opts.state_dir))), restored
 
 
+async def _flush_refusals(ops: MokkaOperations) -> None:
+    """Summaries of rate-limited refusals are logged once their window ends, even when no
+    further refusal comes to trigger them."""
+    while True:
+        await trio.sleep(1)
+        ops.flush_refusals()
+
+
 async def _watch_signals() -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
@@ -96,8 +105,9 @@ def _mount_options(opts: Options) -> set[str]:
     options = set(pyfuse3.default_options)
     options.add("fsname=mokkafs")
     options.add("subtype=mokkafs")
-    # Permissions are ours to enforce (control files refuse what they cannot parse).
-    options.discard("default_permissions")
+    # The kernel checks the modes and owners we report on every open (control files are root's,
+    # or the control group's); the daemon checks the caller again in open() (docs/security.md).
+    options.add("default_permissions")
     if opts.allow_other:
         options.add("allow_other")
     return options
@@ -161,7 +171,8 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
             # Resolve the pid file's name before mounting: realpath() would stat the mount
             # point, and a FUSE daemon that stats its own mount before serving deadlocks.
             pidf = pid_file(mountpoint)
-            ops = MokkaOperations(tree, controller, time.time)
+            ops = MokkaOperations(tree, controller, time.time, control_gid=opts.control_group)
+            stack.callback(ops.flush_refusals, True)  # no refusal count is lost at unmount
             pyfuse3.init(ops, mountpoint, _mount_options(opts))
             stack.callback(pyfuse3.close, unmount=True)
             pidf.parent.mkdir(parents=True, exist_ok=True)
@@ -181,6 +192,7 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
                 await nursery.start(metrics.serve, opts.metrics, server)
 
             nursery.start_soon(_watch_signals)
+            nursery.start_soon(_flush_refusals, ops)
             log.info(
                 "%s: %d x %s (%s), state %s%s",
                 mountpoint,

@@ -2,7 +2,8 @@
 
 Files are rendered once at open() and served as slices of that snapshot with direct_io, so a
 reader that reads in chunks never sees a torn value. A write to a control file is one command:
-parsed by the entry's parser, applied by the controller, or refused with EINVAL.
+parsed by the entry's parser, applied by the controller, or refused with EINVAL. Only root (and
+the control group) may open one for writing; the kernel checks the modes too (docs/security.md).
 """
 from __future__ import annotations
 
@@ -18,11 +19,14 @@ import pyfuse3
 
 from mokkafs.controller import Controller
 from mokkafs.model import InvalidCommand
+from mokkafs.ratelimit import RateLimiter
 from mokkafs.vfs import CharDev, Ctx, Dir, Entry, File, Symlink, Tree, file_type
 
 log = logging.getLogger(__name__)
 
 CACHE_TIMEOUT_S = 300
+# A refusal's log line quotes at most this much of its reason: the reason may echo the input.
+MAX_REASON = 300
 
 
 @dataclass
@@ -30,6 +34,7 @@ class _Handle:
     path: str
     entry: File
     data: bytes
+    writable: bool = False
 
 
 def _fuse_errors(handler):
@@ -45,12 +50,12 @@ def _fuse_errors(handler):
         except pyfuse3.FUSEError:
             raise
         except InvalidCommand as e:
-            self.errors += 1
-            log.warning("EINVAL %s: %s", handler.__name__, e)
-            raise pyfuse3.FUSEError(e.errno) from None
+            self._refuse(e.errno, handler.__name__, None, str(e))
         except Exception:
             self.errors += 1
-            log.exception("internal error in %s", handler.__name__)
+            # A bug, but one a caller may be able to repeat: its traceback is rate-limited too.
+            if self._limit(("EIO", handler.__name__, None)):
+                log.exception("internal error in %s", handler.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return wrapper
@@ -60,11 +65,20 @@ class MokkaOperations(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
 
-    def __init__(self, tree: Tree, controller: Controller, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        tree: Tree,
+        controller: Controller,
+        clock: Callable[[], float],
+        control_gid: int | None = None,
+        limiter: RateLimiter | None = None,
+    ) -> None:
         super().__init__()
         self.tree = tree
         self.controller = controller
         self.clock = clock
+        self.control_gid = control_gid  # besides root, who may write control files (--control-group)
+        self.limiter = limiter or RateLimiter()
         self.mount_time_ns = int(clock() * 1e9)
         self._handles: dict[int, _Handle] = {}
         self._dirs: dict[int, list[tuple[str, int, Entry]]] = {}
@@ -74,6 +88,56 @@ class MokkaOperations(pyfuse3.Operations):
 
     def _ctx(self) -> Ctx:
         return Ctx(self.controller.node, self.clock())
+
+    # --- refusals: one log line per file and cause, then a count (mokkafs.ratelimit) ---------
+
+    def _limit(self, key) -> bool:
+        """True if a refusal of kind `key` should log its line now; logs the summaries due."""
+        first, due = self.limiter.hit(key, self.clock())
+        self._summarise(due)
+        return first
+
+    def _summarise(self, due) -> None:
+        for summary in due:
+            cause, where, path = summary.key
+            log.warning("%s %s%s: %s", cause, where, f" {path}" if path else "", summary.line())
+
+    def flush_refusals(self, everything: bool = False) -> None:
+        """Log the summaries of windows that ended (the daemon calls this every second, and
+        with `everything` at unmount so that no count is lost)."""
+        self._summarise(self.limiter.flush(self.clock(), everything))
+
+    def _refuse(self, err: int, where: str, path: str | None, reason: str):
+        self.errors += 1
+        cause = errno.errorcode.get(err, str(err))
+        if self._limit((cause, where, path)):
+            if len(reason) > MAX_REASON:
+                reason = reason[:MAX_REASON] + "..."
+            log.warning("%s %s%s: %s", cause, where, f" {path}" if path else "", reason)
+        raise pyfuse3.FUSEError(err) from None
+
+    # --- who may write ---------------------------------------------------------------------
+
+    def may_write(self, ctx) -> bool:
+        """Root, or a member of the control group, by the kernel's word on the caller: its
+        fsuid and fsgid, and its supplementary groups (read only when they decide it). Without
+        a request context (a call from inside the daemon's process) nobody is assumed."""
+        if ctx is None:
+            return False
+        if ctx.uid == 0:
+            return True
+        if self.control_gid is None:
+            return False
+        return ctx.gid == self.control_gid or self.control_gid in _supplementary_groups(ctx.pid)
+
+    def _check_write(self, inode: int, entry: Entry, ctx, where: str) -> None:
+        path = self.tree.path(inode)
+        if not (isinstance(entry, File) and entry.write):
+            self._refuse(errno.EACCES, where, path, "not writable")
+        if not self.may_write(ctx):
+            who = "no caller" if ctx is None else f"uid {ctx.uid} gid {ctx.gid} pid {ctx.pid}"
+            rule = "root only" if self.control_gid is None else f"root and group {self.control_gid} only"
+            self._refuse(errno.EACCES, where, path, f"{who} may not write ({rule})")
 
     def _entry(self, inode: int, ctx: Ctx) -> Entry:
         entry = self.tree.entry(inode, ctx)
@@ -95,8 +159,14 @@ class MokkaOperations(pyfuse3.Operations):
         attr.entry_timeout = timeout
         attr.attr_timeout = timeout
         kind = file_type(entry)
+        attr.st_gid = 0
         if isinstance(entry, File):
-            attr.st_mode = kind | entry.perm
+            mode = entry.perm
+            if entry.write is not None and self.control_gid is not None:
+                # The group may write what root may write, and the kernel sees it so.
+                mode |= (mode & 0o200) >> 3
+                attr.st_gid = self.control_gid
+            attr.st_mode = kind | mode
             attr.st_size = entry.size
         elif isinstance(entry, Dir):
             attr.st_mode = kind | entry.mode
@@ -109,7 +179,6 @@ class MokkaOperations(pyfuse3.Operations):
             attr.st_rdev = os.makedev(entry.major, entry.minor)
         attr.st_nlink = attr.st_nlink or 1
         attr.st_uid = 0
-        attr.st_gid = 0
         attr.st_blksize = 4096
         attr.st_blocks = 0
         attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = self.mount_time_ns
@@ -135,10 +204,10 @@ class MokkaOperations(pyfuse3.Operations):
         entry = self._entry(inode, c)
         # `echo 79 > file` opens with O_TRUNC, which arrives here as a size change: a control
         # file has nothing to truncate, so accept it; anything else is not ours to change.
-        if fields.update_size and not (isinstance(entry, File) and entry.write):
-            raise pyfuse3.FUSEError(errno.EACCES)
         if fields.update_mode or fields.update_uid or fields.update_gid:
             raise pyfuse3.FUSEError(errno.EPERM)
+        if fields.update_size:
+            self._check_write(inode, entry, ctx, "truncate")
         return self._attrs(inode, entry, c)
 
     @_fuse_errors
@@ -189,11 +258,14 @@ class MokkaOperations(pyfuse3.Operations):
             # /dev/nvidia0 has no driver behind it.
             raise pyfuse3.FUSEError(errno.ENXIO)
         accmode = flags & os.O_ACCMODE
-        if accmode != os.O_RDONLY and entry.write is None:
-            raise pyfuse3.FUSEError(errno.EACCES)
+        writable = accmode != os.O_RDONLY
+        if writable:
+            # The kernel checked the modes already (default_permissions); this holds where it
+            # did not, or where a mount was made without it.
+            self._check_write(inode, entry, ctx, "open")
         data = entry.read(c) if accmode != os.O_WRONLY else b""
         fh = next(self._next_fh)
-        self._handles[fh] = _Handle(self.tree.path(inode), entry, data)
+        self._handles[fh] = _Handle(self.tree.path(inode), entry, data, writable)
         # direct_io: reads come to us and return the snapshot as it is, whatever st_size says.
         # A file whose every render is exactly st_size bytes may use the page cache instead
         # (keep_cache=False still drops it at every open).
@@ -211,12 +283,12 @@ class MokkaOperations(pyfuse3.Operations):
         handle = self._handles.get(fh)
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        if handle.entry.write is None:
-            raise pyfuse3.FUSEError(errno.EACCES)
+        if handle.entry.write is None or not handle.writable:
+            raise pyfuse3.FUSEError(errno.EBADF)  # only a handle open() let write may write
         try:
             self.controller.apply(handle.entry.write(bytes(buf)))
         except InvalidCommand as e:
-            raise InvalidCommand(f"{handle.path}: {bytes(buf[:64])!r}: {e}") from None
+            self._refuse(e.errno, "write", handle.path, f"{bytes(buf[:64])!r}: {e}")
         return len(buf)
 
     @_fuse_errors
@@ -236,10 +308,25 @@ class MokkaOperations(pyfuse3.Operations):
     @_fuse_errors
     async def access(self, inode, mode, ctx):
         entry = self._entry(inode, self._ctx())
-        if mode & os.W_OK and not (isinstance(entry, File) and entry.write):
-            raise pyfuse3.FUSEError(errno.EACCES)
+        if mode & os.W_OK:
+            self._check_write(inode, entry, ctx, "access")
         # pyfuse3 answers EACCES when this returns a false value: chdir() into the mount (and
         # `cd` in ibstatus) goes through here.
         return True
 
 
+
+
+def _supplementary_groups(pid: int) -> frozenset[int]:
+    """The groups of the calling process, from its status. A caller the daemon cannot see (pid 0:
+    another pid namespace; gone already) has none: the check fails closed."""
+    if pid <= 0:
+        return frozenset()
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Groups:"):
+                    return frozenset(int(g) for g in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return frozenset()

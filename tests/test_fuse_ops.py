@@ -16,6 +16,7 @@ from mokkafs.render.tree import root
 from mokkafs.vfs import ROOT_INO, Tree
 
 T0 = 1_800_000_000.0
+ROOT = pyfuse3.RequestContext()  # what the kernel says of a root caller: uid 0, gid 0
 
 
 class Clock:
@@ -52,7 +53,7 @@ async def read_file(ops, path: str) -> bytes:
 
 async def write_file(ops, path: str, data: bytes) -> int:
     inode = await walk(ops, path)
-    info = await ops.open(inode, os.O_WRONLY, None)
+    info = await ops.open(inode, os.O_WRONLY, ROOT)
     try:
         return await ops.write(info.fh, 0, data)
     finally:
@@ -120,10 +121,11 @@ async def test_a_bad_write_is_einval_and_changes_nothing(ops, expect_log, path, 
     assert [g.to_dict() for g in node.gpus] == before
 
 
-async def test_read_only_files_refuse_writers(ops):
+async def test_read_only_files_refuse_writers(ops, expect_log):
+    expect_log(r"^EACCES open gpu0/info: not writable")
     inode = await walk(ops, "gpu0/info")
     with pytest.raises(pyfuse3.FUSEError) as err:
-        await ops.open(inode, os.O_WRONLY, None)
+        await ops.open(inode, os.O_WRONLY, ROOT)
     assert err.value.errno == errno.EACCES
 
 
