@@ -150,6 +150,25 @@ def test_example_pod_reaches_the_node_through_hostpath():
     assert values["nvidiaDriverRoot"] == "/var/lib/mokkafs/root/driver"
 
 
+def test_pods_see_the_node_read_only():
+    """Only the agent (the DaemonSet) writes control files; a pod given the tree or the state
+    directory gets them read-only (docs/security.md), and so does a CDI container."""
+    pod = yaml.safe_load((DEPLOY / "kind" / "nvidia-smi-pod.yaml").read_text())
+    node_paths = ("/var/lib/mokkafs/root", "/var/lib/mokkafs/state")
+    vols = {v["name"] for v in pod["spec"]["volumes"] if v.get("hostPath", {}).get("path", "").startswith(node_paths)}
+    assert vols
+    for c in pod["spec"]["containers"]:
+        for m in c["volumeMounts"]:
+            if m["name"] in vols:
+                assert m.get("readOnly") is True, m
+    from mokkafs import agent
+
+    spec = yaml.safe_load(agent.cdi_spec("/m", "/s/state", [agent.GpuDevice(0, 0, "GPU-x")],
+                                         ["usr/lib64/libnvidia-ml.so.1", "usr/bin/nvidia-smi"], "x86_64"))
+    mounts = spec["containerEdits"]["mounts"]
+    assert mounts and all("ro" in m["options"] for m in mounts), mounts
+
+
 # --- the kind node image, its unit and e2e.sh --------------------------------------------------
 
 
