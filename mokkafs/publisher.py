@@ -131,13 +131,13 @@ def fill_static(g, node: Node, i: int) -> None:
     g.pcie_max_gen = g.pcie_cur_gen = p.pci.max_link_gen
     g.pcie_max_width = g.pcie_cur_width = p.pci.max_link_width
     g.has_fan = int(p.has_fan)
-    g.fan_speed = 30 if p.has_fan else 0
+    g.fan_speed = p.fan_speed_pct or 0
     g.ecc_enabled = int(p.memory.ecc)
     g.mig_capable = int(p.mig_capable)
-    g.has_row_remapper = int(p.architecture != "Turing")
+    g.has_row_remapper = int(node.has_row_remapper)
     g.has_fabric = int(p.fabric is not None)
     if p.fabric is not None:
-        g.fabric_state = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+        g.fabric_state = p.fabric.state_code
         g.fabric_clique_id = p.fabric.clique_id
         ffi.memmove(g.fabric_cluster_uuid, bytes.fromhex(p.fabric.cluster_uuid.replace("-", "")), 16)
         g.fabric_health_mask = p.fabric.health.mask
@@ -147,7 +147,7 @@ def fill_static(g, node: Node, i: int) -> None:
     g.mem_total = p.memory.total_mib * mib
     g.mem_reserved = p.memory.reserved_mib * mib
     g.bar1_total = p.memory.bar1_mib * mib
-    g.bar1_used = 1 * mib
+    g.bar1_used = p.memory.bar1_used_mib * mib
     g.mem_bus_width = p.memory.bus_width_bits
     g.pstate = 0
     c = p.clocks
@@ -158,10 +158,10 @@ def fill_static(g, node: Node, i: int) -> None:
     g.power_min_limit = int(round(p.power.min_limit_w * 1000))
     g.power_max_limit = int(round(p.power.max_limit_w * 1000))
     t = p.thermal
-    thresholds = [-1] * 8
+    thresholds = [-1] * 8  # by nvmlTemperatureThresholds_t; -1: not reported
     thresholds[0], thresholds[1], thresholds[3] = t.shutdown_c, t.slowdown_c, t.max_operating_c
-    if t.memory_idle_c is not None:
-        thresholds[2] = 95  # HBM/GDDR max operating temperature as nvidia-smi -q reports it
+    if t.memory_max_operating_c is not None:
+        thresholds[2] = t.memory_max_operating_c
     g.temp_threshold = thresholds
     g.temp_tlimit = -1 if t.tlimit_c is None else t.tlimit_c
     g.nvlink_count = p.nvlink.links

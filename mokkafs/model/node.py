@@ -431,7 +431,7 @@ class Node:
         elif code == 63:
             self._record_remap_or_retire(i, uncorrectable=True)
         elif code == 64:
-            if self._has_row_remapper():
+            if self.has_row_remapper:
                 g.remap_failure = True
             else:
                 g.retired_pending = True
@@ -448,13 +448,14 @@ class Node:
         self._log(now, i, kernel_log_line(ident.bdf.xid, code, **details))
         return notes
 
-    def _has_row_remapper(self) -> bool:
-        # Ampere and later remap rows; Turing and earlier retire pages (nvidia-smi -q shows which).
+    @property
+    def has_row_remapper(self) -> bool:
+        """Ampere and later remap rows; Turing and earlier retire pages (nvidia-smi -q shows which)."""
         return self.profile.architecture not in ("Turing",)
 
     def _record_remap_or_retire(self, i: int, uncorrectable: bool) -> None:
         g = self.gpus[i]
-        if self._has_row_remapper():
+        if self.has_row_remapper:
             key = "remapped_unc" if uncorrectable else "remapped_corr"
             setattr(g, key, self._add(f"gpu{i} {key}", "remapped_rows", getattr(g, key), 1))
             g.remap_pending = True
