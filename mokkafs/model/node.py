@@ -33,7 +33,9 @@ from mokkafs.model.events import (
     SetLost,
     SetProcesses,
 )
+from mokkafs.model.compute import ComputeLimits, compute_limits
 from mokkafs.model.identity import GpuIdentity, NodeConfig, gpu_identities
+from mokkafs.model.topology import Layout, pci_layout
 from mokkafs.model.xid import NEEDS_RESET, kernel_log_line
 
 THERMAL_TAU_S = 40.0  # first-order lag of die temperature behind power
@@ -318,6 +320,10 @@ class Node:
         self.config = config
         self.profile = config.profile
         self.identities: list[GpuIdentity] = gpu_identities(config)
+        # Facts of the composition, computed once: where every PCI function sits, what each
+        # NVLink reaches, the topology levels and CPU masks, the SM limits CUDA reports.
+        self.layout: Layout = pci_layout(config)
+        self.compute: ComputeLimits = compute_limits(self.profile.compute_capability)
         self.gpus: list[GpuState] = [
             GpuState(t0=now, temp0=float(self.profile.thermal.idle_c)) for _ in self.identities
         ]
