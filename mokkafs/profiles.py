@@ -46,6 +46,7 @@ class Memory(_Strict):
     total_mib: Annotated[int, Field(gt=0)]
     reserved_mib: Annotated[int, Field(ge=0)]
     bar1_mib: Annotated[int, Field(gt=0)]
+    bar1_used_mib: Annotated[int, Field(ge=0)] = 0  # what the idle board's driver maps (bar1_memory_usage/used)
     bus_width_bits: Annotated[int, Field(gt=0)]
     ecc: bool
 
@@ -53,6 +54,8 @@ class Memory(_Strict):
     def _reserved_fits(self) -> "Memory":
         if self.reserved_mib >= self.total_mib:
             raise ValueError("reserved_mib must be smaller than total_mib")
+        if self.bar1_used_mib > self.bar1_mib:
+            raise ValueError("bar1_used_mib must be at most bar1_mib")
         return self
 
 
@@ -95,6 +98,13 @@ class Thermal(_Strict):
     shutdown_c: int
     max_operating_c: int
     tlimit_c: int | None = None
+    memory_max_operating_c: int | None = None  # HBM/GDDR max operating temperature; null: not reported
+
+    @model_validator(mode="after")
+    def _memory_sensor(self) -> "Thermal":
+        if self.memory_max_operating_c is not None and self.memory_idle_c is None:
+            raise ValueError("memory_max_operating_c needs memory_idle_c (a board without a memory sensor has none)")
+        return self
 
     @model_validator(mode="after")
     def _ordered(self) -> "Thermal":
@@ -149,14 +159,24 @@ class FabricHealth(_Strict):
         )
 
 
-class Fabric(_Strict):
-    """The NVLink fabric as nvmlDeviceGetGpuFabricInfo reports it once the fabric manager has
-    run (state Completed, status Success). A single-node NVSwitch baseboard (HGX) reports clique
-    0 and an all-zero cluster UUID; a multi-node NVLink domain (GB200/GB300 NVL) its own."""
+FABRIC_STATES = {"Not Supported": 0, "Not Started": 1, "In Progress": 2, "Completed": 3}  # nvmlGpuFabricState_t
 
+
+class Fabric(_Strict):
+    """The NVLink fabric as nvmlDeviceGetGpuFabricInfo reports it; every captured board shows
+    the state after the fabric manager has run (Completed, status Success). A single-node
+    NVSwitch baseboard (HGX) reports clique 0 and an all-zero cluster UUID; a multi-node NVLink
+    domain (GB200/GB300 NVL) its own."""
+
+    state: Literal["Not Supported", "Not Started", "In Progress", "Completed"] = "Completed"
     clique_id: Annotated[int, Field(ge=0, le=0xFFFFFFFF)]
     cluster_uuid: Annotated[str, Field(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")]
     health: FabricHealth = FabricHealth()
+
+    @property
+    def state_code(self) -> int:
+        """nvmlGpuFabricState_t."""
+        return FABRIC_STATES[self.state]
 
     @property
     def multi_node(self) -> bool:
@@ -229,6 +249,7 @@ class GpuProfile(_Strict):
     mig_capable: bool
     fabric: Fabric | None  # null: no fabric info (N/A), as on PCIe boards and before Hopper
     has_fan: bool
+    fan_speed_pct: Annotated[int, Field(ge=0, le=100)] | None = None  # the idle board's fan speed; only with has_fan
     node: NodeDefaults
 
     @field_validator("compute_capability")
@@ -237,6 +258,12 @@ class GpuProfile(_Strict):
         if not re.fullmatch(r"\d+\.\d+", v):
             raise ValueError("compute_capability must look like 9.0")
         return v
+
+    @model_validator(mode="after")
+    def _fan(self) -> "GpuProfile":
+        if self.has_fan != (self.fan_speed_pct is not None):
+            raise ValueError("fan_speed_pct is given exactly when has_fan is true (the speed the board reports)")
+        return self
 
     @property
     def grace(self) -> bool:

@@ -37,7 +37,8 @@ _INT_MAX = 0x7FFFFFFF
 
 BRANDS = {"Quadro": 1, "Tesla": 2, "NVS": 3, "GeForce": 5, "Titan": 6, "NVIDIA RTX": 13, "NVIDIA": 14}
 ARCHITECTURES = {"Turing": 6, "Ampere": 7, "Ada Lovelace": 8, "Hopper": 9, "Blackwell": 10}
-NVSWITCH_BUS_BASE = 0xC0  # where the simulated NVSwitches sit on the remote end of NVLinks
+NVLINK_DEVICE_TYPES = {"gpu": 0, "switch": 2}  # nvmlIntNvLinkDeviceType_t
+CPU_WORD_BITS = 64
 
 
 def header_path() -> Path:
@@ -131,13 +132,13 @@ def fill_static(g, node: Node, i: int) -> None:
     g.pcie_max_gen = g.pcie_cur_gen = p.pci.max_link_gen
     g.pcie_max_width = g.pcie_cur_width = p.pci.max_link_width
     g.has_fan = int(p.has_fan)
-    g.fan_speed = 30 if p.has_fan else 0
+    g.fan_speed = p.fan_speed_pct or 0
     g.ecc_enabled = int(p.memory.ecc)
     g.mig_capable = int(p.mig_capable)
-    g.has_row_remapper = int(p.architecture != "Turing")
+    g.has_row_remapper = int(node.has_row_remapper)
     g.has_fabric = int(p.fabric is not None)
     if p.fabric is not None:
-        g.fabric_state = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+        g.fabric_state = p.fabric.state_code
         g.fabric_clique_id = p.fabric.clique_id
         ffi.memmove(g.fabric_cluster_uuid, bytes.fromhex(p.fabric.cluster_uuid.replace("-", "")), 16)
         g.fabric_health_mask = p.fabric.health.mask
@@ -147,7 +148,7 @@ def fill_static(g, node: Node, i: int) -> None:
     g.mem_total = p.memory.total_mib * mib
     g.mem_reserved = p.memory.reserved_mib * mib
     g.bar1_total = p.memory.bar1_mib * mib
-    g.bar1_used = 1 * mib
+    g.bar1_used = p.memory.bar1_used_mib * mib
     g.mem_bus_width = p.memory.bus_width_bits
     g.pstate = 0
     c = p.clocks
@@ -158,27 +159,34 @@ def fill_static(g, node: Node, i: int) -> None:
     g.power_min_limit = int(round(p.power.min_limit_w * 1000))
     g.power_max_limit = int(round(p.power.max_limit_w * 1000))
     t = p.thermal
-    thresholds = [-1] * 8
+    thresholds = [-1] * 8  # by nvmlTemperatureThresholds_t; -1: not reported
     thresholds[0], thresholds[1], thresholds[3] = t.shutdown_c, t.slowdown_c, t.max_operating_c
-    if t.memory_idle_c is not None:
-        thresholds[2] = 95  # HBM/GDDR max operating temperature as nvidia-smi -q reports it
+    if t.memory_max_operating_c is not None:
+        thresholds[2] = t.memory_max_operating_c
     g.temp_threshold = thresholds
     g.temp_tlimit = -1 if t.tlimit_c is None else t.tlimit_c
     g.nvlink_count = p.nvlink.links
-    switches = node.config.nvswitches
-    for link in range(p.nvlink.links):
+    for link, remote in enumerate(node.layout.nvlinks[i]):
         nl = g.nvlink[link]
         nl.version = p.nvlink.version
-        if switches:
-            nl.remote_type = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
-            nl.remote_bus = NVSWITCH_BUS_BASE + link % switches
-            nl.remote_pci_device_id = ((node.config.profile.node.nvswitch_device_id or 0) << 16) | 0x10DE
-        else:
-            nl.remote_type = 0
-            peer = node.identities[(i + 1) % len(node.identities)]
-            nl.remote_domain, nl.remote_bus = peer.bdf.domain, peer.bdf.bus
-            nl.remote_pci_device_id = g.pci_device_id
+        nl.remote_type = NVLINK_DEVICE_TYPES[remote.kind]
+        if remote.bdf is not None:
+            nl.remote_has_pci = 1
+            nl.remote_domain, nl.remote_bus, nl.remote_device = remote.bdf.domain, remote.bdf.bus, remote.bdf.device
+            nl.remote_pci_device_id = (remote.device << 16) | remote.vendor
     g.l2_cache_bytes = p.l2_cache_bytes
+    mask = [0] * len(g.cpu_affinity)
+    for cpu in node.layout.gpu_cpus(i):
+        mask[cpu // CPU_WORD_BITS] |= 1 << (cpu % CPU_WORD_BITS)
+    g.cpu_affinity = mask
+    levels = node.layout.levels[i][:MAX_GPUS]
+    ffi.memmove(g.topo_level, bytes(levels), len(levels))
+    limits = node.compute
+    g.max_threads_per_sm = limits.max_threads_per_sm
+    g.shared_memory_per_sm = limits.shared_memory_per_sm
+    g.shared_memory_per_block_optin = limits.shared_memory_per_block_optin
+    g.max_blocks_per_sm = limits.max_blocks_per_sm
+    g.fp32_to_fp64_ratio = limits.fp32_to_fp64_ratio
 
 
 def fill_dynamic(g, node: Node, i: int, now: float) -> None:

@@ -331,3 +331,88 @@ def test_a_throttle_pin_built_directly_gets_the_implied_reasons(h100):
     assert h100.readings(0, T0).throttle_reasons == ["hw_slowdown", "hw_power_brake_slowdown"]
     with pytest.raises(InvalidCommand, match="unknown throttle reason"):
         Pin(0, "throttle", ("sideways",))
+
+
+# --- facts of the composition: topology levels, NVLink ends, CPU masks, SM limits ---------------
+
+
+def test_topology_level_follows_the_pci_tree():
+    from dataclasses import replace
+
+    from mokkafs.model.topology import (
+        TOPOLOGY_HOSTBRIDGE, TOPOLOGY_INTERNAL, TOPOLOGY_MULTIPLE, TOPOLOGY_NODE, TOPOLOGY_SINGLE, TOPOLOGY_SYSTEM,
+        pci_layout, topology_level)
+
+    layout = pci_layout(compose(load_profile("h100")))
+    gpu0, gpu1, gpu4 = (layout.chain(layout.of("gpu", i)) for i in (0, 1, 4))
+    hca0 = layout.chain(layout.of("hca", 0))
+    assert topology_level(gpu0, gpu0) == TOPOLOGY_INTERNAL
+    assert topology_level(gpu0, hca0) == TOPOLOGY_SINGLE  # one switch: down, up, down
+    assert topology_level(gpu0, gpu1) == TOPOLOGY_NODE  # own host bridges, one NUMA node
+    assert topology_level(gpu0, gpu4) == TOPOLOGY_SYSTEM
+    # The same GPU behind a second switch under GPU 0's root port: the paths meet at the root port.
+    rp, up, down, gpu = gpu0
+    other = [rp, replace(up, bdf=replace(up.bdf, device=1)), replace(down, bdf=replace(down.bdf, device=9)),
+             replace(gpu, bdf=replace(gpu.bdf, bus=0x77))]
+    assert topology_level(gpu0, other) == TOPOLOGY_MULTIPLE
+    # Another root port of GPU 0's host bridge.
+    beside = [replace(f, bdf=replace(f.bdf, bus=f.bdf.bus + 0x40)) for f in gpu1]
+    beside = [replace(f, root_bus=rp.root_bus) for f in beside]
+    assert topology_level(gpu0, beside) == TOPOLOGY_HOSTBRIDGE
+    assert layout.levels[0] == (0, 40, 40, 40, 50, 50, 50, 50)
+    assert all(layout.levels[i][j] == layout.levels[j][i] for i in range(8) for j in range(8))
+
+
+@pytest.mark.parametrize("profile, kinds, on_pci", [
+    ("h100", {"switch"}, True),  # 4 NVSwitches with a PCI id: NVLinks name them
+    ("b200", {"switch"}, False),  # switches without a published PCI id: nothing to name
+    ("gb200", {"switch"}, False),  # NVL72: the switches sit in other trays
+    ("l40s", set(), False),
+])
+def test_nvlink_ends_are_functions_of_the_layout(profile, kinds, on_pci):
+    node = Node(compose(load_profile(profile)), T0)
+    layout = node.layout
+    switches = {f.bdf: f for f in layout.functions if f.kind == "nvswitch"}
+    for i, links in enumerate(layout.nvlinks):
+        assert len(links) == node.profile.nvlink.links
+        assert {r.kind for r in links} == kinds
+        for r in links:
+            assert (r.bdf is not None) == on_pci
+            if r.bdf is not None:
+                f = switches[r.bdf]
+                assert (r.vendor, r.device) == (f.vendor, f.device)
+    if on_pci:  # round robin: every switch carries links of every GPU
+        assert {r.bdf for r in layout.nvlinks[0]} == set(switches)
+
+
+def test_nvlink_bridged_pairs_without_switches():
+    """A board with NVLinks, no switches and no multi-node fabric pairs GPUs 0-1, 2-3 by bridges."""
+    import json
+
+    data = load_profile("a100").model_dump(mode="json")
+    data["node"]["nvswitches"] = 0
+    data["node"]["nvswitch_device_id"] = None
+    from mokkafs.profiles import GpuProfile
+
+    layout = Node(compose(GpuProfile.model_validate(json.loads(json.dumps(data))), gpus=3), T0).layout
+    gpus = {f.index: f.bdf for f in layout.functions if f.kind == "gpu"}
+    assert {r.bdf for r in layout.nvlinks[0]} == {gpus[1]} and {r.bdf for r in layout.nvlinks[1]} == {gpus[0]}
+    assert {(r.kind, r.bdf) for r in layout.nvlinks[2]} == {("gpu", None)}  # an odd GPU out has no peer
+
+
+def test_gpu_cpus_are_the_numa_nodes_cpus():
+    layout = Node(compose(load_profile("h100")), T0).layout
+    assert layout.gpu_cpus(0) == [*range(0, 56), *range(112, 168)]
+    assert layout.gpu_cpus(7) == [*range(56, 112), *range(168, 224)]
+    grace = Node(compose(load_profile("gb200")), T0).layout
+    assert grace.gpu_cpus(0) == list(range(72)) and grace.gpu_cpus(3) == list(range(72, 144))
+
+
+@pytest.mark.parametrize("cc, threads, blocks", [("7.5", 1024, 16), ("8.0", 2048, 32), ("8.7", 1536, 16),
+                                                 ("8.9", 1536, 24), ("9.0", 2048, 32), ("11.0", 2048, 32),
+                                                 ("12.1", 1536, 24), ("6.1", 1024, 16)])
+def test_compute_limits_by_capability(cc, threads, blocks):
+    from mokkafs.model.compute import compute_limits
+
+    limits = compute_limits(cc)
+    assert (limits.max_threads_per_sm, limits.max_blocks_per_sm) == (threads, blocks)

@@ -279,3 +279,24 @@ def test_an_event_set_made_before_a_truncation_still_gets_events(tmp_path, expec
             w.stdout.close()
     finally:
         pub.close()
+
+
+def test_a_board_with_a_fan_reports_the_profiles_speed(nvml, tmp_path, monkeypatch):
+    """No shipped board has a fan; one that has reports the speed its profile gives, not a
+    number the publisher picks."""
+    import json
+
+    from mokkafs.profiles import load_profile
+
+    data = load_profile("l40s").model_dump(mode="json") | {"has_fan": True, "fan_speed_pct": 42}
+    path = tmp_path / "fan.yaml"
+    path.write_text(json.dumps(data))  # JSON is YAML
+    pub = Published(tmp_path, str(path), gpus=1)
+    monkeypatch.setenv("MOKKA_STATE", str(pub.path))
+    try:
+        assert nvml.nvmlInit_v2() == SUCCESS
+        h, v = handle(nvml, 0), C.c_uint()
+        assert nvml.nvmlDeviceGetFanSpeed(h, C.byref(v)) == SUCCESS and v.value == 42
+        assert nvml.nvmlDeviceGetNumFans(h, C.byref(v)) == SUCCESS and v.value == 1
+    finally:
+        pub.close()

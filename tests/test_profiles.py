@@ -131,6 +131,7 @@ def test_memory_matches_capture(pair):
     assert p.memory.total_mib == _num(g, "fb_memory_usage/total")
     assert p.memory.reserved_mib == _num(g, "fb_memory_usage/reserved")
     assert p.memory.bar1_mib == _num(g, "bar1_memory_usage/total")
+    assert p.memory.bar1_used_mib == _num(g, "bar1_memory_usage/used")
     assert p.memory.ecc == (_text(g, "ecc_mode/current_ecc") == "Enabled")
 
 
@@ -171,6 +172,8 @@ def test_thermal_matches_capture(pair):
     tlimit = _text(g, "temperature/gpu_temp_tlimit")
     if tlimit == "N/A":  # absolute thresholds (Turing, Ampere)
         assert p.thermal.tlimit_c is None
+        mem_max = _text(g, "temperature/gpu_temp_max_mem_threshold")
+        assert p.thermal.memory_max_operating_c == (None if mem_max == "N/A" else _num(g, "temperature/gpu_temp_max_mem_threshold"))
         assert p.thermal.slowdown_c == _num(g, "temperature/gpu_temp_slow_threshold")
         assert p.thermal.shutdown_c == _num(g, "temperature/gpu_temp_max_threshold")
         assert p.thermal.max_operating_c == _num(g, "temperature/gpu_temp_max_gpu_threshold")
@@ -180,18 +183,24 @@ def test_thermal_matches_capture(pair):
         assert p.thermal.slowdown_c == t - _num(g, "temperature/gpu_temp_slow_tlimit_threshold")
         assert p.thermal.shutdown_c == t - _num(g, "temperature/gpu_temp_max_tlimit_threshold")
         assert p.thermal.max_operating_c == t - _num(g, "temperature/gpu_temp_max_gpu_tlimit_threshold")
+        # Only a margin for memory, whose T.Limit reference is not printed: the absolute value is
+        # inferred (docs/profiles.md); where there is no margin there is no threshold.
+        if _text(g, "temperature/gpu_temp_max_mem_tlimit_threshold") == "N/A":
+            assert p.thermal.memory_max_operating_c is None
 
 
 def test_flags_and_node_match_capture(pair):
     p, root, gpus = pair
     g = gpus[0]
     assert p.has_fan == (_text(g, "fan_speed") != "N/A")
+    assert p.fan_speed_pct == (None if not p.has_fan else _num(g, "fan_speed"))
     assert p.mig_capable == (_text(g, "mig_mode/current_mig") != "N/A")
     if _text(g, "fabric/state") == "N/A":
         assert p.fabric is None
     else:
-        assert (_text(g, "fabric/state"), _text(g, "fabric/status")) == ("Completed", "Success")
-        assert p.fabric is not None and str(p.fabric.clique_id) == _text(g, "fabric/cliqueId")
+        assert p.fabric is not None and p.fabric.state == _text(g, "fabric/state")
+        assert _text(g, "fabric/status") == "Success"
+        assert str(p.fabric.clique_id) == _text(g, "fabric/cliqueId")
         assert p.fabric.cluster_uuid == _text(g, "fabric/clusterUuid")
         h = p.fabric.health
         shown = {None: "N/A", True: "True", False: "False"}
@@ -318,3 +327,20 @@ def test_an_unknown_fabric_health_value_is_refused(tmp_path):
     with pytest.raises(ProfileError) as e:
         load_profile(str(path))
     assert "fabric.health.summary" in str(e.value) and "Healthy" in str(e.value)
+
+
+@pytest.mark.parametrize("old, new, key, why", [
+    ("  bar1_used_mib: 1 ", "  bar1_used_mib: 131073 ", "memory", "bar1_used_mib must be at most bar1_mib"),
+    ("  bar1_used_mib: 1 ", "  bar1_used_mib: -1 ", "memory.bar1_used_mib", "greater than or equal to 0"),
+    ("  memory_idle_c: 37", "  memory_idle_c: null", "thermal", "memory_max_operating_c needs memory_idle_c"),
+    ("  state: Completed ", "  state: Done ", "fabric.state", "Completed"),
+    ("has_fan: false", "has_fan: true", "(top level)", "fan_speed_pct is given exactly when has_fan"),
+    ("has_fan: false", "has_fan: false\nfan_speed_pct: 30", "(top level)", "fan_speed_pct is given exactly"),
+    ("has_fan: false", "has_fan: true\nfan_speed_pct: 101", "fan_speed_pct", "less than or equal to 100"),
+])
+def test_board_facts_the_publisher_used_to_make_up_are_checked(tmp_path, old, new, key, why):
+    assert old in _valid_yaml()
+    path = _write(tmp_path, _valid_yaml().replace(old, new, 1))
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    assert f"  {key}: " in str(e.value) and why in str(e.value), str(e.value)

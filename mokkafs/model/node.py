@@ -33,7 +33,9 @@ from mokkafs.model.events import (
     SetLost,
     SetProcesses,
 )
+from mokkafs.model.compute import ComputeLimits, compute_limits
 from mokkafs.model.identity import GpuIdentity, NodeConfig, gpu_identities
+from mokkafs.model.topology import Layout, pci_layout
 from mokkafs.model.xid import NEEDS_RESET, kernel_log_line
 
 THERMAL_TAU_S = 40.0  # first-order lag of die temperature behind power
@@ -318,6 +320,10 @@ class Node:
         self.config = config
         self.profile = config.profile
         self.identities: list[GpuIdentity] = gpu_identities(config)
+        # Facts of the composition, computed once: where every PCI function sits, what each
+        # NVLink reaches, the topology levels and CPU masks, the SM limits CUDA reports.
+        self.layout: Layout = pci_layout(config)
+        self.compute: ComputeLimits = compute_limits(self.profile.compute_capability)
         self.gpus: list[GpuState] = [
             GpuState(t0=now, temp0=float(self.profile.thermal.idle_c)) for _ in self.identities
         ]
@@ -431,7 +437,7 @@ class Node:
         elif code == 63:
             self._record_remap_or_retire(i, uncorrectable=True)
         elif code == 64:
-            if self._has_row_remapper():
+            if self.has_row_remapper:
                 g.remap_failure = True
             else:
                 g.retired_pending = True
@@ -448,13 +454,14 @@ class Node:
         self._log(now, i, kernel_log_line(ident.bdf.xid, code, **details))
         return notes
 
-    def _has_row_remapper(self) -> bool:
-        # Ampere and later remap rows; Turing and earlier retire pages (nvidia-smi -q shows which).
+    @property
+    def has_row_remapper(self) -> bool:
+        """Ampere and later remap rows; Turing and earlier retire pages (nvidia-smi -q shows which)."""
         return self.profile.architecture not in ("Turing",)
 
     def _record_remap_or_retire(self, i: int, uncorrectable: bool) -> None:
         g = self.gpus[i]
-        if self._has_row_remapper():
+        if self.has_row_remapper:
             key = "remapped_unc" if uncorrectable else "remapped_corr"
             setattr(g, key, self._add(f"gpu{i} {key}", "remapped_rows", getattr(g, key), 1))
             g.remap_pending = True

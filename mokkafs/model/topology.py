@@ -7,6 +7,7 @@ A pure, deterministic function of the node's composition, shared by the sysfs, I
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from mokkafs.model.identity import Bdf, NodeConfig, gpu_identities
 
@@ -102,11 +103,22 @@ class PciFunction:
         return f"pci{self.bdf.domain:04x}:{self.root_bus:02x}"
 
 
+# nvmlGpuTopologyLevel_t: how far apart two GPUs are on the PCI tree (nvidia-smi topo -m).
+TOPOLOGY_INTERNAL, TOPOLOGY_SINGLE, TOPOLOGY_MULTIPLE, TOPOLOGY_HOSTBRIDGE, TOPOLOGY_NODE, TOPOLOGY_SYSTEM = (
+    0, 10, 20, 30, 40, 50)
+
+MAX_CPUS = 1024  # what NVML's CPU masks carry ("currently supports up to 1024 processors")
+
+
 @dataclass(frozen=True)
 class CpuLayout:
     numa_nodes: int
     cores_per_node: int
     threads: int  # hardware threads per core
+
+    def __post_init__(self) -> None:
+        if self.total > MAX_CPUS:
+            raise ValueError(f"{self.total} CPUs: NVML's CPU masks carry at most {MAX_CPUS}")
 
     @property
     def total(self) -> int:
@@ -139,9 +151,24 @@ def hca_link(rate_gbps: int) -> int:
 
 
 @dataclass(frozen=True)
+class NvLinkRemote:
+    """What is at the far end of one NVLink: a GPU or an NVSwitch, and the PCI function that
+    sysfs shows for it; `bdf` is None where the host enumerates none (the switches of HGX B200
+    have no PCI id, those of a GB200/GB300 NVL72 sit in other trays)."""
+
+    kind: str  # gpu | switch
+    bdf: Bdf | None
+    vendor: int = 0
+    device: int = 0
+
+
+@dataclass(frozen=True)
 class Layout:
     functions: tuple[PciFunction, ...]
     cpus: CpuLayout
+    # Per GPU index: the far end of each NVLink, and the nvmlGpuTopologyLevel_t to every GPU.
+    nvlinks: tuple[tuple[NvLinkRemote, ...], ...] = ()
+    levels: tuple[tuple[int, ...], ...] = ()
 
     def by_bdf(self) -> dict[Bdf, PciFunction]:
         return {f.bdf: f for f in self.functions}
@@ -160,7 +187,52 @@ class Layout:
             out.insert(0, table[out[0].parent])
         return out
 
+    def gpu_cpus(self, gpu: int) -> list[int]:
+        """The CPUs local to GPU `gpu`: sysfs local_cpulist, NVML's CPU affinity, topo -m."""
+        return self.cpus.cpus(self.of("gpu", gpu).numa_node)
 
+
+def topology_level(a: list[PciFunction], b: list[PciFunction]) -> int:
+    """nvmlGpuTopologyLevel_t of two endpoints given as their `Layout.chain`s: below one
+    switch's upstream port the path crosses that switch only (SINGLE), below a common bridge
+    higher up it crosses several (MULTIPLE); without one, the host bridge (HOSTBRIDGE), the
+    host bridges of one NUMA node (NODE) or the CPUs' interconnect (SYSTEM)."""
+    if a[-1].bdf == b[-1].bdf:
+        return TOPOLOGY_INTERNAL
+    common = [x for x, y in zip(a[:-1], b[:-1]) if x.bdf == y.bdf]
+    if common:
+        return TOPOLOGY_SINGLE if common[-1].kind == "switch_up" else TOPOLOGY_MULTIPLE
+    if a[-1].host_bridge == b[-1].host_bridge:
+        return TOPOLOGY_HOSTBRIDGE
+    return TOPOLOGY_NODE if a[-1].numa_node == b[-1].numa_node else TOPOLOGY_SYSTEM
+
+
+def _nvlink_remotes(config: NodeConfig, fns: list[PciFunction]) -> tuple[tuple[NvLinkRemote, ...], ...]:
+    """Where each GPU's NVLinks go: round robin over the node's NVSwitches; to switches outside
+    the host where the node has none but sits in a multi-node NVLink domain; else to the GPU of
+    its bridged pair (0-1, 2-3, ...), where there is one."""
+    p = config.profile
+    switches = sorted((f for f in fns if f.kind == "nvswitch"), key=lambda f: f.index)
+    gpus = {f.index: f for f in fns if f.kind == "gpu"}
+    out = []
+    for i in range(config.gpus):
+        links = []
+        for link in range(p.nvlink.links):
+            if switches:
+                sw = switches[link % len(switches)]
+                links.append(NvLinkRemote("switch", sw.bdf, sw.vendor, sw.device))
+            elif config.nvswitches or (p.fabric is not None and p.fabric.multi_node):
+                links.append(NvLinkRemote("switch", None))
+            elif (i ^ 1) in gpus:
+                peer = gpus[i ^ 1]
+                links.append(NvLinkRemote("gpu", peer.bdf, peer.vendor, peer.device))
+            else:
+                links.append(NvLinkRemote("gpu", None))
+        out.append(tuple(links))
+    return tuple(out)
+
+
+@lru_cache(maxsize=16)
 def pci_layout(config: NodeConfig) -> Layout:
     p = config.profile
     fns: list[PciFunction] = []
@@ -267,7 +339,10 @@ def pci_layout(config: NodeConfig) -> Layout:
     fns.sort(key=lambda f: (f.bdf.domain, f.bdf.bus, f.bdf.device, f.bdf.function))
     # IRQ numbers in probe order, as the kernel hands out MSI vectors (values are illustrative).
     fns = [replace(f, irq=(24 + n) if f.is_bridge else (128 + 16 * n)) for n, f in enumerate(fns)]
-    return Layout(tuple(fns), cpu_layout(config))
+    layout = Layout(tuple(fns), cpu_layout(config))
+    chains = [layout.chain(layout.of("gpu", i)) for i in range(config.gpus)]
+    levels = tuple(tuple(topology_level(a, b) for b in chains) for a in chains)
+    return replace(layout, nvlinks=_nvlink_remotes(config, fns), levels=levels)
 
 
 def _hca(config: NodeConfig, index: int, bdf: Bdf, parent: Bdf, start: int, gen: int, numa: int, root_bus: int):

@@ -77,8 +77,9 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/publisher.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 4
+#define MOKKA_STATE_VERSION 5
 #define MOKKA_MAX_GPUS 64
+#define MOKKA_CPU_WORDS 16         /* 1024 CPUs, what NVML's CPU masks carry */
 #define MOKKA_MAX_NVLINKS 18
 #define MOKKA_EVENT_RING 256
 #define MOKKA_ECC_LOCATIONS 8
@@ -104,7 +105,7 @@ struct mokka_nvlink {
     uint32_t remote_device;
     uint32_t remote_pci_device_id; /* (device << 16) | vendor */
     uint32_t remote_type;      /* nvmlIntNvLinkDeviceType_t: 0 GPU, 1 IBMNPU, 2 SWITCH */
-    uint32_t pad0;
+    uint32_t remote_has_pci;   /* 1: remote_* name a PCI function sysfs shows; 0: none to name */
 };
 
 struct mokka_gpu {
@@ -213,6 +214,16 @@ struct mokka_gpu {
     struct mokka_gpu_process processes[MOKKA_MAX_GPU_PROCS];
     /* identity NVML has no getter for (version 3); nvidia-smi -q reads it here */
     char gpu_part_number[32];
+    /* facts of the composition the model computes once (version 5) */
+    uint64_t cpu_affinity[MOKKA_CPU_WORDS]; /* bit c: CPU c is local to this GPU (sysfs local_cpus) */
+    uint8_t topo_level[MOKKA_MAX_GPUS];     /* nvmlGpuTopologyLevel_t to the GPU of each index */
+    /* the SM's limits as cuDeviceGetAttribute reports them (mokkafs/model/compute.py) */
+    uint32_t max_threads_per_sm;
+    uint32_t shared_memory_per_sm;          /* bytes */
+    uint32_t shared_memory_per_block_optin; /* bytes */
+    uint32_t max_blocks_per_sm;
+    uint32_t fp32_to_fp64_ratio;
+    uint32_t pad2;
 };
 
 struct mokka_event {

@@ -554,25 +554,11 @@ CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId)
     return CUDA_ERROR_INVALID_DEVICE;
 }
 
-/* Per-architecture limits that no profile needs to carry (the CUDA programming guide's
-   "technical specifications per compute capability"). */
-struct arch_limits {
-    int threads_per_sm, shared_per_sm, shared_optin, blocks_per_sm, fp64_ratio;
+/* The SM's limits per compute capability (the CUDA programming guide's "technical
+   specifications per compute capability") are data, in mokkafs/model/compute.py, published. */
+struct sm_limits {
+    uint32_t threads_per_sm, shared_per_sm, shared_optin, blocks_per_sm, fp64_ratio;
 };
-
-static struct arch_limits arch_limits(int major, int minor)
-{
-    int cc = major * 10 + minor;
-    if (cc <= 75)
-        return (struct arch_limits){1024, 65536, 65536, 16, 32};
-    if (cc == 80)
-        return (struct arch_limits){2048, 167936, 166912, 32, 2};
-    if (cc < 90)
-        return (struct arch_limits){1536, 102400, 101376, cc == 89 ? 24 : 16, 64};
-    if (cc < 120)
-        return (struct arch_limits){2048, 233472, 232448, 32, 2};
-    return (struct arch_limits){1536, 102400, 101376, 24, 64};
-}
 
 CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
@@ -596,7 +582,12 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     SNAP(g->has_fabric, has_fabric);
     SNAP(g->numa_node, numa);
     SNAP(g->l2_cache_bytes, l2);
-    struct arch_limits a = arch_limits((int)cc[0], (int)cc[1]);
+    struct sm_limits a;
+    SNAP(g->max_threads_per_sm, a.threads_per_sm);
+    SNAP(g->shared_memory_per_sm, a.shared_per_sm);
+    SNAP(g->shared_memory_per_block_optin, a.shared_optin);
+    SNAP(g->max_blocks_per_sm, a.blocks_per_sm);
+    SNAP(g->fp32_to_fp64_ratio, a.fp64_ratio);
     int ampere = cc[0] >= 8, hopper = cc[0] >= 9;
     int v = 0;
     switch (attrib) {
@@ -631,7 +622,7 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     case 36: v = (int)clk_max[2] * 1000; break;      /* MEMORY_CLOCK_RATE, kHz */
     case 37: v = (int)bus_width; break;              /* GLOBAL_MEMORY_BUS_WIDTH */
     case 38: v = (int)l2; break;                     /* L2_CACHE_SIZE */
-    case 39: v = a.threads_per_sm; break;            /* MAX_THREADS_PER_MULTIPROCESSOR */
+    case 39: v = (int)a.threads_per_sm; break;       /* MAX_THREADS_PER_MULTIPROCESSOR */
     case 40: v = 2; break;                           /* ASYNC_ENGINE_COUNT */
     case 41: v = 1; break;                           /* UNIFIED_ADDRESSING */
     case 42: v = 32768; break;
@@ -659,18 +650,18 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     case 76: v = (int)cc[1]; break;                  /* COMPUTE_CAPABILITY_MINOR */
     case 77: v = 32768; break;
     case 78: case 79: case 80: v = 1; break;         /* stream priorities, L1 caches */
-    case 81: v = a.shared_per_sm; break;             /* MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */
+    case 81: v = (int)a.shared_per_sm; break;        /* MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */
     case 82: v = 65536; break;                       /* MAX_REGISTERS_PER_MULTIPROCESSOR */
     case 83: v = 1; break;                           /* MANAGED_MEMORY */
     case 84: v = 0; break;                           /* MULTI_GPU_BOARD */
     case 85: v = (int)index; break;                  /* MULTI_GPU_BOARD_GROUP_ID */
-    case 87: v = a.fp64_ratio; break;                /* SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO */
+    case 87: v = (int)a.fp64_ratio; break;           /* SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO */
     case 89: case 90: case 91: v = 1; break;         /* concurrent managed access, preemption, ... */
     case 95: v = 1; break;                           /* COOPERATIVE_LAUNCH */
-    case 97: v = a.shared_optin; break;              /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
+    case 97: v = (int)a.shared_optin; break;         /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
     case 99: v = 1; break;                           /* HOST_REGISTER_SUPPORTED */
     case 102: case 103: v = 1; break;                /* VMM, POSIX fd handles */
-    case 106: v = a.blocks_per_sm; break;            /* MAX_BLOCKS_PER_MULTIPROCESSOR */
+    case 106: v = (int)a.blocks_per_sm; break;       /* MAX_BLOCKS_PER_MULTIPROCESSOR */
     case 107: v = ampere; break;                     /* GENERIC_COMPRESSION_SUPPORTED */
     case 108: v = ampere ? (int)(l2 / 4 * 3) : 0; break; /* MAX_PERSISTING_L2_CACHE_SIZE */
     case 109: v = ampere ? 134213632 : 0; break;     /* MAX_ACCESS_POLICY_WINDOW_SIZE */

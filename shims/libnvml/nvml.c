@@ -1349,6 +1349,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, un
     LINK(link);
     struct mokka_nvlink c;
     snap(s, nl, &c, sizeof(c));
+    if (!c.remote_has_pci)
+        return NVML_ERROR_NOT_SUPPORTED; /* a switch the host does not enumerate: nothing to name */
     memset(pci, 0, sizeof(*pci));
     pci->domain = c.remote_domain;
     pci->bus = c.remote_bus;
@@ -1397,16 +1399,12 @@ nvmlReturn_t DECLDIR nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsign
 
 /* ---- topology and affinity ------------------------------------------------------------ */
 
+/* The model computes the level of every pair from the PCI tree (mokkafs/model/topology.py). */
 static nvmlGpuTopologyLevel_t level_between(const struct mokka_state *s, unsigned a, unsigned b)
 {
-    if (a == b)
-        return NVML_TOPOLOGY_INTERNAL;
-    int32_t na, nb;
-    SNAP(s, s->gpus[a].numa_node, na);
-    SNAP(s, s->gpus[b].numa_node, nb);
-    /* Each GPU sits behind its own PCIe switch under a CPU root complex: GPUs of one NUMA node
-       meet at the host bridge's node, others only across the CPU interconnect. */
-    return na == nb ? NVML_TOPOLOGY_NODE : NVML_TOPOLOGY_SYSTEM;
+    uint8_t v;
+    SNAP(s, s->gpus[a].topo_level[b], v);
+    return (nvmlGpuTopologyLevel_t)v;
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2,
@@ -1444,17 +1442,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t device, nvmlG
     return n > room ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
 }
 
-static unsigned numa_nodes(const struct mokka_state *s)
-{
-    int32_t max = 0, v;
-    for (unsigned i = 0; i < gpu_count(s); i++) {
-        SNAP(s, s->gpus[i].numa_node, v);
-        if (v > max)
-            max = v;
-    }
-    return (unsigned)max + 1;
-}
-
+/* The simulated node's CPU mask of this GPU, as sysfs local_cpus shows it (published by the
+   model); both scopes are that mask, since each simulated NUMA node is one socket. */
 nvmlReturn_t DECLDIR nvmlDeviceGetCpuAffinityWithinScope(nvmlDevice_t device, unsigned int cpuSetSize,
                                                          unsigned long *cpuSet, nvmlAffinityScope_t scope)
 {
@@ -1463,20 +1452,65 @@ nvmlReturn_t DECLDIR nvmlDeviceGetCpuAffinityWithinScope(nvmlDevice_t device, un
     ARG(cpuSet);
     if (cpuSetSize == 0)
         return NVML_ERROR_INVALID_ARGUMENT;
-    int32_t node;
-    SNAP(s, g->numa_node, node);
-    /* The host's online CPUs split evenly over the simulated NUMA nodes. */
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned nodes = numa_nodes(s);
-    if (cpus < 1)
-        cpus = 1;
-    unsigned long per = (unsigned long)cpus / nodes ? (unsigned long)cpus / nodes : 1;
-    unsigned long first = node < 0 ? 0 : (unsigned long)node * per, last = node < 0 ? (unsigned long)cpus : first + per;
+    uint64_t mask[MOKKA_CPU_WORDS];
+    SNAP(s, g->cpu_affinity, mask);
     const unsigned bits = sizeof(unsigned long) * 8;
     memset(cpuSet, 0, cpuSetSize * sizeof(unsigned long));
-    for (unsigned long c = first; c < last && c < (unsigned long)cpuSetSize * bits; c++)
-        cpuSet[c / bits] |= 1UL << (c % bits);
+    for (unsigned c = 0; c < MOKKA_CPU_WORDS * 64 && c / bits < cpuSetSize; c++)
+        if (mask[c / 64] >> (c % 64) & 1)
+            cpuSet[c / bits] |= 1UL << (c % bits);
     return NVML_SUCCESS;
+}
+
+static int g_affinity_noted; /* the one note per process that the host lacks simulated CPUs */
+
+/* nvml.h: pins the calling thread to the GPU's ideal CPUs. The CPUs are the simulated node's;
+   the thread runs on the host's, so it is pinned to the part of the mask the host has (the
+   kernel drops CPUs that do not exist or are not ours), or to every CPU it may use where that
+   part is empty. Where the pinned set is not the mask, one line on stderr says so, once per
+   process (docs/nvml.md). */
+nvmlReturn_t DECLDIR nvmlDeviceSetCpuAffinity(nvmlDevice_t device)
+{
+    DEV(device);
+    uint64_t mask[MOKKA_CPU_WORDS];
+    SNAP(s, g->cpu_affinity, mask);
+    int saved = errno;
+    cpu_set_t want, all, got;
+    CPU_ZERO(&want);
+    CPU_ZERO(&all);
+    for (unsigned c = 0; c < MOKKA_CPU_WORDS * 64 && c < CPU_SETSIZE; c++) {
+        CPU_SET(c, &all);
+        if (mask[c / 64] >> (c % 64) & 1)
+            CPU_SET(c, &want);
+    }
+    int fallback = sched_setaffinity(0, sizeof(want), &want) != 0;
+    if (fallback && sched_setaffinity(0, sizeof(all), &all) != 0) {
+        errno = saved;
+        return NVML_ERROR_UNKNOWN;
+    }
+    if (sched_getaffinity(0, sizeof(got), &got) == 0 && !CPU_EQUAL(&got, &want) &&
+        !__atomic_exchange_n(&g_affinity_noted, 1, __ATOMIC_RELAXED))
+        fprintf(stderr, "mokka: nvmlDeviceSetCpuAffinity: %s; pinned to %d host CPUs\n",
+                fallback ? "this host has none of the simulated GPU's CPUs"
+                         : "this host has only part of the simulated GPU's CPUs",
+                CPU_COUNT(&got));
+    errno = saved;
+    return NVML_SUCCESS;
+}
+
+/* nvml.h: clears the calling thread's affinity: every CPU the kernel lets it use. */
+nvmlReturn_t DECLDIR nvmlDeviceClearCpuAffinity(nvmlDevice_t device)
+{
+    DEV(device);
+    (void)g;
+    int saved = errno;
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    for (unsigned c = 0; c < CPU_SETSIZE; c++)
+        CPU_SET(c, &all);
+    int r = sched_setaffinity(0, sizeof(all), &all);
+    errno = saved;
+    return r == 0 ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int cpuSetSize, unsigned long *cpuSet)
