@@ -4,8 +4,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from functools import partial
 
+from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS, ecc_total
 from mokkafs.model.events import (
-    MEMORY_LOCATIONS,
     PIN_SIGNALS,
     parse_ecc,
     parse_lost,
@@ -13,7 +13,7 @@ from mokkafs.model.events import (
     parse_reset,
     parse_xid,
 )
-from mokkafs.model.node import NVLINK_COUNTERS, LogEntry
+from mokkafs.model.node import LogEntry
 from mokkafs.vfs import Ctx, Dir, File, const, static_dir, text
 
 
@@ -73,15 +73,9 @@ def render_xid(ctx: Ctx, i: int) -> str:
 def render_ecc(ctx: Ctx, i: int) -> str:
     g = ctx.node.gpus[i]
     lines = []
-    for scope in ("volatile", "aggregate"):
-        for kind, short in (("corrected", "sbe"), ("uncorrected", "dbe")):
-            total = sum(g.ecc[f"{scope}.{kind}.{loc}"] for loc in MEMORY_LOCATIONS)
-            lines.append(f"{scope} {short} {total}")
-            lines += [
-                f"{scope} {short} {loc} {g.ecc[f'{scope}.{kind}.{loc}']}"
-                for loc in MEMORY_LOCATIONS
-                if g.ecc[f"{scope}.{kind}.{loc}"]
-            ]
+    for scope, kind, row in ECC_ROWS:
+        lines.append(f"{scope.spelling} {kind.short} {ecc_total(g.ecc, scope, kind)}")
+        lines += [f"{scope.spelling} {kind.short} {c.location.spelling} {g.ecc[c]}" for c in row if g.ecc[c]]
     lines.append(f"retired_pages sbe {g.retired_sbe} dbe {g.retired_dbe} pending {_yes(g.retired_pending)}")
     lines.append(
         f"remapped_rows correctable {g.remapped_corr} uncorrectable {g.remapped_unc} "
@@ -94,8 +88,8 @@ def render_nvlink(ctx: Ctx, i: int) -> str:
     g = ctx.node.gpus[i]
     out = []
     for link in range(ctx.node.profile.nvlink.links):
-        errs = g.nvlink_errors.get(str(link), {})
-        counters = " ".join(f"{c}={errs.get(c, 0)}" for c in NVLINK_COUNTERS)
+        errs = g.nvlink_errors.get(link, {})
+        counters = " ".join(f"{c.spelling}={errs.get(c, 0)}" for c in NVLINK_COUNTERS)
         out.append(f"{link} {'down' if link in g.nvlink_down else 'up'} {counters}\n")
     return "".join(out)
 
