@@ -11,18 +11,9 @@ import pytest
 import trio
 
 from mokkafs.model import InvalidCommand, Node, compose
-from mokkafs.model.events import (
-    InjectXid,
-    NvLinkCommand,
-    Pin,
-    Reset,
-    SetLost,
-    parse_ecc,
-    parse_nvlink,
-    parse_throttle,
-    parse_xid,
-)
+from mokkafs.model.commands import gpu, parse_write
 from mokkafs.model.counters import EccCounter, EccKind, EccScope, MemoryLocation, NvLinkCounter
+from mokkafs.model.events import InjectXid, NvLinkCommand, Pin, Reset, SetLost
 from mokkafs.model.node import EVENT_DBE, EVENT_SBE, EVENT_XID, THERMAL_TAU_S
 from mokkafs.profiles import ProfileError, load_profile
 
@@ -186,10 +177,10 @@ def test_node_reset_resets_every_gpu(h100):
 
 
 def test_ecc_injection_by_location(h100):
-    notes = h100.apply(parse_ecc(5, b"sbe 7 l2\n"), T0)
+    notes = h100.apply(parse_write(gpu(5), "ecc", b"sbe 7 l2\n"), T0)
     assert h100.gpus[5].ecc[ecc("volatile", "corrected", "l2")] == 7
     assert [(n.event_type, n.data) for n in notes] == [(EVENT_SBE, 7)]
-    notes = h100.apply(parse_ecc(5, b"dbe 2"), T0)
+    notes = h100.apply(parse_write(gpu(5), "ecc", b"dbe 2"), T0)
     assert h100.gpus[5].ecc[ecc("aggregate", "uncorrected", "dram")] == 2
     assert [(n.event_type, n.data) for n in notes] == [(EVENT_DBE, 2)]
 
@@ -220,36 +211,36 @@ def test_nvlink_link_beyond_the_profile_is_refused(t4):
 
 
 @pytest.mark.parametrize(
-    "parse,data",
+    "verb,data",
     [
-        (parse_xid, b""),
-        (parse_xid, b"79 "),
-        (parse_xid, b" 79"),
-        (parse_xid, b"79\n\n"),
-        (parse_xid, b"0"),
-        (parse_xid, b"1000"),
-        (parse_xid, b"-1"),
-        (parse_xid, b"0x4f"),
-        (parse_xid, b"\xff\xfe"),
-        (parse_xid, b"7" * 300),
-        (parse_ecc, b"sbe"),
-        (parse_ecc, b"sbe 0"),
-        (parse_ecc, b"tbe 1"),
-        (parse_ecc, b"sbe 1 moon"),
-        (parse_ecc, b"sbe  1"),
-        (parse_nvlink, b"18 down"),
-        (parse_nvlink, b"0 sideways"),
-        (parse_nvlink, b"0 errors"),
-        (parse_throttle, b"hw_thermal_slowdown bogus"),
+        ("xid", b""),
+        ("xid", b"79 "),
+        ("xid", b" 79"),
+        ("xid", b"79\n\n"),
+        ("xid", b"0"),
+        ("xid", b"1000"),
+        ("xid", b"-1"),
+        ("xid", b"0x4f"),
+        ("xid", b"\xff\xfe"),
+        ("xid", b"7" * 300),
+        ("ecc", b"sbe"),
+        ("ecc", b"sbe 0"),
+        ("ecc", b"tbe 1"),
+        ("ecc", b"sbe 1 moon"),
+        ("ecc", b"sbe  1"),
+        ("nvlink", b"18 down"),
+        ("nvlink", b"0 sideways"),
+        ("nvlink", b"0 errors"),
+        ("throttle", b"hw_thermal_slowdown bogus"),
     ],
 )
-def test_parsers_reject_junk(parse, data):
+def test_parsers_reject_junk(verb, data):
     with pytest.raises(InvalidCommand):
-        parse(0, data)
+        parse_write(gpu(0), verb, data)
 
 
 def test_throttle_parser_adds_implied_reasons():
-    pin = parse_throttle(0, b"hw_thermal_slowdown\n")
+    pin = parse_write(gpu(0), "throttle", b"hw_thermal_slowdown\n")
     assert pin.values == ("hw_slowdown", "hw_thermal_slowdown")
 
 

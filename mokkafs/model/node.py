@@ -17,6 +17,7 @@ import typing
 
 from pydantic import ConfigDict, ValidationError, create_model
 
+from mokkafs.model.commands import command, gpu
 from mokkafs.model.counters import (
     EccCounter,
     EccKind,
@@ -734,15 +735,14 @@ class Node:
                 f"{self.profile.name}'s {p.min_limit_w}..{p.max_limit_w} W"
             )
         for signal, values in state.pins.items():
-            parse = PIN_SIGNALS.get(signal)
-            if parse is None:
+            if signal not in PIN_SIGNALS:
                 raise ValueError(f"pins: unknown signal {signal[:40]!r}")
             try:
                 # The text a control write would carry; ints only (str(88.0) is refused).
                 if not all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in values):
                     raise InvalidCommand("values must be whole numbers or throttle reasons")
                 text = " ".join(str(v) for v in values) if values else "none"
-                self.validate(parse(0, text.encode()))
+                self.validate(command(gpu(0), signal, text).event)
             except InvalidCommand as e:
                 raise ValueError(f"pins.{signal}: {e}") from None
 

@@ -1,36 +1,14 @@
-"""`node/` and `gpuN/`: the control and status files of DESIGN §4, rendered from the model."""
+"""`node/` and `gpuN/`: the control and status files of DESIGN §4, rendered from the model. A
+writable file is the command of model/commands.py its name stands for, on its GPU or the node."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
 from functools import partial
 
+from mokkafs.model.commands import NODE, control_writer, gpu
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS, ecc_total
-from mokkafs.model.events import (
-    PIN_SIGNALS,
-    parse_ecc,
-    parse_lost,
-    parse_nvlink,
-    parse_reset,
-    parse_xid,
-)
 from mokkafs.model.node import LogEntry
 from mokkafs.vfs import Ctx, Dir, File, const, static_dir, text
-
-
-# The short names `mokka inject` and the Kubernetes agent accept, and the gpuN/ file each writes.
-COMMAND_FILES = {
-    "xid": "inject_xid",
-    "ecc": "inject_ecc",
-    "temperature": "temperature",
-    "power": "power",
-    "utilization": "utilization",
-    "clocks": "clocks",
-    "throttle": "throttle",
-    "memory_used": "memory_used",
-    "lost": "lost",
-    "nvlink": "nvlink",
-    "reset": "reset",
-}
 
 
 def iso_time(t: float) -> str:
@@ -113,17 +91,18 @@ def _events(ctx: Ctx, gpu: int | None) -> str:
 
 
 def gpu_dir(i: int) -> Dir:
+    target = gpu(i)
     files: dict[str, File] = {
         "info": text(partial(render_info, i=i)),
-        "inject_xid": text(partial(render_xid, i=i), write=partial(parse_xid, i)),
-        "inject_ecc": text(partial(render_ecc, i=i), write=partial(parse_ecc, i)),
-        "lost": text(lambda ctx: "1\n" if ctx.node.gpus[i].lost else "0\n", write=partial(parse_lost, i)),
-        "nvlink": text(partial(render_nvlink, i=i), write=partial(parse_nvlink, i)),
-        "reset": const(b"", write=partial(parse_reset, i), mode=0o200),
+        "inject_xid": text(partial(render_xid, i=i), write=control_writer(target, "xid")),
+        "inject_ecc": text(partial(render_ecc, i=i), write=control_writer(target, "ecc")),
+        "lost": text(lambda ctx: "1\n" if ctx.node.gpus[i].lost else "0\n", write=control_writer(target, "lost")),
+        "nvlink": text(partial(render_nvlink, i=i), write=control_writer(target, "nvlink")),
+        "reset": const(b"", write=control_writer(target, "reset"), mode=0o200),
         "events": text(partial(_events, gpu=i)),
     }
     for signal, fmt in _SIGNALS.items():
-        files[signal] = text(partial(_reading, i=i, fmt=fmt), write=partial(PIN_SIGNALS[signal], i))
+        files[signal] = text(partial(_reading, i=i, fmt=fmt), write=control_writer(target, signal))
     return static_dir(files)
 
 
@@ -135,7 +114,7 @@ def node_dir() -> Dir:
             "cuda_version": text(lambda ctx: f"{ctx.node.config.cuda_version}\n"),
             "gpu_count": text(lambda ctx: f"{len(ctx.node.gpus)}\n"),
             "events": text(partial(_events, gpu=None)),
-            "reset": const(b"", write=partial(parse_reset, None), mode=0o200),
+            "reset": const(b"", write=control_writer(NODE, "reset"), mode=0o200),
         }
     )
 
