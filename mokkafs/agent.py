@@ -20,9 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from mokkafs.model import Event, InvalidCommand, Node, NodeConfig, compose
+from mokkafs.model import Event, InvalidCommand, Node, NodeConfig, commands, compose
 from mokkafs.profiles import GpuProfile, ProfileError, load_profile
-from mokkafs.render.control import COMMAND_FILES
 
 log = logging.getLogger(__name__)
 
@@ -51,62 +50,52 @@ CONFLICT_RETRIES = 5
 #   command  := target " " key "=" word (" " word)*
 #   target   := "gpu=" INDEX | "node"
 #
-# `key` names a control file as `mokka inject` does (xid, ecc, temperature, ..., reset); the
-# text after "=" is exactly what is written to that file, so `gpu=1 ecc=dbe 2` writes "dbe 2" to
-# gpu1/inject_ecc. The node target takes only `reset=1`. Before anything is written, every
-# command is parsed by the control file's own parser, and the events they make are applied, in
-# order, to a scratch Node composed like the mounted one (check_injection), so the model's own
-# validation sees the node's limits (NVLinks, clocks, memory) and the state the earlier commands
-# leave: a bad annotation changes nothing.
+# This is the annotation's spelling of the command vocabulary (model/commands.py): `key` is a
+# verb (xid, ecc, temperature, ..., reset; the node takes only `reset=1`) and the text after "="
+# its arguments, exactly what is written to the verb's control file, so `gpu=1 ecc=dbe 2` writes
+# "dbe 2" to gpu1/inject_ecc. Before anything is written, every command is parsed by the
+# vocabulary, and the events they make are applied, in order, to a scratch Node composed like
+# the mounted one (check_injection), so the model's own validation sees the node's limits
+# (NVLinks, clocks, memory) and the state the earlier commands leave: a bad annotation changes
+# nothing.
 
-GPU_KEYS = COMMAND_FILES
-NODE_KEYS = {"reset": "reset"}
+TARGETS = ("gpu", "node")  # InfiniBand ports are not (yet) reachable from an annotation
 
 
 @dataclass(frozen=True)
 class Command:
-    """One control-file write: `payload` to `<mount>/<path>`, and what it was made from: the
-    annotation's `text` and the model `event` the control file's parser turns `payload` into."""
+    """One control-file write, `payload` to `<mount>/<path>`: the vocabulary's `command`, and
+    the annotation's `text` it was read from."""
 
-    gpu: int | None  # None: the node
-    file: str
-    payload: bytes
+    command: commands.Command
     text: str = field(compare=False)
-    event: Event = field(compare=False)
 
     @property
     def path(self) -> str:
-        return f"node/{self.file}" if self.gpu is None else f"gpu{self.gpu}/{self.file}"
+        return self.command.path
 
+    @property
+    def payload(self) -> bytes:
+        return self.command.payload
 
-def _control_file(gpu: int | None, file: str):
-    from mokkafs.render.control import gpu_dir, node_dir
-
-    return (node_dir() if gpu is None else gpu_dir(gpu)).children(None)[file]
+    @property
+    def event(self) -> Event:
+        return self.command.event
 
 
 def parse_command(text: str, gpu_count: int) -> Command:
     words = text.split(" ")
     if len(words) < 2 or "=" not in words[1]:
         raise InvalidCommand(f"{text!r}: expected 'gpu=N KEY=VALUE' or 'node reset=1'")
-    target, (key, first) = words[0], words[1].split("=", 1)
-    if target == "node":
-        gpu, keys = None, NODE_KEYS
-    elif m := re.fullmatch(r"gpu=(0|[1-9][0-9]{0,2})", target):
-        gpu, keys = int(m.group(1)), GPU_KEYS
-        if gpu >= gpu_count:
-            raise InvalidCommand(f"{text!r}: no gpu{gpu}, the node has {gpu_count} GPUs (0..{gpu_count - 1})")
-    else:
-        raise InvalidCommand(f"{text!r}: target must be 'gpu=N' or 'node', got {target!r}")
-    if key not in keys:
-        raise InvalidCommand(f"{text!r}: unknown key {key!r}; known: {', '.join(sorted(keys))}")
-    payload = " ".join([first, *words[2:]]).encode("ascii")
-    file = keys[key]
+    (key, first) = words[1].split("=", 1)
     try:
-        event = _control_file(gpu, file).write(payload)  # the daemon's own parser; changes nothing
+        target = commands.parse_target(words[0], kinds=TARGETS, gpus=gpu_count)
+        keys = commands.VERBS[target.kind]
+        if key not in keys:
+            raise InvalidCommand(f"unknown key {key!r}; known: {', '.join(sorted(keys))}")
+        return Command(commands.command(target, key, " ".join([first, *words[2:]])), text)
     except InvalidCommand as e:
         raise InvalidCommand(f"{text!r}: {e}") from None
-    return Command(gpu, file, payload, text, event)
 
 
 def check_injection(commands: tuple[Command, ...], config: NodeConfig) -> None:

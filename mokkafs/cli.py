@@ -22,8 +22,8 @@ log = logging.getLogger("mokka")
 
 READY_TIMEOUT_S = 30
 
-# `mokka inject GPU KIND ...` writes to gpuN/<file>; the names are render.control.COMMAND_FILES
-# (spelled out here so that parsing arguments needs none of the daemon's imports).
+# `mokka inject GPU KIND ...` writes to gpuN/<file>; the kinds are the GPU commands of
+# model/commands.py (spelled out here so that parsing arguments needs none of the model's imports).
 INJECT_KINDS = ("clocks", "ecc", "lost", "memory_used", "nvlink", "power", "reset", "temperature", "throttle",
                 "utilization", "xid")
 
@@ -216,22 +216,20 @@ def cmd_status(args) -> int:
 
 
 def cmd_inject(args) -> int:
+    from mokkafs.model import commands
     from mokkafs.model.events import InvalidCommand
-    from mokkafs.render.control import COMMAND_FILES, gpu_dir
-    from mokkafs.vfs import File
 
-    name = COMMAND_FILES[args.kind]
-    command = " ".join(args.value).encode() or b"1"
-    entry = gpu_dir(args.gpu).children(None)[name]  # the same parser the daemon uses
-    assert isinstance(entry, File) and entry.write
+    # Parsed here by the vocabulary the daemon's control file uses, so a bad command is refused
+    # with its reason before anything is written. No value: the verb's default (reset, lost).
+    file = f"gpu{args.gpu}/{commands.VERBS['gpu'][args.kind].file}"
     try:
-        entry.write(command)
+        command = commands.command(commands.gpu(args.gpu), args.kind, " ".join(args.value) if args.value else None)
     except InvalidCommand as e:
-        return _fail(f"gpu{args.gpu}/{name}: {e}", 2)
-    path = Path(args.root) / f"gpu{args.gpu}" / name
+        return _fail(f"{file}: {e}", 2)
+    path = Path(args.root) / command.path
     try:
         with open(path, "wb", buffering=0) as f:
-            f.write(command + b"\n")
+            f.write(command.payload + b"\n")
     except OSError as e:
         return _fail(f"{path}: {e.strerror}", 2)
     return 0

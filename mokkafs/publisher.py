@@ -15,8 +15,8 @@ import trio
 from cffi import FFI
 
 from mokkafs.model import Node, Notification
-from mokkafs.model.events import MEMORY_LOCATIONS
-from mokkafs.model.node import NVLINK_COUNTERS, LogEntry
+from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS
+from mokkafs.model.node import LogEntry
 
 log = logging.getLogger(__name__)
 
@@ -205,10 +205,8 @@ def fill_dynamic(g, node: Node, i: int, now: float) -> None:
     g.temp_mem = -1 if r.memory_temperature_c is None else int(round(r.memory_temperature_c))
     g.util_gpu, g.util_mem = r.util_gpu, r.util_mem
     g.throttle_mask = r.throttle_mask
-    ecc = st.ecc
-    for s, scope in enumerate(("volatile", "aggregate")):
-        for k, kind in enumerate(("corrected", "uncorrected")):
-            g.ecc[s][k] = [ecc[f"{scope}.{kind}.{loc}"] for loc in MEMORY_LOCATIONS]
+    for scope, kind, row in ECC_ROWS:
+        g.ecc[scope][kind] = [st.ecc[c] for c in row]
     g.retired_sbe, g.retired_dbe = st.retired_sbe, st.retired_dbe
     g.retired_pending = int(st.retired_pending)
     g.remapped_corr, g.remapped_unc = st.remapped_corr, st.remapped_unc
@@ -216,8 +214,8 @@ def fill_dynamic(g, node: Node, i: int, now: float) -> None:
     for link in range(node.profile.nvlink.links):
         nl = g.nvlink[link]
         nl.state = 0 if link in st.nvlink_down else 1
-        errs = st.nvlink_errors.get(str(link))
-        nl.errors = [errs.get(name, 0) for name in NVLINK_COUNTERS] if errs else [0] * len(NVLINK_COUNTERS)
+        errs = st.nvlink_errors.get(link)
+        nl.errors = [errs[c] for c in NVLINK_COUNTERS] if errs else [0] * len(NVLINK_COUNTERS)
     g.lost = int(st.lost)
     g.needs_reset = int(st.needs_reset)
     g.last_xid = st.last_xid or 0

@@ -11,21 +11,17 @@ import pytest
 import trio
 
 from mokkafs.model import InvalidCommand, Node, compose
-from mokkafs.model.events import (
-    InjectXid,
-    NvLinkCommand,
-    Pin,
-    Reset,
-    SetLost,
-    parse_ecc,
-    parse_nvlink,
-    parse_throttle,
-    parse_xid,
-)
+from mokkafs.model.commands import gpu, parse_write
+from mokkafs.model.counters import EccCounter, EccKind, EccScope, MemoryLocation, NvLinkCounter
+from mokkafs.model.events import InjectXid, NvLinkCommand, Pin, Reset, SetLost
 from mokkafs.model.node import EVENT_DBE, EVENT_SBE, EVENT_XID, THERMAL_TAU_S
 from mokkafs.profiles import ProfileError, load_profile
 
 T0 = 1_800_000_000.0
+
+
+def ecc(scope: str, kind: str, location: str) -> EccCounter:
+    return EccCounter(EccScope.from_spelling(scope), EccKind.from_spelling(kind), MemoryLocation.from_spelling(location))
 
 
 @pytest.fixture
@@ -98,8 +94,8 @@ def test_xid_48_counts_a_dbe_raises_the_dbe_event_and_pends_a_row_remap(h100):
     g = h100.gpus[3]
     assert (EVENT_XID, 48) in [(n.event_type, n.data) for n in notes]
     assert (EVENT_DBE, 1) in [(n.event_type, n.data) for n in notes]
-    assert g.ecc["volatile.uncorrected.dram"] == 1
-    assert g.ecc["aggregate.uncorrected.dram"] == 1
+    assert g.ecc[ecc("volatile", "uncorrected", "dram")] == 1
+    assert g.ecc[ecc("aggregate", "uncorrected", "dram")] == 1
     assert g.remapped_unc == 1 and g.remap_pending
     assert h100.health(3) == "unhealthy"
 
@@ -121,8 +117,8 @@ def test_xid_63_and_64_record_a_remap_and_its_failure(h100):
 def test_xid_74_raises_nvlink_error_counters(h100):
     h100.apply(NvLinkCommand(1, 0, "down"), T0)
     h100.apply(InjectXid(1, 74), T0)
-    errs = h100.gpus[1].nvlink_errors["1"]  # link 0 is down; the first link up takes the error
-    assert errs["replay"] == 1 and errs["recovery"] == 1
+    errs = h100.gpus[1].nvlink_errors[1]  # link 0 is down; the first link up takes the error
+    assert errs[NvLinkCounter.REPLAY] == 1 and errs[NvLinkCounter.RECOVERY] == 1
     assert "link 1(" in h100.log[-1].text
 
 
@@ -143,13 +139,13 @@ def test_writing_lost_is_xid_79(h100):
 
 def test_xid_92_raises_corrected_counters_and_the_sbe_event(h100):
     notes = h100.apply(InjectXid(0, 92), T0)
-    assert h100.gpus[0].ecc["volatile.corrected.dram"] > 0
+    assert h100.gpus[0].ecc[ecc("volatile", "corrected", "dram")] > 0
     assert EVENT_SBE in [n.event_type for n in notes]
 
 
 def test_xid_94_is_contained_and_95_requires_reset(h100):
     h100.apply(InjectXid(0, 94), T0)
-    assert h100.gpus[0].ecc["volatile.uncorrected.dram"] == 1 and not h100.gpus[0].needs_reset
+    assert h100.gpus[0].ecc[ecc("volatile", "uncorrected", "dram")] == 1 and not h100.gpus[0].needs_reset
     h100.apply(InjectXid(1, 95), T0)
     assert h100.gpus[1].needs_reset and h100.health(1) == "unhealthy"
 
@@ -166,8 +162,8 @@ def test_reset_clears_volatile_state_but_keeps_inforom_counters(h100):
     h100.apply(NvLinkCommand(0, 3, "down"), T0)
     h100.apply(Reset(0), T0 + 5)
     g = h100.gpus[0]
-    assert g.ecc["volatile.uncorrected.dram"] == 0
-    assert g.ecc["aggregate.uncorrected.dram"] == 1
+    assert g.ecc[ecc("volatile", "uncorrected", "dram")] == 0
+    assert g.ecc[ecc("aggregate", "uncorrected", "dram")] == 1
     assert g.remapped_unc == 1 and not g.remap_pending  # the pending remap took effect
     assert g.pins == {} and g.nvlink_down == []
     assert h100.health(0) == "healthy"
@@ -181,11 +177,11 @@ def test_node_reset_resets_every_gpu(h100):
 
 
 def test_ecc_injection_by_location(h100):
-    notes = h100.apply(parse_ecc(5, b"sbe 7 l2\n"), T0)
-    assert h100.gpus[5].ecc["volatile.corrected.l2"] == 7
+    notes = h100.apply(parse_write(gpu(5), "ecc", b"sbe 7 l2\n"), T0)
+    assert h100.gpus[5].ecc[ecc("volatile", "corrected", "l2")] == 7
     assert [(n.event_type, n.data) for n in notes] == [(EVENT_SBE, 7)]
-    notes = h100.apply(parse_ecc(5, b"dbe 2"), T0)
-    assert h100.gpus[5].ecc["aggregate.uncorrected.dram"] == 2
+    notes = h100.apply(parse_write(gpu(5), "ecc", b"dbe 2"), T0)
+    assert h100.gpus[5].ecc[ecc("aggregate", "uncorrected", "dram")] == 2
     assert [(n.event_type, n.data) for n in notes] == [(EVENT_DBE, 2)]
 
 
@@ -215,36 +211,36 @@ def test_nvlink_link_beyond_the_profile_is_refused(t4):
 
 
 @pytest.mark.parametrize(
-    "parse,data",
+    "verb,data",
     [
-        (parse_xid, b""),
-        (parse_xid, b"79 "),
-        (parse_xid, b" 79"),
-        (parse_xid, b"79\n\n"),
-        (parse_xid, b"0"),
-        (parse_xid, b"1000"),
-        (parse_xid, b"-1"),
-        (parse_xid, b"0x4f"),
-        (parse_xid, b"\xff\xfe"),
-        (parse_xid, b"7" * 300),
-        (parse_ecc, b"sbe"),
-        (parse_ecc, b"sbe 0"),
-        (parse_ecc, b"tbe 1"),
-        (parse_ecc, b"sbe 1 moon"),
-        (parse_ecc, b"sbe  1"),
-        (parse_nvlink, b"18 down"),
-        (parse_nvlink, b"0 sideways"),
-        (parse_nvlink, b"0 errors"),
-        (parse_throttle, b"hw_thermal_slowdown bogus"),
+        ("xid", b""),
+        ("xid", b"79 "),
+        ("xid", b" 79"),
+        ("xid", b"79\n\n"),
+        ("xid", b"0"),
+        ("xid", b"1000"),
+        ("xid", b"-1"),
+        ("xid", b"0x4f"),
+        ("xid", b"\xff\xfe"),
+        ("xid", b"7" * 300),
+        ("ecc", b"sbe"),
+        ("ecc", b"sbe 0"),
+        ("ecc", b"tbe 1"),
+        ("ecc", b"sbe 1 moon"),
+        ("ecc", b"sbe  1"),
+        ("nvlink", b"18 down"),
+        ("nvlink", b"0 sideways"),
+        ("nvlink", b"0 errors"),
+        ("throttle", b"hw_thermal_slowdown bogus"),
     ],
 )
-def test_parsers_reject_junk(parse, data):
+def test_parsers_reject_junk(verb, data):
     with pytest.raises(InvalidCommand):
-        parse(0, data)
+        parse_write(gpu(0), verb, data)
 
 
 def test_throttle_parser_adds_implied_reasons():
-    pin = parse_throttle(0, b"hw_thermal_slowdown\n")
+    pin = parse_write(gpu(0), "throttle", b"hw_thermal_slowdown\n")
     assert pin.values == ("hw_slowdown", "hw_thermal_slowdown")
 
 

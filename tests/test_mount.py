@@ -218,9 +218,9 @@ def test_cached_names_follow_events(mounted: MountedNode):
 
 def test_cli_inject_kinds_are_the_control_commands():
     from mokkafs.cli import INJECT_KINDS
-    from mokkafs.render.control import COMMAND_FILES
+    from mokkafs.model.commands import VERBS
 
-    assert sorted(INJECT_KINDS) == sorted(COMMAND_FILES)
+    assert sorted(INJECT_KINDS) == sorted(VERBS["gpu"])
 
 
 def test_a_truncated_shared_state_file_is_restored_not_fatal(node_factory):

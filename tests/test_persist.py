@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -112,6 +115,7 @@ import os
 import subprocess
 import sys
 
+from mokkafs.model.counters import EccCounter
 from mokkafs.model.events import IbPortCommand
 from mokkafs.model.node import COUNTER_BITS, counter_max
 
@@ -127,7 +131,7 @@ def test_ten_thousand_big_ecc_writes_saturate_and_restore(tmp_path, expect_log):
         ctl.apply(IbPortCommand(None, 0, 1, "errors", "symbol_error", 1_000_000))
     again, _, restored = make(tmp_path)
     assert restored
-    assert again.gpus[0].ecc["aggregate.corrected.dram"] == 10_000 * 1_000_000  # under 2^64
+    assert again.gpus[0].ecc[EccCounter.from_key("aggregate.corrected.dram")] == 10_000 * 1_000_000  # under 2^64
     assert again.hcas[0].counters["symbol_error"] == counter_max("ib.symbol_error") == 0xFFFF
 
 
@@ -188,6 +192,19 @@ def _gpu1(**changes):
         ("gpu1.json", _gpu1(pcie_replay="5"), "pcie_replay"),
         ("gpu1.json", _gpu1(lost=1), "lost"),
         ("gpu1.json", _gpu1(retired_sbe=1 << 32), "retired_sbe"),
+        ("gpu1.json", _gpu1(ecc={"volatile.corrected.moon": 1}), "ecc: unknown ECC counter 'volatile.corrected.moon'"),
+        ("gpu1.json", _gpu1(ecc={"volatile.corrected": 1}), "ecc: unknown ECC counter"),
+        ("gpu1.json", _gpu1(ecc={"volatile.corrected.dram": -1}), "ecc.volatile.corrected.dram: -1 is outside"),
+        ("gpu1.json", _gpu1(ecc={"aggregate.uncorrected.l2": 1 << 64}), "ecc.aggregate.uncorrected.l2"),
+        ("gpu1.json", _gpu1(ecc={"volatile.corrected.dram": "5"}), "ecc.volatile.corrected.dram"),
+        ("gpu1.json", _gpu1(ecc=[1, 2]), "ecc"),
+        ("gpu1.json", _gpu1(nvlink_errors={"18": {"replay": 1}}), "nvlink_errors: '18' is not a link 0..17"),
+        ("gpu1.json", _gpu1(nvlink_errors={"07": {"replay": 1}}), "nvlink_errors: '07' is not a link 0..17"),
+        ("gpu1.json", _gpu1(nvlink_errors={"x": {"replay": 1}}), "nvlink_errors: 'x' is not a link"),
+        ("gpu1.json", _gpu1(nvlink_errors={"3": {"warp": 1}}), "nvlink_errors.3: unknown counter 'warp'"),
+        ("gpu1.json", _gpu1(nvlink_errors={"3": {"replay": -1}}), "nvlink_errors.3.replay: -1 is outside"),
+        ("gpu1.json", _gpu1(nvlink_errors={"3": {"replay": True}}), "nvlink_errors.3.replay"),
+        ("gpu1.json", _gpu1(nvlink_errors={"3": 5}), "nvlink_errors.3"),
         ("gpu1.json", b'"' + b"x" * (50 << 20) + b'"', "bytes"),
         ("hcas.json", json.dumps([{"counters": {"symbol_error": -1}}] * 8).encode(), "symbol_error"),
         ("hcas.json", json.dumps([{"counters": {"symbol_error": 1 << 70}}] * 8).encode(), "symbol_error"),
@@ -284,3 +301,51 @@ def test_big_writes_through_a_mount_leave_a_state_that_mounts_again(node_factory
     again = node.mount()
     assert again.returncode == 0
     assert "300000000" in node.read("gpu0/inject_ecc")
+
+
+# --- typed counters: a state directory written before them restores unchanged -----------------
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "state-v1"
+
+
+def test_a_state_dir_written_with_string_counter_keys_restores_unchanged(tmp_path):
+    """tests/fixtures/state-v1 was written by the daemon when GPU state kept ECC counters as
+    "volatile.corrected.dram" keys and NVLink errors as {"3": {"replay": N}}; beside it, what
+    that daemon rendered from it. It restores, renders the same, and is saved in the same format."""
+    from mokkafs.publisher import fill_gpu, make_ffi
+    from mokkafs.render.control import render_ecc, render_info, render_nvlink
+    from mokkafs.render.metrics import render_dcgm
+    from mokkafs.vfs import Ctx
+
+    shutil.copytree(FIXTURE, tmp_path / "state")
+    node = Node(compose(load_profile("h100"), gpus=2, hostname="fixture-v1"), T0)
+    state = StateDir(tmp_path / "state")
+    assert state.open(node)
+    ctx, now = Ctx(node, T0 + 100), T0 + 100
+    rendered = "".join(
+        f"== gpu{i}/info\n{render_info(ctx, i)}== gpu{i}/inject_ecc\n{render_ecc(ctx, i)}"
+        f"== gpu{i}/nvlink\n{render_nvlink(ctx, i)}"
+        for i in range(2)
+    )
+    rendered += "== metrics\n" + "".join(
+        f"{m[1]} gpu={m[2]} {m[3]}\n"
+        for m in re.finditer(r'^(DCGM_\w+)\{gpu="(\d+)".*\} (\S+)$', render_dcgm(node, now), re.M)
+        if "ECC" in m[1] or "NVLINK" in m[1]
+    )
+    g = make_ffi().new("struct mokka_gpu *")
+    fill_gpu(g, node, 0, now)
+    rendered += "== shared state gpu0\n"
+    rendered += "".join(
+        f"ecc[{s}][{k}] {' '.join(str(g.ecc[s][k][loc]) for loc in range(8))}\n" for s in range(2) for k in range(2)
+    )
+    rendered += "".join(
+        f"nvlink[{link}] {g.nvlink[link].state} {' '.join(str(g.nvlink[link].errors[c]) for c in range(4))}\n"
+        for link in range(18)
+    )
+    assert rendered == (FIXTURE.parent / "state-v1.renders.txt").read_text()
+    for i in range(2):
+        old = json.loads((FIXTURE / f"gpu{i}.json").read_bytes())
+        state.save_gpu(node, i)
+        new = json.loads((tmp_path / "state" / f"gpu{i}.json").read_bytes())
+        assert {k: new[k] for k in old} == old, "saved in the format it was read in"
+    assert StateDir(tmp_path / "state").open(Node(compose(load_profile("h100"), gpus=2, hostname="fixture-v1"), T0))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from helpers_vfs import entry, listdir, make_node, read
 
-from mokkafs.model.events import IbPortCommand, InvalidCommand, Reset, parse_ib_port
+from mokkafs.model.commands import hca, parse_write
+from mokkafs.model.events import IbPortCommand, InvalidCommand, Reset
 from mokkafs.persist import StateDir
 from mokkafs.vfs import File
 
@@ -66,7 +67,7 @@ DOWN_TABLE = [
 def test_downed_port_bytes(path, expected):
     node = make_node()
     for cmd in (b"down\n", b"errors 7", b"errors port_rcv_errors 3\n"):
-        node.apply(parse_ib_port(0, 1, cmd), 1.0)
+        node.apply(parse_write(hca(0), "port", cmd), 1.0)
     assert read(node, path) == expected
 
 
@@ -115,11 +116,11 @@ def test_event_validation():
 
 def test_control_file_reads_state_and_counters():
     node = make_node()
-    node.apply(parse_ib_port(1, 1, b"down"), 1.0)
+    node.apply(parse_write(hca(1), "port", b"down"), 1.0)
     text = read(node, "ib/mlx5_1/port1").decode()
     assert text.startswith("state 1: DOWN\nphys_state 3: Disabled\nrate 10 Gb/sec (4X SDR)\nsymbol_error 0\n")
     assert "link_downed 1\n" in text
-    node.apply(parse_ib_port(1, 1, b"up"), 2.0)
+    node.apply(parse_write(hca(1), "port", b"up"), 2.0)
     assert read(node, "sys/class/infiniband/mlx5_1/ports/1/state") == b"4: ACTIVE\n"
     assert read(node, "sys/class/infiniband/mlx5_1/ports/1/counters/link_downed") == b"1\n"
     node.apply(Reset(None), 3.0)
@@ -130,8 +131,8 @@ def test_hca_state_survives_a_restart(tmp_path):
     node = make_node()
     state = StateDir(tmp_path)
     state.open(node)
-    node.apply(parse_ib_port(2, 1, b"down"), 1.0)
-    node.apply(parse_ib_port(2, 1, b"errors 4"), 1.0)
+    node.apply(parse_write(hca(2), "port", b"down"), 1.0)
+    node.apply(parse_write(hca(2), "port", b"errors 4"), 1.0)
     state.save_hcas(node)
     again = make_node()
     assert StateDir(tmp_path).open(again) is True

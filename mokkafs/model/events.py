@@ -1,17 +1,17 @@
-"""Every mutation of the node as a small, frozen, self-validating event, and the strict parsers
-that turn a control-file write into one.
-
-A parser either returns a complete event or raises `InvalidCommand` with the reason; nothing is
-applied until the whole command has parsed, so a bad write never half-changes the node.
-"""
+"""Every mutation of the node as a small, frozen, self-validating event. The grammar that turns
+a command's text into one is model/commands.py."""
 from __future__ import annotations
 
 import errno
-import re
 from dataclasses import dataclass
 
+from mokkafs.model.counters import MemoryLocation
+
 # nvmlMemoryLocation_t order; names are what `inject_ecc` accepts.
-MEMORY_LOCATIONS = ("l1", "l2", "dram", "register", "texture", "texture_shm", "cbu", "sram")
+MEMORY_LOCATIONS = tuple(loc.spelling for loc in MemoryLocation)
+
+# The signals a `Pin` holds at fixed values (each a control file and a command of the same name).
+PIN_SIGNALS = ("temperature", "power", "utilization", "clocks", "memory_used", "throttle")
 
 # nvmlClocksEventReasons bits, by the names `throttle` accepts (nvidia-smi's spelling, snake case).
 THROTTLE_REASONS = {
@@ -192,114 +192,3 @@ class IbPortCommand(Event):
             raise InvalidCommand(f"unknown counter {self.counter!r}; known: {', '.join(IB_ERROR_COUNTERS)}")
         if self.action == "errors" and not 1 <= self.count <= MAX_COUNT:
             raise InvalidCommand(f"error count must be 1..{MAX_COUNT}, got {self.count}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Parsers: bytes written to a control file -> Event. Strict: ASCII, one command, one optional
-# trailing newline, no leading or trailing junk.
-
-_MAX_COMMAND = 256
-
-
-def _text(data: bytes) -> str:
-    if len(data) > _MAX_COMMAND:
-        raise InvalidCommand(f"command longer than {_MAX_COMMAND} bytes")
-    if data.endswith(b"\n"):
-        data = data[:-1]
-    try:
-        text = data.decode("ascii")
-    except UnicodeDecodeError:
-        raise InvalidCommand("command is not ASCII") from None
-    if not text or not re.fullmatch(r"[ -~]+", text):
-        raise InvalidCommand("empty command or control characters")
-    if text != text.strip() or "  " in text:
-        raise InvalidCommand("stray whitespace")
-    return text
-
-
-def _uint(word: str, what: str, high: int) -> int:
-    if not re.fullmatch(r"[0-9]{1,7}", word):
-        raise InvalidCommand(f"{what} must be a decimal number, got {word!r}")
-    value = int(word)
-    if value > high:
-        raise InvalidCommand(f"{what} must be at most {high}, got {value}")
-    return value
-
-
-def parse_xid(gpu: int, data: bytes) -> InjectXid:
-    return InjectXid(gpu, _uint(_text(data), "Xid", MAX_XID))
-
-
-def parse_ecc(gpu: int, data: bytes) -> InjectEcc:
-    words = _text(data).split(" ")
-    if len(words) not in (2, 3):
-        raise InvalidCommand("expected 'sbe N' or 'dbe N' [location]")
-    kind, count = words[0], _uint(words[1], "count", MAX_COUNT)
-    location = words[2] if len(words) == 3 else "dram"
-    return InjectEcc(gpu, kind, count, location)
-
-
-def parse_lost(gpu: int, data: bytes) -> SetLost:
-    text = _text(data)
-    if text not in ("0", "1"):
-        raise InvalidCommand("expected 0 or 1")
-    return SetLost(gpu, text == "1")
-
-
-def parse_reset(gpu: int | None, data: bytes) -> Reset:
-    if _text(data) != "1":
-        raise InvalidCommand("expected 1")
-    return Reset(gpu)
-
-
-def parse_nvlink(gpu: int, data: bytes) -> NvLinkCommand:
-    words = _text(data).split(" ")
-    if len(words) == 2 and words[1] in ("up", "down"):
-        return NvLinkCommand(gpu, _uint(words[0], "link", 17), words[1])
-    if len(words) == 3 and words[1] == "errors":
-        return NvLinkCommand(gpu, _uint(words[0], "link", 17), "errors", _uint(words[2], "count", MAX_COUNT))
-    raise InvalidCommand("expected 'L up', 'L down' or 'L errors N'")
-
-
-def parse_ib_port(hca: int, port: int, data: bytes) -> IbPortCommand:
-    """`down`, `up`, `errors N` (symbol errors) or `errors COUNTER N`."""
-    words = _text(data).split(" ")
-    if len(words) == 1 and words[0] in ("up", "down"):
-        return IbPortCommand(None, hca, port, words[0])
-    if len(words) == 2 and words[0] == "errors":
-        return IbPortCommand(None, hca, port, "errors", "symbol_error", _uint(words[1], "count", MAX_COUNT))
-    if len(words) == 3 and words[0] == "errors":
-        return IbPortCommand(None, hca, port, "errors", words[1], _uint(words[2], "count", MAX_COUNT))
-    raise InvalidCommand("expected 'down', 'up', 'errors N' or 'errors COUNTER N'")
-
-
-def _pin_parser(signal: str, arity: int, high: int):
-    def parse(gpu: int, data: bytes) -> Pin:
-        text = _text(data)
-        if text == "auto":
-            return Pin(gpu, signal, None)
-        words = text.split(" ")
-        if len(words) != arity:
-            raise InvalidCommand(f"expected {arity} number(s) or 'auto'")
-        return Pin(gpu, signal, tuple(_uint(w, signal, high) for w in words))
-
-    return parse
-
-
-def parse_throttle(gpu: int, data: bytes) -> Pin:
-    text = _text(data)
-    if text == "auto":
-        return Pin(gpu, "throttle", None)
-    if text == "none":
-        return Pin(gpu, "throttle", ())
-    return Pin(gpu, "throttle", tuple(text.split(" ")))
-
-
-PIN_SIGNALS = {
-    "temperature": _pin_parser("temperature", 1, 200),
-    "power": _pin_parser("power", 1, 10_000),
-    "utilization": _pin_parser("utilization", 2, 100),
-    "clocks": _pin_parser("clocks", 2, 20_000),
-    "memory_used": _pin_parser("memory_used", 1, 10_000_000),
-    "throttle": parse_throttle,
-}

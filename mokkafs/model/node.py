@@ -17,9 +17,20 @@ import typing
 
 from pydantic import ConfigDict, ValidationError, create_model
 
+from mokkafs.model.commands import command, gpu
+from mokkafs.model.counters import (
+    EccCounter,
+    EccKind,
+    EccScope,
+    MemoryLocation,
+    NvLinkCounter,
+    ecc_total,
+    link_from_key,
+    zero_ecc,
+    zero_nvlink,
+)
 from mokkafs.model.events import (
     PIN_SIGNALS,
-    MEMORY_LOCATIONS,
     THROTTLE_REASONS,
     Event,
     IB_ERROR_COUNTERS,
@@ -36,7 +47,7 @@ from mokkafs.model.events import (
 from mokkafs.model.compute import ComputeLimits, compute_limits
 from mokkafs.model.identity import GpuIdentity, NodeConfig, gpu_identities
 from mokkafs.model.topology import Layout, pci_layout
-from mokkafs.model.xid import NEEDS_RESET, kernel_log_line
+from mokkafs.model.xid import Remap, kernel_log_line, xid_rule
 
 THERMAL_TAU_S = 40.0  # first-order lag of die temperature behind power
 LOG_LIMIT = 4096  # node event-log lines kept (and persisted)
@@ -45,8 +56,6 @@ LOG_LIMIT = 4096  # node event-log lines kept (and persisted)
 EVENT_SBE = 0x1
 EVENT_DBE = 0x2
 EVENT_XID = 0x8
-
-NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
 
 # The width, in bits, of each counter as the real surface reports it; a counter stops at
 # all-ones there (saturates) instead of wrapping or growing past what its reader can hold.
@@ -139,15 +148,6 @@ class Readings:
         return [name for name, bit in THROTTLE_REASONS.items() if self.throttle_mask & bit]
 
 
-def _zero_ecc() -> dict[str, int]:
-    return {
-        f"{scope}.{kind}.{loc}": 0
-        for scope in ("volatile", "aggregate")
-        for kind in ("corrected", "uncorrected")
-        for loc in MEMORY_LOCATIONS
-    }
-
-
 @dataclass
 class GpuState:
     """The mutable, persisted part of one GPU. Identity lives in GpuIdentity."""
@@ -159,7 +159,7 @@ class GpuState:
     needs_reset: bool = False
     pins: dict[str, tuple] = field(default_factory=dict)
     power_limit_w: float | None = None  # None: the profile's default limit
-    ecc: dict[str, int] = field(default_factory=_zero_ecc)
+    ecc: dict[EccCounter, int] = field(default_factory=zero_ecc)
     retired_sbe: int = 0
     retired_dbe: int = 0
     retired_pending: bool = False
@@ -168,16 +168,21 @@ class GpuState:
     remap_pending: bool = False
     remap_failure: bool = False
     nvlink_down: list[int] = field(default_factory=list)
-    nvlink_errors: dict[str, dict[str, int]] = field(default_factory=dict)
+    nvlink_errors: dict[int, dict[NvLinkCounter, int]] = field(default_factory=dict)  # links with errors
     pcie_replay: int = 0
     last_xid: int | None = None
     last_xid_time: float | None = None
     xid_counts: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        """A deep copy, JSON-ready: later changes to this state never show through it."""
+        """A deep copy, JSON-ready: later changes to this state never show through it. Counter
+        keys take their stored spellings (`"volatile.corrected.dram"`, link `"3"`, `"replay"`)."""
         data = copy.deepcopy(self.__dict__)
         data["pins"] = {k: list(v) for k, v in self.pins.items()}
+        data["ecc"] = {counter.key: n for counter, n in self.ecc.items()}
+        data["nvlink_errors"] = {
+            str(link): {counter.spelling: n for counter, n in errs.items()} for link, errs in self.nvlink_errors.items()
+        }
         return data
 
     @classmethod
@@ -188,12 +193,12 @@ class GpuState:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         if isinstance(known.get("pins"), dict):  # JSON has no tuples
             known["pins"] = {k: tuple(v) if isinstance(v, list) else v for k, v in known["pins"].items()}
+        # Counters absent from the record are zero (stored spellings until _typed_counters).
+        known.setdefault("ecc", {})
+        known.setdefault("nvlink_errors", {})
         # Strict: a "5" or a true where a number belongs is a corrupt file, not a number.
         state = _validate(cls, _GPU_RECORD, known)
-        unknown = set(state.ecc) - set(_zero_ecc())
-        if unknown:
-            raise ValueError(f"ecc: unknown ECC counter {sorted(unknown)[0][:40]!r}")
-        state.ecc = {**_zero_ecc(), **state.ecc}
+        _typed_counters(state)
         _check_ranges(state)
         return state
 
@@ -207,10 +212,11 @@ class RestoreError(ValueError):
         self.part, self.index = part, index
 
 
-def _strict_record(cls):
+def _strict_record(cls, **stored):
     """A strict pydantic model of dataclass `cls`'s fields: a "5" or a true where a number
-    belongs is a corrupt file, not a number (pydantic's lax mode would take both)."""
-    hints = typing.get_type_hints(cls)
+    belongs is a corrupt file, not a number (pydantic's lax mode would take both). `stored`
+    gives the JSON type of a field whose in-memory type differs (typed counter keys)."""
+    hints = {**typing.get_type_hints(cls), **stored}
     fields = {name: (hints[name], ...) for name in cls.__dataclass_fields__}
     return create_model(f"{cls.__name__}Record", __config__=ConfigDict(strict=True, extra="ignore"), **fields)
 
@@ -251,21 +257,15 @@ def _check_ranges(state: "GpuState") -> None:
     for key in ("remapped_corr", "remapped_unc"):
         _check_counter(key, "remapped_rows", getattr(state, key))
     _check_counter("pcie_replay", "pcie_replay", state.pcie_replay)
-    for name, value in state.ecc.items():
-        _check_counter(f"ecc.{name}", "ecc", value)
+    for counter, value in state.ecc.items():
+        _check_counter(f"ecc.{counter.key}", "ecc", value)
     for code, value in state.xid_counts.items():
         if not (code.isdigit() and 1 <= int(code) <= 999):
             raise ValueError(f"xid_counts: {code[:20]!r} is not an Xid")
         _check_counter(f"xid_counts.{code}", "xid_counts", value)
     for link, errs in state.nvlink_errors.items():
-        if not (link.isdigit() and int(link) < 18):
-            raise ValueError(f"nvlink_errors: {link[:20]!r} is not a link 0..17")
-        unknown = set(errs) - set(NVLINK_COUNTERS)
-        if unknown:
-            raise ValueError(f"nvlink_errors.{link}: unknown counter {sorted(unknown)[0][:40]!r}")
-        for name, value in errs.items():
-            _check_counter(f"nvlink_errors.{link}.{name}", "nvlink_errors", value)
-        state.nvlink_errors[link] = {**dict.fromkeys(NVLINK_COUNTERS, 0), **errs}
+        for counter, value in errs.items():
+            _check_counter(f"nvlink_errors.{link}.{counter.spelling}", "nvlink_errors", value)
     if state.last_xid is not None and not 1 <= state.last_xid <= 999:
         raise ValueError(f"last_xid: {state.last_xid} is not an Xid")
     if (state.last_xid is None) != (state.last_xid_time is None):
@@ -284,7 +284,31 @@ def _check_ranges(state: "GpuState") -> None:
         raise ValueError("nvlink_down: names a link twice")
 
 
-_GPU_RECORD = _strict_record(GpuState)
+def _typed_counters(state: "GpuState") -> None:
+    """Turn the stored spellings of the ECC and NVLink counters into typed keys, each counter
+    that is not there zero; ValueError (key first) on a spelling no counter has."""
+    ecc = zero_ecc()
+    for key, value in state.ecc.items():
+        try:
+            ecc[EccCounter.from_key(key)] = value
+        except ValueError:
+            raise ValueError(f"ecc: unknown ECC counter {key[:40]!r}") from None
+    nvlink: dict[int, dict[NvLinkCounter, int]] = {}
+    for key, errs in state.nvlink_errors.items():
+        try:
+            link = link_from_key(key)
+        except ValueError:
+            raise ValueError(f"nvlink_errors: {key[:20]!r} is not a link 0..17") from None
+        nvlink[link] = zero_nvlink()
+        for name, value in errs.items():
+            try:
+                nvlink[link][NvLinkCounter.from_spelling(name)] = value
+            except ValueError:
+                raise ValueError(f"nvlink_errors.{key}: unknown counter {name[:40]!r}") from None
+    state.ecc, state.nvlink_errors = ecc, nvlink
+
+
+_GPU_RECORD = _strict_record(GpuState, ecc=dict[str, int], nvlink_errors=dict[str, dict[str, int]])
 
 
 @dataclass
@@ -425,29 +449,27 @@ class Node:
 
     def _xid(self, i: int, code: int, now: float) -> list[Notification]:
         g, ident = self.gpus[i], self.identities[i]
+        rule = xid_rule(code)  # what this Xid does: a row of the catalogue (model/xid.py)
         details: dict = {}
         notes = [Notification(i, EVENT_XID, code)]
-        if code in (48, 94, 95):  # uncorrectable ECC in device memory
-            self._count_ecc(i, "uncorrected", "dram", 1)
-            notes.append(Notification(i, EVENT_DBE, 1))
+        if rule.ecc is not None:
+            self._count_ecc(i, rule.ecc.kind, rule.ecc.location, rule.ecc.count)
+            event = EVENT_DBE if rule.ecc.kind is EccKind.UNCORRECTED else EVENT_SBE
+            notes.append(Notification(i, event, rule.ecc.count))
+        if rule.remap is Remap.PENDING:
             self._record_remap_or_retire(i, uncorrectable=True)
-        elif code == 92:  # high single-bit rate: a burst of corrected errors
-            self._count_ecc(i, "corrected", "dram", 10)
-            notes.append(Notification(i, EVENT_SBE, 10))
-        elif code == 63:
-            self._record_remap_or_retire(i, uncorrectable=True)
-        elif code == 64:
+        elif rule.remap is Remap.FAILED:
             if self.has_row_remapper:
                 g.remap_failure = True
             else:
                 g.retired_pending = True
-        elif code == 74:
+        if rule.nvlink_errors:
             link = self._first_up_link(g)
             details["link"] = link
-            self._count_nvlink(i, link, ("replay", "recovery"), 1)
-        elif code == 79:
+            self._count_nvlink(i, link, rule.nvlink_errors, 1)
+        if rule.lost:
             g.lost = True
-        if code in NEEDS_RESET or code == 95:
+        if rule.needs_reset:
             g.needs_reset = True
         g.last_xid, g.last_xid_time = code, now
         g.xid_counts[str(code)] = self._add(f"gpu{i} xid_counts.{code}", "xid_counts", g.xid_counts.get(str(code), 0), 1)
@@ -476,20 +498,19 @@ class Node:
                 return link
         return 0
 
-    def _count_ecc(self, i: int, kind: str, location: str, count: int) -> None:
+    def _count_ecc(self, i: int, kind: EccKind, location: MemoryLocation, count: int) -> None:
         ecc = self.gpus[i].ecc
-        for scope in ("volatile", "aggregate"):
-            key = f"{scope}.{kind}.{location}"
-            ecc[key] = self._add(f"gpu{i} ecc.{key}", "ecc", ecc[key], count)
+        for scope in EccScope:
+            key = EccCounter(scope, kind, location)
+            ecc[key] = self._add(f"gpu{i} ecc.{key.key}", "ecc", ecc[key], count)
 
-    def _count_nvlink(self, i: int, link: int, counters: tuple[str, ...], count: int) -> None:
-        errs = self.gpus[i].nvlink_errors.setdefault(str(link), dict.fromkeys(NVLINK_COUNTERS, 0))
-        for name in counters:
-            errs[name] = self._add(f"gpu{i} nvlink_errors.{link}.{name}", "nvlink_errors", errs[name], count)
+    def _count_nvlink(self, i: int, link: int, counters: tuple[NvLinkCounter, ...], count: int) -> None:
+        errs = self.gpus[i].nvlink_errors.setdefault(link, zero_nvlink())
+        for c in counters:
+            errs[c] = self._add(f"gpu{i} nvlink_errors.{link}.{c.spelling}", "nvlink_errors", errs[c], count)
 
     def _ecc(self, e: InjectEcc, now: float) -> list[Notification]:
-        kind = "corrected" if e.kind == "sbe" else "uncorrected"
-        self._count_ecc(e.gpu, kind, e.location, e.count)
+        self._count_ecc(e.gpu, EccKind.from_short(e.kind), MemoryLocation.from_spelling(e.location), e.count)
         self._log(now, e.gpu, f"mokka: gpu{e.gpu} {e.count} {e.kind.upper()} ECC error(s) in {e.location}")
         if e.kind == "dbe":
             if e.location == "dram":
@@ -523,7 +544,7 @@ class Node:
         elif e.action == "up" and e.link in g.nvlink_down:
             g.nvlink_down = [link for link in g.nvlink_down if link != e.link]
         elif e.action == "errors":
-            self._count_nvlink(e.gpu, e.link, ("replay", "crc_flit"), e.count)
+            self._count_nvlink(e.gpu, e.link, (NvLinkCounter.REPLAY, NvLinkCounter.CRC_FLIT), e.count)
         self._log(now, e.gpu, f"mokka: gpu{e.gpu} nvlink {e.link} {e.action}{f' {e.count}' if e.count else ''}")
 
     def _reset(self, i: int, now: float) -> None:
@@ -534,9 +555,9 @@ class Node:
         g.lost = False
         g.needs_reset = False
         g.pins.clear()
-        for key in g.ecc:
-            if key.startswith("volatile."):
-                g.ecc[key] = 0
+        for counter in g.ecc:
+            if counter.scope is EccScope.VOLATILE:
+                g.ecc[counter] = 0
         g.remap_pending = False
         g.retired_pending = False
         g.nvlink_down = []
@@ -693,7 +714,7 @@ class Node:
             faults.append("row_remap_failure")
         if g.retired_pending:
             faults.append("page_retirement_pending")
-        if any(g.ecc[f"volatile.uncorrected.{loc}"] for loc in MEMORY_LOCATIONS):
+        if ecc_total(g.ecc, EccScope.VOLATILE, EccKind.UNCORRECTED):
             faults.append("uncorrectable_ecc")
         faults += [f"nvlink{link}_down" for link in g.nvlink_down]
         faults += [f"pinned_{signal}" for signal in sorted(g.pins)]
@@ -721,15 +742,14 @@ class Node:
                 f"{self.profile.name}'s {p.min_limit_w}..{p.max_limit_w} W"
             )
         for signal, values in state.pins.items():
-            parse = PIN_SIGNALS.get(signal)
-            if parse is None:
+            if signal not in PIN_SIGNALS:
                 raise ValueError(f"pins: unknown signal {signal[:40]!r}")
             try:
                 # The text a control write would carry; ints only (str(88.0) is refused).
                 if not all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in values):
                     raise InvalidCommand("values must be whole numbers or throttle reasons")
                 text = " ".join(str(v) for v in values) if values else "none"
-                self.validate(parse(0, text.encode()))
+                self.validate(command(gpu(0), signal, text).event)
             except InvalidCommand as e:
                 raise ValueError(f"pins.{signal}: {e}") from None
 

@@ -1,36 +1,14 @@
-"""`node/` and `gpuN/`: the control and status files of DESIGN §4, rendered from the model."""
+"""`node/` and `gpuN/`: the control and status files of DESIGN §4, rendered from the model. A
+writable file is the command of model/commands.py its name stands for, on its GPU or the node."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
 from functools import partial
 
-from mokkafs.model.events import (
-    MEMORY_LOCATIONS,
-    PIN_SIGNALS,
-    parse_ecc,
-    parse_lost,
-    parse_nvlink,
-    parse_reset,
-    parse_xid,
-)
-from mokkafs.model.node import NVLINK_COUNTERS, LogEntry
+from mokkafs.model.commands import NODE, control_writer, gpu
+from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS, ecc_total
+from mokkafs.model.node import LogEntry
 from mokkafs.vfs import Ctx, Dir, File, const, static_dir, text
-
-
-# The short names `mokka inject` and the Kubernetes agent accept, and the gpuN/ file each writes.
-COMMAND_FILES = {
-    "xid": "inject_xid",
-    "ecc": "inject_ecc",
-    "temperature": "temperature",
-    "power": "power",
-    "utilization": "utilization",
-    "clocks": "clocks",
-    "throttle": "throttle",
-    "memory_used": "memory_used",
-    "lost": "lost",
-    "nvlink": "nvlink",
-    "reset": "reset",
-}
 
 
 def iso_time(t: float) -> str:
@@ -73,15 +51,9 @@ def render_xid(ctx: Ctx, i: int) -> str:
 def render_ecc(ctx: Ctx, i: int) -> str:
     g = ctx.node.gpus[i]
     lines = []
-    for scope in ("volatile", "aggregate"):
-        for kind, short in (("corrected", "sbe"), ("uncorrected", "dbe")):
-            total = sum(g.ecc[f"{scope}.{kind}.{loc}"] for loc in MEMORY_LOCATIONS)
-            lines.append(f"{scope} {short} {total}")
-            lines += [
-                f"{scope} {short} {loc} {g.ecc[f'{scope}.{kind}.{loc}']}"
-                for loc in MEMORY_LOCATIONS
-                if g.ecc[f"{scope}.{kind}.{loc}"]
-            ]
+    for scope, kind, row in ECC_ROWS:
+        lines.append(f"{scope.spelling} {kind.short} {ecc_total(g.ecc, scope, kind)}")
+        lines += [f"{scope.spelling} {kind.short} {c.location.spelling} {g.ecc[c]}" for c in row if g.ecc[c]]
     lines.append(f"retired_pages sbe {g.retired_sbe} dbe {g.retired_dbe} pending {_yes(g.retired_pending)}")
     lines.append(
         f"remapped_rows correctable {g.remapped_corr} uncorrectable {g.remapped_unc} "
@@ -94,8 +66,8 @@ def render_nvlink(ctx: Ctx, i: int) -> str:
     g = ctx.node.gpus[i]
     out = []
     for link in range(ctx.node.profile.nvlink.links):
-        errs = g.nvlink_errors.get(str(link), {})
-        counters = " ".join(f"{c}={errs.get(c, 0)}" for c in NVLINK_COUNTERS)
+        errs = g.nvlink_errors.get(link, {})
+        counters = " ".join(f"{c.spelling}={errs.get(c, 0)}" for c in NVLINK_COUNTERS)
         out.append(f"{link} {'down' if link in g.nvlink_down else 'up'} {counters}\n")
     return "".join(out)
 
@@ -119,17 +91,18 @@ def _events(ctx: Ctx, gpu: int | None) -> str:
 
 
 def gpu_dir(i: int) -> Dir:
+    target = gpu(i)
     files: dict[str, File] = {
         "info": text(partial(render_info, i=i)),
-        "inject_xid": text(partial(render_xid, i=i), write=partial(parse_xid, i)),
-        "inject_ecc": text(partial(render_ecc, i=i), write=partial(parse_ecc, i)),
-        "lost": text(lambda ctx: "1\n" if ctx.node.gpus[i].lost else "0\n", write=partial(parse_lost, i)),
-        "nvlink": text(partial(render_nvlink, i=i), write=partial(parse_nvlink, i)),
-        "reset": const(b"", write=partial(parse_reset, i), mode=0o200),
+        "inject_xid": text(partial(render_xid, i=i), write=control_writer(target, "xid")),
+        "inject_ecc": text(partial(render_ecc, i=i), write=control_writer(target, "ecc")),
+        "lost": text(lambda ctx: "1\n" if ctx.node.gpus[i].lost else "0\n", write=control_writer(target, "lost")),
+        "nvlink": text(partial(render_nvlink, i=i), write=control_writer(target, "nvlink")),
+        "reset": const(b"", write=control_writer(target, "reset"), mode=0o200),
         "events": text(partial(_events, gpu=i)),
     }
     for signal, fmt in _SIGNALS.items():
-        files[signal] = text(partial(_reading, i=i, fmt=fmt), write=partial(PIN_SIGNALS[signal], i))
+        files[signal] = text(partial(_reading, i=i, fmt=fmt), write=control_writer(target, signal))
     return static_dir(files)
 
 
@@ -141,7 +114,7 @@ def node_dir() -> Dir:
             "cuda_version": text(lambda ctx: f"{ctx.node.config.cuda_version}\n"),
             "gpu_count": text(lambda ctx: f"{len(ctx.node.gpus)}\n"),
             "events": text(partial(_events, gpu=None)),
-            "reset": const(b"", write=partial(parse_reset, None), mode=0o200),
+            "reset": const(b"", write=control_writer(NODE, "reset"), mode=0o200),
         }
     )
 

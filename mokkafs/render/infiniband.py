@@ -8,7 +8,8 @@ import hashlib
 from collections.abc import Mapping
 from functools import partial
 
-from mokkafs.model.events import IB_ERROR_COUNTERS, parse_ib_port
+from mokkafs.model import commands
+from mokkafs.model.events import IB_ERROR_COUNTERS
 from mokkafs.model.identity import NodeConfig
 from mokkafs.model.topology import Layout, PciFunction
 from mokkafs.vfs import Ctx, Dir, Entry, Symlink, const, static_dir, text
@@ -193,13 +194,17 @@ def render_port_control(ctx: Ctx, j: int) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
+def _port_writer(j: int):
+    return commands.control_writer(commands.hca(j), "port")
+
+
 def control_dir(config: NodeConfig) -> Dir:
     """`ib/mlx5_N/port1`: read the port's state and counters; write `down`, `up`, `errors N`
     or `errors COUNTER N`."""
     return static_dir(
         {
             hca_name(j): static_dir(
-                {"port1": text(partial(render_port_control, j=j), write=partial(parse_ib_port, j, 1))}
+                {"port1": text(partial(render_port_control, j=j), write=_port_writer(j))}
             )
             for j in range(config.hcas)
         }

@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from mokkafs.model import Node, Readings
-from mokkafs.model.events import MEMORY_LOCATIONS
+from mokkafs.model.counters import EccKind, EccScope, NvLinkCounter, ecc_total
 from mokkafs.model.node import GpuState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -49,13 +49,12 @@ class Field:
     polled: bool = True  # False: set from driver events, so DCGM still has it for a lost GPU
 
 
-def _ecc(scope: str, kind: str) -> Callable[[Sample], int]:
-    keys = [f"{scope}.{kind}.{loc}" for loc in MEMORY_LOCATIONS]
-    return lambda s: sum(s.g.ecc[k] for k in keys)
+def _ecc(scope: EccScope, kind: EccKind) -> Callable[[Sample], int]:
+    return lambda s: ecc_total(s.g.ecc, scope, kind)
 
 
-def _nvlink(counter: str) -> Callable[[Sample], int]:
-    return lambda s: sum(errs.get(counter, 0) for errs in s.g.nvlink_errors.values())
+def _nvlink(counter: NvLinkCounter) -> Callable[[Sample], int]:
+    return lambda s: sum(errs[counter] for errs in s.g.nvlink_errors.values())
 
 
 # Rows enabled in dcgm-exporter 4.8.x's etc/default-counters.csv, in the file's order, with its
@@ -167,25 +166,25 @@ EXTRA_FIELDS: tuple[Field, ...] = (
         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
         "counter",
         "Total number of single-bit volatile ECC errors.",
-        _ecc("volatile", "corrected"),
+        _ecc(EccScope.VOLATILE, EccKind.CORRECTED),
     ),
     Field(
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
         "counter",
         "Total number of double-bit volatile ECC errors.",
-        _ecc("volatile", "uncorrected"),
+        _ecc(EccScope.VOLATILE, EccKind.UNCORRECTED),
     ),
     Field(
         "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
         "counter",
         "Total number of single-bit persistent ECC errors.",
-        _ecc("aggregate", "corrected"),
+        _ecc(EccScope.AGGREGATE, EccKind.CORRECTED),
     ),
     Field(
         "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
         "counter",
         "Total number of double-bit persistent ECC errors.",
-        _ecc("aggregate", "uncorrected"),
+        _ecc(EccScope.AGGREGATE, EccKind.UNCORRECTED),
     ),
     Field(
         "DCGM_FI_DEV_RETIRED_SBE",
@@ -209,25 +208,25 @@ EXTRA_FIELDS: tuple[Field, ...] = (
         "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
         "counter",
         "Total number of NVLink flow-control CRC errors.",
-        _nvlink("crc_flit"),
+        _nvlink(NvLinkCounter.CRC_FLIT),
     ),
     Field(
         "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
         "counter",
         "Total number of NVLink data CRC errors.",
-        _nvlink("crc_data"),
+        _nvlink(NvLinkCounter.CRC_DATA),
     ),
     Field(
         "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
         "counter",
         "Total number of NVLink retries.",
-        _nvlink("replay"),
+        _nvlink(NvLinkCounter.REPLAY),
     ),
     Field(
         "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
         "counter",
         "Total number of NVLink recovery errors.",
-        _nvlink("recovery"),
+        _nvlink(NvLinkCounter.RECOVERY),
     ),
     Field(
         "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
