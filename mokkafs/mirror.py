@@ -83,6 +83,7 @@ class Mirror:
         self._items: dict[str, Item] = {}
         self._rendered_state: tuple | None = None
         self._ready = False
+        self.ready = trio.Event()  # set once `run` has written the whole mirror
 
     def start(self, node: Node) -> None:
         """Write the whole mirror now, replacing whatever an earlier daemon left there."""
@@ -103,6 +104,7 @@ class Mirror:
         self._items, self._rendered_state, self._ready = items, state, True
         self.sync(node)  # whatever events changed while the thread wrote
         log.info("%s: mirror of %d entries ready", self.path, len(items))
+        self.ready.set()
 
     def _clear(self) -> None:
         self._items, self._rendered_state, self._ready = {}, None, False

@@ -8,12 +8,12 @@ import mmap
 import os
 import platform
 import re
-import time
 from pathlib import Path
 
 import trio
 from cffi import FFI
 
+from mokkafs.clock import Clock, WallClock
 from mokkafs.model import Node, Notification
 from mokkafs.model.events import MEMORY_LOCATIONS
 from mokkafs.model.node import NVLINK_COUNTERS, LogEntry
@@ -227,11 +227,13 @@ def fill_gpu(g, node: Node, i: int, now: float) -> None:
 
 
 class Publisher:
-    """Owns `<state-dir>/state`. Call `publish(node)` after any change; `run` ticks."""
+    """Owns `<state-dir>/state`. Call `publish(node)` after any change; `run` ticks every
+    `tick_s` of `clock`."""
 
-    def __init__(self, path: Path, clock=time.time) -> None:
+    def __init__(self, path: Path, clock: Clock | None = None, tick_s: float = TICK_S) -> None:
         self.path = Path(path)
-        self.clock = clock
+        self.clock = WallClock() if clock is None else clock
+        self.tick_s = tick_s
         self._fd = -1
         self._mm: mmap.mmap | None = None
         self._st = None
@@ -403,11 +405,11 @@ class Publisher:
         self.append_events(notes)
 
     async def run(self, node: Node, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Publish now, report started, then republish every TICK_S for time-varying values."""
+        """Publish now, report started, then republish every `tick_s` for time-varying values."""
         self.publish(node)
         task_status.started()
         while True:
-            await trio.sleep(TICK_S)
+            await self.clock.sleep(self.tick_s)
             self.publish(node)
 
 
