@@ -16,7 +16,7 @@ from cffi import FFI
 from mokkafs.clock import Clock, WallClock
 from mokkafs.model import Node, Notification
 from mokkafs.model.events import MEMORY_LOCATIONS
-from mokkafs.model.node import NVLINK_COUNTERS, LogEntry
+from mokkafs.model.node import NVLINK_COUNTERS, LogEntry, Readings
 
 log = logging.getLogger(__name__)
 
@@ -181,12 +181,10 @@ def fill_static(g, node: Node, i: int) -> None:
     g.l2_cache_bytes = p.l2_cache_bytes
 
 
-def fill_dynamic(g, node: Node, i: int, now: float) -> None:
-    """Write what events and time change into `g`, which already holds `fill_static`'s part."""
-    st = node.gpus[i]
-    r = node.readings(i, now)
+def fill_readings(g, r: Readings) -> None:
+    """Write the readings `r` into `g`: what time changes, and all that it changes (the tick
+    rewrites only this while no event has come)."""
     mib = 1 << 20
-    g.pcie_replay = st.pcie_replay
     g.mem_used = r.memory_used_mib * mib
     g.mem_free = r.memory_free_mib * mib
     g.clock_cur = [r.clock_graphics, r.clock_sm, r.clock_mem, r.clock_video]
@@ -197,6 +195,13 @@ def fill_dynamic(g, node: Node, i: int, now: float) -> None:
     g.temp_mem = -1 if r.memory_temperature_c is None else int(round(r.memory_temperature_c))
     g.util_gpu, g.util_mem = r.util_gpu, r.util_mem
     g.throttle_mask = r.throttle_mask
+
+
+def fill_dynamic(g, node: Node, i: int, now: float) -> None:
+    """Write what events and time change into `g`, which already holds `fill_static`'s part."""
+    st = node.gpus[i]
+    g.pcie_replay = st.pcie_replay
+    fill_readings(g, node.readings(i, now))
     ecc = st.ecc
     for s, scope in enumerate(("volatile", "aggregate")):
         for k, kind in enumerate(("corrected", "uncorrected")):
@@ -239,6 +244,8 @@ class Publisher:
         self._st = None
         self._scratch = ffi.new("struct mokka_gpu[]", MAX_GPUS)
         self._statics: dict[tuple[int, int], bytes] = {}
+        # Per (node, GPU): the node's generation when its record was last written whole.
+        self._written: dict[tuple[int, int], int] = {}
         self._last_node: Node | None = None
         self._counters = (0, 0, 0)
 
@@ -333,33 +340,44 @@ class Publisher:
 
     # --- publishing ----------------------------------------------------------------------------
 
-    def publish(self, node: Node, only: set[int] | None = None) -> None:
+    def publish(self, node: Node, only: set[int] | None = None, tick: bool = False) -> None:
         """Write every record (or only the GPUs in `only`: an event's targets, the tick
-        refreshes the rest within TICK_S) under the seqlock, at once."""
+        refreshes the rest within `tick_s`) under the seqlock, at once. A `tick` rewrites only
+        the readings of a record that no event has changed since it was last written whole."""
         if self._guard():
-            only = None
+            only, tick = None, False
         self._last_node = node
         st, now = self._st, self.clock()
         count = min(len(node.gpus), MAX_GPUS)
         targets = range(count) if only is None else sorted(i for i in only if 0 <= i < count)
         scratch, rec = self._scratch, ffi.sizeof("struct mokka_gpu")
+        whole, readings = [], []
         for i in targets:
+            key = (id(node), i)
+            if tick and self._written.get(key) == node.generation:
+                readings.append((i, node.readings(i, now)))
+                continue
             ffi.memmove(ffi.addressof(scratch, i), self._static(node, i), rec)
             fill_dynamic(scratch[i], node, i, now)
+            self._written[key] = node.generation
+            whole.append(i)
         cfg = node.config
         st.seq += 1  # odd: records are changing
         fence()  # the odd count before any record (a no-op on x86, which keeps store order)
-        st.gpu_count = count
-        st.daemon_pid = os.getpid()
-        st.cuda_version = cuda_version_int(cfg.cuda_version)
-        _put(st.driver_version, cfg.driver_version + "\0")
-        _put(st.nvml_version, f"{cfg.cuda_version.split('.')[0]}.{cfg.driver_version}" + "\0")
-        _put(st.hostname, cfg.hostname + "\0")
-        if only is None:
+        if not tick:
+            st.gpu_count = count
+            st.daemon_pid = os.getpid()
+            st.cuda_version = cuda_version_int(cfg.cuda_version)
+            _put(st.driver_version, cfg.driver_version + "\0")
+            _put(st.nvml_version, f"{cfg.cuda_version.split('.')[0]}.{cfg.driver_version}" + "\0")
+            _put(st.hostname, cfg.hostname + "\0")
+        if len(whole) == count:
             ffi.memmove(ffi.addressof(st.gpus, 0), scratch, rec * count)
         else:
-            for i in targets:
+            for i in whole:
                 ffi.memmove(ffi.addressof(st.gpus, i), ffi.addressof(scratch, i), rec)
+        for i, r in readings:
+            fill_readings(st.gpus[i], r)
         st.publish_time_ns = int(now * 1e9)
         st.generation += 1
         fence()  # every record before the even count
@@ -405,12 +423,14 @@ class Publisher:
         self.append_events(notes)
 
     async def run(self, node: Node, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Publish now, report started, then republish every `tick_s` for time-varying values."""
+        """Publish now, report started, then republish every `tick_s` for time-varying values:
+        their readings only, so that the tick keeps the event loop (and a control write that
+        arrives meanwhile) for tens of microseconds, not a whole node's records (~350 us at 8 GPUs)."""
         self.publish(node)
         task_status.started()
         while True:
             await self.clock.sleep(self.tick_s)
-            self.publish(node)
+            self.publish(node, tick=True)
 
 
 def _allocate(fd: int) -> None:
