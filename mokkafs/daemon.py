@@ -90,8 +90,12 @@ def build(opts: Options, clock: Callable[[], float]) -> tuple[Controller, Tree, 
 
 async def _flush_refusals(ops: MokkaOperations, clock: Clock) -> None:
     """Summaries of rate-limited refusals are logged once their window ends, even when no
-    further refusal comes to trigger them."""
+    further refusal comes to trigger them. With no window open nothing can come due: wait for
+    a refusal rather than wake every second."""
     while True:
+        ops.refused = trio.Event()
+        if not ops.limiter:
+            await ops.refused.wait()
         await clock.sleep(1)
         ops.flush_refusals()
 

@@ -244,8 +244,10 @@ class Publisher:
         self._st = None
         self._scratch = ffi.new("struct mokka_gpu[]", MAX_GPUS)
         self._statics: dict[tuple[int, int], bytes] = {}
-        # Per (node, GPU): the node's generation when its record was last written whole.
+        # Per (node, GPU): the node's generation at which its record was last known whole;
+        # per node: its generation at the last publish.
         self._written: dict[tuple[int, int], int] = {}
+        self._seen: dict[int, int] = {}
         self._last_node: Node | None = None
         self._counters = (0, 0, 0)
 
@@ -361,6 +363,13 @@ class Publisher:
             fill_dynamic(scratch[i], node, i, now)
             self._written[key] = node.generation
             whole.append(i)
+        if only is not None and not tick and self._seen.get(id(node)) == node.generation - 1:
+            # One event since the last publish, and it changed only the GPUs in `only` (the
+            # subscriber's contract): the other records that were whole are whole still.
+            for i in range(count):
+                if i not in only and self._written.get((id(node), i)) == node.generation - 1:
+                    self._written[(id(node), i)] = node.generation
+        self._seen[id(node)] = node.generation
         cfg = node.config
         st.seq += 1  # odd: records are changing
         fence()  # the odd count before any record (a no-op on x86, which keeps store order)
