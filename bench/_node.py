@@ -29,6 +29,17 @@ class BenchNode:
         (self.mnt / "node" / "gpu_count").read_text()
         return time.perf_counter() - t0
 
+    def settle(self, timeout: float = 60.0) -> float:
+        """Wait until start-up work is over (the mirror's first, whole write, thousands of files
+        in a thread), so that what is measured next is the running daemon, not its start;
+        return the seconds waited."""
+        t0 = time.perf_counter()
+        while not (self.state / "mirror").is_dir():
+            if time.perf_counter() - t0 > timeout:
+                raise RuntimeError(f"{self.state}/mirror not written after {timeout:.0f} s")
+            time.sleep(0.01)
+        return time.perf_counter() - t0
+
     def umount(self) -> None:
         subprocess.run([sys.executable, "-m", "mokkafs.cli", "umount", str(self.mnt)], env=self.env,
                        capture_output=True)
@@ -73,7 +84,10 @@ def run_c_bench(name: str, cc_flags: list[str], run_args, header: str | None = N
         exe = Path(tmp) / name
         subprocess.run(["cc", "-O2", str(bench / f"{name}.c"), "-o", str(exe), *cc_flags], check=True)
         with BenchNode(args.profile, args.gpus) as node:
-            print(f"# {args.gpus} x {args.profile}, {os.cpu_count()} CPUs")
+            settled = node.settle()
+            load = os.getloadavg()[0]
+            print(f"# {args.gpus} x {args.profile}, {os.cpu_count()} CPUs, load {load:.2f}, "
+                  f"measured after start-up ({settled:.2f} s)")
             if header:
                 print(header, flush=True)
             subprocess.run([str(exe), *run_args(node)], check=True,
