@@ -14,7 +14,11 @@ class BenchNode:
     def __init__(self, profile: str = "h100", gpus: int = 8) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="mokka-bench-"))
         self.mnt = self.tmp / "mnt"
-        self.state = self.tmp / "state"
+        # The state directory on a tmpfs, as the daemon's default (/run/mokka) is: a busy disk
+        # under the per-event persistence would be measured otherwise.
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.state_base = Path(tempfile.mkdtemp(prefix="mokka-bench-state-", dir=shm))
+        self.state = self.state_base / "state"
         self.env = dict(os.environ, MOKKA_RUNTIME_DIR=str(self.tmp / "run"))
         self.profile, self.gpus = profile, gpus
 
@@ -61,6 +65,7 @@ class BenchNode:
     def __exit__(self, *exc) -> None:
         self.umount()
         shutil.rmtree(self.tmp, ignore_errors=True)
+        shutil.rmtree(self.state_base, ignore_errors=True)
 
 
 def percentile(values: list[float], q: float) -> float:
