@@ -14,7 +14,11 @@ class BenchNode:
     def __init__(self, profile: str = "h100", gpus: int = 8) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="mokka-bench-"))
         self.mnt = self.tmp / "mnt"
-        self.state = self.tmp / "state"
+        # The state directory on a tmpfs, as the daemon's default (/run/mokka) is: a busy disk
+        # under the per-event persistence would be measured otherwise.
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.state_base = Path(tempfile.mkdtemp(prefix="mokka-bench-state-", dir=shm))
+        self.state = self.state_base / "state"
         self.env = dict(os.environ, MOKKA_RUNTIME_DIR=str(self.tmp / "run"))
         self.profile, self.gpus = profile, gpus
 
@@ -27,6 +31,17 @@ class BenchNode:
             check=True, env=self.env, capture_output=True,
         )
         (self.mnt / "node" / "gpu_count").read_text()
+        return time.perf_counter() - t0
+
+    def settle(self, timeout: float = 60.0) -> float:
+        """Wait until start-up work is over (the mirror's first, whole write, thousands of files
+        in a thread), so that what is measured next is the running daemon, not its start;
+        return the seconds waited."""
+        t0 = time.perf_counter()
+        while not (self.state / "mirror").is_dir():
+            if time.perf_counter() - t0 > timeout:
+                raise RuntimeError(f"{self.state}/mirror not written after {timeout:.0f} s")
+            time.sleep(0.01)
         return time.perf_counter() - t0
 
     def umount(self) -> None:
@@ -50,6 +65,7 @@ class BenchNode:
     def __exit__(self, *exc) -> None:
         self.umount()
         shutil.rmtree(self.tmp, ignore_errors=True)
+        shutil.rmtree(self.state_base, ignore_errors=True)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -73,7 +89,10 @@ def run_c_bench(name: str, cc_flags: list[str], run_args, header: str | None = N
         exe = Path(tmp) / name
         subprocess.run(["cc", "-O2", str(bench / f"{name}.c"), "-o", str(exe), *cc_flags], check=True)
         with BenchNode(args.profile, args.gpus) as node:
-            print(f"# {args.gpus} x {args.profile}, {os.cpu_count()} CPUs")
+            settled = node.settle()
+            load = os.getloadavg()[0]
+            print(f"# {args.gpus} x {args.profile}, {os.cpu_count()} CPUs, load {load:.2f}, "
+                  f"measured after start-up ({settled:.2f} s)")
             if header:
                 print(header, flush=True)
             subprocess.run([str(exe), *run_args(node)], check=True,

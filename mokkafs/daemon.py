@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import logging
 import os
 import signal
 import socket
 import stat
 import subprocess
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyfuse3
 import trio
 
+from mokkafs.clock import Clock, TrioClock
 from mokkafs.controller import Controller
 from mokkafs.fuse_ops import MokkaOperations
 from mokkafs.kmsg import KmsgWriter
@@ -26,7 +28,7 @@ from mokkafs.model import Node, compose
 from mokkafs.persist import StateDir, StateError, check_state_dir
 from mokkafs.profiles import load_profile
 from mokkafs.proctable import ProcessTable, procs_path
-from mokkafs.publisher import Publisher, state_path
+from mokkafs.publisher import TICK_S, Publisher, state_path
 from mokkafs.render.tree import root
 from mokkafs.vfs import Tree
 
@@ -49,6 +51,7 @@ class Options:
     allow_other: bool = True
     metrics: str | None = None  # [HOST:]PORT to serve /metrics on (mokkafs.metrics)
     control_group: int | None = None  # gid that may write control files besides root
+    tick_s: float = TICK_S  # how often time-varying values are republished and CUDA records folded
 
 
 def clear_stale_mount(mountpoint: str) -> None:
@@ -67,7 +70,7 @@ def clear_stale_mount(mountpoint: str) -> None:
             os.stat(mountpoint)
 
 
-def build(opts: Options, clock=time.time) -> tuple[Controller, Tree, bool]:
+def build(opts: Options, clock: Callable[[], float]) -> tuple[Controller, Tree, bool]:
     """The node, its restored state and its tree; no mounting. Raises ProfileError/StateError."""
     config = compose(
         load_profile(opts.profile),
@@ -85,12 +88,26 @@ def build(opts: Options, clock=time.time) -> tuple[Controller, Tree, bool]:
     return controller, Tree(root(config, state_dir=os.path.abspath(opts.state_dir))), restored
 
 
-async def _flush_refusals(ops: MokkaOperations) -> None:
+async def _flush_refusals(ops: MokkaOperations, clock: Clock) -> None:
     """Summaries of rate-limited refusals are logged once their window ends, even when no
-    further refusal comes to trigger them."""
+    further refusal comes to trigger them. With no window open nothing can come due: wait for
+    a refusal rather than wake every second."""
     while True:
-        await trio.sleep(1)
+        ops.refused = trio.Event()
+        if not ops.limiter:
+            await ops.refused.wait()
+        await clock.sleep(1)
         ops.flush_refusals()
+
+
+async def _freeze_start_up(mirror: Mirror) -> None:
+    """Move what start-up made (profile, node, tree, the mirror's rendering: some 50,000
+    objects) out of the collector's sight. A full collection would otherwise walk all of them,
+    a 30-70 ms pause on the event loop that a control write or a reader can land in; what
+    start-up made lives as long as the daemon."""
+    gc.freeze()
+    await mirror.ready.wait()
+    gc.freeze()
 
 
 async def _watch_signals() -> None:
@@ -137,8 +154,77 @@ def state_lock(state_dir: str):
         os.close(fd)
 
 
-async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
+@dataclass
+class Daemon:
+    """The parts of a running daemon, for its lifetime and for tests that drive it directly."""
+
+    controller: Controller
+    tree: Tree
+    restored: bool
+    clock: Clock
+    publisher: Publisher
+    procs: ProcessTable
+    ops: MokkaOperations
+    mirror: Mirror
+    metrics: tuple[str, int] | None = None  # where /metrics is served
+
+
+async def start(
+    opts: Options,
+    clock: Clock,
+    stack: contextlib.ExitStack,
+    nursery: trio.Nursery,
+    mount: Callable[[MokkaOperations], None] | None = None,
+) -> Daemon:
+    """Build the node and start every service of the daemon on `clock`, in order: the state
+    file and the process table before the mount (a consumer that finds the tree must find
+    them), `mount(ops)` (the kernel's; None to call the operations directly), then what serves
+    the mounted node. Teardown goes on `stack`, tasks into `nursery`."""
+    controller, tree, restored = build(opts, clock)
+    node = controller.node
+    # The publisher hears of each event first: a waiter in nvmlEventSetWait wakes before the
+    # other views (kernel log, mirror) and persistence do their work.
+    publisher = Publisher(state_path(opts.state_dir), clock, opts.tick_s)
+    publisher.open()
+    stack.callback(publisher.close)
+    controller.subscribers.append(publisher)
+    await nursery.start(publisher.run, node)
+    if opts.kmsg:
+        writer = KmsgWriter()
+        stack.callback(writer.close)
+        controller.subscribers.append(writer)
+    # CUDA processes (their records) fold into the model on their own tick, and at once
+    # when a process first takes a context or memory on a GPU.
+    procs = ProcessTable(procs_path(state_path(opts.state_dir)), clock, opts.tick_s)
+    procs.open()
+    stack.callback(procs.close)
+    nursery.start_soon(procs.run, controller)
+    await nursery.start(procs.serve, controller)
+
+    ops = MokkaOperations(tree, controller, clock, control_gid=opts.control_group)
+    stack.callback(ops.flush_refusals, True)  # no refusal count is lost at unmount
+    if mount is not None:
+        mount(ops)
+
+    # Services that serve the mounted node start here.
+    # The plain-directory mirror of sys/, proc/ and dev/ that `mokka run` binds; its
+    # first, whole write happens in the background (the mount serves meanwhile).
+    mirror = Mirror(tree, mirror_path(opts.state_dir), clock)
+    controller.subscribers.append(mirror)
+    await nursery.start(mirror.run, node)
+    bound = None
+    if opts.metrics is not None:
+        from mokkafs import metrics
+
+        server = metrics.MetricsServer(controller, lambda: (ops.operations, ops.errors), clock)
+        bound = await nursery.start(metrics.serve, opts.metrics, server)
+    nursery.start_soon(_flush_refusals, ops, clock)
+    return Daemon(controller, tree, restored, clock, publisher, procs, ops, mirror, bound)
+
+
+async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED, clock: Clock | None = None) -> None:
     mountpoint = opts.mountpoint
+    clock = TrioClock() if clock is None else clock
     with contextlib.ExitStack() as stack:
         # Refuse before touching anything a running daemon owns (state, table, socket, mount).
         stack.enter_context(state_lock(opts.state_dir))
@@ -146,53 +232,22 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
         os.makedirs(mountpoint, exist_ok=True)
         if is_mounted(mountpoint):
             raise RuntimeError(f"{mountpoint} is already a mount point; `mokka umount {mountpoint}` first")
-        controller, tree, restored = build(opts)
-        node = controller.node
-        if opts.kmsg:
-            writer = KmsgWriter()
-            stack.callback(writer.close)
-            controller.subscribers.append(writer)
-        async with trio.open_nursery() as nursery:
-            # Services the mount depends on start here, before it (the shared state file must
-            # exist before any consumer can find the tree).
-            publisher = Publisher(state_path(opts.state_dir))
-            publisher.open()
-            stack.callback(publisher.close)
-            controller.subscribers.append(publisher)
-            await nursery.start(publisher.run, node)
-            # CUDA processes (their records) fold into the model on their own tick, and at once
-            # when a process first takes a context or memory on a GPU.
-            procs = ProcessTable(procs_path(state_path(opts.state_dir)))
-            procs.open()
-            stack.callback(procs.close)
-            nursery.start_soon(procs.run, controller)
-            await nursery.start(procs.serve, controller)
+        # Resolve the pid file's name before mounting: realpath() would stat the mount
+        # point, and a FUSE daemon that stats its own mount before serving deadlocks.
+        pidf = pid_file(mountpoint)
 
-            # Resolve the pid file's name before mounting: realpath() would stat the mount
-            # point, and a FUSE daemon that stats its own mount before serving deadlocks.
-            pidf = pid_file(mountpoint)
-            ops = MokkaOperations(tree, controller, time.time, control_gid=opts.control_group)
-            stack.callback(ops.flush_refusals, True)  # no refusal count is lost at unmount
+        def mount(ops: MokkaOperations) -> None:
             pyfuse3.init(ops, mountpoint, _mount_options(opts))
             stack.callback(pyfuse3.close, unmount=True)
             pidf.parent.mkdir(parents=True, exist_ok=True)
             pidf.write_text(f"{os.getpid()}\n")
             stack.callback(lambda: pidf.unlink(missing_ok=True))
 
-            # Services that serve the mounted node (metrics) start here.
-            # The plain-directory mirror of sys/, proc/ and dev/ that `mokka run` binds; its
-            # first, whole write happens in the background (the mount serves meanwhile).
-            mirror = Mirror(tree, mirror_path(opts.state_dir), time.time)
-            controller.subscribers.append(mirror)
-            await nursery.start(mirror.run, node)
-            if opts.metrics is not None:
-                from mokkafs import metrics
-
-                server = metrics.MetricsServer(controller, lambda: (ops.operations, ops.errors))
-                await nursery.start(metrics.serve, opts.metrics, server)
-
+        async with trio.open_nursery() as nursery:
+            daemon = await start(opts, clock, stack, nursery, mount)
             nursery.start_soon(_watch_signals)
-            nursery.start_soon(_flush_refusals, ops)
+            nursery.start_soon(_freeze_start_up, daemon.mirror)
+            node = daemon.controller.node
             log.info(
                 "%s: %d x %s (%s), state %s%s",
                 mountpoint,
@@ -200,7 +255,7 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED) -> None:
                 node.profile.name,
                 node.profile.product_name,
                 opts.state_dir,
-                " (restored)" if restored else "",
+                " (restored)" if daemon.restored else "",
             )
             task_status.started()
             await pyfuse3.main()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyfuse3
+import trio
 
 from mokkafs.controller import Controller
 from mokkafs.model import InvalidCommand
@@ -79,6 +80,7 @@ class MokkaOperations(pyfuse3.Operations):
         self.clock = clock
         self.control_gid = control_gid  # besides root, who may write control files (--control-group)
         self.limiter = limiter or RateLimiter()
+        self.refused = trio.Event()  # set at each refusal; whoever waits on it replaces it
         self.mount_time_ns = int(clock() * 1e9)
         self._handles: dict[int, _Handle] = {}
         self._dirs: dict[int, list[tuple[str, int, Entry]]] = {}
@@ -95,6 +97,7 @@ class MokkaOperations(pyfuse3.Operations):
         """True if a refusal of kind `key` should log its line now; logs the summaries due."""
         first, due = self.limiter.hit(key, self.clock())
         self._summarise(due)
+        self.refused.set()
         return first
 
     def _summarise(self, due) -> None:
@@ -103,8 +106,8 @@ class MokkaOperations(pyfuse3.Operations):
             log.warning("%s %s%s: %s", cause, where, f" {path}" if path else "", summary.line())
 
     def flush_refusals(self, everything: bool = False) -> None:
-        """Log the summaries of windows that ended (the daemon calls this every second, and
-        with `everything` at unmount so that no count is lost)."""
+        """Log the summaries of windows that ended (the daemon calls this every second while
+        any is open, and with `everything` at unmount so that no count is lost)."""
         self._summarise(self.limiter.flush(self.clock(), everything))
 
     def _refuse(self, err: int, where: str, path: str | None, reason: str):

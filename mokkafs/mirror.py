@@ -83,6 +83,7 @@ class Mirror:
         self._items: dict[str, Item] = {}
         self._rendered_state: tuple | None = None
         self._ready = False
+        self.ready = trio.Event()  # set once `run` has written the whole mirror
 
     def start(self, node: Node) -> None:
         """Write the whole mirror now, replacing whatever an earlier daemon left there."""
@@ -103,17 +104,20 @@ class Mirror:
         self._items, self._rendered_state, self._ready = items, state, True
         self.sync(node)  # whatever events changed while the thread wrote
         log.info("%s: mirror of %d entries ready", self.path, len(items))
+        self.ready.set()
 
     def _clear(self) -> None:
         self._items, self._rendered_state, self._ready = {}, None, False
         for leftover in (self.path, self.path.with_name(self.path.name + ".new")):
             _remove_path(leftover)
 
-    def _write_all(self, base: Path, items: dict[str, Item]) -> None:
+    @staticmethod
+    def _write_all(base: Path, items: dict[str, Item]) -> None:
+        """The whole mirror into `base`, which nothing reads until it is renamed into place:
+        each entry is made where it belongs, without a temporary file and a rename."""
         base.mkdir(parents=True)
-        writer = Mirror(self.tree, base, self.clock)
         for rel, item in items.items():
-            writer._write(rel, item, replace=False)
+            _create(base / rel, item)
 
     def __call__(self, node: Node, notes, entries) -> None:
         """Controller subscriber."""
@@ -152,16 +156,24 @@ class Mirror:
             return
         tmp = target.with_name(f".{target.name}.mokka-tmp")
         _remove_path(tmp)  # a stale one is removed, never written through
-        if kind == "f":
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, item[1])
-            try:
-                os.write(fd, item[2])
-            finally:
-                os.close(fd)
-            os.chmod(tmp, item[1])  # not masked by the umask
-        elif kind == "l":
-            os.symlink(item[1], tmp)
-        else:
-            os.mknod(tmp, stat.S_IFCHR | item[1], item[2])
-            os.chmod(tmp, item[1])
+        _create(tmp, item)
         os.replace(tmp, target)  # readers see the old entry or the new one, never a torn one
+
+
+def _create(path: Path, item: Item) -> None:
+    """Make `item` at `path`, where nothing is: O_EXCL, so never through something planted there."""
+    kind = item[0]
+    if kind == "d":
+        os.mkdir(path, item[1])
+    elif kind == "f":
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, item[1])
+        try:
+            os.write(fd, item[2])
+            os.fchmod(fd, item[1])  # not masked by the umask
+        finally:
+            os.close(fd)
+    elif kind == "l":
+        os.symlink(item[1], path)
+    else:
+        os.mknod(path, stat.S_IFCHR | item[1], item[2])
+        os.chmod(path, item[1])

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import trio
 
+from mokkafs.clock import Clock, WallClock
 from mokkafs.controller import Controller
 from mokkafs.model import InvalidCommand
 from mokkafs.model.events import MAX_PID, MAX_PROCESS_BYTES, SetProcesses
@@ -110,8 +111,11 @@ class ProcessTable:
     """The live records. `path` (`<state path>.procs`) names their companions: `<path>.sock`,
     where processes connect, and `<path>.id`, which identifies the records for a successor."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, clock: Clock | None = None, tick_s: float = TICK_S) -> None:
         self.path = Path(path)
+        self.clock = WallClock() if clock is None else clock
+        self.tick_s = tick_s
+        self._first_record: trio.Event | None = None  # set by record_for while `run` idles
         self.records: dict[int, Record] = {}
         self._connections: dict[int, int] = {}  # per uid
         self._limits = _Limits()
@@ -326,9 +330,19 @@ class ProcessTable:
                     self._limits.refused[i] = str(e)
 
     async def run(self, controller: Controller) -> None:
+        """Fold every `tick_s` while there is anything to fold. With no record and no process
+        listed, nothing can change until a process connects: wait for that instead of waking
+        the daemon ten times a second for nothing."""
         while True:
             self.fold(controller)
-            await trio.sleep(TICK_S)
+            if self.records or any(controller.node.processes):
+                await self.clock.sleep(self.tick_s)
+                continue
+            self._first_record = trio.Event()
+            try:
+                await self._first_record.wait()
+            finally:
+                self._first_record = None
 
     # -- connections -----------------------------------------------------------------------
 
@@ -358,6 +372,8 @@ class ProcessTable:
         r = self._make(pid, uid, start, pidfd)
         self.records[pid] = r
         self._write_id()
+        if self._first_record is not None:
+            self._first_record.set()
         return r
 
     async def serve(self, controller: Controller | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -393,7 +409,7 @@ class ProcessTable:
                                 if str(e) != self._accept_error:  # once, not ten times a second
                                     log.warning("%s: %s", path, e)
                                     self._accept_error = str(e)
-                                await trio.sleep(0.1)
+                                await self.clock.sleep(0.1)
                                 continue
                         self._accept_error = None
                         if conn is not None:

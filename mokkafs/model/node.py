@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -441,7 +442,8 @@ class Node:
     def log_since(self, seq: int) -> list[LogEntry]:
         """The log lines appended after `log_seq` was `seq`."""
         n = min(self.log_seq - seq, len(self.log))
-        return list(self.log)[len(self.log) - n :] if n > 0 else []
+        # From the end: copying the whole log (4096 lines) would cost every event ~25 us.
+        return list(itertools.islice(reversed(self.log), n))[::-1] if n > 0 else []
 
     def _log(self, now: float, gpu: int | None, text: str) -> None:
         self.log.append(LogEntry(now, gpu, text))
