@@ -341,3 +341,31 @@ def test_the_publisher_logs_one_line_per_incident_and_keeps_its_counters(tmp_pat
             assert was == (MAGIC if damage is _overwrite_header else RETIRED)
     finally:
         pub.close()
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory-link"])
+def test_the_daemon_never_follows_or_blocks_on_what_is_at_the_path(tmp_path, expect_log, kind):
+    """A link at the path is replaced, its target untouched even when it is a valid state file
+    (which a daemon following the link would adopt and write into); a FIFO is replaced at once.
+    One line each."""
+    from mokkafs.publisher import MAGIC
+
+    expect_log(r"replacing what is there, not a (state|regular) file")
+    path = tmp_path / "state"
+    (tmp_path / "other").mkdir()
+    Published(tmp_path / "other", "t4", 1).close()
+    target = tmp_path / "other" / "state"
+    before = target.read_bytes()
+    if kind == "symlink":
+        path.symlink_to(target)
+    elif kind == "directory-link":
+        path.symlink_to(tmp_path)
+    else:
+        os.mkfifo(path)
+    pub = Published(tmp_path, "t4", 1)
+    try:
+        assert path.is_file() and not path.is_symlink()
+        assert int.from_bytes(path.read_bytes()[:8], "little") == MAGIC
+        assert target.read_bytes() == before
+    finally:
+        pub.close()
