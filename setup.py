@@ -16,6 +16,9 @@ from setuptools.dist import Distribution
 HERE = Path(__file__).resolve().parent
 SHIMS = HERE / "shims"
 CFLAGS = ["-O2", "-g", "-fPIC", "-Wall", "-Wextra", "-std=gnu11"]
+# The one client of the shared state (finding, mapping, validating, reading it), compiled into
+# each of the three shims; each keeps its own hidden copy.
+CLIENT = ["-I", str(SHIMS / "common"), str(SHIMS / "common" / "mokka_client.c")]
 
 
 def build_nvml(out: Path) -> None:
@@ -28,7 +31,7 @@ def build_nvml(out: Path) -> None:
     cmd = [
         *cc, *CFLAGS, "-shared", "-I", str(SHIMS / "include"),
         f"-Wl,--version-script={src / 'libnvidia-ml.map'}", "-Wl,-soname,libnvidia-ml.so.1", "-Wl,--no-undefined",
-        str(src / "nvml.c"), str(src / "nvml_stubs.c"), "-pthread", "-o", str(target) + ".tmp",
+        str(src / "nvml.c"), str(src / "nvml_stubs.c"), *CLIENT, "-pthread", "-ldl", "-o", str(target) + ".tmp",
     ]
     print(" ".join(cmd))
     subprocess.run(cmd, check=True)
@@ -44,7 +47,7 @@ def build_cuda(out: Path) -> None:
     cmd = [
         *cc, *CFLAGS, "-shared", "-I", str(SHIMS / "include"), "-I", str(src),
         f"-Wl,--version-script={src / 'libcuda.map'}", "-Wl,-soname,libcuda.so.1", "-Wl,--no-undefined",
-        str(src / "cuda.c"), str(src / "cuda_gen.c"), "-pthread", "-o", str(target) + ".tmp",
+        str(src / "cuda.c"), str(src / "cuda_gen.c"), *CLIENT, "-pthread", "-ldl", "-o", str(target) + ".tmp",
     ]
     print(" ".join(cmd))
     subprocess.run(cmd, check=True)
@@ -52,12 +55,14 @@ def build_cuda(out: Path) -> None:
 
 
 def build_smi(out: Path) -> None:
-    """bin/nvidia-smi: links only libc; it dlopens libnvidia-ml.so.1 at run time (shims/nvidia-smi)."""
+    """bin/nvidia-smi: links only libc; it dlopens libnvidia-ml.so.1 at run time (shims/nvidia-smi).
+    Its RUNPATH is $ORIGIN/../lib64: in a driver root (<R>/usr/bin) it finds <R>/usr/lib64's NVML
+    without LD_LIBRARY_PATH (which still comes first), and so reads that tree's node."""
     cc = shlex.split(os.environ.get("CC", "cc"))
     (out / "bin").mkdir(parents=True, exist_ok=True)
     target = out / "bin" / "nvidia-smi"
-    cmd = [*cc, *CFLAGS, "-I", str(SHIMS / "include"), str(SHIMS / "nvidia-smi" / "nvidia-smi.c"),
-           "-o", str(target) + ".tmp"]
+    cmd = [*cc, *CFLAGS, "-I", str(SHIMS / "include"), str(SHIMS / "nvidia-smi" / "nvidia-smi.c"), *CLIENT,
+           "-Wl,--enable-new-dtags,-rpath,$ORIGIN/../lib64", "-pthread", "-ldl", "-o", str(target) + ".tmp"]
     print(" ".join(cmd))
     subprocess.run(cmd, check=True)
     os.replace(str(target) + ".tmp", target)

@@ -3,11 +3,13 @@ shims/include/mokka_state.h, read through cffi in ABI mode) and publishes the no
 the seqlock, on every event and on a short tick, appending events and waking futex waiters."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
 import platform
 import re
+import stat
 from pathlib import Path
 
 import trio
@@ -68,6 +70,7 @@ def make_ffi() -> FFI:
 ffi = make_ffi()
 _libc = ffi.dlopen(None)
 MAGIC = 0x4554415453414B4D
+RETIRED = _libc.MOKKA_STATE_RETIRED  # the magic of a file the daemon left for a new one
 VERSION = _libc.MOKKA_STATE_VERSION
 MAX_GPUS = _libc.MOKKA_MAX_GPUS
 MAX_GPU_PROCS = _libc.MOKKA_MAX_GPU_PROCS
@@ -255,7 +258,9 @@ class Publisher:
         self._written: dict[tuple[int, int], int] = {}
         self._seen: dict[int, int] = {}
         self._last_node: Node | None = None
+        self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the file we write
         self._counters = (0, 0, 0)
+        self._unrepaired: str | None = None  # damage whose repair failed, said once
 
     def _static(self, node: Node, i: int) -> bytes:
         """GPU `i`'s record with only `fill_static`'s part, rendered once: an event's publish
@@ -270,65 +275,172 @@ class Publisher:
     # --- lifetime ------------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Create or adopt the file. A valid file of this version keeps its event counters, so
-        consumers that mapped it under a previous daemon keep receiving events."""
+        """Adopt our previous file, or put a new one in place. A valid file of this version
+        keeps its event counters, so consumers that mapped it under a previous daemon keep
+        receiving events. Anything else at the path (a wrong size or version, a link, a FIFO)
+        is replaced with a rename, never truncated under a reader (a shrink would SIGBUS it)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            size = os.fstat(fd).st_size
-            reuse = size == STATE_SIZE and self._valid(fd)
-            if not reuse:
-                if size:
-                    # Wrong size or version: replace the file rather than resize it under a
-                    # reader's mapping (a shrink would SIGBUS the reader).
-                    log.warning("%s: replacing an incompatible state file (%d bytes)", self.path, size)
-                    os.close(fd)
-                    tmp = self.path.with_name(f".{self.path.name}.new")
-                    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-                    _allocate(fd)
-                    os.replace(tmp, self.path)
-                else:
-                    _allocate(fd)
-            self._mm = mmap.mmap(fd, STATE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        self._st = ffi.from_buffer("struct mokka_state *", self._mm)
+        fd = self._open_existing()
+        if fd is None:
+            fd, mm = self._new_file(None)
+        else:
+            try:
+                mm = mmap.mmap(fd, STATE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            except BaseException:
+                os.close(fd)
+                raise
+        self._take(fd, mm)
         st = self._st
-        if not reuse:
-            st.event_head = 0
-            st.event_wake = 0
-            st.generation = 0
         if st.seq & 1:
             st.seq += 1  # a previous daemon died mid-publish
-        st.magic = MAGIC
-        st.version = VERSION
-        st.size = STATE_SIZE
+        st.magic, st.version, st.size = MAGIC, VERSION, STATE_SIZE
         self._remember()
 
+    def _open_existing(self) -> int | None:
+        """The descriptor of a state file of this layout at the path, opened without following a
+        link (or blocking on a FIFO); None when there is none to adopt."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.warning("%s: replacing what is there, not a state file (%s)", self.path, e.strerror)
+            return None
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_size == STATE_SIZE and self._valid(fd):
+            return fd
+        os.close(fd)
+        if not stat.S_ISREG(st.st_mode):
+            log.warning("%s: replacing what is there, not a regular file", self.path)
+        elif st.st_size:
+            log.warning("%s: replacing an incompatible state file (%d bytes)", self.path, st.st_size)
+        return None
+
+    def _new_file(self, content: bytes | None) -> tuple[int, mmap.mmap]:
+        """A whole file, zeroed or holding `content`, with a valid header, renamed into place
+        only once it is complete: no reader ever maps it short or unwritten."""
+        tmp = self.path.with_name(f".{self.path.name}.new")
+        try:
+            os.unlink(tmp)  # a leftover of a daemon that died here; unlink never follows a link
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            _allocate(fd)
+            mm = mmap.mmap(fd, STATE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            try:
+                if content is not None:
+                    mm[:] = content
+                st = ffi.from_buffer("struct mokka_state *", mm)
+                st.magic, st.version, st.size = MAGIC, VERSION, STATE_SIZE
+                ffi.release(st)
+                os.replace(tmp, self.path)
+            except BaseException:
+                mm.close()
+                raise
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return fd, mm
+
+    def _take(self, fd: int, mm: mmap.mmap) -> None:
+        """Make (fd, mm) the file the daemon writes."""
+        st = os.fstat(fd)
+        self._fd, self._mm, self._ident = fd, mm, (st.st_dev, st.st_ino)
+        self._st = ffi.from_buffer("struct mokka_state *", mm)
+
     def _remember(self) -> None:
-        """Keep the counters consumers hold cursors into, to put back if the file is truncated."""
+        """Keep the header as written, the counters consumers hold cursors into included, to
+        tell an overwritten header and to put it back."""
         st = self._st
         self._counters = (st.event_head, st.event_wake, st.generation)
 
-    def _guard(self) -> bool:
-        """Is the mapped file still whole? Root can truncate it under us, and a store into the
-        lost pages would be a SIGBUS that takes the mount down with the daemon. Restore its size
-        (readers that touched it in between have had their SIGBUS already) and say so; True
-        when a full republish is due."""
-        if os.fstat(self._fd).st_size == STATE_SIZE:
-            return False
-        log.warning("%s: the state file was truncated under the daemon; restoring it", self.path)
+    # What can happen to the file under the daemon, checked on every publish (and so every tick),
+    # cheapest first; the truncation check must come before any access to the mapping.
+    _REPLACED = "the state file was replaced by another file; putting a new one in its place"
+    _REMOVED = "the state file was removed; putting a new one in its place"
+    _TRUNCATED = "the state file was truncated under the daemon; restoring it"
+    _GROWN = "the state file was extended under the daemon; restoring its size"
+    _HEADER = "the state file's header was overwritten; restoring it"
+
+    def _damage(self) -> str | None:
         try:
-            _allocate(self._fd)
+            at_path = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return self._REMOVED
         except OSError:
-            os.ftruncate(self._fd, STATE_SIZE)  # sparse, then: a full disk may fault a page later
+            return self._REPLACED  # a path component that is no longer a directory
+        if (at_path.st_dev, at_path.st_ino) != self._ident:
+            return self._REPLACED
+        size = os.fstat(self._fd).st_size
+        if size != STATE_SIZE:
+            return self._TRUNCATED if size < STATE_SIZE else self._GROWN
         st = self._st
+        if (st.magic, st.version, st.size, st.seq & 1, (st.event_head, st.event_wake, st.generation)) != \
+                (MAGIC, VERSION, STATE_SIZE, 0, self._counters):
+            return self._HEADER
+        return None
+
+    def _guard(self) -> bool:
+        """Is the path still our whole file, as we wrote it? Root can remove it, rename another
+        file over it, truncate or extend it, or write into its header; each breaks every new
+        consumer (and a store into truncated pages would SIGBUS the daemon). Repair it, say so in
+        one line, and tell consumers of a superseded file to move (docs/nvml.md). True when a
+        full republish is due."""
+        damage = self._damage()
+        if damage is None:
+            return False
+        if damage != self._unrepaired:
+            log.warning("%s: %s", self.path, damage)
+        try:
+            if damage in (self._REPLACED, self._REMOVED):
+                self._supersede()
+            else:
+                self._restore()
+        except OSError as e:
+            if damage != self._unrepaired:
+                log.warning("%s: cannot repair the state file yet (%s); trying again every tick", self.path,
+                            e.strerror or e)
+            self._unrepaired = damage
+            return False
+        self._unrepaired = None
+        return True
+
+    def _restore(self) -> None:
+        """Our file, changed in place: its size, then its header and counters."""
+        if os.fstat(self._fd).st_size != STATE_SIZE:
+            try:
+                _allocate(self._fd)
+            except OSError:
+                os.ftruncate(self._fd, STATE_SIZE)  # sparse, then: a full disk may fault a page later
+        self._put_header(self._st)
+        self._futex_wake()  # waiters asleep on an overwritten word look again
+
+    def _put_header(self, st) -> None:
         st.magic, st.version, st.size = MAGIC, VERSION, STATE_SIZE
         # Event sets keep cursors into the ring: counters back at 0 would starve them.
         st.event_head, st.event_wake, st.generation = self._counters
-        return True
+        if st.seq & 1:
+            st.seq += 1
+
+    def _supersede(self) -> None:
+        """The path no longer names our file: put a new one there with all ours holds (records,
+        ring, counters), then retire ours, which its readers see and leave for the new one."""
+        if os.fstat(self._fd).st_size != STATE_SIZE:
+            self._restore()  # truncated too: its lost pages would SIGBUS the copy
+        old_fd, old_mm, old_st = self._fd, self._mm, self._st
+        self._put_header(old_st)
+        fd, mm = self._new_file(bytes(old_mm))
+        self._take(fd, mm)
+        old_st.magic = RETIRED
+        fence()
+        old_st.event_wake = (old_st.event_wake + 1) & 0xFFFFFFFF
+        self._futex_wake(old_st)  # nvmlEventSetWait sleepers move to the new file now
+        ffi.release(old_st)
+        old_mm.close()
+        os.close(old_fd)
 
     @staticmethod
     def _valid(fd: int) -> bool:
@@ -422,10 +534,10 @@ class Publisher:
         self._remember()
         self._futex_wake()
 
-    def _futex_wake(self) -> None:
+    def _futex_wake(self, st=None) -> None:
         if _SYS_FUTEX is None:
             return  # waiters fall back to their timeout slices
-        addr = ffi.cast("uint32_t *", ffi.addressof(self._st, "event_wake"))
+        addr = ffi.cast("uint32_t *", ffi.addressof(self._st if st is None else st, "event_wake"))
         _libc.syscall(ffi.cast("long", _SYS_FUTEX), ffi.cast("void *", addr), ffi.cast("int", _FUTEX_WAKE),
                       ffi.cast("int", _INT_MAX), ffi.NULL, ffi.NULL, ffi.cast("int", 0))
 

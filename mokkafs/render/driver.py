@@ -3,7 +3,8 @@ expect: usr/lib64/libnvidia-ml.so.* and libcuda.so.*, usr/bin/nvidia-smi and dev
 
 The libraries and the tool are regular files whose bytes are the shims this package built, so
 a container that mounts only this directory (the device plugin's /driver-root) has them all;
-the sonames are relative links to the versioned files, as the driver installs them."""
+the sonames are relative links to the versioned files, as the driver installs them. run/mokka
+links to the node's state directory, so the shims find their own node (docs/nvml.md)."""
 from __future__ import annotations
 
 import logging
@@ -45,10 +46,16 @@ def lib64_children(config: NodeConfig) -> dict[str, Entry]:
     return out
 
 
-def driver_tree(config: NodeConfig, dev: Dir) -> Dir:
+def driver_tree(config: NodeConfig, dev: Dir, state_dir: str | None = None) -> Dir:
     lib64 = static_dir(lib64_children(config))
     # usr/bin/nvidia-smi: the native tool setup.py builds beside the libraries (shims/nvidia-smi)
     smi = _built(native.LIB_DIR.parent / "bin" / "nvidia-smi")
     bin_dir = static_dir({"nvidia-smi": smi} if smi else {})
     # dev/: the device plugin looks for /dev/nvidia* under the driver root (its devRoot).
-    return static_dir({"usr": static_dir({"lib64": lib64, "bin": bin_dir}), "dev": dev})
+    children: dict[str, Entry] = {"usr": static_dir({"lib64": lib64, "bin": bin_dir}), "dev": dev}
+    if state_dir is not None:
+        # run/mokka: this node's state directory (absolute), where a shim loaded from
+        # usr/lib64 or usr/bin looks first when MOKKA_STATE is unset, as a container given the
+        # state directory at /run/mokka does; so a shim reads the node of the tree it came from.
+        children["run"] = static_dir({"mokka": Symlink(state_dir)})
+    return static_dir(children)

@@ -38,5 +38,5 @@ def root(config: NodeConfig, state_dir: str | None = None) -> Dir:
     top["dev"] = dev_tree(config, layout)
     if config.hcas:
         top["ib"] = infiniband.control_dir(config)
-    top["driver"] = driver_tree(config, top["dev"])
+    top["driver"] = driver_tree(config, top["dev"], state_dir)
     return static_dir(top)

@@ -64,6 +64,18 @@
  * place and continues `event_head`/`event_wake`, so consumers that hold the
  * mapping across a daemon restart keep working.
  *
+ * Repair: the daemon checks on every tick that the path still names its file
+ * (same inode, regular) and that the file's size and header are what it wrote.
+ * A file changed in place is put back in place, counters included. A file
+ * replaced or removed is superseded: the daemon writes a new file with all it
+ * had (records, ring, counters), renames it into place, then stores
+ * MOKKA_STATE_RETIRED in the old file's magic and wakes its futex. A reader
+ * that finds any magic but MOKKA_STATE_MAGIC in its mapping looks at the path
+ * again (on a later call, at most every 10 ms) and maps the valid file there;
+ * one whose generation has not moved for a second looks too, on the calls a
+ * poller makes once a round (a copy put in place by someone else is never
+ * written, nor retired, by the daemon).
+ *
  * Layout rules: only fixed-width integers and char arrays, every field
  * naturally aligned with explicit padding, so Python (cffi, reading the
  * region between the CDEF markers) and C agree; tests/test_state_layout.py
@@ -82,6 +94,7 @@
 #define MOKKA_CPU_WORDS 16         /* 1024 CPUs, what NVML's CPU masks carry */
 #define MOKKA_MAX_NVLINKS 18
 #define MOKKA_EVENT_RING 256
+#define MOKKA_STATE_RETIRED 0x4452544552414b4d
 #define MOKKA_ECC_LOCATIONS 8
 #define MOKKA_NVLINK_COUNTERS 4
 #define MOKKA_MAX_RETIRED 64

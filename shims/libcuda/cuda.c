@@ -16,14 +16,13 @@
  */
 #define _GNU_SOURCE
 #include "cuda_shim.h"
-#include "mokka_state.h"
+#include "mokka_client.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,73 +43,32 @@
 
 /* ---- state ----------------------------------------------------------------------------- */
 
+/* Finding, mapping, re-checking and reading the state is the shared client's (mokka_client.h). */
+
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static const struct mokka_state *g_state;   /* read-only mapping; set once */
 static int g_initialized;                   /* cuInit succeeded */
 static int g_count;                         /* visible devices */
 static unsigned g_visible[MOKKA_MAX_GPUS];  /* CUdevice ordinal -> GPU index in the state */
 
-/* The odd seq a dead writer left behind, once a wait on it timed out: later reads that find the
-   same value copy at once instead of waiting again. */
-static uint32_t g_stuck_seq = 0;
+/* The mapping to read: the client moves to the daemon's new file when it retires this one. */
+static inline const struct mokka_state *state(void) { return mokka_state(); }
 
-static void snap(const void *src, void *dst, size_t n)
-{
-    const struct mokka_state *s = g_state;
-    for (unsigned tries = 0;; tries++) {
-        uint32_t a = LOAD(&s->seq);
-        if ((a & 1) && a == __atomic_load_n(&g_stuck_seq, __ATOMIC_RELAXED)) {
-            memcpy(dst, src, n);
-            return;
-        }
-        if (!(a & 1)) {
-            memcpy(dst, src, n);
-            __atomic_thread_fence(__ATOMIC_ACQUIRE);
-            if (__atomic_load_n(&s->seq, __ATOMIC_RELAXED) == a)
-                return;
-        }
-        if (tries > 100000) { /* a writer died mid-publish: use the stale copy */
-            __atomic_store_n(&g_stuck_seq, a, __ATOMIC_RELAXED);
-            memcpy(dst, src, n);
-            return;
-        }
-        if (tries > 64)
-            sched_yield();
-    }
-}
+/* A consistent copy of n bytes at src, inside the mapping. src may lie in a mapping the client
+   has just left: the daemon never writes a file again once it retired it, so that copy is
+   stable whichever mapping's seqlock is checked. */
+static inline void snap(const void *src, void *dst, size_t n) { mokka_read(state(), src, dst, n); }
 #define SNAP(field, out) snap(&(field), &(out), sizeof(out))
-
-static const char *state_path(void)
-{
-    const char *p = getenv(MOKKA_STATE_ENV);
-    return (p && *p) ? p : MOKKA_STATE_DEFAULT_PATH;
-}
 
 /* Called with g_lock held. */
 static CUresult map_state(void)
 {
-    if (g_state)
+    if (mokka_mapped)
         return CUDA_SUCCESS;
-    int fd = open(state_path(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return CUDA_ERROR_NO_DEVICE;
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (size_t)sb.st_size < sizeof(struct mokka_state)) {
-        close(fd);
-        return CUDA_ERROR_NO_DEVICE;
+    switch (mokka_open()) {
+    case MOKKA_OK: return CUDA_SUCCESS;
+    case MOKKA_MISMATCH: return CUDA_ERROR_SYSTEM_DRIVER_MISMATCH;
+    default: return CUDA_ERROR_NO_DEVICE;
     }
-    void *m = mmap(NULL, sizeof(struct mokka_state), PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED)
-        return CUDA_ERROR_NO_DEVICE;
-    const struct mokka_state *s = m;
-    if (s->magic != MOKKA_STATE_MAGIC || s->version != MOKKA_STATE_VERSION ||
-        s->size != sizeof(struct mokka_state) || s->gpu_count > MOKKA_MAX_GPUS) {
-        munmap(m, sizeof(struct mokka_state));
-        return CUDA_ERROR_SYSTEM_DRIVER_MISMATCH;
-    }
-    __atomic_store_n(&g_state, s, __ATOMIC_RELEASE);
-    return CUDA_SUCCESS;
 }
 
 /* One byte from the daemon's socket and, unless the daemon declines to account for us (our uid
@@ -121,7 +79,7 @@ static int procs_from_daemon(int *conn)
 {
     *conn = -1;
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (snprintf(addr.sun_path, sizeof(addr.sun_path), "%s%s", state_path(), MOKKA_PROCS_SOCK_SUFFIX) >=
+    if (snprintf(addr.sun_path, sizeof(addr.sun_path), "%s%s", mokka_path(), MOKKA_PROCS_SOCK_SUFFIX) >=
         (int)sizeof(addr.sun_path))
         return -1;
     int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -172,7 +130,7 @@ static int procs_from_daemon(int *conn)
 /* No destructor unmaps anything: at exit() other threads may still be inside a call, and
    unmapping under them is a SIGSEGV in the host process. The kernel drops the mappings. */
 
-static inline const struct mokka_gpu *gpu_of(CUdevice dev) { return &g_state->gpus[g_visible[dev]]; }
+static inline const struct mokka_gpu *gpu_of(CUdevice dev) { return &state()->gpus[g_visible[dev]]; }
 
 static inline int lost(CUdevice dev) { return (int)__atomic_load_n(&gpu_of(dev)->lost, __ATOMIC_RELAXED); }
 
@@ -214,7 +172,7 @@ static int match_uuid(const char *want, size_t n, unsigned count)
     int found = -1;
     for (unsigned i = 0; i < count; i++) {
         char uuid[96];
-        SNAP(g_state->gpus[i].uuid, uuid);
+        SNAP(state()->gpus[i].uuid, uuid);
         uuid[sizeof(uuid) - 1] = '\0';
         const char *u = strncmp(uuid, "GPU-", 4) == 0 ? uuid + 4 : uuid;
         if (strlen(u) >= n && strncasecmp(u, want, n) == 0) {
@@ -276,7 +234,7 @@ CUresult cuInit(unsigned int Flags)
     CUresult r = map_state();
     if (r == CUDA_SUCCESS && !g_initialized) {
         uint32_t n;
-        SNAP(g_state->gpu_count, n);
+        SNAP(state()->gpu_count, n);
         parse_visible(n > MOKKA_MAX_GPUS ? MOKKA_MAX_GPUS : n);
         if (g_count == 0)
             r = CUDA_ERROR_NO_DEVICE;
@@ -299,7 +257,7 @@ CUresult cuDriverGetVersion(int *driverVersion)
     if (r != CUDA_SUCCESS)
         return r;
     uint32_t v;
-    SNAP(g_state->cuda_version, v);
+    SNAP(state()->cuda_version, v);
     *driverVersion = (int)v;
     return CUDA_SUCCESS;
 }
@@ -428,6 +386,7 @@ CUresult cuDeviceGetCount(int *count)
 {
     ARG(count);
     INIT();
+    (void)mokka_state_checked(); /* a poller's once-a-round call: has our file gone stale? */
     *count = g_count;
     return CUDA_SUCCESS;
 }
@@ -511,7 +470,11 @@ CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
     ARG(minor);
     DEVICE(dev);
     uint32_t cc[2];
-    snap(&gpu_of(dev)->cc_major, cc, sizeof(cc));
+    const struct mokka_gpu *g = gpu_of(dev);
+    MOKKA_CONSISTENT(state()) {
+        cc[0] = g->cc_major;
+        cc[1] = g->cc_minor;
+    }
     *major = (int)cc[0];
     *minor = (int)cc[1];
     return CUDA_SUCCESS;
@@ -523,7 +486,12 @@ CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
     ARG(len > 0);
     DEVICE(dev);
     uint32_t pci[3]; /* domain, bus, device */
-    snap(&gpu_of(dev)->pci_domain, pci, sizeof(pci));
+    const struct mokka_gpu *g = gpu_of(dev);
+    MOKKA_CONSISTENT(state()) {
+        pci[0] = g->pci_domain;
+        pci[1] = g->pci_bus;
+        pci[2] = g->pci_device;
+    }
     snprintf(pciBusId, (size_t)len, "%04X:%02X:%02X.0", pci[0], pci[1], pci[2]);
     return CUDA_SUCCESS;
 }
@@ -533,20 +501,13 @@ CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId)
     ARG(dev);
     ARG(pciBusId);
     INIT();
-    unsigned domain = 0, bus, device, function = 0;
-    char tail;
-    /* domain:bus:device[.function] with a 4- or 8-digit domain, or bus:device[.function] */
-    if (sscanf(pciBusId, "%x:%x:%x.%x%c", &domain, &bus, &device, &function, &tail) != 4 &&
-        sscanf(pciBusId, "%x:%x:%x%c", &domain, &bus, &device, &tail) != 3) {
-        domain = 0;
-        if (sscanf(pciBusId, "%x:%x.%x%c", &bus, &device, &function, &tail) != 3 &&
-            sscanf(pciBusId, "%x:%x%c", &bus, &device, &tail) != 2)
-            return CUDA_ERROR_INVALID_VALUE;
-    }
+    /* the documented forms: domain:bus:device.function (a 4- or 8-digit domain),
+       domain:bus:device and bus:device.function (mokka_parse_bus_id) */
+    struct mokka_bus_id id;
+    if (mokka_parse_bus_id(pciBusId, &id) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
     for (int d = 0; d < g_count; d++) {
-        uint32_t pci[3];
-        snap(&gpu_of(d)->pci_domain, pci, sizeof(pci));
-        if (pci[0] == domain && pci[1] == bus && pci[2] == device && function == 0) {
+        if (mokka_bus_id_is(state(), g_visible[d], &id)) {
             *dev = d;
             return CUDA_SUCCESS;
         }
@@ -570,9 +531,11 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     uint32_t cc[2], pci[3], sm, bus_width, ecc, compute_mode, clk_max[4], index, has_fabric, pci_ids[2];
     int32_t numa;
     uint64_t l2;
-    snap(&g->cc_major, cc, sizeof(cc));
-    snap(&g->pci_domain, pci, sizeof(pci));
-    snap(&g->pci_device_id, pci_ids, sizeof(pci_ids));
+    MOKKA_CONSISTENT(state()) {
+        cc[0] = g->cc_major, cc[1] = g->cc_minor;
+        pci[0] = g->pci_domain, pci[1] = g->pci_bus, pci[2] = g->pci_device;
+        pci_ids[0] = g->pci_device_id, pci_ids[1] = g->pci_subsystem_id;
+    }
     SNAP(g->multiprocessor_count, sm);
     SNAP(g->mem_bus_width, bus_width);
     SNAP(g->ecc_enabled, ecc);
@@ -944,13 +907,15 @@ static uint64_t others_used(unsigned gi, uint64_t cap)
 /* Usable memory and what the pin (if any) says is used. */
 static void memory_limits(unsigned gi, uint64_t *total, uint64_t *usable, uint64_t *pinned)
 {
-    const struct mokka_gpu *g = &g_state->gpus[gi];
+    const struct mokka_gpu *g = &state()->gpus[gi];
     uint64_t t, reserved, used;
     uint32_t is_pinned;
-    SNAP(g->mem_total, t);
-    SNAP(g->mem_reserved, reserved);
-    SNAP(g->mem_used, used);
-    SNAP(g->mem_used_pinned, is_pinned);
+    MOKKA_CONSISTENT(state()) {
+        t = g->mem_total;
+        reserved = g->mem_reserved;
+        used = g->mem_used;
+        is_pinned = g->mem_used_pinned;
+    }
     *total = t;
     *usable = t > reserved ? t - reserved : 0;
     *pinned = is_pinned ? used : 0;

@@ -11,7 +11,7 @@
 #define _GNU_SOURCE
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
 #include "nvml.h"
-#include "mokka_state.h"
+#include "mokka_client.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -19,12 +19,9 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,102 +30,37 @@
 
 /* ---- state mapping -------------------------------------------------------------------- */
 
+/* Finding, mapping, re-checking and reading the state is the shared client's (mokka_client.h);
+   what is left here is NVML's view of it: handles, the init refcount and NVML's error codes. */
+
 struct nvmlDevice_st { unsigned int index; };
 static struct nvmlDevice_st g_devices[MOKKA_MAX_GPUS];
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_refcount;                          /* guarded by g_lock */
-static const struct mokka_state *g_state;       /* current mapping; read atomically */
-static dev_t g_dev;
-static ino_t g_ino;
 static int g_initialized;                       /* read atomically */
 
 #define ATOMIC_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 
 static inline int initialized(void) { return ATOMIC_LOAD(&g_initialized); }
-static inline const struct mokka_state *state(void) { return ATOMIC_LOAD(&g_state); }
+static inline const struct mokka_state *state(void) { return mokka_state(); }
 
-/* Copy n bytes at src (inside the mapping) consistently under the seqlock. A writer that died
-   mid-publish leaves seq odd forever: after a bounded wait the last copy is used (stale). */
-/* The odd seq a dead writer left behind, once a wait on it timed out: later reads that find the
-   same value copy at once instead of waiting again (a -q of 8 GPUs would otherwise take ~50 s). */
-static uint32_t g_stuck_seq = 0;
+/* Copy n bytes at src (inside the mapping) consistently under the seqlock. */
+static inline void snap(const struct mokka_state *s, const void *src, void *dst, size_t n) { mokka_read(s, src, dst, n); }
 
-static inline int stuck(uint32_t a) { return (a & 1) && a == __atomic_load_n(&g_stuck_seq, __ATOMIC_RELAXED); }
-
-static void snap(const struct mokka_state *s, const void *src, void *dst, size_t n)
-{
-    for (unsigned tries = 0;; tries++) {
-        uint32_t a = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
-        if (stuck(a)) {
-            memcpy(dst, src, n);
-            return;
-        }
-        if (!(a & 1)) {
-            memcpy(dst, src, n);
-            __atomic_thread_fence(__ATOMIC_ACQUIRE);
-            if (__atomic_load_n(&s->seq, __ATOMIC_RELAXED) == a)
-                return;
-        }
-        if (tries > 100000) {
-            __atomic_store_n(&g_stuck_seq, a, __ATOMIC_RELAXED);
-            memcpy(dst, src, n);
-            return;
-        }
-        if (tries > 64)
-            sched_yield();
-    }
-}
-
-#define SNAP(s, field, out) snap((s), &(field), &(out), sizeof(out))
-
-static const char *state_path(void)
-{
-    const char *p = getenv(MOKKA_STATE_ENV);
-    return (p && *p) ? p : MOKKA_STATE_DEFAULT_PATH;
-}
+#define SNAP(s, field, out) MOKKA_SNAP((s), (field), (out))
 
 /* Map (or keep) the state file. Called with g_lock held. */
 static nvmlReturn_t map_state(void)
 {
-    int fd = open(state_path(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return NVML_ERROR_DRIVER_NOT_LOADED;
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (size_t)sb.st_size < sizeof(struct mokka_state)) {
-        close(fd);
-        return NVML_ERROR_DRIVER_NOT_LOADED;
+    switch (mokka_open()) {
+    case MOKKA_OK: return NVML_SUCCESS;
+    case MOKKA_MISMATCH: return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
+    default: return NVML_ERROR_DRIVER_NOT_LOADED;
     }
-    const struct mokka_state *cur = state();
-    if (cur && sb.st_dev == g_dev && sb.st_ino == g_ino) {
-        close(fd);
-    } else {
-        void *m = mmap(NULL, sizeof(struct mokka_state), PROT_READ, MAP_SHARED, fd, 0);
-        close(fd);
-        if (m == MAP_FAILED)
-            return NVML_ERROR_DRIVER_NOT_LOADED;
-        /* A replaced file: the old mapping stays (a racing reader may still use it); it is a
-           bounded leak, one mapping per replacement. */
-        __atomic_store_n(&g_state, (const struct mokka_state *)m, __ATOMIC_RELEASE);
-        g_dev = sb.st_dev;
-        g_ino = sb.st_ino;
-        cur = m;
-    }
-    if (cur->magic != MOKKA_STATE_MAGIC || cur->version != MOKKA_STATE_VERSION ||
-        cur->size != sizeof(struct mokka_state) || cur->gpu_count > MOKKA_MAX_GPUS)
-        return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
-    return NVML_SUCCESS;
 }
 
-/* No destructor unmaps the state: at exit() other threads may still be inside a getter, and
-   unmapping under them is a SIGSEGV in the host process. The kernel drops the mapping at exit;
-   a dlclose leaks one read-only mapping. */
-
-static unsigned int gpu_count(const struct mokka_state *s)
-{
-    uint32_t n = __atomic_load_n(&s->gpu_count, __ATOMIC_RELAXED);
-    return n > MOKKA_MAX_GPUS ? MOKKA_MAX_GPUS : n;
-}
+static unsigned int gpu_count(const struct mokka_state *s) { return mokka_gpu_count(s); }
 
 /* A device handle is the address of one of g_devices' elements, exactly: the offset test never
    reads through the caller's pointer, so a stray pointer (or one a few bytes into the array)
@@ -341,6 +273,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetCount_v2(unsigned int *deviceCount)
 {
     SYS();
     ARG(deviceCount);
+    s = mokka_state_checked(); /* pollers count devices each round: a good time to look */
     *deviceCount = gpu_count(s);
     return NVML_SUCCESS;
 }
@@ -403,26 +336,19 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleBySerial(const char *serial, nvmlDevice_
     return NVML_ERROR_NOT_FOUND;
 }
 
-/* Accepts "DDDD:BB:DD.F", "DDDDDDDD:BB:DD.F" and "BB:DD.F" (domain 0), any case. */
+/* The documented forms (mokka_parse_bus_id): "DDDD:BB:DD.F" with a 4- or 8-digit domain,
+   "DDDD:BB:DD" and "BB:DD.F" (domain 0), any case. */
 nvmlReturn_t DECLDIR nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device)
 {
     SYS();
     ARG(pciBusId);
     ARG(device);
-    unsigned domain = 0, bus, dev, fn = 0;
-    char tail;
-    if (sscanf(pciBusId, "%x:%x:%x.%x%c", &domain, &bus, &dev, &fn, &tail) != 4) {
-        domain = 0;
-        fn = 0;
-        if (sscanf(pciBusId, "%x:%x.%x%c", &bus, &dev, &fn, &tail) != 3)
-            return NVML_ERROR_INVALID_ARGUMENT;
-    }
-    for (unsigned i = 0; i < gpu_count(s); i++) {
-        uint32_t d[3];
-        snap(s, &s->gpus[i].pci_domain, d, sizeof(d)); /* domain, bus, device are adjacent */
-        if (d[0] == domain && d[1] == bus && d[2] == dev && fn == 0)
+    struct mokka_bus_id id;
+    if (mokka_parse_bus_id(pciBusId, &id) != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned i = 0; i < gpu_count(s); i++)
+        if (mokka_bus_id_is(s, i, &id))
             return handle_for(s, i, device);
-    }
     return NVML_ERROR_NOT_FOUND;
 }
 
@@ -571,7 +497,10 @@ nvmlReturn_t DECLDIR nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int
     ARG(major);
     ARG(minor);
     uint32_t v[2];
-    snap(s, &g->cc_major, v, sizeof(v));
+    MOKKA_CONSISTENT(s) {
+        v[0] = g->cc_major;
+        v[1] = g->cc_minor;
+    }
     *major = (int)v[0];
     *minor = (int)v[1];
     return NVML_SUCCESS;
@@ -592,7 +521,15 @@ nvmlReturn_t DECLDIR nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *
 static void fill_pci(const struct mokka_state *s, const struct mokka_gpu *g, nvmlPciInfo_t *pci, int legacy_bus_id)
 {
     struct mokka_gpu c;
-    snap(s, g->bus_id, &c.bus_id, offsetof(struct mokka_gpu, pcie_max_gen) - offsetof(struct mokka_gpu, bus_id));
+    MOKKA_CONSISTENT(s) {
+        memcpy(c.bus_id, g->bus_id, sizeof(c.bus_id));
+        memcpy(c.bus_id_legacy, g->bus_id_legacy, sizeof(c.bus_id_legacy));
+        c.pci_domain = g->pci_domain;
+        c.pci_bus = g->pci_bus;
+        c.pci_device = g->pci_device;
+        c.pci_device_id = g->pci_device_id;
+        c.pci_subsystem_id = g->pci_subsystem_id;
+    }
     memset(pci, 0, sizeof(*pci));
     c.bus_id[sizeof(c.bus_id) - 1] = c.bus_id_legacy[sizeof(c.bus_id_legacy) - 1] = '\0';
     /* v1 (nvmlDeviceGetPciInfo) reported the legacy 4-digit domain in busId too. */
@@ -697,7 +634,12 @@ struct mem4 { uint64_t total, reserved, used, free; };
 
 static void read_mem(const struct mokka_state *s, const struct mokka_gpu *g, struct mem4 *m)
 {
-    snap(s, &g->mem_total, m, sizeof(*m)); /* total, reserved, used, free are adjacent */
+    MOKKA_CONSISTENT(s) {
+        m->total = g->mem_total;
+        m->reserved = g->mem_reserved;
+        m->used = g->mem_used;
+        m->free = g->mem_free;
+    }
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
@@ -733,7 +675,10 @@ nvmlReturn_t DECLDIR nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Me
     DEV(device);
     ARG(bar1Memory);
     uint64_t b[2];
-    snap(s, &g->bar1_total, b, sizeof(b));
+    MOKKA_CONSISTENT(s) {
+        b[0] = g->bar1_total;
+        b[1] = g->bar1_used;
+    }
     bar1Memory->bar1Total = b[0];
     bar1Memory->bar1Used = b[1];
     bar1Memory->bar1Free = b[0] - b[1];
@@ -815,7 +760,10 @@ nvmlReturn_t DECLDIR nvmlDeviceGetFanSpeed_v2(nvmlDevice_t device, unsigned int 
     DEV(device);
     ARG(speed);
     uint32_t v[2];
-    snap(s, &g->has_fan, v, sizeof(v)); /* has_fan, fan_speed */
+    MOKKA_CONSISTENT(s) {
+        v[0] = g->has_fan;
+        v[1] = g->fan_speed;
+    }
     if (!v[0])
         return NVML_ERROR_NOT_SUPPORTED;
     if (fan != 0)
@@ -838,7 +786,10 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t d
     ARG(minLimit);
     ARG(maxLimit);
     uint32_t v[2];
-    snap(s, &g->power_min_limit, v, sizeof(v)); /* min, max */
+    MOKKA_CONSISTENT(s) {
+        v[0] = g->power_min_limit;
+        v[1] = g->power_max_limit;
+    }
     *minLimit = v[0];
     *maxLimit = v[1];
     return NVML_SUCCESS;
@@ -926,7 +877,10 @@ nvmlReturn_t DECLDIR nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtil
     DEV(device);
     ARG(utilization);
     uint32_t v[2];
-    snap(s, &g->util_gpu, v, sizeof(v));
+    MOKKA_CONSISTENT(s) {
+        v[0] = g->util_gpu;
+        v[1] = g->util_mem;
+    }
     utilization->gpu = v[0];
     utilization->memory = v[1];
     return NVML_SUCCESS;
@@ -1208,7 +1162,12 @@ nvmlReturn_t DECLDIR nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int
     SNAP(s, g->has_row_remapper, remapper);
     if (!remapper)
         return NVML_ERROR_NOT_SUPPORTED;
-    snap(s, &g->remapped_corr, v, sizeof(v)); /* corr, unc, pending, failure */
+    MOKKA_CONSISTENT(s) {
+        v[0] = g->remapped_corr;
+        v[1] = g->remapped_unc;
+        v[2] = g->remap_pending;
+        v[3] = g->remap_failure;
+    }
     *corrRows = v[0];
     *uncRows = v[1];
     *isPending = v[2];
@@ -1226,22 +1185,14 @@ static unsigned int read_processes(const struct mokka_state *s, const struct mok
                                    struct mokka_gpu_process *out)
 {
     uint32_t n;
-    for (unsigned tries = 0;; tries++) { /* count and list from one snapshot */
-        uint32_t a = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
+    (void)mokka_state_checked(); /* monitors list processes each round: a good time to look */
+    MOKKA_CONSISTENT(s) { /* count and list from one snapshot */
         n = __atomic_load_n(&g->process_count, __ATOMIC_RELAXED);
         if (n > MOKKA_MAX_GPU_PROCS)
             n = MOKKA_MAX_GPU_PROCS;
         memcpy(out, g->processes, n * sizeof(*out));
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if ((!(a & 1) && __atomic_load_n(&s->seq, __ATOMIC_RELAXED) == a) || stuck(a))
-            return n;
-        if (tries > 100000) {
-            __atomic_store_n(&g_stuck_seq, a, __ATOMIC_RELAXED);
-            return n;
-        }
-        if (tries > 64)
-            sched_yield();
     }
+    return n;
 }
 
 #define PROCESS_LIST_GETTER(name, type, graphics_or_mps, fill)                                       \
@@ -1614,7 +1565,7 @@ static nvmlReturn_t field_value(const struct mokka_state *s, const struct mokka_
         {NVML_FI_DEV_ECC_DBE_AGG_CBU, 1, 1, 6},
     };
     struct mokka_gpu c;
-    snap(s, g, &c, sizeof(c));
+    mokka_read_gpu(s, (unsigned)(g - s->gpus), &c);
     for (size_t i = 0; i < sizeof(ecc_fields) / sizeof(ecc_fields[0]); i++) {
         if (ecc_fields[i].id != id)
             continue;
@@ -1826,6 +1777,12 @@ static int take_event(const struct mokka_state *s, nvmlEventSet_t set, nvmlEvent
         pthread_mutex_unlock(&g_sets_lock);
         return -1;
     }
+    /* A header that is not ours (retired, or overwritten until the daemon's next tick) has no
+       counters to trust: nothing new until it is back. */
+    if (__atomic_load_n(&s->magic, __ATOMIC_RELAXED) != MOKKA_STATE_MAGIC) {
+        pthread_mutex_unlock(&g_sets_lock);
+        return 0;
+    }
     uint64_t head = __atomic_load_n(&s->event_head, __ATOMIC_ACQUIRE);
     if (head < es->next) /* the daemon started a fresh file: follow it */
         es->next = head;
@@ -1874,11 +1831,13 @@ nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *da
     pthread_mutex_unlock(&g_sets_lock);
     if (!es)
         return NVML_ERROR_INVALID_ARGUMENT;
-    const struct mokka_state *s = state();
     int saved = errno;
     uint64_t deadline = now_ns() + (uint64_t)timeoutms * 1000000ull;
     nvmlReturn_t r = NVML_ERROR_TIMEOUT;
     for (;;) {
+        /* Each round from the current mapping: the daemon wakes the waiters of a file it
+           retires, and they carry on in its successor, whose counters continue the old ones. */
+        const struct mokka_state *s = mokka_state_checked();
         uint32_t wake = __atomic_load_n(&s->event_wake, __ATOMIC_ACQUIRE);
         int got = take_event(s, set, data);
         if (got != 0) {
@@ -1889,10 +1848,13 @@ nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *da
         if (now >= deadline)
             break;
         /* Sleep until the daemon bumps the wake word, or the deadline. Slices of at most
-           a second keep a daemon without futex support (or a replaced file) from stranding us. */
+           a second keep a daemon without futex support (or a header being repaired) from
+           stranding us. */
         uint64_t left = deadline - now;
         if (left > 1000000000ull)
             left = 1000000000ull;
+        if (__atomic_load_n(&s->magic, __ATOMIC_RELAXED) != MOKKA_STATE_MAGIC && left > 10000000ull)
+            left = 10000000ull; /* retired or being repaired: nobody wakes this word, look again soon */
         struct timespec ts = {(time_t)(left / 1000000000ull), (long)(left % 1000000000ull)};
         syscall(SYS_futex, &s->event_wake, FUTEX_WAIT, wake, &ts, NULL, 0);
     }

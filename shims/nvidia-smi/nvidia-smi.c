@@ -13,7 +13,7 @@
 #define _GNU_SOURCE
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
 #include "nvml.h"
-#include "mokka_state.h"
+#include "mokka_client.h"
 #include "smi_gen.h"
 
 #include <ctype.h>
@@ -102,6 +102,8 @@ static int load_nvml(void)
 #define RESOLVE(f) p_##f = (__typeof__(p_##f))dlsym(g_lib, #f);
     NVML_FUNCS(RESOLVE)
 #undef RESOLVE
+    /* What we read from the state ourselves comes from the node that library reads. */
+    mokka_set_anchor(p_nvmlInit_v2 ? (const void *)p_nvmlInit_v2 : NULL);
     return 0;
 }
 
@@ -122,29 +124,29 @@ struct dev {
 static struct dev g_devs[MOKKA_MAX_GPUS];
 static unsigned g_ndevs;        /* selected by -i, in index order */
 
-/* One static identity string of GPU `index` straight from the shared state the daemon
-   publishes: what NVML has no call for (a lost GPU's bus id, which the real tool learns from the
-   kernel; the GPU part number, which it reads from the board). 0 if the state has none. */
+/* The shared state the daemon publishes, for what NVML has no call for (a lost GPU's bus id,
+   which the real tool learns from the kernel; the GPU part number, which it reads from the
+   board). NULL if there is none, or GPU `index` is not in it. */
+static const struct mokka_state *state_of(unsigned index)
+{
+    const struct mokka_state *s = mokka_state();
+    if (!s && mokka_open() == MOKKA_OK)
+        s = mokka_state();
+    return s && index < mokka_gpu_count(s) ? s : NULL;
+}
+
+/* One identity string of GPU `index` from the state; 0 if the state has none. */
 static int state_string(unsigned index, size_t offset, size_t len, char *out, size_t n)
 {
-    const char *path = getenv(MOKKA_STATE_ENV);
-    if (!path || !*path)
-        path = MOKKA_STATE_DEFAULT_PATH;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    const struct mokka_state *s = state_of(index);
+    char buf[96];
+    if (!s)
         return 0;
-    struct { uint64_t magic; uint32_t version, count; } head;
-    char buf[64] = {0};
-    if (len > sizeof(buf) - 1)
-        len = sizeof(buf) - 1;
-    off_t off = (off_t)(offsetof(struct mokka_state, gpus) + (size_t)index * sizeof(struct mokka_gpu) + offset);
-    int ok = index < MOKKA_MAX_GPUS && pread(fd, &head, sizeof(head), 0) == (ssize_t)sizeof(head) &&
-             head.magic == MOKKA_STATE_MAGIC && head.version == MOKKA_STATE_VERSION &&
-             pread(fd, buf, len, off) == (ssize_t)len && buf[0];
-    close(fd);
-    if (ok)
-        snprintf(out, n, "%s", buf);
-    return ok;
+    mokka_read_string(s, (const char *)&s->gpus[index] + offset, len, buf, sizeof(buf));
+    if (!buf[0])
+        return 0;
+    snprintf(out, n, "%s", buf);
+    return 1;
 }
 
 #define STATE_STRING(index, field, out, n)                                                         \
@@ -168,13 +170,6 @@ static void print_handle_error(const struct dev *d)
         printf("Unable to determine the device handle for GPU%s: %s\n", bus, nvml_error(d->err));
 }
 
-static int bus_matches(const char *want, const char *busid)
-{
-    /* busid is 00000000:18:00.0; accept that, 0000:18:00.0 and 18:00.0, any case */
-    size_t lw = strlen(want), lb = strlen(busid);
-    return lw <= lb && lw >= 7 && strcasecmp(busid + lb - lw, want) == 0 &&
-           (lw == lb || busid[lb - lw - 1] == ':' || busid[lb - lw - 1] == '0');
-}
 
 /* -i: indices, UUIDs or bus ids, comma-separated. 0 on success, else an exit code. */
 static int select_devices(const char *ids)
@@ -200,6 +195,8 @@ static int select_devices(const char *ids)
         while (*tok == ' ')
             tok++;
         int found = -1;
+        struct mokka_bus_id bus;
+        int is_bus = mokka_parse_bus_id(tok, &bus) == 0;
         if (*tok && strspn(tok, "0123456789") == strlen(tok)) {
             unsigned long v = strtoul(tok, NULL, 10);
             if (strlen(tok) < 6 && v < all)
@@ -211,15 +208,11 @@ static int select_devices(const char *ids)
                     if (NV(nvmlDeviceGetUUID, every[i].h, s, sizeof(s)) == NVML_SUCCESS && strcasecmp(s, tok) == 0)
                         found = (int)i;
                     nvmlPciInfo_t pci;
-                    if (found < 0 && NV(nvmlDeviceGetPciInfo_v3, every[i].h, &pci) == NVML_SUCCESS &&
-                        strchr(tok, ':') && bus_matches(tok, pci.busId))
+                    if (found < 0 && is_bus && NV(nvmlDeviceGetPciInfo_v3, every[i].h, &pci) == NVML_SUCCESS &&
+                        pci.domain == bus.domain && pci.bus == bus.bus && pci.device == bus.device && !bus.function)
                         found = (int)i;
-                } else if (strchr(tok, ':')) {
-                    lost_bus_id(i, s, sizeof(s));
-                    char full[40];
-                    snprintf(full, sizeof(full), "0000%s", s);
-                    if (bus_matches(tok, full))
-                        found = (int)i;
+                } else if (is_bus && state_of(i) && mokka_bus_id_is(state_of(i), i, &bus)) {
+                    found = (int)i; /* a lost GPU: its bus id as the driver probed it */
                 }
             }
         }
