@@ -116,6 +116,10 @@ class ProcessTable:
         self.clock = WallClock() if clock is None else clock
         self.tick_s = tick_s
         self._first_record: trio.Event | None = None  # set by record_for while `run` idles
+        # Pings received, and the last ping a fold has covered: one fold answers every ping
+        # that came before it, so many processes asking at once cost one fold, not one each.
+        self._pings = 0
+        self._folded_upto = 0
         self.records: dict[int, Record] = {}
         self._connections: dict[int, int] = {}  # per uid
         self._limits = _Limits()
@@ -329,6 +333,17 @@ class ProcessTable:
                     log.warning("gpu%d: ignoring the process records: %s", i, e)
                     self._limits.refused[i] = str(e)
 
+    async def _fold_for_ping(self, controller: Controller) -> None:
+        """Fold so that this ping's record is in the model: a ping sent after its record was
+        written is covered by any fold that starts after it was received. Yield once first, so
+        the pings that arrived together are all received and one fold answers them all."""
+        self._pings += 1
+        mine = self._pings
+        await trio.lowlevel.checkpoint()
+        if self._folded_upto < mine:
+            self._folded_upto = self._pings
+            self.fold(controller)
+
     async def run(self, controller: Controller) -> None:
         """Fold every `tick_s` while there is anything to fold. With no record and no process
         listed, nothing can change until a process connects: wait for that instead of waking
@@ -470,7 +485,7 @@ class ProcessTable:
                         # without a fold, so pinging in a loop cannot keep the daemon busy.
                         if controller is not None and folds < FOLDS_PER_CONNECTION:
                             folds += 1
-                            self.fold(controller)
+                            await self._fold_for_ping(controller)
                         await conn.send(b"\1")
                 except OSError as e:
                     if e.errno not in (errno.EPIPE, errno.ECONNRESET):

@@ -892,9 +892,11 @@ SCRIBBLERS = """
 import os, socket, sys
 path, count = sys.argv[1], int(sys.argv[2])
 hold_r, hold_w = os.pipe()
+done_r, done_w = os.pipe()
 for _ in range(count):
     if os.fork() == 0:
         os.close(hold_w)
+        os.close(done_r)
         s = socket.socket(socket.AF_UNIX)
         s.connect(path)
         _, fds, _, _ = socket.recv_fds(s, 1, 1)
@@ -907,8 +909,12 @@ for _ in range(count):
             s.recv(1)
         except OSError:
             pass
+        os.write(done_w, b"x")
         os.read(hold_r, 1)
         os._exit(0)
+os.close(done_w)
+for _ in range(count):  # every child has scribbled and pinged (or been refused)
+    os.read(done_r, 1)
 print("ready", flush=True)
 sys.stdin.read()
 """
