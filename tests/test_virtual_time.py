@@ -37,7 +37,7 @@ from mokkafs.vfs import ROOT_INO
 T0 = 1_800_000_000.0  # the simulated node's epoch
 HOUR = 3600.0
 TICK_S = 1.0
-WALL_LIMIT_S = 1.0
+CPU_LIMIT_S = 1.0
 ROOT = pyfuse3.RequestContext()  # uid 0, as the kernel reports a root caller
 
 H100 = load_profile("h100")
@@ -280,4 +280,6 @@ def test_an_hour_in_virtual_time(state_base, expect_log):
     # The mirror followed the Xid 79 (the GPU left the bus), as `mokka run` would see it.
     assert out["mirror_had_gpu1"] and not out["mirror_has_gpu1"]
 
-    assert wall < WALL_LIMIT_S, f"an hour of simulated time took {wall:.3f} s"
+    # CPU time, not wall time: the hour's cost is the daemon's work, which other load on a
+    # 2-core machine does not change (wall time is printed above).
+    assert cpu < CPU_LIMIT_S, f"an hour of simulated time took {cpu:.3f} s of CPU ({wall:.3f} s wall)"
