@@ -21,6 +21,13 @@ CFLAGS = ["-O2", "-g", "-fPIC", "-Wall", "-Wextra", "-std=gnu11"]
 CLIENT = ["-I", str(SHIMS / "common"), str(SHIMS / "common" / "mokka_client.c")]
 
 
+def nvml_sources() -> list[str]:
+    """Every C file of shims/libnvml: the hand-written domain files (nvml_<domain>.c, behind
+    nvml_internal.h) and the generated stubs. shims/gen_nvml.py reads the same set, less the
+    stubs, to know which functions are hand-written."""
+    return [str(p) for p in sorted((SHIMS / "libnvml").glob("*.c"))]
+
+
 def build_nvml(out: Path) -> None:
     cc = shlex.split(os.environ.get("CC", "cc"))
     (out / "lib").mkdir(parents=True, exist_ok=True)
@@ -31,7 +38,7 @@ def build_nvml(out: Path) -> None:
     cmd = [
         *cc, *CFLAGS, "-shared", "-I", str(SHIMS / "include"),
         f"-Wl,--version-script={src / 'libnvidia-ml.map'}", "-Wl,-soname,libnvidia-ml.so.1", "-Wl,--no-undefined",
-        str(src / "nvml.c"), str(src / "nvml_stubs.c"), *CLIENT, "-pthread", "-ldl", "-o", str(target) + ".tmp",
+        *nvml_sources(), *CLIENT, "-pthread", "-ldl", "-o", str(target) + ".tmp",
     ]
     print(" ".join(cmd))
     subprocess.run(cmd, check=True)

@@ -190,6 +190,42 @@ def test_device_handles_must_be_exact_elements(state):
     assert out["wrong"] == {}
 
 
+def _symbol_offset(lib: Path, name: str, base: str) -> int:
+    """Where the library's (hidden) symbol `name` lies relative to `base`, from its symbol table."""
+    out = subprocess.run(["nm", str(lib)], capture_output=True, text=True, check=True).stdout
+    addr = {m[2]: int(m[0], 16) for m in re.findall(r"^([0-9a-f]+) (\w) (\S+)$", out, flags=re.M)}
+    return addr[name] - addr[base]
+
+
+def test_mig_handle_table_holds_no_live_handle_yet(state):
+    """The handle layer has a table for MIG device handles, but the state publishes no MIG
+    device: every slot of that table is garbage to every hand-written function (INVALID_ARGUMENT,
+    not NOT_SUPPORTED, which a live MIG handle will get where a function does not take one), and
+    a GPU handle is not a MIG device handle."""
+    takes_device = sorted(n for n, p in gen_nvml.header_functions().items()
+                          if n in gen_nvml.hand_written() and p.startswith("nvmlDevice_t "))
+    lib = nvml_path()
+    mig_table = _symbol_offset(lib, "g_mig_handles", "g_gpu_handles")
+    out = survive(state, """
+        names, mig_table = %r, %d
+        assert nv.nvmlInit_v2() == 0
+        dev = C.c_void_p(); assert nv.nvmlDeviceGetHandleByIndex_v2(0, C.byref(dev)) == 0
+        room = C.create_string_buffer(1 << 16)
+        args = [C.c_void_p(C.addressof(room))] + [C.c_uint64(0)] * 3
+        slots = [dev.value + mig_table + 4 * k for k in range(64 * 8)]  # every GPU's every MIG slot
+        wrong = {}
+        for name in names:
+            for h in slots:
+                r = getattr(nv, name)(C.c_void_p(h), *args)
+                if r != 2:
+                    wrong.setdefault(name, []).append([hex(h - dev.value), r])
+        is_mig = C.c_uint(7)
+        print(json.dumps(dict(wrong=wrong, gpu=[nv.nvmlDeviceIsMigDeviceHandle(dev, C.byref(is_mig)), is_mig.value])))
+    """ % (takes_device, mig_table))
+    assert out["wrong"] == {}
+    assert out["gpu"] == [0, 0]
+
+
 def _nvml_calls() -> list[tuple[str, list[str]]]:
     out = []
     for name, params in gen_nvml.header_functions().items():

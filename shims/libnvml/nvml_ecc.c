@@ -1,0 +1,160 @@
+/*
+ * libnvidia-ml: memory errors. ECC mode and counters, retired pages (Turing) and remapped rows
+ * (Ampere and later).
+ */
+#include "nvml_internal.h"
+
+/* ---- ECC, retired pages, remapped rows ------------------------------------------------ */
+
+nvmlReturn_t DECLDIR nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t *current, nvmlEnableState_t *pending)
+{
+    DEV(device);
+    ARG(current);
+    ARG(pending);
+    uint32_t on;
+    SNAP(s, g->ecc_enabled, on);
+    *current = *pending = ENABLE_STATE(on);
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t ecc_check(const struct mokka_state *s, const struct mokka_gpu *g, nvmlMemoryErrorType_t et,
+                              nvmlEccCounterType_t ct)
+{
+    uint32_t on;
+    SNAP(s, g->ecc_enabled, on);
+    if (!on)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if ((unsigned)et > 1 || (unsigned)ct > 1)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
+                                                 nvmlEccCounterType_t counterType, unsigned long long *eccCounts)
+{
+    DEV(device);
+    ARG(eccCounts);
+    nvmlReturn_t r = ecc_check(s, g, errorType, counterType);
+    if (r != NVML_SUCCESS)
+        return r;
+    uint64_t v[MOKKA_ECC_LOCATIONS], sum = 0;
+    snap(s, g->ecc[counterType][errorType], v, sizeof(v));
+    for (int i = 0; i < MOKKA_ECC_LOCATIONS; i++)
+        sum += v[i];
+    *eccCounts = sum;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetDetailedEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
+                                                    nvmlEccCounterType_t counterType, nvmlEccErrorCounts_t *eccCounts)
+{
+    DEV(device);
+    ARG(eccCounts);
+    nvmlReturn_t r = ecc_check(s, g, errorType, counterType);
+    if (r != NVML_SUCCESS)
+        return r;
+    uint64_t v[MOKKA_ECC_LOCATIONS];
+    snap(s, g->ecc[counterType][errorType], v, sizeof(v));
+    eccCounts->l1Cache = v[NVML_MEMORY_LOCATION_L1_CACHE];
+    eccCounts->l2Cache = v[NVML_MEMORY_LOCATION_L2_CACHE];
+    eccCounts->deviceMemory = v[NVML_MEMORY_LOCATION_DEVICE_MEMORY];
+    eccCounts->registerFile = v[NVML_MEMORY_LOCATION_REGISTER_FILE];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
+                                                     nvmlEccCounterType_t counterType,
+                                                     nvmlMemoryLocation_t locationType, unsigned long long *count)
+{
+    DEV(device);
+    ARG(count);
+    nvmlReturn_t r = ecc_check(s, g, errorType, counterType);
+    if (r != NVML_SUCCESS)
+        return r;
+    if ((unsigned)locationType >= MOKKA_ECC_LOCATIONS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t v;
+    SNAP(s, g->ecc[counterType][errorType][locationType], v);
+    *count = v;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t retired(nvmlDevice_t device, nvmlPageRetirementCause_t cause, unsigned int *pageCount,
+                            unsigned long long *addresses, unsigned long long *timestamps)
+{
+    DEV(device);
+    ARG(pageCount);
+    uint32_t remapper, n;
+    SNAP(s, g->has_row_remapper, remapper);
+    if (remapper)
+        return NVML_ERROR_NOT_SUPPORTED; /* Ampere and later remap rows instead */
+    if (cause == NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
+        SNAP(s, g->retired_sbe, n);
+    else if (cause == NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+        SNAP(s, g->retired_dbe, n);
+    else
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned room = *pageCount;
+    *pageCount = n;
+    if (room < n)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    for (unsigned i = 0; i < n; i++) {
+        /* Synthetic, stable page addresses: one per retirement, per cause. */
+        if (addresses)
+            addresses[i] = 0x100000ULL * (cause + 1) + 0x1000ULL * i;
+        if (timestamps)
+            timestamps[i] = 0;
+    }
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetRetiredPages(nvmlDevice_t device, nvmlPageRetirementCause_t cause,
+                                               unsigned int *pageCount, unsigned long long *addresses)
+{
+    return retired(device, cause, pageCount, addresses, NULL);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device, nvmlPageRetirementCause_t cause,
+                                                  unsigned int *pageCount, unsigned long long *addresses,
+                                                  unsigned long long *timestamps)
+{
+    return retired(device, cause, pageCount, addresses, timestamps);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, nvmlEnableState_t *isPending)
+{
+    DEV(device);
+    ARG(isPending);
+    uint32_t remapper, v;
+    SNAP(s, g->has_row_remapper, remapper);
+    if (remapper)
+        return NVML_ERROR_NOT_SUPPORTED;
+    SNAP(s, g->retired_pending, v);
+    *isPending = ENABLE_STATE(v);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
+                                               unsigned int *isPending, unsigned int *failureOccurred)
+{
+    DEV(device);
+    ARG(corrRows);
+    ARG(uncRows);
+    ARG(isPending);
+    ARG(failureOccurred);
+    uint32_t remapper, v[4];
+    SNAP(s, g->has_row_remapper, remapper);
+    if (!remapper)
+        return NVML_ERROR_NOT_SUPPORTED;
+    MOKKA_CONSISTENT(s) {
+        v[0] = g->remapped_corr;
+        v[1] = g->remapped_unc;
+        v[2] = g->remap_pending;
+        v[3] = g->remap_failure;
+    }
+    *corrRows = v[0];
+    *uncRows = v[1];
+    *isPending = v[2];
+    *failureOccurred = v[3];
+    return NVML_SUCCESS;
+}

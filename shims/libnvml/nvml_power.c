@@ -1,0 +1,353 @@
+/*
+ * libnvidia-ml: how a GPU runs. Memory and BAR1, temperature and fans, power, clocks,
+ * utilization, performance state and clock event reasons, and the modes (persistence, compute,
+ * display, MIG).
+ */
+#include "nvml_internal.h"
+
+/* ---- memory --------------------------------------------------------------------------- */
+
+U32_GETTER(nvmlDeviceGetMemoryBusWidth, mem_bus_width, DEV)
+
+struct mem4 { uint64_t total, reserved, used, free; };
+
+static void read_mem(const struct mokka_state *s, const struct mokka_gpu *g, struct mem4 *m)
+{
+    MOKKA_CONSISTENT(s) {
+        m->total = g->mem_total;
+        m->reserved = g->mem_reserved;
+        m->used = g->mem_used;
+        m->free = g->mem_free;
+    }
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    DEV(device);
+    ARG(memory);
+    struct mem4 m;
+    read_mem(s, g, &m);
+    /* v1 counts the reserved memory as used (consumer-contracts §8.4). */
+    memory->total = m.total;
+    memory->free = m.free;
+    memory->used = m.used + m.reserved;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    DEV(device);
+    VERSIONED_ARG(memory, nvmlMemory_v2);
+    struct mem4 m;
+    read_mem(s, g, &m);
+    memory->total = m.total;
+    memory->reserved = m.reserved;
+    memory->free = m.free;
+    memory->used = m.used;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t *bar1Memory)
+{
+    DEV(device);
+    ARG(bar1Memory);
+    uint64_t b[2];
+    MOKKA_CONSISTENT(s) {
+        b[0] = g->bar1_total;
+        b[1] = g->bar1_used;
+    }
+    bar1Memory->bar1Total = b[0];
+    bar1Memory->bar1Used = b[1];
+    bar1Memory->bar1Free = b[0] - b[1];
+    return NVML_SUCCESS;
+}
+
+/* ---- temperature and cooling ---------------------------------------------------------- */
+
+nvmlReturn_t DECLDIR nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType, unsigned int *temp)
+{
+    DEV(device);
+    ARG(temp);
+    if (sensorType != NVML_TEMPERATURE_GPU)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int32_t t;
+    SNAP(s, g->temp_gpu, t);
+    *temp = t < 0 ? 0 : (unsigned)t;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature)
+{
+    DEV(device);
+    VERSIONED_ARG(temperature, nvmlTemperature_v1);
+    if (temperature->sensorType != NVML_TEMPERATURE_GPU)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int32_t t;
+    SNAP(s, g->temp_gpu, t);
+    temperature->temperature = t;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, nvmlTemperatureThresholds_t thresholdType,
+                                                       unsigned int *temp)
+{
+    DEV(device);
+    ARG(temp);
+    if ((unsigned)thresholdType >= 8)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int32_t t;
+    SNAP(s, g->temp_threshold[thresholdType], t);
+    if (t < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *temp = (unsigned)t;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMarginTemperature(nvmlDevice_t device, nvmlMarginTemperature_t *marginTempInfo)
+{
+    DEV(device);
+    VERSIONED_ARG(marginTempInfo, nvmlMarginTemperature_v1);
+    int32_t t[2];
+    SNAP(s, g->temp_tlimit, t[0]);
+    SNAP(s, g->temp_gpu, t[1]);
+    if (t[0] < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    marginTempInfo->marginTemperature = t[0] - t[1];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetNumFans(nvmlDevice_t device, unsigned int *numFans)
+{
+    DEV(device);
+    ARG(numFans);
+    uint32_t has;
+    SNAP(s, g->has_fan, has);
+    if (!has)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *numFans = 1;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetFanSpeed_v2(nvmlDevice_t device, unsigned int fan, unsigned int *speed)
+{
+    DEV(device);
+    ARG(speed);
+    uint32_t v[2];
+    MOKKA_CONSISTENT(s) {
+        v[0] = g->has_fan;
+        v[1] = g->fan_speed;
+    }
+    if (!v[0])
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (fan != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *speed = v[1];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int *speed)
+{
+    return nvmlDeviceGetFanSpeed_v2(device, 0, speed);
+}
+
+/* ---- power ---------------------------------------------------------------------------- */
+
+U32_GETTER(nvmlDeviceGetPowerUsage, power_usage, DEV)
+U32_GETTER(nvmlDeviceGetPowerManagementLimit, power_limit, DEV)
+U32_GETTER(nvmlDeviceGetPowerManagementDefaultLimit, power_default_limit, DEV)
+U32_GETTER(nvmlDeviceGetEnforcedPowerLimit, power_enforced_limit, DEV)
+
+PAIR_GETTER(nvmlDeviceGetPowerManagementLimitConstraints, unsigned int, power_min_limit, power_max_limit)
+
+nvmlReturn_t DECLDIR nvmlDeviceGetPowerManagementMode(nvmlDevice_t device, nvmlEnableState_t *mode)
+{
+    DEV(device);
+    ARG(mode);
+    *mode = NVML_FEATURE_ENABLED;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy)
+{
+    DEV(device);
+    ARG(energy);
+    uint64_t v;
+    SNAP(s, g->energy_mj, v);
+    *energy = v;
+    return NVML_SUCCESS;
+}
+
+/* ---- clocks, utilization, performance ------------------------------------------------- */
+
+static nvmlReturn_t clock_of(const struct mokka_state *s, const uint32_t *table, nvmlClockType_t type, unsigned *mhz)
+{
+    if (!mhz)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if ((unsigned)type >= 4)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    uint32_t v;
+    SNAP(s, table[type], v);
+    *mhz = v;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock)
+{
+    DEV(device);
+    return clock_of(s, g->clock_cur, type, clock);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock)
+{
+    DEV(device);
+    return clock_of(s, g->clock_max, type, clock);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetApplicationsClock(nvmlDevice_t device, nvmlClockType_t clockType, unsigned int *clockMHz)
+{
+    DEV(device);
+    return clock_of(s, g->clock_app, clockType, clockMHz);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetDefaultApplicationsClock(nvmlDevice_t device, nvmlClockType_t clockType,
+                                                           unsigned int *clockMHz)
+{
+    DEV(device);
+    return clock_of(s, g->clock_default_app, clockType, clockMHz);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMaxCustomerBoostClock(nvmlDevice_t device, nvmlClockType_t clockType,
+                                                        unsigned int *clockMHz)
+{
+    DEV(device);
+    return clock_of(s, g->clock_max, clockType, clockMHz);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetClock(nvmlDevice_t device, nvmlClockType_t clockType, nvmlClockId_t clockId,
+                                        unsigned int *clockMHz)
+{
+    DEV(device);
+    switch (clockId) {
+    case NVML_CLOCK_ID_CURRENT: return clock_of(s, g->clock_cur, clockType, clockMHz);
+    case NVML_CLOCK_ID_APP_CLOCK_TARGET: return clock_of(s, g->clock_app, clockType, clockMHz);
+    case NVML_CLOCK_ID_APP_CLOCK_DEFAULT: return clock_of(s, g->clock_default_app, clockType, clockMHz);
+    case NVML_CLOCK_ID_CUSTOMER_BOOST_MAX: return clock_of(s, g->clock_max, clockType, clockMHz);
+    default: return NVML_ERROR_INVALID_ARGUMENT;
+    }
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
+{
+    DEV(device);
+    ARG(utilization);
+    uint32_t v[2];
+    MOKKA_CONSISTENT(s) {
+        v[0] = g->util_gpu;
+        v[1] = g->util_mem;
+    }
+    utilization->gpu = v[0];
+    utilization->memory = v[1];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                     unsigned int *samplingPeriodUs)
+{
+    DEV(device);
+    ARG(utilization);
+    ARG(samplingPeriodUs);
+    SNAP(s, g->util_enc, *utilization);
+    *samplingPeriodUs = 167000;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                     unsigned int *samplingPeriodUs)
+{
+    DEV(device);
+    ARG(utilization);
+    ARG(samplingPeriodUs);
+    SNAP(s, g->util_dec, *utilization);
+    *samplingPeriodUs = 167000;
+    return NVML_SUCCESS;
+}
+
+FIELD_GETTER(nvmlDeviceGetPerformanceState, nvmlPstates_t, pstate, DEV, (nvmlPstates_t)v)
+
+nvmlReturn_t DECLDIR nvmlDeviceGetPowerState(nvmlDevice_t device, nvmlPstates_t *pState)
+{
+    return nvmlDeviceGetPerformanceState(device, pState);
+}
+
+#define ALL_CLOCK_REASONS 0x1FFULL
+
+nvmlReturn_t DECLDIR nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    DEV(device);
+    ARG(reasons);
+    uint64_t v;
+    SNAP(s, g->throttle_mask, v);
+    *reasons = v;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    return nvmlDeviceGetCurrentClocksEventReasons(device, reasons);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    DEV(device);
+    ARG(reasons);
+    *reasons = ALL_CLOCK_REASONS;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    return nvmlDeviceGetSupportedClocksEventReasons(device, reasons);
+}
+
+/* ---- modes ---------------------------------------------------------------------------- */
+
+FIELD_GETTER(nvmlDeviceGetPersistenceMode, nvmlEnableState_t, persistence_mode, DEV, ENABLE_STATE(v))
+
+FIELD_GETTER(nvmlDeviceGetComputeMode, nvmlComputeMode_t, compute_mode, DEV, (nvmlComputeMode_t)v)
+
+nvmlReturn_t DECLDIR nvmlDeviceGetDisplayMode(nvmlDevice_t device, nvmlEnableState_t *display)
+{
+    DEV(device);
+    ARG(display);
+    *display = NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetDisplayActive(nvmlDevice_t device, nvmlEnableState_t *isActive)
+{
+    DEV(device);
+    ARG(isActive);
+    *isActive = NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode)
+{
+    DEV(device);
+    ARG(currentMode);
+    ARG(pendingMode);
+    uint32_t capable;
+    SNAP(s, g->mig_capable, capable);
+    if (!capable)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *currentMode = *pendingMode = NVML_DEVICE_MIG_DISABLE;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    DEV(device);
+    ARG(count);
+    *count = 0; /* MIG is disabled on every simulated GPU */
+    return NVML_SUCCESS;
+}
