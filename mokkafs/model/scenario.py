@@ -377,7 +377,7 @@ def request_bytes(text: str, *, seed: int | None = None, speed: float = 1.0, fil
     if seed is not None:
         head += f" seed={seed}"
     if speed != 1.0:
-        head += f" speed={speed:g}"
+        head += f" speed={round(speed, 3):.3f}".rstrip("0").rstrip(".")
     if file:
         head += f" file={re.sub(r'[^A-Za-z0-9._-]', '_', file)[:64]}"
     return f"{head}\n{text}".encode()
