@@ -117,6 +117,8 @@ BAD = [
     ("name: Bad Name\nsteps:\n  - at: 1s\n    gpu: 1\n    command: xid 4\n", 1, "name: String should match"),
     ("steps: &s\n  - at: 1s\n    gpu: 1\n    command: xid 4\nmore: *s\n", 1, "aliases are not allowed"),
     ("- 1\n- 2\n", 1, "a scenario is a mapping"),
+    ("name: x\nsteps:\n  - at: 1s\n    gpu: true\n    command: xid 4\n", 4, "gpu: Input should be a valid integer"),
+    ("name: x\nseed: '3'\nsteps:\n  - at: 1s\n    gpu: 0\n    command: xid 4\n", 2, "seed: Input should be a valid integer"),
 ]
 
 

@@ -50,7 +50,7 @@ Duration = Annotated[float, Field(ge=0, le=MAX_DURATION_S)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # `gpu: true` is not gpu 1
 
 
 class Ramp(_Strict):
