@@ -64,6 +64,8 @@ AFTERMATH = {
     "gsp-error": [("gpu0/inject_xid", "120 "), ("gpu0/info", "health: unhealthy")],
     "nvlink-flapping": [("gpu1/nvlink", "2 up replay="), ("node/events", "nvlink 2 down")],
     "thermal-runaway": [("node/events", "mokka: gpu0 temperature pinned 94")],
+    "power-brake": [("gpu3/throttle", "gpu_idle"), ("node/events", "mokka: gpu7 throttle pinned hw_slowdown hw_power_brake_slowdown")],
+    "training-job": [("gpu5/memory_used", "0\n"), ("gpu5/info", "health: healthy"), ("node/events", "mokka: gpu5 memory_used pinned 72000")],
 }
 
 
