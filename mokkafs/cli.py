@@ -371,6 +371,10 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profiles", help="the shipped profiles, one line each")
     p.set_defaults(func=cmd_profiles)
+
+    from mokkafs import scenario_cli
+
+    scenario_cli.add_parser(sub)
     return ap
 
 

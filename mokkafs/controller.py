@@ -26,13 +26,19 @@ class Controller:
         self.state = state
         self.clock = clock
         self.subscribers: list[Subscriber] = []
+        # Requests the node does not hold (a scenario to run or stop) go to the service that
+        # owns them, through the same door as every other command.
+        self.handlers: dict[type, Callable[[Event], list[Notification]]] = {}
 
-    def apply(self, event: Event) -> list[Notification]:
+    def apply(self, event: Event, note: str | None = None) -> list[Notification]:
         """Apply one event; raises InvalidCommand (state untouched) if it does not fit. The
-        caller logs the rejection, once."""
+        caller logs the rejection, once. `note` marks it in the event log (its source)."""
+        handler = self.handlers.get(type(event))
+        if handler is not None:
+            return handler(event)
         now = self.clock()
         seq = self.node.log_seq
-        notes = self.node.apply(event, now)
+        notes = self.node.apply(event, now, note)
         for name in self.node.saturated:
             # Once per counter: it stays at its maximum until a reset clears it.
             log.warning("%s saturated at its maximum; later errors are not counted", name)

@@ -30,6 +30,7 @@ from mokkafs.profiles import load_profile
 from mokkafs.proctable import ProcessTable, procs_path
 from mokkafs.publisher import TICK_S, Publisher, state_path
 from mokkafs.render.tree import root
+from mokkafs.scenarios import ScenarioRunner
 from mokkafs.vfs import Tree
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,9 @@ def clear_stale_mount(mountpoint: str) -> None:
             os.stat(mountpoint)
 
 
-def build(opts: Options, clock: Callable[[], float]) -> tuple[Controller, Tree, bool]:
+def build(
+    opts: Options, clock: Callable[[], float], scenario_status: Callable[[float], str] | None = None
+) -> tuple[Controller, Tree, bool]:
     """The node, its restored state and its tree; no mounting. Raises ProfileError/StateError."""
     config = compose(
         load_profile(opts.profile),
@@ -85,7 +88,8 @@ def build(opts: Options, clock: Callable[[], float]) -> tuple[Controller, Tree, 
     state = StateDir(Path(opts.state_dir))
     restored = state.open(node)
     controller = Controller(node, state, clock)
-    return controller, Tree(root(config, state_dir=os.path.abspath(opts.state_dir))), restored
+    tree = Tree(root(config, state_dir=os.path.abspath(opts.state_dir), scenario_status=scenario_status))
+    return controller, tree, restored
 
 
 async def _flush_refusals(ops: MokkaOperations, clock: Clock) -> None:
@@ -167,6 +171,7 @@ class Daemon:
     ops: MokkaOperations
     mirror: Mirror
     metrics: tuple[str, int] | None = None  # where /metrics is served
+    scenarios: ScenarioRunner | None = None
 
 
 async def start(
@@ -180,7 +185,9 @@ async def start(
     file and the process table before the mount (a consumer that finds the tree must find
     them), `mount(ops)` (the kernel's; None to call the operations directly), then what serves
     the mounted node. Teardown goes on `stack`, tasks into `nursery`."""
-    controller, tree, restored = build(opts, clock)
+    scenarios = ScenarioRunner(clock)
+    controller, tree, restored = build(opts, clock, scenarios.status)
+    scenarios.attach(controller)
     node = controller.node
     # The publisher hears of each event first: a waiter in nvmlEventSetWait wakes before the
     # other views (kernel log, mirror) and persistence do their work.
@@ -219,7 +226,9 @@ async def start(
         server = metrics.MetricsServer(controller, lambda: (ops.operations, ops.errors), clock)
         bound = await nursery.start(metrics.serve, opts.metrics, server)
     nursery.start_soon(_flush_refusals, ops, clock)
-    return Daemon(controller, tree, restored, clock, publisher, procs, ops, mirror, bound)
+    # Last: a scenario left running by a previous daemon resumes on a node that serves.
+    await nursery.start(scenarios.run)
+    return Daemon(controller, tree, restored, clock, publisher, procs, ops, mirror, bound, scenarios)
 
 
 async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED, clock: Clock | None = None) -> None:

@@ -4,6 +4,8 @@
     <state-dir>/gpuN.json     GPU N's faults, counters and pins; replaced atomically on each change
     <state-dir>/hcas.json     the InfiniBand ports' state and error counters (absent: all fresh)
     <state-dir>/events.log    the node event log, one JSON array per line, append-only
+    <state-dir>/scenario.json the running scenario (its file, seed, speed, start, next step);
+                              absent when none runs (mokkafs/scenarios.py)
 
 Each write completes (write to a temporary file, then rename) before the control write that
 caused it returns, so a killed daemon loses nothing it acknowledged. Files are not fsynced: a
@@ -227,6 +229,23 @@ class StateDir:
 
     def save_hcas(self, node: Node) -> None:
         _write_atomic(self.path / "hcas.json", json.dumps([h.to_dict() for h in node.hcas]).encode())
+
+    def save_scenario(self, record: dict | None) -> None:
+        """The running scenario's record, or None: none runs (the file is removed)."""
+        if record is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path / "scenario.json")
+            return
+        _write_atomic(self.path / "scenario.json", json.dumps(record).encode())
+
+    def load_scenario(self) -> dict | None:
+        """The record `save_scenario` left, or None; StateError if it is not a JSON object."""
+        if not self._exists("scenario.json"):
+            return None
+        record = self._load_json("scenario.json")
+        if not isinstance(record, dict):
+            raise _refuse(self.path / "scenario.json", "not a scenario record")
+        return record
 
     def append_log(self, node: Node, entries: list[LogEntry]) -> None:
         if not entries:

@@ -386,9 +386,12 @@ class Node:
             if not (0 < sm <= p.clocks.max_sm and 0 < mem <= p.clocks.max_mem):
                 raise InvalidCommand(f"clocks must be 1..{p.clocks.max_sm} (sm) and 1..{p.clocks.max_mem} (mem) MHz")
 
-    def apply(self, event: Event, now: float) -> list[Notification]:
-        """Validate, then apply `event` in one step. Returns what subscribers must be told."""
+    def apply(self, event: Event, now: float, note: str | None = None) -> list[Notification]:
+        """Validate, then apply `event` in one step. Returns what subscribers must be told.
+        `note` (who sent it: `scenario NAME step K: COMMAND`) is logged first, on the event's GPU."""
         self.validate(event)
+        if note is not None:
+            self._log(now, event.gpu, note)
         self.saturated = []
         targets = range(len(self.gpus)) if event.gpu is None else [event.gpu]
         for i in targets:

@@ -2,12 +2,14 @@
 writable file is the command of model/commands.py its name stands for, on its GPU or the node."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import partial
 
 from mokkafs.model.commands import NODE, control_writer, gpu
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS, ecc_total
 from mokkafs.model.node import LogEntry
+from mokkafs.model.scenario import parse_request
 from mokkafs.vfs import Ctx, Dir, File, const, static_dir, text
 
 
@@ -106,21 +108,24 @@ def gpu_dir(i: int) -> Dir:
     return static_dir(files)
 
 
-def node_dir() -> Dir:
-    return static_dir(
-        {
-            "profile": text(lambda ctx: f"{ctx.node.profile.name}\n"),
-            "driver_version": text(lambda ctx: f"{ctx.node.config.driver_version}\n"),
-            "cuda_version": text(lambda ctx: f"{ctx.node.config.cuda_version}\n"),
-            "gpu_count": text(lambda ctx: f"{len(ctx.node.gpus)}\n"),
-            "events": text(partial(_events, gpu=None)),
-            "reset": const(b"", write=control_writer(NODE, "reset"), mode=0o200),
-        }
-    )
+def node_dir(scenario_status: Callable[[float], str] | None = None) -> Dir:
+    files = {
+        "profile": text(lambda ctx: f"{ctx.node.profile.name}\n"),
+        "driver_version": text(lambda ctx: f"{ctx.node.config.driver_version}\n"),
+        "cuda_version": text(lambda ctx: f"{ctx.node.config.cuda_version}\n"),
+        "gpu_count": text(lambda ctx: f"{len(ctx.node.gpus)}\n"),
+        "events": text(partial(_events, gpu=None)),
+        "reset": const(b"", write=control_writer(NODE, "reset"), mode=0o200),
+    }
+    if scenario_status is not None:
+        # What runs, its step and the next one (the daemon's runner says); a write is a
+        # scenario to run or `stop` (model/scenario.py, docs/scenarios.md).
+        files["scenario"] = text(lambda ctx: scenario_status(ctx.now), write=parse_request)
+    return static_dir(files)
 
 
-def control_tree(gpu_count: int) -> dict[str, Dir]:
+def control_tree(gpu_count: int, scenario_status: Callable[[float], str] | None = None) -> dict[str, Dir]:
     """The `node/` and `gpuN/` directories for the mount's root."""
-    tree: dict[str, Dir] = {"node": node_dir()}
+    tree: dict[str, Dir] = {"node": node_dir(scenario_status)}
     tree.update({f"gpu{i}": gpu_dir(i) for i in range(gpu_count)})
     return tree

@@ -1,6 +1,8 @@
 """The mount's root: which renderer module serves which top-level directory."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mokkafs.model import NodeConfig
 from mokkafs.model.topology import Layout, pci_layout
 from mokkafs.render import infiniband, sysfs_pci
@@ -25,8 +27,8 @@ def sys_tree(config: NodeConfig, layout: Layout) -> Dir:
     )
 
 
-def root(config: NodeConfig, state_dir: str | None = None) -> Dir:
-    top: dict[str, Entry] = dict(control_tree(config.gpus))
+def root(config: NodeConfig, state_dir: str | None = None, scenario_status: Callable[[float], str] | None = None) -> Dir:
+    top: dict[str, Entry] = dict(control_tree(config.gpus, scenario_status))
     if state_dir is not None:
         # `mokka run` reads this to point MOKKA_STATE at the daemon's shared state file.
         node = dict(top["node"].children(None))
