@@ -19,6 +19,7 @@ import pyfuse3
 import trio
 
 from mokkafs.clock import Clock, TrioClock
+from mokkafs.control_socket import ControlSocket, control_path
 from mokkafs.controller import Controller
 from mokkafs.fuse_ops import MokkaOperations
 from mokkafs.kmsg import KmsgWriter
@@ -166,6 +167,7 @@ class Daemon:
     procs: ProcessTable
     ops: MokkaOperations
     mirror: Mirror
+    control: ControlSocket
     metrics: tuple[str, int] | None = None  # where /metrics is served
 
 
@@ -203,6 +205,10 @@ async def start(
 
     ops = MokkaOperations(tree, controller, clock, control_gid=opts.control_group)
     stack.callback(ops.flush_refusals, True)  # no refusal count is lost at unmount
+    # Setters (NVML's, `mokka inject`'s) come in here, under the control files' rule.
+    control = ControlSocket(control_path(state_path(opts.state_dir)), controller, ops.may_write, clock)
+    stack.callback(control.flush_refusals, True)
+    await nursery.start(control.serve)
     if mount is not None:
         mount(ops)
 
@@ -219,7 +225,7 @@ async def start(
         server = metrics.MetricsServer(controller, lambda: (ops.operations, ops.errors), clock)
         bound = await nursery.start(metrics.serve, opts.metrics, server)
     nursery.start_soon(_flush_refusals, ops, clock)
-    return Daemon(controller, tree, restored, clock, publisher, procs, ops, mirror, bound)
+    return Daemon(controller, tree, restored, clock, publisher, procs, ops, mirror, control, bound)
 
 
 async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED, clock: Clock | None = None) -> None:
