@@ -116,6 +116,16 @@ def check_injection(commands: tuple[Command, ...], config: NodeConfig) -> None:
             raise InvalidCommand(f"{command.text!r}: {e}") from None
 
 
+def _every_gpu(text: str, gpus: int) -> list[Command]:
+    """`gpu=all KEY=VALUE`: the command for each GPU, each remembering (and each refusal naming)
+    the text the annotation said."""
+    rest = text[len("gpu=all "):]
+    try:
+        return [Command(parse_command(f"gpu={i} {rest}", gpus).command, text) for i in range(gpus)]
+    except InvalidCommand as e:
+        raise InvalidCommand(f"{text!r}: {str(e).split(': ', 1)[-1]}") from None
+
+
 def parse_injection(value: str, config: NodeConfig) -> tuple[Command, ...]:
     """The whole annotation, strictly: every command parses and fits the node `config`
     describes, or the annotation is rejected and nothing is written."""
@@ -136,8 +146,7 @@ def parse_injection(value: str, config: NodeConfig) -> tuple[Command, ...]:
         if "  " in text:
             raise InvalidCommand(f"{text!r}: stray whitespace")
         if text.startswith("gpu=all "):
-            rest = text[len("gpu=all "):]
-            commands += [parse_command(f"gpu={i} {rest}", config.gpus) for i in range(config.gpus)]
+            commands += _every_gpu(text, config.gpus)
         else:
             commands.append(parse_command(text, config.gpus))
     check_injection(tuple(commands), config)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 import socket
 import struct
 from collections.abc import Callable
@@ -64,6 +65,14 @@ def peer(sock) -> Caller:
 def _printable(text: str) -> str:
     text = "".join(c if " " <= c <= "~" else "?" for c in text)
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
+def _gave_up(conn) -> bool:
+    """Has the caller closed its end? A client keeps its connection open until it has the
+    reply, so a hang-up after a whole request means it stopped waiting for one."""
+    p = select.poll()
+    p.register(conn.fileno(), select.POLLRDHUP)
+    return any(ev & (select.POLLRDHUP | select.POLLHUP) for _, ev in p.poll(0))
 
 
 def status_of(e: InvalidCommand) -> str:
@@ -208,6 +217,12 @@ class ControlSocket:
                 request = await self._read(conn)
                 if request is None:
                     self._refuse(caller, INVALID_ARGUMENT, f"no request within {TIMEOUT_S:g} s", b"")
+                    return
+                if request.endswith(b"\n") and _gave_up(conn):
+                    # Its 2 s ran out while the daemon was not serving (stopped, or far behind):
+                    # the caller was told the daemon did not answer, so nothing may change now.
+                    self._refuse(caller, ERROR, "the caller gave up waiting before the command was applied; "
+                                 "not applied", request)
                     return
                 await self._send(conn, self.handle(caller, request))
             finally:
