@@ -214,6 +214,14 @@ def cmd_status(args) -> int:
             f"{i:<4} {info['name'][:24]:<24} {info['bus_id']:<17} {temp + 'C':>5} {power + 'W':>9} "
             f"{mem + 'MiB':>10} {util + '%':>5}  {info['health']:<10} {info['faults']}"
         )
+    # Settings that differ from their defaults (gpuN/config marks them), one line per GPU.
+    for i in range(count):
+        try:
+            changed = [line for line in _read(root, f"gpu{i}/config").splitlines() if "(default " in line]
+        except OSError:
+            continue  # a daemon from before settings existed
+        if changed:
+            print(f"gpu{i} settings: " + "; ".join(changed))
     return 0
 
 

@@ -548,6 +548,10 @@ def test_every_setting_survives_a_daemon_restart_and_a_kill(node_factory):
     assert run_py(env, read) == expected
     assert node.read("gpu1/config") == ("persistence: 0 (default 1)\ncompute_mode: exclusive_process (default default)"
                                         "\npower_limit: 450.5 (default 700)\n")
+    smi = subprocess.run([str(node.mnt / "driver/usr/bin/nvidia-smi"), "--format=csv,noheader",
+                          "--query-gpu=index,persistence_mode,compute_mode,power.limit"],
+                         env=env, capture_output=True, text=True, timeout=30)
+    assert smi.stdout.splitlines() == ["0, Enabled, Default, 700.00 W", "1, Disabled, Exclusive_Process, 450.50 W"]
 
 
 def test_mokka_inject_and_an_annotation_set_through_the_same_socket(node_factory):
@@ -570,5 +574,8 @@ def test_mokka_inject_and_an_annotation_set_through_the_same_socket(node_factory
         ["compute_mode: prohibited (default default)", "power_limit: 300 (default 700)"],
         ["compute_mode: default", "power_limit: 300 (default 700)"],
     ]
+    status = node.cli("status", "--root", str(node.mnt)).stdout.splitlines()
+    assert status[-2:] == ["gpu0 settings: compute_mode: prohibited (default default); power_limit: 300 (default 700)",
+                           "gpu1 settings: power_limit: 300 (default 700)"]
     with pytest.raises(InvalidCommand, match="'gpu=all power_limit=100': power limit 100 W is outside"):
         agent.parse_injection("gpu=all power_limit=100", tree.node_config())
