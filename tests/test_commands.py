@@ -52,10 +52,12 @@ GOOD = [
     ("gpu=0 persistence 0", Configure(0, "persistence", False)),
     ("gpu=2 compute_mode exclusive_process", Configure(2, "compute_mode", "exclusive_process")),
     ("gpu=2 compute_mode prohibited", Configure(2, "compute_mode", "prohibited")),
+    ("gpu=3 locked_clocks 1500 1500", Configure(3, "locked_clocks", (1500, 1500))),
+    ("gpu=3 locked_clocks default", Configure(3, "locked_clocks", None)),
 ]
 
-GPU_VERBS = ("clocks, compute_mode, ecc, lost, memory_used, nvlink, persistence, power, power_limit, reset, "
-             "temperature, throttle, utilization, xid")
+GPU_VERBS = ("clocks, compute_mode, ecc, locked_clocks, lost, memory_used, nvlink, persistence, power, power_limit, "
+             "reset, temperature, throttle, utilization, xid")
 BAD = [
     ("", "empty command or control characters"),
     ("gpu=0", "expected a command after gpu=0"),
@@ -163,6 +165,7 @@ SHARED = [
     ("node", "reset", "0"), ("hca=1", "port", "sideways"), ("hca=1", "port", "errors moon 1"),
     ("gpu=1", "power_limit", "100"), ("gpu=1", "power_limit", "800"), ("gpu=1", "power_limit", "5e2"),
     ("gpu=0", "persistence", "2"), ("gpu=2", "compute_mode", "exclusive_thread"), ("gpu=2", "compute_mode", "turbo"),
+    ("gpu=3", "locked_clocks", "100 1500"), ("gpu=3", "locked_clocks", "1500 1400"), ("gpu=3", "locked_clocks", "1500"),
 ]
 
 

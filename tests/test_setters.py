@@ -34,6 +34,7 @@ from mokkafs.render.control import render_config
 from mokkafs.vfs import Ctx
 
 T0 = 1_800_000_000.0
+DEFAULT_CONFIG = "persistence: 1\ncompute_mode: default\npower_limit: 700\nlocked_clocks: 345 1980\n"  # an H100's
 SW_POWER_CAP = 0x4
 NVML_NO_PERMISSION, NVML_INVALID_ARGUMENT, NVML_NOT_SUPPORTED, NVML_GPU_IS_LOST, NVML_UNKNOWN = 4, 2, 3, 15, 999
 NVML_ARGUMENT_VERSION_MISMATCH = 25
@@ -96,24 +97,25 @@ def test_a_configure_event_checks_its_own_value(args, reason):
 def test_a_gpu_reset_keeps_persistence_and_a_node_reset_restores_every_default():
     node = h100()
     for i in (0, 1):
-        for setting, value in (("persistence", False), ("compute_mode", "prohibited"), ("power_limit", 450.5)):
+        for setting, value in (("persistence", False), ("compute_mode", "prohibited"), ("power_limit", 450.5),
+                               ("locked_clocks", (1500, 1500))):
             node.apply(Configure(i, setting, value), T0)
     node.apply(Reset(1), T0 + 1)
-    assert [node.setting(1, s) for s in SETTINGS] == [False, "default", 700.0]
-    assert [node.setting(0, s) for s in SETTINGS] == [False, "prohibited", 450.5]  # another GPU's reset
+    assert [node.setting(1, s) for s in SETTINGS] == [False, "default", 700.0, (345, 1980)]
+    assert [node.setting(0, s) for s in SETTINGS] == [False, "prohibited", 450.5, (1500, 1500)]  # not reset
     node.apply(Reset(None), T0 + 2)
-    assert [node.setting(i, s) for i in (0, 1) for s in SETTINGS] == [True, "default", 700.0] * 2
+    assert [node.setting(i, s) for i in (0, 1) for s in SETTINGS] == [True, "default", 700.0, (345, 1980)] * 2
 
 
 def test_the_reset_table_in_faults_md_is_the_model_s():
     doc = (REPO / "docs" / "faults.md").read_text()
-    rows = {m[1]: (m[2], m[3]) for m in re.finditer(r"^\| (persistence mode|compute mode|power limit) \| (.+?) \| (.+?) \|$",
-                                                      doc, re.M)}
-    names = {"persistence mode": "persistence", "compute mode": "compute_mode", "power limit": "power_limit"}
+    names = {"persistence mode": "persistence", "compute mode": "compute_mode", "power limit": "power_limit",
+             "locked clocks": "locked_clocks"}
+    rows = {m[1]: (m[2], m[3]) for m in re.finditer(rf"^\| ({'|'.join(names)}) \| (.+?) \| (.+?) \|$", doc, re.M)}
     assert set(rows) == set(names) and set(names.values()) == set(SETTINGS)
     for row, (gpu_reset, node_reset) in rows.items():
         assert (gpu_reset == "kept") == SETTINGS[names[row]].kept_by_gpu_reset, row
-        assert node_reset.startswith("back to"), row
+        assert node_reset.startswith("back to") or node_reset == "unlocked", row
     table = (REPO / "docs" / "setters.md").read_text()
     for s in SETTINGS.values():
         assert f"| `{s.name}` |" in table and s.nvml in table, s.name
@@ -131,13 +133,14 @@ def test_a_value_equal_to_the_default_is_stored_as_the_default_and_logged():
 
 def test_gpu_config_shows_every_setting_and_marks_what_differs():
     node = h100()
-    assert render_config(Ctx(node, T0), 1) == "persistence: 1\ncompute_mode: default\npower_limit: 700\n"
+    assert render_config(Ctx(node, T0), 1) == DEFAULT_CONFIG
     node.apply(Configure(1, "compute_mode", "exclusive_process"), T0)
     node.apply(Configure(1, "power_limit", 450.5), T0)
     assert render_config(Ctx(node, T0), 1) == (
         "persistence: 1\ncompute_mode: exclusive_process (default default)\npower_limit: 450.5 (default 700)\n"
+        "locked_clocks: 345 1980\n"
     )
-    assert render_config(Ctx(node, T0), 0) == "persistence: 1\ncompute_mode: default\npower_limit: 700\n"
+    assert render_config(Ctx(node, T0), 0) == DEFAULT_CONFIG
 
 
 def test_the_publisher_copies_every_setting_from_the_model():
@@ -175,18 +178,19 @@ def test_settings_survive_a_restore_and_a_state_dir_from_before_them_restores_wi
     shutil.copytree(REPO / "tests" / "fixtures" / "state-v1", tmp_path / "v1")
     node = Node(compose(load_profile("h100"), gpus=2, hostname="fixture-v1"), T0)
     assert StateDir(tmp_path / "v1").open(node)
-    assert [node.setting(i, s) for i in (0, 1) for s in SETTINGS] == [True, "default", 700.0] * 2
+    assert [node.setting(i, s) for i in (0, 1) for s in SETTINGS] == [True, "default", 700.0, (345, 1980)] * 2
 
     node = Node(compose(load_profile("h100"), gpus=2, hostname="h"), T0)
     state = StateDir(tmp_path / "new")
     state.open(node)
     ctl = Controller(node, state, clock=lambda: T0 + 1)
-    for setting, value in (("persistence", False), ("compute_mode", "exclusive_process"), ("power_limit", 450.5)):
+    for setting, value in (("persistence", False), ("compute_mode", "exclusive_process"), ("power_limit", 450.5),
+                           ("locked_clocks", (1200, 1500))):
         ctl.apply(Configure(1, setting, value))
     again = Node(compose(load_profile("h100"), gpus=2, hostname="h"), T0)
     assert StateDir(tmp_path / "new").open(again)
-    assert [again.setting(1, s) for s in SETTINGS] == [False, "exclusive_process", 450.5]
-    assert [again.setting(0, s) for s in SETTINGS] == [True, "default", 700.0]
+    assert [again.setting(1, s) for s in SETTINGS] == [False, "exclusive_process", 450.5, (1200, 1500)]
+    assert [again.setting(0, s) for s in SETTINGS] == [True, "default", 700.0, (345, 1980)]
 
 
 # --- level 1: the control socket's decisions ---------------------------------------------------
@@ -222,7 +226,7 @@ def test_a_caller_who_may_not_write_gets_no_permission_and_nothing_changes(contr
     # The control group may, by gid or as a supplementary group of the caller (read from /proc).
     assert control.handle(Caller(1, 1000, 4242), b"gpu=1 power_limit 500\n").ok
     assert control.handle(Caller(1, 0, 0), b"gpu=1 persistence 0\n").ok
-    assert [node.setting(1, s) for s in SETTINGS] == [False, "default", 500.0]
+    assert [node.setting(1, s) for s in SETTINGS] == [False, "default", 500.0, (345, 1980)]
 
 
 @pytest.mark.parametrize(
@@ -420,7 +424,7 @@ def test_a_power_limit_one_process_sets_is_what_every_surface_reports_when_the_c
     assert re.search(r'^DCGM_FI_DEV_POWER_MGMT_LIMIT\{gpu="1",.*\} 500\.000000$', metrics, re.M)
     assert re.search(r'^DCGM_FI_DEV_POWER_USAGE\{gpu="1",.*\} 500\.000000$', metrics, re.M)
     assert re.search(r'^DCGM_FI_DEV_POWER_MGMT_LIMIT\{gpu="0",.*\} 700\.000000$', metrics, re.M)
-    assert node.read("gpu1/config") == "persistence: 1\ncompute_mode: default\npower_limit: 500 (default 700)\n"
+    assert node.read("gpu1/config") == DEFAULT_CONFIG.replace("power_limit: 700", "power_limit: 500 (default 700)")
     assert "mokka: gpu1 power_limit 500\n" in node.read("gpu1/events")
 
 
@@ -438,7 +442,10 @@ def test_every_setting_is_refused_or_taken_as_nvml_says_and_a_refusal_changes_no
                    v2(h, 500000, scope=1), v2(h, 500000, scope=9), v2(h, 500000, version=0x0100000C),
                    code(n.nvmlDeviceSetComputeMode, h, 1), code(n.nvmlDeviceSetComputeMode, h, 7),
                    code(n.nvmlDeviceSetPersistenceMode, h, 2),
-                   code(n.nvmlDeviceSetPowerManagementLimit, h0, 500000)]
+                   code(n.nvmlDeviceSetPowerManagementLimit, h0, 500000),
+                   code(n.nvmlDeviceSetGpuLockedClocks, h, 100, 1500), code(n.nvmlDeviceSetGpuLockedClocks, h, 1500, 1400),
+                   code(n.nvmlDeviceSetGpuLockedClocks, h, 1500, 0xFFFFFF02),
+                   code(n.nvmlDeviceSetGpuLockedClocks, h, 0xFFFFFF01, 0xFFFFFF01)]
         after_refusals = config(1)
         taken = [v2(h, 450500), code(n.nvmlDeviceSetComputeMode, h, 2), code(n.nvmlDeviceSetPersistenceMode, h, 0)]
         print(json.dumps(dict(before=before, refused=refused, after_refusals=after_refusals, taken=taken,
@@ -446,11 +453,12 @@ def test_every_setting_is_refused_or_taken_as_nvml_says_and_a_refusal_changes_no
     """))
     assert out["refused"] == [NVML_INVALID_ARGUMENT, NVML_INVALID_ARGUMENT, NVML_INVALID_ARGUMENT,
                               NVML_NOT_SUPPORTED, NVML_INVALID_ARGUMENT, NVML_ARGUMENT_VERSION_MISMATCH,
-                              NVML_NOT_SUPPORTED, NVML_INVALID_ARGUMENT, NVML_INVALID_ARGUMENT, NVML_GPU_IS_LOST]
+                              NVML_NOT_SUPPORTED, NVML_INVALID_ARGUMENT, NVML_INVALID_ARGUMENT, NVML_GPU_IS_LOST,
+                              NVML_INVALID_ARGUMENT, NVML_INVALID_ARGUMENT, NVML_INVALID_ARGUMENT, NVML_NOT_SUPPORTED]
     assert out["before"] == out["after_refusals"] == [1, 0, 700000, 700000]
     assert out["taken"] == [0, 0, 0] and out["after"] == [0, 2, 450500, 450500]
     assert node.read("gpu1/config") == ("persistence: 0 (default 1)\ncompute_mode: prohibited (default default)\n"
-                                        "power_limit: 450.5 (default 700)\n")
+                                        "power_limit: 450.5 (default 700)\nlocked_clocks: 345 1980\n")
 
 
 @pytest.fixture
@@ -476,18 +484,19 @@ def test_nobody_gets_no_permission_from_every_setter_and_nothing_changes(open_no
         pytest.skip("needs root to run a process as another user")
     node = open_node
     node.expect_warning(r"ctl\.sock: no_permission from uid 65534 pid \d+: 'gpu=1 persistence 0'")
-    node.expect_warning(r"ctl\.sock: no_permission from uid 65534: and 3 more like it")
+    node.expect_warning(r"ctl\.sock: no_permission from uid 65534: and 5 more like it")
     env = pynvml_env(node)
     config_before = node.read("gpu1/config")
     # The system python, as nobody, with pynvml from where it is installed (readable by all).
     code = f"import sys; sys.path.insert(0, {os.path.dirname(pynvml.__file__)!r})\n" + textwrap.dedent(SETTERS) + """
 h = n.nvmlDeviceGetHandleByIndex(1)
 codes = [code(n.nvmlDeviceSetPersistenceMode, h, 0), code(n.nvmlDeviceSetComputeMode, h, 3),
-         code(n.nvmlDeviceSetPowerManagementLimit, h, 500000), v2(h, 500000)]
+         code(n.nvmlDeviceSetPowerManagementLimit, h, 500000), v2(h, 500000),
+         code(n.nvmlDeviceSetGpuLockedClocks, h, 1500, 1500), code(n.nvmlDeviceResetGpuLockedClocks, h)]
 print(json.dumps(dict(codes=codes, config=config(1))))
 """
     out = run_py(env, code, python="/usr/bin/python3", user=True)
-    assert out["codes"] == [NVML_NO_PERMISSION] * 4
+    assert out["codes"] == [NVML_NO_PERMISSION] * 6
     assert out["config"] == [1, 0, 700000, 700000]
     assert node.read("gpu1/config") == config_before
     root_sees = run_py(env, script("print(json.dumps(config(1)))"))
@@ -516,7 +525,7 @@ def test_a_dead_or_stopped_daemon_is_an_error_within_the_timeout_never_a_hang(no
     deadline = time.monotonic() + 5
     while "the caller gave up" not in (stopped.state_dir / "daemon.log").read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert stopped.read("gpu1/config").endswith("power_limit: 700\n")
+    assert stopped.read("gpu1/config") == DEFAULT_CONFIG
 
     dead = node_factory(gpus=2, name="dead")
     env = pynvml_env(dead, from_mount=False)
@@ -547,7 +556,7 @@ def test_every_setting_survives_a_daemon_restart_and_a_kill(node_factory):
     assert node.mount().returncode == 0
     assert run_py(env, read) == expected
     assert node.read("gpu1/config") == ("persistence: 0 (default 1)\ncompute_mode: exclusive_process (default default)"
-                                        "\npower_limit: 450.5 (default 700)\n")
+                                        "\npower_limit: 450.5 (default 700)\nlocked_clocks: 345 1980\n")
     smi = subprocess.run([str(node.mnt / "driver/usr/bin/nvidia-smi"), "--format=csv,noheader",
                           "--query-gpu=index,persistence_mode,compute_mode,power.limit"],
                          env=env, capture_output=True, text=True, timeout=30)
@@ -559,7 +568,7 @@ def test_mokka_inject_and_an_annotation_set_through_the_same_socket(node_factory
 
     node = node_factory(gpus=2)
     assert node.cli("inject", "--root", str(node.mnt), "1", "power_limit", "400").returncode == 0
-    assert node.read("gpu1/config").endswith("power_limit: 400 (default 700)\n")
+    assert "power_limit: 400 (default 700)\n" in node.read("gpu1/config")
     bad = node.cli("inject", "--root", str(node.mnt), "1", "compute_mode", "exclusive_thread", check=False)
     assert bad.returncode == 2 and bad.stderr == "mokka: gpu1 compute_mode: compute mode exclusive_thread is no " \
                                                  "longer supported\n"
@@ -570,7 +579,7 @@ def test_mokka_inject_and_an_annotation_set_through_the_same_socket(node_factory
                                                        "gpu=0 compute_mode prohibited"]
     for c in commands:
         tree.write(c)
-    assert [node.read(f"gpu{i}/config").splitlines()[1:] for i in (0, 1)] == [
+    assert [node.read(f"gpu{i}/config").splitlines()[1:3] for i in (0, 1)] == [
         ["compute_mode: prohibited (default default)", "power_limit: 300 (default 700)"],
         ["compute_mode: default", "power_limit: 300 (default 700)"],
     ]
@@ -579,3 +588,26 @@ def test_mokka_inject_and_an_annotation_set_through_the_same_socket(node_factory
                            "gpu1 settings: power_limit: 300 (default 700)"]
     with pytest.raises(InvalidCommand, match="'gpu=all power_limit=100': power limit 100 W is outside"):
         agent.parse_injection("gpu=all power_limit=100", tree.node_config())
+
+
+def test_locked_clocks_hold_the_clock_every_process_reads_and_say_why(node_factory):
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    node = node_factory(gpus=2)
+    assert node.write("gpu1/utilization", b"90 40\n") == 0
+    out = run_py(pynvml_env(node), script("""
+        h = n.nvmlDeviceGetHandleByIndex(1)
+        n.nvmlDeviceSetGpuLockedClocks(h, 1200, 1500)
+        print("{}")
+    """))
+    assert out == {}
+    seen = run_py(pynvml_env(node), script("""
+        h = n.nvmlDeviceGetHandleByIndex(1)
+        locked = [n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM), n.nvmlDeviceGetCurrentClocksEventReasons(h)]
+        n.nvmlDeviceSetGpuLockedClocks(h, 0xFFFFFF02, 0xFFFFFF02)  # UNLIMITED, UNLIMITED: unlocked
+        print(json.dumps(locked + [n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
+                                   n.nvmlDeviceGetCurrentClocksEventReasons(h)]))
+    """))
+    applications_clocks_setting = 0x2
+    assert seen[0] == 1500 and seen[1] & applications_clocks_setting
+    assert seen[2] == 1980 and not seen[3] & applications_clocks_setting
+    assert node.read("gpu1/config").endswith("locked_clocks: 345 1980\n")

@@ -12,6 +12,7 @@ agent's annotations and scenario steps are spellings of these commands and parse
     gpu=N      persistence  0|1|default                        (control socket; gpuN/config shows it)
     gpu=N      compute_mode default|exclusive_process|prohibited   (control socket)
     gpu=N      power_limit  W|default                          (control socket)
+    gpu=N      locked_clocks MIN_MHZ MAX_MHZ|default           (control socket)
     node       reset        1                                  node/reset
     hca=N      port         up|down|errors [COUNTER] COUNT     ib/mlx5_N/port1
 

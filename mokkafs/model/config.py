@@ -88,6 +88,34 @@ def _in_power_range(profile: GpuProfile, value: object) -> None:
         )
 
 
+def _clock_range(text: str) -> tuple[int, int]:
+    words = text.split(" ")
+    if len(words) != 2 or not all(re.fullmatch(r"[0-9]{1,5}", w) for w in words):
+        raise InvalidCommand(f"locked clocks must be 'MIN_MHZ MAX_MHZ' or 'default', got {text!r}")
+    value = (int(words[0]), int(words[1]))
+    _check_clock_range(value)
+    return value
+
+
+def _check_clock_range(value: object) -> None:
+    if not (
+        isinstance(value, tuple) and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        raise InvalidCommand("locked clocks must be a pair of whole MHz")
+    if not 0 < value[0] <= value[1]:
+        raise InvalidCommand(f"locked clocks need 0 < min <= max, got {value[0]} {value[1]}")
+
+
+def _in_clock_range(profile: GpuProfile, value: object) -> None:
+    c = profile.clocks
+    low, high = value
+    if not c.idle_graphics <= low <= high <= c.max_graphics:
+        raise InvalidCommand(
+            f"locked clocks {low} {high} MHz are outside {profile.name}'s {c.idle_graphics}..{c.max_graphics} MHz"
+        )
+
+
 def _anything(profile: GpuProfile, value: object) -> None:
     pass
 
@@ -129,6 +157,12 @@ SETTINGS: dict[str, Setting] = {
             "power_limit", "power_limit_w", "W|default", _watts, _check_watts, _in_power_range, _spell_watts,
             lambda p: p.power.default_limit_w,
             kept_by_gpu_reset=False, nvml="nvmlDeviceSetPowerManagementLimit",
+        ),
+        # The range the graphics clock may take; the default, the board's whole range, is no lock.
+        Setting(
+            "locked_clocks", "locked_clocks", "MIN_MHZ MAX_MHZ|default", _clock_range, _check_clock_range,
+            _in_clock_range, lambda v: f"{v[0]} {v[1]}", lambda p: (p.clocks.idle_graphics, p.clocks.max_graphics),
+            kept_by_gpu_reset=False, nvml="nvmlDeviceSetGpuLockedClocks",
         ),
     )
 }

@@ -166,6 +166,7 @@ class GpuState:
     power_limit_w: float | None = None
     persistence_mode: bool | None = None
     compute_mode: str | None = None
+    locked_clocks: tuple[int, int] | None = None
     ecc: dict[EccCounter, int] = field(default_factory=zero_ecc)
     retired_sbe: int = 0
     retired_dbe: int = 0
@@ -188,6 +189,7 @@ class GpuState:
         container is copied by hand (copy.deepcopy of the 32 ECC counters cost ~0.5 ms)."""
         data = dict(self.__dict__)  # the scalars; the containers are replaced below
         data["pins"] = {k: list(v) for k, v in self.pins.items()}
+        data["locked_clocks"] = None if self.locked_clocks is None else list(self.locked_clocks)
         data["ecc"] = {_ECC_KEYS[counter]: n for counter, n in self.ecc.items()}
         data["nvlink_down"] = list(self.nvlink_down)
         data["nvlink_errors"] = {
@@ -204,6 +206,8 @@ class GpuState:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         if isinstance(known.get("pins"), dict):  # JSON has no tuples
             known["pins"] = {k: tuple(v) if isinstance(v, list) else v for k, v in known["pins"].items()}
+        if isinstance(known.get("locked_clocks"), list):
+            known["locked_clocks"] = tuple(known["locked_clocks"])
         # Counters absent from the record are zero (stored spellings until _typed_counters).
         known.setdefault("ecc", {})
         known.setdefault("nvlink_errors", {})
@@ -684,6 +688,13 @@ class Node:
         util_gpu, util_mem = self._utilization(g)
         mask = self._throttle_mask(g, util_gpu, demand, limit, temperature)
         gr, mem = self._clocks(g, util_gpu, mask)
+        if g.locked_clocks is not None and "clocks" not in g.pins:
+            # Locked clocks hold the graphics clock in their range; held below what it would run
+            # at, the driver says the applications-clocks setting limits it.
+            low, high = g.locked_clocks
+            if gr > high and "throttle" not in g.pins:
+                mask |= THROTTLE_REASONS["applications_clocks_setting"]
+            gr = min(max(gr, low), high)
         mem_temp = None
         if p.thermal.memory_idle_c is not None:
             mem_temp = p.thermal.memory_idle_c + (temperature - p.thermal.idle_c) * 0.8

@@ -99,3 +99,29 @@ nvmlReturn_t DECLDIR nvmlDeviceSetPowerManagementLimit_v2(nvmlDevice_t device, n
         return NVML_ERROR_NOT_SUPPORTED;
     return set_power_limit(index, powerValue->powerValueMw);
 }
+
+nvmlReturn_t DECLDIR nvmlDeviceSetGpuLockedClocks(nvmlDevice_t device, unsigned int minGpuClockMHz,
+                                                  unsigned int maxGpuClockMHz)
+{
+    DEVICE_INDEX(device, index);
+    int min_symbolic = minGpuClockMHz >= NVML_CLOCK_LIMIT_ID_RANGE_START;
+    int max_symbolic = maxGpuClockMHz >= NVML_CLOCK_LIMIT_ID_RANGE_START;
+    if (min_symbolic != max_symbolic) /* nvml.h: mixed numeric and symbolic */
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (min_symbolic) {
+        if (minGpuClockMHz == NVML_CLOCK_LIMIT_ID_UNLIMITED && maxGpuClockMHz == NVML_CLOCK_LIMIT_ID_UNLIMITED)
+            return set(index, "locked_clocks", "default"); /* nvml.h: == nvmlDeviceResetGpuLockedClocks */
+        if (minGpuClockMHz > NVML_CLOCK_LIMIT_ID_UNLIMITED || maxGpuClockMHz > NVML_CLOCK_LIMIT_ID_UNLIMITED)
+            return NVML_ERROR_INVALID_ARGUMENT;
+        return NVML_ERROR_NOT_SUPPORTED; /* the TDP clock: the profiles do not say what it is */
+    }
+    char range[32];
+    snprintf(range, sizeof(range), "%u %u", minGpuClockMHz, maxGpuClockMHz);
+    return set(index, "locked_clocks", range);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceResetGpuLockedClocks(nvmlDevice_t device)
+{
+    DEVICE_INDEX(device, index);
+    return set(index, "locked_clocks", "default");
+}
