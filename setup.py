@@ -19,6 +19,8 @@ CFLAGS = ["-O2", "-g", "-fPIC", "-Wall", "-Wextra", "-std=gnu11"]
 # The one client of the shared state (finding, mapping, validating, reading it), compiled into
 # each of the three shims; each keeps its own hidden copy.
 CLIENT = ["-I", str(SHIMS / "common"), str(SHIMS / "common" / "mokka_client.c")]
+# The client of the daemon's control socket, for the shims that change the node (setters).
+CONTROL = [str(SHIMS / "common" / "mokka_control.c")]
 
 
 def nvml_sources() -> list[str]:
@@ -38,7 +40,7 @@ def build_nvml(out: Path) -> None:
     cmd = [
         *cc, *CFLAGS, "-shared", "-I", str(SHIMS / "include"),
         f"-Wl,--version-script={src / 'libnvidia-ml.map'}", "-Wl,-soname,libnvidia-ml.so.1", "-Wl,--no-undefined",
-        *nvml_sources(), *CLIENT, "-pthread", "-ldl", "-o", str(target) + ".tmp",
+        *nvml_sources(), *CLIENT, *CONTROL, "-pthread", "-ldl", "-o", str(target) + ".tmp",
     ]
     print(" ".join(cmd))
     subprocess.run(cmd, check=True)

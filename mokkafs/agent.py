@@ -4,6 +4,7 @@ health as a Node condition and Events. Decisions are pure functions; API calls a
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -48,12 +49,14 @@ CONFLICT_RETRIES = 5
 #
 #   value    := command (";" command)*          one optional trailing newline
 #   command  := target " " key "=" word (" " word)*
-#   target   := "gpu=" INDEX | "node"
+#   target   := "gpu=" INDEX | "gpu=all" | "node"
 #
 # This is the annotation's spelling of the command vocabulary (model/commands.py): `key` is a
 # verb (xid, ecc, temperature, ..., reset; the node takes only `reset=1`) and the text after "="
 # its arguments, exactly what is written to the verb's control file, so `gpu=1 ecc=dbe 2` writes
-# "dbe 2" to gpu1/inject_ecc. Before anything is written, every command is parsed by the
+# "dbe 2" to gpu1/inject_ecc; a setting (power_limit, persistence, compute_mode), which has no
+# control file, goes to the daemon's control socket. `gpu=all` is the command once per GPU, in
+# index order. Before anything is written, every command is parsed by the
 # vocabulary, and the events they make are applied, in order, to a scratch Node composed like
 # the mounted one (check_injection), so the model's own validation sees the node's limits
 # (NVLinks, clocks, memory) and the state the earlier commands leave: a bad annotation changes
@@ -71,7 +74,7 @@ class Command:
     text: str = field(compare=False)
 
     @property
-    def path(self) -> str:
+    def path(self) -> str | None:
         return self.command.path
 
     @property
@@ -113,6 +116,16 @@ def check_injection(commands: tuple[Command, ...], config: NodeConfig) -> None:
             raise InvalidCommand(f"{command.text!r}: {e}") from None
 
 
+def _every_gpu(text: str, gpus: int) -> list[Command]:
+    """`gpu=all KEY=VALUE`: the command for each GPU, each remembering (and each refusal naming)
+    the text the annotation said."""
+    rest = text[len("gpu=all "):]
+    try:
+        return [Command(parse_command(f"gpu={i} {rest}", gpus).command, text) for i in range(gpus)]
+    except InvalidCommand as e:
+        raise InvalidCommand(f"{text!r}: {str(e).split(': ', 1)[-1]}") from None
+
+
 def parse_injection(value: str, config: NodeConfig) -> tuple[Command, ...]:
     """The whole annotation, strictly: every command parses and fits the node `config`
     describes, or the annotation is rejected and nothing is written."""
@@ -132,7 +145,10 @@ def parse_injection(value: str, config: NodeConfig) -> tuple[Command, ...]:
             raise InvalidCommand("empty command (a stray ';'?)")
         if "  " in text:
             raise InvalidCommand(f"{text!r}: stray whitespace")
-        commands.append(parse_command(text, config.gpus))
+        if text.startswith("gpu=all "):
+            commands += _every_gpu(text, config.gpus)
+        else:
+            commands.append(parse_command(text, config.gpus))
     check_injection(tuple(commands), config)
     return tuple(commands)
 
@@ -180,7 +196,7 @@ def partial_failure(action: Apply, failed: int, error: str) -> str:
     quoted = lambda cs: ", ".join(repr(c.text) for c in cs) or "none"  # noqa: E731
     refused = action.commands[failed]
     return (
-        f"{refused.path} refused {refused.text!r}: {error}; "
+        f"{refused.path or 'the control socket'} refused {refused.text!r}: {error}; "
         f"applied: {quoted(done)}; not applied: {quoted(rest)}"
     )
 
@@ -435,7 +451,16 @@ class MountedTree:
         return out
 
     def write(self, command: Command) -> None:
-        """One write() per command, as `echo` does; a refusal comes back as OSError (EINVAL)."""
+        """One write() per command, as `echo` does; a refusal comes back as OSError (EINVAL).
+        A setting goes to the control socket beside the node's state file (driver/run/mokka),
+        whose refusal comes back as OSError too."""
+        if command.path is None:
+            from mokkafs.control_client import control_path, send
+
+            reply = send(control_path(self.root / "driver" / "run" / "mokka" / "state"), str(command.command))
+            if not reply.ok:
+                raise OSError(errno.EINVAL, str(reply))
+            return
         fd = os.open(self.root / command.path, os.O_WRONLY | os.O_TRUNC)
         try:
             os.write(fd, command.payload + b"\n")

@@ -22,10 +22,12 @@ log = logging.getLogger("mokka")
 
 READY_TIMEOUT_S = 30
 
-# `mokka inject GPU KIND ...` writes to gpuN/<file>; the kinds are the GPU commands of
-# model/commands.py (spelled out here so that parsing arguments needs none of the model's imports).
-INJECT_KINDS = ("clocks", "ecc", "lost", "memory_used", "nvlink", "power", "reset", "temperature", "throttle",
-                "utilization", "xid")
+# `mokka inject GPU KIND ...` writes to gpuN/<file>, or, for a setting, sends the command to the
+# daemon's control socket (the state directory's, reached through the mount's driver/run/mokka);
+# the kinds are the GPU commands of model/commands.py (spelled out here so that parsing arguments
+# needs none of the model's imports).
+INJECT_KINDS = ("clocks", "compute_mode", "ecc", "locked_clocks", "lost", "memory_used", "nvlink", "persistence",
+                "power", "power_limit", "reset", "temperature", "throttle", "utilization", "xid")
 
 
 def _fail(msg: str, code: int = 1) -> int:
@@ -212,6 +214,14 @@ def cmd_status(args) -> int:
             f"{i:<4} {info['name'][:24]:<24} {info['bus_id']:<17} {temp + 'C':>5} {power + 'W':>9} "
             f"{mem + 'MiB':>10} {util + '%':>5}  {info['health']:<10} {info['faults']}"
         )
+    # Settings that differ from their defaults (gpuN/config marks them), one line per GPU.
+    for i in range(count):
+        try:
+            changed = [line for line in _read(root, f"gpu{i}/config").splitlines() if "(default " in line]
+        except OSError:
+            continue  # a daemon from before settings existed
+        if changed:
+            print(f"gpu{i} settings: " + "; ".join(changed))
     return 0
 
 
@@ -221,11 +231,14 @@ def cmd_inject(args) -> int:
 
     # Parsed here by the vocabulary the daemon's control file uses, so a bad command is refused
     # with its reason before anything is written. No value: the verb's default (reset, lost).
-    file = f"gpu{args.gpu}/{commands.VERBS['gpu'][args.kind].file}"
+    file = commands.VERBS["gpu"][args.kind].file
+    where = f"gpu{args.gpu}/{file}" if file else f"gpu{args.gpu} {args.kind}"
     try:
         command = commands.command(commands.gpu(args.gpu), args.kind, " ".join(args.value) if args.value else None)
     except InvalidCommand as e:
-        return _fail(f"{file}: {e}", 2)
+        return _fail(f"{where}: {e}", 2)
+    if command.path is None:
+        return _send_control(args.root, str(command), where)
     path = Path(args.root) / command.path
     try:
         with open(path, "wb", buffering=0) as f:
@@ -233,6 +246,19 @@ def cmd_inject(args) -> int:
     except OSError as e:
         return _fail(f"{path}: {e.strerror}", 2)
     return 0
+
+
+def _send_control(root: str, line: str, where: str) -> int:
+    """A setting, through the daemon's control socket beside the mounted node's state file;
+    a refusal is said as a parse error is (`where: reason`)."""
+    from mokkafs.control_client import NoDaemon, control_path, send
+
+    sock = control_path(Path(root) / "driver" / "run" / "mokka" / "state")
+    try:
+        reply = send(sock, line)
+    except NoDaemon as e:
+        return _fail(f"{e}; is a node mounted at {root}?", 2)
+    return 0 if reply.ok else _fail(f"{where}: {reply.message or reply.status}", 2)
 
 
 def cmd_profiles(args) -> int:
@@ -339,7 +365,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--root", default=DEFAULT_MOUNTPOINT)
     s.set_defaults(func=cmd_status)
 
-    i = sub.add_parser("inject", help="write a control file: mokka inject 0 xid 79")
+    i = sub.add_parser("inject", help="write a control file or a setting: mokka inject 0 xid 79, "
+                                      "mokka inject 1 power_limit 400")
     i.add_argument("--root", default=DEFAULT_MOUNTPOINT)
     i.add_argument("gpu", type=int)
     i.add_argument("kind", choices=INJECT_KINDS)

@@ -19,6 +19,7 @@ import pyfuse3
 import trio
 
 from mokkafs.clock import Clock, TrioClock
+from mokkafs.control_socket import ControlSocket, control_path
 from mokkafs.controller import Controller
 from mokkafs.fuse_ops import MokkaOperations
 from mokkafs.kmsg import KmsgWriter
@@ -170,6 +171,7 @@ class Daemon:
     procs: ProcessTable
     ops: MokkaOperations
     mirror: Mirror
+    control: ControlSocket
     metrics: tuple[str, int] | None = None  # where /metrics is served
     scenarios: ScenarioRunner | None = None
 
@@ -210,6 +212,10 @@ async def start(
 
     ops = MokkaOperations(tree, controller, clock, control_gid=opts.control_group)
     stack.callback(ops.flush_refusals, True)  # no refusal count is lost at unmount
+    # Setters (NVML's, `mokka inject`'s) come in here, under the control files' rule.
+    control = ControlSocket(control_path(state_path(opts.state_dir)), controller, ops.may_write, clock)
+    stack.callback(control.flush_refusals, True)
+    await nursery.start(control.serve)
     if mount is not None:
         mount(ops)
 
@@ -228,7 +234,7 @@ async def start(
     nursery.start_soon(_flush_refusals, ops, clock)
     # Last: a scenario left running by a previous daemon resumes on a node that serves.
     await nursery.start(scenarios.run)
-    return Daemon(controller, tree, restored, clock, publisher, procs, ops, mirror, bound, scenarios)
+    return Daemon(controller, tree, restored, clock, publisher, procs, ops, mirror, control, bound, scenarios)
 
 
 async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED, clock: Clock | None = None) -> None:

@@ -17,6 +17,7 @@ from cffi import FFI
 
 from mokkafs.clock import Clock, WallClock
 from mokkafs.model import Node, Notification
+from mokkafs.model.config import COMPUTE_MODES
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS
 from mokkafs.model.node import LogEntry, Readings
 
@@ -146,8 +147,6 @@ def fill_static(g, node: Node, i: int) -> None:
         ffi.memmove(g.fabric_cluster_uuid, bytes.fromhex(p.fabric.cluster_uuid.replace("-", "")), 16)
         g.fabric_health_mask = p.fabric.health.mask
         g.fabric_health_summary = p.fabric.health.summary_code
-    g.persistence_mode = 1
-    g.compute_mode = 0
     g.mem_total = p.memory.total_mib * mib
     g.mem_reserved = p.memory.reserved_mib * mib
     g.bar1_total = p.memory.bar1_mib * mib
@@ -212,6 +211,8 @@ def fill_dynamic(g, node: Node, i: int, now: float) -> None:
     """Write what events and time change into `g`, which already holds `fill_static`'s part."""
     st = node.gpus[i]
     g.pcie_replay = st.pcie_replay
+    g.persistence_mode = int(node.setting(i, "persistence"))
+    g.compute_mode = COMPUTE_MODES[node.setting(i, "compute_mode")]
     fill_readings(g, node.readings(i, now))
     for scope, kind, row in ECC_ROWS:
         g.ecc[scope][kind] = [st.ecc[c] for c in row]

@@ -219,6 +219,36 @@ class _Service:
         self.thread.join(10)
 
 
+class ServedInThread:
+    """`serve(task_status=...)`, an async service of the daemon's (ControlSocket.serve, say), in
+    a trio loop of its own thread, as the daemon runs it in its loop; `stop()` ends it."""
+
+    def __init__(self, serve) -> None:
+        import threading
+
+        import trio
+
+        ready = threading.Event()
+
+        async def main() -> None:
+            self.token = trio.lowlevel.current_trio_token()
+            with trio.CancelScope() as self.scope:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(serve)
+                    ready.set()
+                    await trio.sleep_forever()
+
+        self.thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
+        self.thread.start()
+        assert ready.wait(10), "the service did not start"
+
+    def stop(self) -> None:
+        import trio
+
+        trio.from_thread.run_sync(self.scope.cancel, trio_token=self.token)
+        self.thread.join(10)
+
+
 @pytest.fixture
 def pub(tmp_path):
     """An h100 x 4 node's state published at tmp_path/state, and the daemon's process table

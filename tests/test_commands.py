@@ -10,6 +10,7 @@ import pytest
 from mokkafs import agent, cli
 from mokkafs.model import InvalidCommand, Node, compose
 from mokkafs.model.commands import NODE, VERBS, command, gpu, hca, parse_line, parse_target, parse_write
+from mokkafs.model.config import Configure
 from mokkafs.model.events import IbPortCommand, InjectEcc, InjectXid, NvLinkCommand, Pin, Reset, SetLost
 from mokkafs.profiles import load_profile
 from mokkafs.render.control import gpu_dir, node_dir
@@ -45,9 +46,18 @@ GOOD = [
     ("hca=1 port down", IbPortCommand(None, 1, 1, "down")),
     ("hca=0 port errors 4", IbPortCommand(None, 0, 1, "errors", "symbol_error", 4)),
     ("hca=0 port errors VL15_dropped 2", IbPortCommand(None, 0, 1, "errors", "VL15_dropped", 2)),
+    ("gpu=1 power_limit 500", Configure(1, "power_limit", 500.0)),
+    ("gpu=1 power_limit 450.5", Configure(1, "power_limit", 450.5)),
+    ("gpu=1 power_limit default", Configure(1, "power_limit", None)),
+    ("gpu=0 persistence 0", Configure(0, "persistence", False)),
+    ("gpu=2 compute_mode exclusive_process", Configure(2, "compute_mode", "exclusive_process")),
+    ("gpu=2 compute_mode prohibited", Configure(2, "compute_mode", "prohibited")),
+    ("gpu=3 locked_clocks 1500 1500", Configure(3, "locked_clocks", (1500, 1500))),
+    ("gpu=3 locked_clocks default", Configure(3, "locked_clocks", None)),
 ]
 
-GPU_VERBS = "clocks, ecc, lost, memory_used, nvlink, power, reset, temperature, throttle, utilization, xid"
+GPU_VERBS = ("clocks, compute_mode, ecc, locked_clocks, lost, memory_used, nvlink, persistence, power, power_limit, "
+             "reset, temperature, throttle, utilization, xid")
 BAD = [
     ("", "empty command or control characters"),
     ("gpu=0", "expected a command after gpu=0"),
@@ -80,6 +90,12 @@ BAD = [
     ("node reset 0", "expected 1"),
     ("hca=0 port sideways", "expected 'down', 'up', 'errors N' or 'errors COUNTER N'"),
     ("hca=0 port errors moon 1", "unknown counter 'moon'"),
+    ("gpu=1 power_limit 5e2", "power limit must be watts (at most 3 decimals) or 'default', got '5e2'"),
+    ("gpu=1 power_limit 500.0001", "power limit must be watts (at most 3 decimals)"),
+    ("gpu=1 power_limit 0", "power limit must be above 0 and at most 100000 W, got 0.0"),
+    ("gpu=1 power_limit", "power_limit needs arguments: W|default"),
+    ("gpu=0 persistence on", "expected 0 or 1"),
+    ("gpu=2 compute_mode turbo", "compute mode must be one of default, exclusive_thread, prohibited, exclusive_process"),
 ]
 
 
@@ -147,6 +163,9 @@ SHARED = [
     ("gpu=3", "nvlink", "18 down"), ("gpu=3", "nvlink", "0 sideways"), ("gpu=0", "reset", "2"),
     ("gpu=0", "clocks", "19999 2619"), ("gpu=0", "memory_used", "999999"), ("gpu=0", "power", "10001"),
     ("node", "reset", "0"), ("hca=1", "port", "sideways"), ("hca=1", "port", "errors moon 1"),
+    ("gpu=1", "power_limit", "100"), ("gpu=1", "power_limit", "800"), ("gpu=1", "power_limit", "5e2"),
+    ("gpu=0", "persistence", "2"), ("gpu=2", "compute_mode", "exclusive_thread"), ("gpu=2", "compute_mode", "turbo"),
+    ("gpu=3", "locked_clocks", "100 1500"), ("gpu=3", "locked_clocks", "1500 1400"), ("gpu=3", "locked_clocks", "1500"),
 ]
 
 
@@ -160,9 +179,42 @@ def _outcome(call, node: Node):
         return ("error", str(e))
 
 
-def test_every_surface_accepts_exactly_the_same_commands(tmp_path, capsys):
+def _daemon_for_settings(tmp_path, config):
+    """The control socket where `mokka inject --root tmp_path` looks for it (the driver root's
+    run/mokka), serving a node of its own; for the commands that have no control file."""
+    from conftest import ServedInThread
+
+    from mokkafs.control_socket import ControlSocket, control_path
+    from mokkafs.clock import WallClock
+    from mokkafs.controller import Controller
+
+    state_dir = tmp_path / "driver" / "run" / "mokka"
+    state_dir.mkdir(parents=True)
+    controller = Controller(Node(config, T0), None, WallClock())
+    control = ControlSocket(control_path(state_dir / "state"), controller, lambda caller: caller.uid == 0, WallClock())
+    return control, ServedInThread(control.serve)
+
+
+def _socket_outcome(control, line: str):
+    """What the control socket answers `line` with, as ('ok', event) or ('error', reason)."""
+    from mokkafs.control_socket import Caller
+
+    reply = control.handle(Caller(1, 0, 0), line.encode() + b"\n")
+    return ("ok", parse_line(line).event) if reply.ok else ("error", reply.message)
+
+
+def test_every_surface_accepts_exactly_the_same_commands(tmp_path, capsys, expect_log):
     config = compose(load_profile("h100"), gpus=4)
     node = Node(config, T0)
+    control, service = _daemon_for_settings(tmp_path, config)
+    expect_log(r"ctl\.sock: (invalid_argument|not_supported) from uid 0")
+    try:
+        _every_surface(tmp_path, capsys, config, node, control)
+    finally:
+        service.stop()
+
+
+def _every_surface(tmp_path, capsys, config, node, control):
     files = {"node": node_dir().children(None)}
     files.update({f"gpu={i}": gpu_dir(i).children(None) for i in range(4)})
     files.update({f"hca={j}": d.children(None) for j, d in enumerate(control_dir(config).children(None).values())})
@@ -171,20 +223,28 @@ def test_every_surface_accepts_exactly_the_same_commands(tmp_path, capsys):
     for target_text, verb, args in SHARED:
         target = parse_target(target_text)
         v = VERBS[target.kind][verb]
-        results = {
-            "control file": _outcome(lambda: files[target_text][v.file].write(args.encode() + b"\n"), node),
-            "scenario line": _outcome(lambda: parse_line(f"{verb} {args}", target).event, node),
-        }
+        results = {"scenario line": _outcome(lambda: parse_line(f"{verb} {args}", target).event, node)}
+        if v.file is not None:
+            results["control file"] = _outcome(lambda: files[target_text][v.file].write(args.encode() + b"\n"), node)
+        else:  # a setting: the control socket takes it, as from NVML
+            results["control socket"] = _socket_outcome(control, f"{target_text} {verb} {args}")
         if target.kind != "hca":  # annotations reach GPUs and the node
             try:
                 (cmd,) = agent.parse_injection(f"{target_text} {verb}={args}", config)
                 results["annotation"] = ("ok", cmd.event)
-                assert cmd.path == f"{target.directory}/{v.file}" and cmd.payload == args.encode()
+                assert cmd.path == (v.file and f"{target.directory}/{v.file}") and cmd.payload == args.encode()
             except InvalidCommand as e:
                 prefix = f"'{target_text} {verb}={args}': "
                 assert str(e).startswith(prefix)
                 results["annotation"] = ("error", str(e)[len(prefix):])
-        if target.kind == "gpu":  # `mokka inject` reaches GPUs; it parses, the daemon checks the fit
+        if target.kind == "gpu" and v.file is None:  # a setting: `mokka inject` sends it to the socket
+            rc = cli.main(["inject", "--root", str(tmp_path), str(target.index), verb, *args.split(" ")])
+            err = capsys.readouterr().err
+            prefix = f"mokka: {target.directory} {verb}: "
+            assert rc == 0 or (rc == 2 and err.startswith(prefix)), err
+            results["mokka inject"] = ("ok", parse_line(f"{target_text} {verb} {args}").event) if rc == 0 else \
+                ("error", err[len(prefix):].rstrip("\n"))
+        elif target.kind == "gpu":  # `mokka inject` reaches GPUs; it parses, the daemon checks the fit
             (tmp_path / target.directory).mkdir(exist_ok=True)
             written = tmp_path / target.directory / v.file
             written.unlink(missing_ok=True)
@@ -206,7 +266,7 @@ def test_every_writable_file_is_a_command_of_the_vocabulary():
     node_files = {n for n, e in node_dir().children(None).items() if isinstance(e, File) and e.write}
     (port_dir, *_) = control_dir(config).children(None).values()
     port_files = {n for n, e in port_dir.children(None).items() if isinstance(e, File) and e.write}
-    assert gpu_files == {v.file for v in VERBS["gpu"].values()}
+    assert gpu_files == {v.file for v in VERBS["gpu"].values()} - {None}  # settings: the control socket
     assert node_files == {v.file for v in VERBS["node"].values()}
     assert port_files == {v.file for v in VERBS["hca"].values()}
     assert sorted(cli.INJECT_KINDS) == sorted(VERBS["gpu"])

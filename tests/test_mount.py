@@ -42,7 +42,7 @@ def test_tree_listing(mounted: MountedNode):
     assert sorted(os.listdir(mounted.path("gpu3"))) == sorted(
         [
             "info", "inject_xid", "inject_ecc", "temperature", "power", "utilization", "clocks",
-            "throttle", "memory_used", "lost", "nvlink", "reset", "events",
+            "throttle", "memory_used", "lost", "nvlink", "reset", "events", "config",
         ]
     )
     assert {"profile", "driver_version", "cuda_version", "gpu_count", "events", "reset"} <= set(

@@ -9,12 +9,19 @@ agent's annotations and scenario steps are spellings of these commands and parse
     gpu=N      lost         0|1                                gpuN/lost
     gpu=N      nvlink       LINK up|down, LINK errors COUNT    gpuN/nvlink
     gpu=N      reset        1                                  gpuN/reset
+    gpu=N      persistence  0|1|default                        (control socket; gpuN/config shows it)
+    gpu=N      compute_mode default|exclusive_process|prohibited   (control socket)
+    gpu=N      power_limit  W|default                          (control socket)
+    gpu=N      locked_clocks MIN_MHZ MAX_MHZ|default           (control socket)
     node       reset        1                                  node/reset
     hca=N      port         up|down|errors [COUNTER] COUNT     ib/mlx5_N/port1
 
 A parser returns a complete event or raises `InvalidCommand` with the reason; nothing is applied
 until the whole command has parsed, so a bad command never half-changes the node. Whether the
-event fits this node (its GPU count, NVLinks, clocks) is `Node.validate`'s to say.
+event fits this node (its GPU count, NVLinks, clocks, power limits) is `Node.validate`'s to say.
+
+The settings (model/config.py) have no control file: `gpuN/config` only shows them, and they
+reach the daemon through its control socket (mokkafs/control_socket.py), as NVML's setters do.
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from mokkafs.model.config import SETTINGS, parse_setting
 from mokkafs.model.events import (
     MAX_COUNT,
     MAX_XID,
@@ -190,7 +198,7 @@ def _throttle(i: int, text: str) -> Pin:
 class Verb:
     name: str
     target: str  # the kind of target it acts on
-    file: str  # the control file, in the target's directory, that takes it
+    file: str | None  # the control file, in the target's directory, that takes it; None: none does
     usage: str  # the forms of its arguments, for messages and help
     parse: Callable[[int | None, str], Event] = field(repr=False)
     default: str | None = None  # the arguments a surface that lets them be left out uses
@@ -208,6 +216,7 @@ _VERBS = (
     Verb("lost", "gpu", "lost", "0|1", _lost, default="1"),
     Verb("nvlink", "gpu", "nvlink", "LINK up|down, LINK errors COUNT", _nvlink),
     Verb("reset", "gpu", "reset", "1", _reset, default="1"),
+    *(Verb(s.name, "gpu", None, s.usage, parse_setting(s.name)) for s in SETTINGS.values()),
     Verb("reset", "node", "reset", "1", _reset, default="1"),
     Verb("port", "hca", "port1", "up|down, errors [COUNTER] COUNT", _ib_port),
 )
@@ -232,9 +241,10 @@ class Command:
     event: Event = field(compare=False)
 
     @property
-    def path(self) -> str:
-        """The control file that takes it, relative to the mount."""
-        return f"{self.target.directory}/{self.verb.file}"
+    def path(self) -> str | None:
+        """The control file that takes it, relative to the mount; None for a setting, which
+        only the control socket takes."""
+        return None if self.verb.file is None else f"{self.target.directory}/{self.verb.file}"
 
     @property
     def payload(self) -> bytes:
@@ -288,7 +298,8 @@ def parse_write(target: Target, verb: str, data: bytes) -> Event:
 
 def control_writer(target: Target, verb: str) -> Callable[[bytes], Event]:
     """The parser a control file carries: its target and verb are fixed by where it is."""
-    verb_for(target, verb)  # a file for a verb that does not exist is a bug, found at build time
+    if verb_for(target, verb).file is None:  # a file for a verb that has none is a bug, found at build time
+        raise InvalidCommand(f"{verb} has no control file")
 
     def write(data: bytes) -> Event:
         return parse_write(target, verb, data)

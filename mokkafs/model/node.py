@@ -7,7 +7,6 @@ to `now`, then changes inputs; that keeps temperature continuous and energy exac
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 import math
@@ -46,6 +45,7 @@ from mokkafs.model.events import (
     SetProcesses,
 )
 from mokkafs.model.compute import ComputeLimits, compute_limits
+from mokkafs.model.config import SETTINGS, Configure, GpuIsLost
 from mokkafs.model.identity import GpuIdentity, NodeConfig, gpu_identities
 from mokkafs.model.topology import Layout, pci_layout
 from mokkafs.model.xid import Remap, kernel_log_line, xid_rule
@@ -149,6 +149,9 @@ class Readings:
         return [name for name, bit in THROTTLE_REASONS.items() if self.throttle_mask & bit]
 
 
+_ECC_KEYS = {counter: counter.key for counter in zero_ecc()}  # their stored spellings, made once
+
+
 @dataclass
 class GpuState:
     """The mutable, persisted part of one GPU. Identity lives in GpuIdentity."""
@@ -159,7 +162,11 @@ class GpuState:
     lost: bool = False
     needs_reset: bool = False
     pins: dict[str, tuple] = field(default_factory=dict)
-    power_limit_w: float | None = None  # None: the profile's default limit
+    # Settings (model/config.py): None is the default, what a driver load sets.
+    power_limit_w: float | None = None
+    persistence_mode: bool | None = None
+    compute_mode: str | None = None
+    locked_clocks: tuple[int, int] | None = None
     ecc: dict[EccCounter, int] = field(default_factory=zero_ecc)
     retired_sbe: int = 0
     retired_dbe: int = 0
@@ -177,13 +184,18 @@ class GpuState:
 
     def to_dict(self) -> dict:
         """A deep copy, JSON-ready: later changes to this state never show through it. Counter
-        keys take their stored spellings (`"volatile.corrected.dram"`, link `"3"`, `"replay"`)."""
-        data = copy.deepcopy(self.__dict__)
+        keys take their stored spellings (`"volatile.corrected.dram"`, link `"3"`, `"replay"`).
+        Every event persists its GPU's record through here, before its writer hears back: each
+        container is copied by hand (copy.deepcopy of the 32 ECC counters cost ~0.5 ms)."""
+        data = dict(self.__dict__)  # the scalars; the containers are replaced below
         data["pins"] = {k: list(v) for k, v in self.pins.items()}
-        data["ecc"] = {counter.key: n for counter, n in self.ecc.items()}
+        data["locked_clocks"] = None if self.locked_clocks is None else list(self.locked_clocks)
+        data["ecc"] = {_ECC_KEYS[counter]: n for counter, n in self.ecc.items()}
+        data["nvlink_down"] = list(self.nvlink_down)
         data["nvlink_errors"] = {
             str(link): {counter.spelling: n for counter, n in errs.items()} for link, errs in self.nvlink_errors.items()
         }
+        data["xid_counts"] = dict(self.xid_counts)
         return data
 
     @classmethod
@@ -194,6 +206,8 @@ class GpuState:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         if isinstance(known.get("pins"), dict):  # JSON has no tuples
             known["pins"] = {k: tuple(v) if isinstance(v, list) else v for k, v in known["pins"].items()}
+        if isinstance(known.get("locked_clocks"), list):
+            known["locked_clocks"] = tuple(known["locked_clocks"])
         # Counters absent from the record are zero (stored spellings until _typed_counters).
         known.setdefault("ecc", {})
         known.setdefault("nvlink_errors", {})
@@ -376,6 +390,11 @@ class Node:
             raise InvalidCommand(f"{self.profile.name} has {self.profile.nvlink.links} NVLinks, no link {event.link}")
         if isinstance(event, IbPortCommand) and event.hca >= len(self.hcas):
             raise InvalidCommand(f"no HCA mlx5_{event.hca} (node has {len(self.hcas)})")
+        if isinstance(event, Configure):
+            if self.gpus[event.gpu].lost:
+                raise GpuIsLost(f"gpu{event.gpu} has fallen off the bus")
+            if event.value is not None:
+                SETTINGS[event.setting].check_board(self.profile, event.value)
 
     def _validate_pin(self, pin: Pin) -> None:
         p = self.profile
@@ -407,9 +426,11 @@ class Node:
             self._set_lost(event.gpu, event.lost, now)
         elif isinstance(event, NvLinkCommand):
             self._nvlink(event, now)
+        elif isinstance(event, Configure):
+            self._configure(event, now)
         elif isinstance(event, Reset):
             for i in targets:
-                self._reset(i, now)
+                self._reset(i, now, driver_reload=event.gpu is None)
             if event.gpu is None:
                 self._reset_hcas(now)
         elif isinstance(event, IbPortCommand):
@@ -552,11 +573,31 @@ class Node:
             self._count_nvlink(e.gpu, e.link, (NvLinkCounter.REPLAY, NvLinkCounter.CRC_FLIT), e.count)
         self._log(now, e.gpu, f"mokka: gpu{e.gpu} nvlink {e.link} {e.action}{f' {e.count}' if e.count else ''}")
 
-    def _reset(self, i: int, now: float) -> None:
+    def setting(self, i: int, name: str) -> object:
+        """The value of GPU `i`'s setting `name` (model/config.py) in effect."""
+        s = SETTINGS[name]
+        value = getattr(self.gpus[i], s.field)
+        return s.default(self.profile) if value is None else value
+
+    def _configure(self, e: Configure, now: float) -> None:
+        s = SETTINGS[e.setting]
+        default = s.default(self.profile)
+        # A value equal to the default is stored as the default: a reset or a new default
+        # (another driver) then has nothing to undo.
+        setattr(self.gpus[e.gpu], s.field, None if e.value == default else e.value)
+        value = default if e.value is None else e.value
+        self._log(now, e.gpu, f"mokka: gpu{e.gpu} {s.name} {s.spell(value)}{' (default)' if value == default else ''}")
+
+    def _reset(self, i: int, now: float, driver_reload: bool = False) -> None:
         """What a GPU reset does: the GPU comes back, volatile counters clear, pending row remaps
-        and page retirements take effect, links retrain, pins return to the simulated curves.
-        Aggregate (InfoROM) counters, remapped rows and a remap failure stay, as on a real board."""
+        and page retirements take effect, links retrain, pins return to the simulated curves,
+        settings return to their defaults but those the driver keeps (all of them on a node
+        reset, which is a driver reload). Aggregate (InfoROM) counters, remapped rows and a remap
+        failure stay, as on a real board."""
         g = self.gpus[i]
+        for s in SETTINGS.values():
+            if driver_reload or not s.kept_by_gpu_reset:
+                setattr(g, s.field, None)
         g.lost = False
         g.needs_reset = False
         g.pins.clear()
@@ -621,34 +662,42 @@ class Node:
         pinned = g.pins.get("utilization")
         return (pinned[0], pinned[1]) if pinned else (0, 0)
 
-    def _power_demand(self, g: GpuState, limit: float) -> float:
-        """Watts the board would draw with no cap: pinned, or idle..limit with utilization."""
+    def _power_demand(self, g: GpuState) -> float:
+        """Watts the board would draw with no cap: pinned, or idle..default limit with
+        utilization (the work asks for what it asks for; a lower limit caps it, `readings`)."""
         pinned = g.pins.get("power")
         if pinned:
             return float(pinned[0])
-        idle = self.profile.power.idle_w
-        return idle + (limit - idle) * self._utilization(g)[0] / 100.0
+        p = self.profile.power
+        return p.idle_w + (p.default_limit_w - p.idle_w) * self._utilization(g)[0] / 100.0
 
-    def _target_temperature(self, power: float, limit: float) -> float:
-        t, idle = self.profile.thermal, self.profile.power.idle_w
-        frac = (power - idle) / max(limit - idle, 1.0)
+    def _target_temperature(self, power: float) -> float:
+        t, p = self.profile.thermal, self.profile.power
+        frac = (power - p.idle_w) / max(p.default_limit_w - p.idle_w, 1.0)
         return t.idle_c + (t.max_load_c - t.idle_c) * frac
 
     def readings(self, i: int, now: float) -> Readings:
         g, p = self.gpus[i], self.profile
         limit = self.power_limit(i)
-        demand = self._power_demand(g, limit)
+        demand = self._power_demand(g)
         power = min(demand, limit)
         dt = max(0.0, now - g.t0)
         pinned_temp = g.pins.get("temperature")
         if pinned_temp:
             temperature = float(pinned_temp[0])
         else:
-            target = self._target_temperature(power, limit)
+            target = self._target_temperature(power)
             temperature = target + (g.temp0 - target) * math.exp(-dt / THERMAL_TAU_S)
         util_gpu, util_mem = self._utilization(g)
         mask = self._throttle_mask(g, util_gpu, demand, limit, temperature)
         gr, mem = self._clocks(g, util_gpu, mask)
+        if g.locked_clocks is not None and "clocks" not in g.pins:
+            # Locked clocks hold the graphics clock in their range; held below what it would run
+            # at, the driver says the applications-clocks setting limits it.
+            low, high = g.locked_clocks
+            if gr > high and "throttle" not in g.pins:
+                mask |= THROTTLE_REASONS["applications_clocks_setting"]
+            gr = min(max(gr, low), high)
         mem_temp = None
         if p.thermal.memory_idle_c is not None:
             mem_temp = p.thermal.memory_idle_c + (temperature - p.thermal.idle_c) * 0.8
@@ -738,14 +787,17 @@ class Node:
     # --- persistence --------------------------------------------------------------------------
 
     def _check_profile_ranges(self, state: GpuState) -> None:
-        """What only this node's profile can judge: the power limit, and pins through exactly
-        the checks a control write gets (its parser, then `validate`)."""
-        p = self.profile.power
-        if state.power_limit_w is not None and not p.min_limit_w <= state.power_limit_w <= p.max_limit_w:
-            raise ValueError(
-                f"power_limit_w: {state.power_limit_w} W is outside "
-                f"{self.profile.name}'s {p.min_limit_w}..{p.max_limit_w} W"
-            )
+        """What only this node's profile can judge: the settings, through exactly the checks a
+        `Configure` gets, and pins through exactly the checks a control write gets (its parser,
+        then `validate`)."""
+        for s in SETTINGS.values():
+            value = getattr(state, s.field)
+            if value is not None:
+                try:
+                    s.check_value(value)
+                    s.check_board(self.profile, value)
+                except InvalidCommand as e:
+                    raise ValueError(f"{s.field}: {e}") from None
         for signal, values in state.pins.items():
             if signal not in PIN_SIGNALS:
                 raise ValueError(f"pins: unknown signal {signal[:40]!r}")

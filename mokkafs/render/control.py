@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from functools import partial
 
 from mokkafs.model.commands import NODE, control_writer, gpu
+from mokkafs.model.config import SETTINGS
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS, ecc_total
 from mokkafs.model.node import LogEntry
 from mokkafs.model.scenario import parse_request
@@ -41,6 +42,17 @@ def render_info(ctx: Ctx, i: int) -> str:
         ("faults", " ".join(faults) if faults else "none"),
     ]
     return "".join(f"{k}: {v}\n" for k, v in rows)
+
+
+def render_config(ctx: Ctx, i: int) -> str:
+    """`NAME: VALUE` per setting, VALUE spelled as the command that sets it takes it; a value
+    other than the default is followed by `(default D)`."""
+    node, lines = ctx.node, []
+    for s in SETTINGS.values():
+        value, default = node.setting(i, s.name), s.default(node.profile)
+        mark = "" if value == default else f" (default {s.spell(default)})"
+        lines.append(f"{s.name}: {s.spell(value)}{mark}\n")
+    return "".join(lines)
 
 
 def render_xid(ctx: Ctx, i: int) -> str:
@@ -96,6 +108,7 @@ def gpu_dir(i: int) -> Dir:
     target = gpu(i)
     files: dict[str, File] = {
         "info": text(partial(render_info, i=i)),
+        "config": text(partial(render_config, i=i)),
         "inject_xid": text(partial(render_xid, i=i), write=control_writer(target, "xid")),
         "inject_ecc": text(partial(render_ecc, i=i), write=control_writer(target, "ecc")),
         "lost": text(lambda ctx: "1\n" if ctx.node.gpus[i].lost else "0\n", write=control_writer(target, "lost")),

@@ -160,8 +160,16 @@ DEFAULT_FIELDS: tuple[Field, ...] = (
 
 # Rows that ship commented out in the CSV (or in dcgm-exporter's other counter files), enabled
 # here because they are what health checks and alerts watch: ECC, retired pages, NVLink errors,
-# clock throttle reasons (under both the pre- and post-DCGM-3.3 names of field 112).
+# clock throttle reasons (under both the pre- and post-DCGM-3.3 names of field 112), and the power
+# limit in effect (dcgm-exporter's dcp-metrics-included.csv), which power-capping tools set.
 EXTRA_FIELDS: tuple[Field, ...] = (
+    Field(
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT",
+        "gauge",
+        "Power management limit (in W).",
+        lambda s: s.r.power_limit_w,
+        is_float=True,
+    ),
     Field(
         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
         "counter",

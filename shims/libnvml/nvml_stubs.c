@@ -95,7 +95,6 @@ nvmlReturn_t DECLDIR nvmlSystemSetConfComputeKeyRotationThresholdInfo(nvmlConfCo
 nvmlReturn_t DECLDIR nvmlSystemGetConfComputeSettings(nvmlSystemConfComputeSettings_t *settings) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlSystemGetConfComputeSettings_v2(nvmlSystemConfComputeSettings_v2_t *settings) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetSramEccErrorStatus(nvmlDevice_t device, nvmlEccSramErrorStatus_t *status) { return NVML_ERROR_NOT_SUPPORTED; }
-nvmlReturn_t DECLDIR nvmlDeviceSetPowerManagementLimit_v2(nvmlDevice_t device, nvmlPowerValue_v2_t *powerValue) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetAccountingMode(nvmlDevice_t device, nvmlEnableState_t *mode) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetAccountingStats(nvmlDevice_t device, unsigned int pid, nvmlAccountingStats_t *stats) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetAccountingPids(nvmlDevice_t device, unsigned int *count, unsigned int *pids) { return NVML_ERROR_NOT_SUPPORTED; }
@@ -110,13 +109,9 @@ nvmlReturn_t DECLDIR nvmlDeviceSetHostname_v1(nvmlDevice_t device, nvmlHostname_
 nvmlReturn_t DECLDIR nvmlDeviceGetHostname_v1(nvmlDevice_t device, nvmlHostname_v1_t *hostname) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDevicePerfMetricsGetSamples_v1(nvmlDevice_t device, nvmlPerfMetricsSamples_v1_t *samples) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlUnitSetLedState(nvmlUnit_t unit, nvmlLedColor_t color) { return NVML_ERROR_NOT_SUPPORTED; }
-nvmlReturn_t DECLDIR nvmlDeviceSetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t mode) { return NVML_ERROR_NOT_SUPPORTED; }
-nvmlReturn_t DECLDIR nvmlDeviceSetComputeMode(nvmlDevice_t device, nvmlComputeMode_t mode) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceSetEccMode(nvmlDevice_t device, nvmlEnableState_t ecc) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceClearEccErrorCounts(nvmlDevice_t device, nvmlEccCounterType_t counterType) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceSetDriverModel(nvmlDevice_t device, nvmlDriverModel_t driverModel, unsigned int flags) { return NVML_ERROR_NOT_SUPPORTED; }
-nvmlReturn_t DECLDIR nvmlDeviceSetGpuLockedClocks(nvmlDevice_t device, unsigned int minGpuClockMHz, unsigned int maxGpuClockMHz) { return NVML_ERROR_NOT_SUPPORTED; }
-nvmlReturn_t DECLDIR nvmlDeviceResetGpuLockedClocks(nvmlDevice_t device) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceSetMemoryLockedClocks(nvmlDevice_t device, unsigned int minMemClockMHz, unsigned int maxMemClockMHz) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceResetMemoryLockedClocks(nvmlDevice_t device) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceSetApplicationsClocks(nvmlDevice_t device, unsigned int memClockMHz, unsigned int graphicsClockMHz) { return NVML_ERROR_NOT_SUPPORTED; }
@@ -126,7 +121,6 @@ nvmlReturn_t DECLDIR nvmlDeviceSetDefaultAutoBoostedClocksEnabled(nvmlDevice_t d
 nvmlReturn_t DECLDIR nvmlDeviceSetDefaultFanSpeed_v2(nvmlDevice_t device, unsigned int fan) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceSetFanControlPolicy(nvmlDevice_t device, unsigned int fan, nvmlFanControlPolicy_t policy) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceSetTemperatureThreshold(nvmlDevice_t device, nvmlTemperatureThresholds_t thresholdType, int *temp) { return NVML_ERROR_NOT_SUPPORTED; }
-nvmlReturn_t DECLDIR nvmlDeviceSetPowerManagementLimit(nvmlDevice_t device, unsigned int limit) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceSetGpuOperationMode(nvmlDevice_t device, nvmlGpuOperationMode_t mode) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceSetAPIRestriction(nvmlDevice_t device, nvmlRestrictedAPI_t apiType, nvmlEnableState_t isRestricted) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceSetFanSpeed_v2(nvmlDevice_t device, unsigned int fan, unsigned int speed) { return NVML_ERROR_NOT_SUPPORTED; }

@@ -1,0 +1,134 @@
+/*
+ * mokka_control.c -- one request to the daemon's control socket (see mokka_control.h). A new
+ * connection per request: setters are rare, a unix connect costs microseconds, and nothing is
+ * held between calls (no descriptor to leak across fork or dlclose).
+ */
+#define _GNU_SOURCE
+#include "mokka_control.h"
+#include "mokka_client.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Bound the next blocking call on fd by what is left of the deadline; 0 when nothing is. A
+   unix socket's connect waits for backlog room under SO_SNDTIMEO, so this bounds it too. */
+static int time_left(int fd, long long deadline)
+{
+    long long left = deadline - now_ms();
+    if (left <= 0)
+        return 0;
+    struct timeval tv = {(time_t)(left / 1000), (suseconds_t)(left % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return 1;
+}
+
+static const struct {
+    const char *word;
+    enum mokka_ctl_status status;
+} g_words[] = {
+    {"ok", MOKKA_CTL_OK},
+    {"no_permission", MOKKA_CTL_NO_PERMISSION},
+    {"invalid_argument", MOKKA_CTL_INVALID_ARGUMENT},
+    {"not_supported", MOKKA_CTL_NOT_SUPPORTED},
+    {"gpu_is_lost", MOKKA_CTL_GPU_IS_LOST},
+    {"busy", MOKKA_CTL_BUSY},
+    {"error", MOKKA_CTL_ERROR},
+};
+
+static enum mokka_ctl_status parse_reply(char *reply, char *reason, size_t reason_size)
+{
+    char *space = strchr(reply, ' ');
+    const char *message = "";
+    if (space) {
+        *space = '\0';
+        message = space + 1;
+    }
+    if (reason && reason_size)
+        snprintf(reason, reason_size, "%s", message);
+    for (size_t i = 0; i < sizeof(g_words) / sizeof(g_words[0]); i++)
+        if (strcmp(reply, g_words[i].word) == 0)
+            return g_words[i].status;
+    return MOKKA_CTL_ERROR;
+}
+
+static enum mokka_ctl_status exchange(int fd, const struct sockaddr_un *addr, const char *request, size_t n,
+                                      char *reason, size_t reason_size)
+{
+    long long deadline = now_ms() + MOKKA_CONTROL_TIMEOUT_MS;
+    for (;;) {
+        if (!time_left(fd, deadline))
+            return MOKKA_CTL_NO_DAEMON;
+        if (connect(fd, (const struct sockaddr *)addr, sizeof(*addr)) == 0 || errno == EISCONN)
+            break;
+        if (errno != EINTR) /* ENOENT, ECONNREFUSED (a dead daemon's socket), EAGAIN (timed out) */
+            return MOKKA_CTL_NO_DAEMON;
+    }
+    for (size_t sent = 0; sent < n;) {
+        if (!time_left(fd, deadline))
+            return MOKKA_CTL_NO_DAEMON;
+        ssize_t w = send(fd, request + sent, n - sent, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return MOKKA_CTL_NO_DAEMON;
+        sent += (size_t)w;
+    }
+    char reply[MOKKA_CONTROL_MAX + 1];
+    size_t got = 0;
+    while (got < MOKKA_CONTROL_MAX) {
+        if (!time_left(fd, deadline))
+            return MOKKA_CTL_NO_DAEMON;
+        ssize_t r = recv(fd, reply + got, MOKKA_CONTROL_MAX - got, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return MOKKA_CTL_NO_DAEMON; /* closed without a reply: the daemon died mid-request */
+        char *nl = memchr(reply + got, '\n', (size_t)r);
+        got += (size_t)r;
+        if (nl) {
+            *nl = '\0';
+            return parse_reply(reply, reason, reason_size);
+        }
+    }
+    return MOKKA_CTL_ERROR; /* a reply longer than any the daemon sends */
+}
+
+enum mokka_ctl_status mokka_control(const char *line, char *reason, size_t reason_size)
+{
+    int saved = errno;
+    if (reason && reason_size)
+        reason[0] = '\0';
+    char request[MOKKA_CONTROL_MAX];
+    int n = snprintf(request, sizeof(request), "%s\n", line);
+    if (n < 0 || (size_t)n >= sizeof(request))
+        return MOKKA_CTL_INVALID_ARGUMENT;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    const char *state = mokka_path();
+    if (!state[0] || snprintf(addr.sun_path, sizeof(addr.sun_path), "%s%s", state, MOKKA_CONTROL_SUFFIX) >=
+                         (int)sizeof(addr.sun_path)) {
+        errno = saved;
+        return MOKKA_CTL_NO_DAEMON; /* the daemon cannot bind a path this long either */
+    }
+    enum mokka_ctl_status r = MOKKA_CTL_NO_DAEMON;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        r = exchange(fd, &addr, request, (size_t)n, reason, reason_size);
+        close(fd);
+    }
+    errno = saved;
+    return r;
+}

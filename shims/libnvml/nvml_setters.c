@@ -1,0 +1,127 @@
+/*
+ * NVML's setters: each checks what NVML itself checks (initialised, a valid handle, arguments
+ * NVML can judge without the board), then sends the matching command of the vocabulary to the
+ * daemon (mokka_control.h), which validates it against the board, applies it, publishes it and
+ * only then answers: when a setter returns, every process reads the new value. Whether the
+ * caller may change the node is the daemon's to say, by the kernel's word on who the caller is
+ * (docs/setters.md).
+ *
+ * The handle is checked through nvmlDeviceGetIndex, NVML's own answer to "is this a device of
+ * an initialised library", so this file needs nothing of nvml.c's internals.
+ */
+#define _GNU_SOURCE
+#define NVML_NO_UNVERSIONED_FUNC_DEFS
+#include "nvml.h"
+#include "mokka_control.h"
+
+#include <stdio.h>
+
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+/* The daemon's word, as NVML's. No answer (a dead or hung daemon, past the client's bounded
+   wait) is NVML_ERROR_UNKNOWN, the error every setter documents for "any unexpected error". */
+static nvmlReturn_t nvml_status(enum mokka_ctl_status s)
+{
+    switch (s) {
+    case MOKKA_CTL_OK: return NVML_SUCCESS;
+    case MOKKA_CTL_NO_PERMISSION: return NVML_ERROR_NO_PERMISSION;
+    case MOKKA_CTL_INVALID_ARGUMENT: return NVML_ERROR_INVALID_ARGUMENT;
+    case MOKKA_CTL_NOT_SUPPORTED: return NVML_ERROR_NOT_SUPPORTED;
+    case MOKKA_CTL_GPU_IS_LOST: return NVML_ERROR_GPU_IS_LOST;
+    default: return NVML_ERROR_UNKNOWN;
+    }
+}
+
+/* "gpu=<index> <verb> <args>", sent; NVML's error for the outcome. */
+static nvmlReturn_t set(unsigned int index, const char *verb, const char *args)
+{
+    char line[MOKKA_CONTROL_MAX];
+    snprintf(line, sizeof(line), "gpu=%u %s %s", index, verb, args);
+    return nvml_status(mokka_control(line, NULL, 0));
+}
+
+/* The first check of every setter, as NVML's: a device of an initialised library (then the
+   arguments). */
+#define DEVICE_INDEX(device, index)                                  \
+    unsigned int index;                                              \
+    do {                                                             \
+        nvmlReturn_t r_ = nvmlDeviceGetIndex((device), &index);      \
+        if (r_ != NVML_SUCCESS)                                      \
+            return r_;                                               \
+    } while (0)
+
+nvmlReturn_t DECLDIR nvmlDeviceSetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t mode)
+{
+    DEVICE_INDEX(device, index);
+    if (mode != NVML_FEATURE_DISABLED && mode != NVML_FEATURE_ENABLED)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return set(index, "persistence", mode == NVML_FEATURE_ENABLED ? "1" : "0");
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceSetComputeMode(nvmlDevice_t device, nvmlComputeMode_t mode)
+{
+    static const char *const names[] = {
+        [NVML_COMPUTEMODE_DEFAULT] = "default",
+        [NVML_COMPUTEMODE_EXCLUSIVE_THREAD] = "exclusive_thread", /* the daemon: NOT_SUPPORTED */
+        [NVML_COMPUTEMODE_PROHIBITED] = "prohibited",
+        [NVML_COMPUTEMODE_EXCLUSIVE_PROCESS] = "exclusive_process",
+    };
+    DEVICE_INDEX(device, index);
+    if ((unsigned)mode >= sizeof(names) / sizeof(names[0]))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return set(index, "compute_mode", names[mode]);
+}
+
+static nvmlReturn_t set_power_limit(unsigned int index, unsigned int milliwatts)
+{
+    char watts[32];
+    snprintf(watts, sizeof(watts), "%u.%03u", milliwatts / 1000, milliwatts % 1000);
+    return set(index, "power_limit", watts);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceSetPowerManagementLimit(nvmlDevice_t device, unsigned int limit)
+{
+    DEVICE_INDEX(device, index);
+    return set_power_limit(index, limit);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceSetPowerManagementLimit_v2(nvmlDevice_t device, nvmlPowerValue_v2_t *powerValue)
+{
+    DEVICE_INDEX(device, index);
+    if (!powerValue)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (powerValue->version != nvmlPowerValue_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (powerValue->powerScope >= NVML_POWER_SCOPE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    /* The model has one limit per GPU; a module's or memory's own limit is not simulated. */
+    if (powerValue->powerScope != NVML_POWER_SCOPE_GPU)
+        return NVML_ERROR_NOT_SUPPORTED;
+    return set_power_limit(index, powerValue->powerValueMw);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceSetGpuLockedClocks(nvmlDevice_t device, unsigned int minGpuClockMHz,
+                                                  unsigned int maxGpuClockMHz)
+{
+    DEVICE_INDEX(device, index);
+    int min_symbolic = minGpuClockMHz >= NVML_CLOCK_LIMIT_ID_RANGE_START;
+    int max_symbolic = maxGpuClockMHz >= NVML_CLOCK_LIMIT_ID_RANGE_START;
+    if (min_symbolic != max_symbolic) /* nvml.h: mixed numeric and symbolic */
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (min_symbolic) {
+        if (minGpuClockMHz == NVML_CLOCK_LIMIT_ID_UNLIMITED && maxGpuClockMHz == NVML_CLOCK_LIMIT_ID_UNLIMITED)
+            return set(index, "locked_clocks", "default"); /* nvml.h: == nvmlDeviceResetGpuLockedClocks */
+        if (minGpuClockMHz > NVML_CLOCK_LIMIT_ID_UNLIMITED || maxGpuClockMHz > NVML_CLOCK_LIMIT_ID_UNLIMITED)
+            return NVML_ERROR_INVALID_ARGUMENT;
+        return NVML_ERROR_NOT_SUPPORTED; /* the TDP clock: the profiles do not say what it is */
+    }
+    char range[32];
+    snprintf(range, sizeof(range), "%u %u", minGpuClockMHz, maxGpuClockMHz);
+    return set(index, "locked_clocks", range);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceResetGpuLockedClocks(nvmlDevice_t device)
+{
+    DEVICE_INDEX(device, index);
+    return set(index, "locked_clocks", "default");
+}
