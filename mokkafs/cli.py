@@ -286,7 +286,7 @@ def cmd_env(args) -> int:
     import shlex
 
     from mokkafs import native
-    from mokkafs.publisher import state_path
+    from mokkafs.shm.layout import state_path
 
     root = Path(args.root)
     try:

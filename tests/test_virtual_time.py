@@ -31,7 +31,7 @@ import mokkafs.metrics  # noqa: F401  (the daemon imports it when asked for /met
 from mokkafs.clock import TrioClock
 from mokkafs.daemon import Options, start
 from mokkafs.profiles import load_profile
-from mokkafs.publisher import RING, STATE_SIZE, ffi, state_path
+from mokkafs.shm.layout import RING, STATE_SIZE, ffi, state_path
 from mokkafs.vfs import ROOT_INO
 
 T0 = 1_800_000_000.0  # the simulated node's epoch
