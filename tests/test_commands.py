@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from mokkafs import agent, cli
+from mokkafs import cli
+from mokkafs.agent import grammar
 from mokkafs.model import InvalidCommand, Node, compose
 from mokkafs.model.commands import NODE, VERBS, command, gpu, hca, parse_line, parse_target, parse_write
 from mokkafs.model.events import IbPortCommand, InjectEcc, InjectXid, NvLinkCommand, Pin, Reset, SetLost
@@ -177,7 +178,7 @@ def test_every_surface_accepts_exactly_the_same_commands(tmp_path, capsys):
         }
         if target.kind != "hca":  # annotations reach GPUs and the node
             try:
-                (cmd,) = agent.parse_injection(f"{target_text} {verb}={args}", config)
+                (cmd,) = grammar.parse_injection(f"{target_text} {verb}={args}", config)
                 results["annotation"] = ("ok", cmd.event)
                 assert cmd.path == f"{target.directory}/{v.file}" and cmd.payload == args.encode()
             except InvalidCommand as e:
