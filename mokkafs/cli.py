@@ -285,15 +285,15 @@ def cmd_run(args) -> int:
 
 
 def cmd_agent(args) -> int:
-    from mokkafs import agent
+    from mokkafs.agent import watch
 
     # The defaults live with the agent, which only this command imports (kubernetes is heavy).
-    for name, default in (("mountpoint", agent.DEFAULT_MOUNTPOINT), ("state_dir", agent.DEFAULT_STATE_DIR),
-                          ("cdi_spec", agent.DEFAULT_CDI_SPEC), ("nfd_features", agent.DEFAULT_NFD_FEATURES)):
+    for name, default in (("mountpoint", watch.DEFAULT_MOUNTPOINT), ("state_dir", watch.DEFAULT_STATE_DIR),
+                          ("cdi_spec", watch.DEFAULT_CDI_SPEC), ("nfd_features", watch.DEFAULT_NFD_FEATURES)):
         if getattr(args, name) is None:
             setattr(args, name, default)
     _setup_logging(sys.stderr)
-    return agent.main(args)
+    return watch.main(args)
 
 
 def _listen_address(spec: str) -> str:
@@ -312,7 +312,7 @@ def cmd_env(args) -> int:
     import shlex
 
     from mokkafs import native
-    from mokkafs.publisher import state_path
+    from mokkafs.shm.layout import state_path
 
     root = Path(args.root)
     try:

@@ -28,10 +28,11 @@ from mokkafs.paths import DEAD_MOUNT_ERRNOS, DEFAULT_MOUNTPOINT, DEFAULT_STATE_D
 from mokkafs.model import Node, compose
 from mokkafs.persist import StateDir, StateError, check_state_dir
 from mokkafs.profiles import load_profile
-from mokkafs.proctable import ProcessTable, procs_path
-from mokkafs.publisher import TICK_S, Publisher, state_path
 from mokkafs.render.tree import root
 from mokkafs.scenarios import ScenarioRunner
+from mokkafs.shm.layout import state_path
+from mokkafs.shm.proctable import ProcessTable, procs_path
+from mokkafs.shm.publisher import TICK_S, Publisher
 from mokkafs.vfs import Tree
 
 log = logging.getLogger(__name__)

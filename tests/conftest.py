@@ -254,7 +254,7 @@ def pub(tmp_path):
     """An h100 x 4 node's state published at tmp_path/state, and the daemon's process table
     with its descriptor service."""
     from helpers_nvml import Published
-    from mokkafs.proctable import ProcessTable, procs_path
+    from mokkafs.shm.proctable import ProcessTable, procs_path
 
     from mokkafs.controller import Controller
 

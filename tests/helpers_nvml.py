@@ -12,7 +12,7 @@ import pytest
 from mokkafs import native
 from mokkafs.model import Node, compose
 from mokkafs.profiles import load_profile
-from mokkafs.publisher import Publisher
+from mokkafs.shm.publisher import Publisher
 
 
 def nvml_path() -> Path:

@@ -19,7 +19,7 @@ pytest.importorskip("kubernetes", reason="the kubernetes client is not installed
 from conftest import mokka_cmd  # noqa: E402
 from k8s_fake import FakeCluster  # noqa: E402
 
-from mokkafs import agent  # noqa: E402
+from mokkafs.agent import decisions, grammar, node_files, watch  # noqa: E402
 from mokkafs.model import Node, compose  # noqa: E402
 from mokkafs.model.events import InvalidCommand, Pin  # noqa: E402
 from mokkafs.profiles import ProfileError, load_profile  # noqa: E402
@@ -75,14 +75,14 @@ BAD = [
 
 @pytest.mark.parametrize("value,expected", GOOD)
 def test_grammar_accepts(value, expected):
-    commands = agent.parse_injection(value, config())
+    commands = grammar.parse_injection(value, config())
     assert [(c.path, c.payload) for c in commands] == expected
 
 
 @pytest.mark.parametrize("value,reason", BAD)
 def test_grammar_rejects_with_the_reason(value, reason):
     with pytest.raises(InvalidCommand, match=None) as e:
-        agent.parse_injection(value, config())
+        grammar.parse_injection(value, config())
     assert reason in str(e.value)
 
 
@@ -100,17 +100,17 @@ LIMITS = [
 @pytest.mark.parametrize("profile,value,reason", LIMITS)
 def test_limits_of_the_profile_reject_the_whole_annotation(profile, value, reason):
     with pytest.raises(InvalidCommand) as e:
-        agent.parse_injection(value, config(profile))
+        grammar.parse_injection(value, config(profile))
     assert reason in str(e.value)
-    rej = agent.decide(_node({agent.ANNOTATION_INJECT: value}), config(profile))
-    assert isinstance(rej, agent.Reject) and reason in rej.reason
+    rej = decisions.decide(_node({decisions.ANNOTATION_INJECT: value}), config(profile))
+    assert isinstance(rej, decisions.Reject) and reason in rej.reason
 
 
 def test_within_the_limits_of_the_profile():
     value = "gpu=0 xid=48; gpu=0 nvlink=11 down; gpu=0 nvlink=11 up; gpu=1 clocks=1410 1215; node reset=1"
-    commands = agent.parse_injection(value, config("a100"))
+    commands = grammar.parse_injection(value, config("a100"))
     assert [c.text for c in commands] == [part.strip() for part in value.split(";")]
-    assert agent.parse_injection("gpu=0 nvlink=17 down", config("h100"))  # 18 links there
+    assert grammar.parse_injection("gpu=0 nvlink=17 down", config("h100"))  # 18 links there
 
 
 def test_commands_are_checked_in_order_on_one_scratch_node(monkeypatch):
@@ -125,33 +125,35 @@ def test_commands_are_checked_in_order_on_one_scratch_node(monkeypatch):
 
     monkeypatch.setattr(Node, "validate", stateful)
     with pytest.raises(InvalidCommand, match="'gpu=0 temperature=90': gpu0 is off the bus"):
-        agent.parse_injection("gpu=0 xid=79; gpu=0 temperature=90", config())
-    assert agent.parse_injection("gpu=0 xid=79; gpu=0 reset=1; gpu=0 temperature=90", config())
-    assert agent.parse_injection("gpu=0 xid=79; gpu=1 temperature=90", config())
-    assert agent.parse_injection("gpu=0 temperature=90; gpu=0 xid=79", config())
+        grammar.parse_injection("gpu=0 xid=79; gpu=0 temperature=90", config())
+    assert grammar.parse_injection("gpu=0 xid=79; gpu=0 reset=1; gpu=0 temperature=90", config())
+    assert grammar.parse_injection("gpu=0 xid=79; gpu=1 temperature=90", config())
+    assert grammar.parse_injection("gpu=0 temperature=90; gpu=0 xid=79", config())
 
 
 def test_a_node_whose_limits_cannot_be_known_rejects():
-    rej = agent.decide(_node({agent.ANNOTATION_INJECT: "gpu=0 xid=79"}), ProfileError("unknown profile 'mine'"))
-    assert isinstance(rej, agent.Reject) and "cannot check it against the node's limits" in rej.reason
-    assert agent.decide(_node(), ProfileError("unknown profile 'mine'")) is None
+    rej = decisions.decide(_node({decisions.ANNOTATION_INJECT: "gpu=0 xid=79"}), ProfileError("unknown profile 'mine'"))
+    assert isinstance(rej, decisions.Reject) and "cannot check it against the node's limits" in rej.reason
+    assert decisions.decide(_node(), ProfileError("unknown profile 'mine'")) is None
 
 
 def test_partial_failure_says_what_was_applied():
-    act = agent.decide(_node({agent.ANNOTATION_INJECT: "gpu=0 xid=48; gpu=0 nvlink=5 down; gpu=1 lost=1"}), config())
-    message = agent.partial_failure(act, 1, "Invalid argument")
+    value = "gpu=0 xid=48; gpu=0 nvlink=5 down; gpu=1 lost=1"
+    act = decisions.decide(_node({decisions.ANNOTATION_INJECT: value}), config())
+    message = decisions.partial_failure(act, 1, "Invalid argument")
     assert message == (
         "gpu0/nvlink refused 'gpu=0 nvlink=5 down': Invalid argument; "
         "applied: 'gpu=0 xid=48'; not applied: 'gpu=0 nvlink=5 down', 'gpu=1 lost=1'"
     )
-    assert "applied: none;" in agent.partial_failure(act, 0, "Invalid argument")
-    patch = agent.failure_patch(act, 1, message, "T")["metadata"]
+    assert "applied: none;" in decisions.partial_failure(act, 0, "Invalid argument")
+    patch = decisions.failure_patch(act, 1, message, "T")["metadata"]
     assert "resourceVersion" not in patch, "a correction, after the claim: unconditional"
     assert patch["annotations"] == {
-        agent.ANNOTATION_APPLIED: "T gpu=0 xid=48",
-        agent.ANNOTATION_REJECTED: f"T {act.value}: {message}",
+        decisions.ANNOTATION_APPLIED: "T gpu=0 xid=48",
+        decisions.ANNOTATION_REJECTED: f"T {act.value}: {message}",
     }
-    assert agent.failure_patch(act, 0, message, "T")["metadata"]["annotations"][agent.ANNOTATION_APPLIED] is None
+    none_done = decisions.failure_patch(act, 0, message, "T")["metadata"]["annotations"]
+    assert none_done[decisions.ANNOTATION_APPLIED] is None
 
 
 def _node(annotations=None, rv="7", conditions=None, labels=None):
@@ -162,47 +164,54 @@ def _node(annotations=None, rv="7", conditions=None, labels=None):
 
 
 def test_decide():
-    assert agent.decide(_node(), config()) is None
-    act = agent.decide(_node({agent.ANNOTATION_INJECT: "gpu=3 xid=79"}), config())
-    assert isinstance(act, agent.Apply) and act.resource_version == "7"
-    rej = agent.decide(_node({agent.ANNOTATION_INJECT: "gpu=3 xid=79"}), config(gpus=2))
-    assert isinstance(rej, agent.Reject) and "no gpu3" in rej.reason
-    patch = agent.claim_patch(act, "2026-12-01T00:00:00Z")
+    assert decisions.decide(_node(), config()) is None
+    act = decisions.decide(_node({decisions.ANNOTATION_INJECT: "gpu=3 xid=79"}), config())
+    assert isinstance(act, decisions.Apply) and act.resource_version == "7"
+    rej = decisions.decide(_node({decisions.ANNOTATION_INJECT: "gpu=3 xid=79"}), config(gpus=2))
+    assert isinstance(rej, decisions.Reject) and "no gpu3" in rej.reason
+    patch = decisions.claim_patch(act, "2026-12-01T00:00:00Z")
     assert patch["metadata"]["resourceVersion"] == "7"
-    assert patch["metadata"]["annotations"][agent.ANNOTATION_INJECT] is None
-    assert patch["metadata"]["annotations"][agent.ANNOTATION_APPLIED] == "2026-12-01T00:00:00Z gpu=3 xid=79"
-    rpatch = agent.claim_patch(rej, "T")
-    assert rpatch["metadata"]["annotations"][agent.ANNOTATION_REJECTED].startswith("T gpu=3 xid=79: ")
+    assert patch["metadata"]["annotations"][decisions.ANNOTATION_INJECT] is None
+    assert patch["metadata"]["annotations"][decisions.ANNOTATION_APPLIED] == "2026-12-01T00:00:00Z gpu=3 xid=79"
+    rpatch = decisions.claim_patch(rej, "T")
+    assert rpatch["metadata"]["annotations"][decisions.ANNOTATION_REJECTED].startswith("T gpu=3 xid=79: ")
+
+
+def test_an_event_is_named_by_the_time_given_and_its_sequence():
+    ev = decisions.node_event(_node(), "Warning", "InjectionRejected", "x" * 2000, "T", 3, 0x19A2B3C4D5E)
+    assert ev["metadata"]["name"].endswith(".mokkafs.19a2b3c4d5e.3"), ev["metadata"]["name"]
+    assert (ev["firstTimestamp"], ev["lastTimestamp"], len(ev["message"])) == ("T", "T", 1024)
 
 
 def test_health_condition_only_on_change():
-    H = agent.GpuHealth
+    H = decisions.GpuHealth
     ok = [H(0, "healthy", "none"), H(1, "healthy", "none")]
-    c = agent.health_condition(ok, None, "T1")
+    c = decisions.health_condition(ok, None, "T1")
     assert (c["status"], c["reason"], c["message"]) == ("True", "GPUsHealthy", "all 2 GPUs healthy")
-    assert agent.health_condition(ok, c, "T2") is None  # unchanged: no write
+    assert decisions.health_condition(ok, c, "T2") is None  # unchanged: no write
     bad = [H(0, "healthy", "none"), H(1, "lost", "lost")]
-    c2 = agent.health_condition(bad, c, "T3")
+    c2 = decisions.health_condition(bad, c, "T3")
     assert (c2["status"], c2["reason"], c2["lastTransitionTime"]) == ("False", "GPUsUnhealthy", "T3")
     assert c2["message"] == "gpu1 lost (lost)"
     deg = [H(0, "degraded", "none"), H(1, "healthy", "none")]
-    c3 = agent.health_condition(deg, c, "T4")
+    c3 = decisions.health_condition(deg, c, "T4")
     assert (c3["status"], c3["reason"], c3["lastTransitionTime"]) == ("True", "GPUsDegraded", "T1")
 
 
 def test_node_settings_labels_win_over_configmap():
-    assert agent.node_settings(_node(), "t4", "1") == ("t4", 1)
-    assert agent.node_settings(_node(), None, None) == ("h100", None)
-    labels = {agent.LABEL_PROFILE: "b200", agent.LABEL_GPUS: "4"}
-    assert agent.node_settings(_node(labels=labels), "t4", "1") == ("b200", 4)
-    for bad in ({agent.LABEL_GPUS: "0"}, {agent.LABEL_GPUS: "65"}, {agent.LABEL_GPUS: "x"}, {agent.LABEL_PROFILE: "../etc"}):
+    assert decisions.node_settings(_node(), "t4", "1") == ("t4", 1)
+    assert decisions.node_settings(_node(), None, None) == ("h100", None)
+    labels = {decisions.LABEL_PROFILE: "b200", decisions.LABEL_GPUS: "4"}
+    assert decisions.node_settings(_node(labels=labels), "t4", "1") == ("b200", 4)
+    gpus, profile = decisions.LABEL_GPUS, decisions.LABEL_PROFILE
+    for bad in ({gpus: "0"}, {gpus: "65"}, {gpus: "x"}, {profile: "../etc"}):
         with pytest.raises(ValueError):
-            agent.node_settings(_node(labels=bad), None, None)
+            decisions.node_settings(_node(labels=bad), None, None)
 
 
 def test_cdi_spec_shape():
-    gpus = [agent.GpuDevice(0, 0, "GPU-aaaa"), agent.GpuDevice(1, 1, "GPU-bbbb")]
-    text = agent.cdi_spec("/m", "/s/state", gpus, ["usr/lib64/libnvidia-ml.so.1", "usr/bin/nvidia-smi"], "x86_64")
+    gpus = [node_files.GpuDevice(0, 0, "GPU-aaaa"), node_files.GpuDevice(1, 1, "GPU-bbbb")]
+    text = node_files.cdi_spec("/m", "/s/state", gpus, ["usr/lib64/libnvidia-ml.so.1", "usr/bin/nvidia-smi"], "x86_64")
     assert text.startswith("---\ncdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n  - name: '0'\n")
     assert "&" not in text and "*" not in text, "no YAML anchors or aliases"
     spec = yaml.safe_load(text)
@@ -223,7 +232,7 @@ def test_cdi_spec_shape():
 
 
 def test_nfd_feature_file_is_name_value_lines():
-    text = agent.nfd_features("h100", 8, "590.48.01")
+    text = node_files.nfd_features("h100", 8, "590.48.01")
     lines = text.splitlines()
     assert text.endswith("\n") and "pci-10de.present=true" in lines
     assert all("=" in line and " " not in line and not line.startswith("#") for line in lines)
@@ -264,9 +273,9 @@ def start_agent(cluster, node_factory):
     watching the fake cluster's Node through `tree`; stopped at teardown."""
     threads = []
 
-    def start(profile: str = "h100", gpus: int = 4, tree=agent.MountedTree):
+    def start(profile: str = "h100", gpus: int = 4, tree=watch.MountedTree):
         node = node_factory(profile=profile, gpus=gpus)
-        a = agent.Agent(core_api(cluster.base_url), cluster.node["metadata"]["name"], tree(str(node.mnt)), resync_s=1)
+        a = watch.Agent(core_api(cluster.base_url), cluster.node["metadata"]["name"], tree(str(node.mnt)), resync_s=1)
         t = threading.Thread(target=a.run, daemon=True)
         t.start()
         threads.append((a, t))
@@ -295,23 +304,23 @@ def events(cluster, reason: str) -> list[dict]:
 
 def test_injection_applied_once_despite_a_conflict(running):
     cluster, node, _ = running
-    wait_until(lambda: cluster.condition(agent.CONDITION_TYPE), "the first health report")
-    assert cluster.condition(agent.CONDITION_TYPE)["status"] == "True"
+    wait_until(lambda: cluster.condition(decisions.CONDITION_TYPE), "the first health report")
+    assert cluster.condition(decisions.CONDITION_TYPE)["status"] == "True"
     cluster.conflicts = 1  # the kubelet writes the Node between our read and our claim
-    cluster.annotate(agent.ANNOTATION_INJECT, "gpu=3 xid=79")
+    cluster.annotate(decisions.ANNOTATION_INJECT, "gpu=3 xid=79")
     wait_until(lambda: events(cluster, "InjectionApplied"), "the InjectionApplied event")
 
     assert node.read("gpu3/lost") == "1\n"
     assert "health: lost" in node.read("gpu3/info")
     assert node.read("gpu3/events").count(": 79, ") == 1, "applied exactly once"
     ann = annotations(cluster)
-    assert agent.ANNOTATION_INJECT not in ann
-    assert ann[agent.ANNOTATION_APPLIED].endswith(" gpu=3 xid=79")
+    assert decisions.ANNOTATION_INJECT not in ann
+    assert ann[decisions.ANNOTATION_APPLIED].endswith(" gpu=3 xid=79")
     codes = [p for p in cluster.patches if p[0].endswith("/gpu-node-1")]
     # The first claim meets the 409; stale watch events may try (and 409) again; one wins.
     assert len(codes) >= 2 and len(events(cluster, "InjectionApplied")) == 1
     cond = wait_until(
-        lambda: (c := cluster.condition(agent.CONDITION_TYPE)) and c["status"] == "False" and c, "condition False"
+        lambda: (c := cluster.condition(decisions.CONDITION_TYPE)) and c["status"] == "False" and c, "condition False"
     )
     assert cond["reason"] == "GPUsUnhealthy" and cond["message"].startswith("gpu3 lost")
     assert cluster.condition("Ready")["status"] == "True", "the kubelet's conditions are untouched"
@@ -322,8 +331,8 @@ def test_injection_applied_once_despite_a_conflict(running):
     assert ev["metadata"]["namespace"] == "default" and ev["source"]["component"] == "mokkafs-agent"
 
     # Recovery: reset the node through the annotation; the condition follows.
-    cluster.annotate(agent.ANNOTATION_INJECT, "node reset=1")
-    wait_until(lambda: cluster.condition(agent.CONDITION_TYPE)["status"] == "True", "condition True again")
+    cluster.annotate(decisions.ANNOTATION_INJECT, "node reset=1")
+    wait_until(lambda: cluster.condition(decisions.CONDITION_TYPE)["status"] == "True", "condition True again")
     assert node.read("gpu3/lost") == "0\n"
 
 
@@ -336,15 +345,15 @@ def test_injection_applied_once_despite_a_conflict(running):
 def test_bad_annotation_gets_an_event_and_changes_nothing(running, expect_log, value, reason):
     expect_log(r"rejected mokkafs.io/inject")
     cluster, node, _ = running
-    wait_until(lambda: cluster.condition(agent.CONDITION_TYPE), "the first health report")
+    wait_until(lambda: cluster.condition(decisions.CONDITION_TYPE), "the first health report")
     before = {p: node.read(p) for p in ("node/events", "gpu0/info", "gpu0/lost", "gpu1/info")}
-    cluster.annotate(agent.ANNOTATION_INJECT, value)
+    cluster.annotate(decisions.ANNOTATION_INJECT, value)
     (ev,) = wait_until(lambda: events(cluster, "InjectionRejected"), "the InjectionRejected event")
     assert ev["type"] == "Warning" and reason in ev["message"]
     assert {p: node.read(p) for p in before} == before
     ann = annotations(cluster)
-    assert agent.ANNOTATION_INJECT not in ann and reason in ann[agent.ANNOTATION_REJECTED]
-    assert cluster.condition(agent.CONDITION_TYPE)["status"] == "True"
+    assert decisions.ANNOTATION_INJECT not in ann and reason in ann[decisions.ANNOTATION_REJECTED]
+    assert cluster.condition(decisions.CONDITION_TYPE)["status"] == "True"
 
 
 GPU0_FILES = ("node/events", "gpu0/info", "gpu0/inject_xid", "gpu0/inject_ecc", "gpu0/nvlink", "gpu0/events")
@@ -355,36 +364,36 @@ def test_annotation_beyond_the_profiles_limits_changes_nothing(start_agent, expe
     # against the node's limits before any write, the Xid is never applied.
     expect_log(r"rejected mokkafs.io/inject")
     cluster, node, _ = start_agent("a100", 2)
-    wait_until(lambda: cluster.condition(agent.CONDITION_TYPE), "the first health report")
+    wait_until(lambda: cluster.condition(decisions.CONDITION_TYPE), "the first health report")
     before = {p: node.read(p) for p in GPU0_FILES}
     assert before["gpu0/inject_xid"] == "none\n" and "health: healthy" in before["gpu0/info"]
     value = "gpu=0 xid=48; gpu=0 nvlink=17 down"
-    cluster.annotate(agent.ANNOTATION_INJECT, value)
+    cluster.annotate(decisions.ANNOTATION_INJECT, value)
     (ev,) = wait_until(lambda: events(cluster, "InjectionRejected"), "the InjectionRejected event")
     assert ev["type"] == "Warning"
     assert ev["message"] == f"{value!r}: 'gpu=0 nvlink=17 down': a100 has 12 NVLinks, no link 17"
     assert {p: node.read(p) for p in GPU0_FILES} == before, "no command of a bad annotation is written"
     assert not events(cluster, "InjectionApplied") and not events(cluster, "InjectionFailed")
     ann = annotations(cluster)
-    assert agent.ANNOTATION_INJECT not in ann and agent.ANNOTATION_APPLIED not in ann
-    assert ann[agent.ANNOTATION_REJECTED].endswith(f" {value}: 'gpu=0 nvlink=17 down': a100 has 12 NVLinks, no link 17")
-    assert cluster.condition(agent.CONDITION_TYPE)["status"] == "True"
+    assert decisions.ANNOTATION_INJECT not in ann and decisions.ANNOTATION_APPLIED not in ann
+    assert ann[decisions.ANNOTATION_REJECTED].endswith(f" {value}: 'gpu=0 nvlink=17 down': a100 has 12 NVLinks, no link 17")
+    assert cluster.condition(decisions.CONDITION_TYPE)["status"] == "True"
 
 
 def test_annotation_within_the_limits_applies_fully(start_agent):
     cluster, node, _ = start_agent("a100", 2)
-    wait_until(lambda: cluster.condition(agent.CONDITION_TYPE), "the first health report")
+    wait_until(lambda: cluster.condition(decisions.CONDITION_TYPE), "the first health report")
     value = "gpu=0 xid=48; gpu=0 nvlink=11 down; gpu=1 temperature=91"
-    cluster.annotate(agent.ANNOTATION_INJECT, value)
+    cluster.annotate(decisions.ANNOTATION_INJECT, value)
     (ev,) = wait_until(lambda: events(cluster, "InjectionApplied"), "the InjectionApplied event")
     assert ev["message"] == value
     assert node.read("gpu0/inject_xid").startswith("48 ")
     assert "11 down " in node.read("gpu0/nvlink")
     assert node.read("gpu1/temperature") == "91\n"
-    assert annotations(cluster)[agent.ANNOTATION_APPLIED].endswith(f" {value}")
+    assert annotations(cluster)[decisions.ANNOTATION_APPLIED].endswith(f" {value}")
 
 
-class _StaleTree(agent.MountedTree):
+class _StaleTree(watch.MountedTree):
     """A tree whose limits the agent reads as an H100's while the mount is an A100's: what a
     remount with another profile between the check and the writes would look like."""
 
@@ -396,9 +405,9 @@ def test_refusal_at_write_time_says_what_was_applied(start_agent, expect_log):
     expect_log(r"partly applied")
     cluster, node, _ = start_agent("a100", 2, tree=_StaleTree)
     node.expect_warning(r"EINVAL write gpu0/nvlink: .*no link 17")
-    wait_until(lambda: cluster.condition(agent.CONDITION_TYPE), "the first health report")
+    wait_until(lambda: cluster.condition(decisions.CONDITION_TYPE), "the first health report")
     value = "gpu=0 xid=48; gpu=0 nvlink=17 down; gpu=1 temperature=91"
-    cluster.annotate(agent.ANNOTATION_INJECT, value)
+    cluster.annotate(decisions.ANNOTATION_INJECT, value)
     (ev,) = wait_until(lambda: events(cluster, "InjectionFailed"), "the InjectionFailed event")
     strerror = os.strerror(errno.EINVAL)
     assert ev["type"] == "Warning" and ev["message"] == (
@@ -408,14 +417,14 @@ def test_refusal_at_write_time_says_what_was_applied(start_agent, expect_log):
     assert node.read("gpu0/inject_xid").startswith("48 "), "the first command was applied"
     assert node.read("gpu1/temperature") != "91\n", "the one after the refusal was not"
     assert not events(cluster, "InjectionApplied")
-    ann = wait_until(lambda: (a := annotations(cluster)) and agent.ANNOTATION_REJECTED in a and a, "the corrected record")
-    assert ann[agent.ANNOTATION_APPLIED].endswith(" gpu=0 xid=48"), "applied names only what was written"
-    assert "not applied: 'gpu=0 nvlink=17 down', 'gpu=1 temperature=91'" in ann[agent.ANNOTATION_REJECTED]
+    ann = wait_until(lambda: (a := annotations(cluster)) and decisions.ANNOTATION_REJECTED in a and a, "the corrected record")
+    assert ann[decisions.ANNOTATION_APPLIED].endswith(" gpu=0 xid=48"), "applied names only what was written"
+    assert "not applied: 'gpu=0 nvlink=17 down', 'gpu=1 temperature=91'" in ann[decisions.ANNOTATION_REJECTED]
 
 
 def test_watch_that_ends_and_watch_that_expires(running):
     cluster, node, _ = running
-    wait_until(lambda: cluster.condition(agent.CONDITION_TYPE), "the first health report")
+    wait_until(lambda: cluster.condition(decisions.CONDITION_TYPE), "the first health report")
     gets = lambda: sum(1 for m, p in cluster.requests if m == "GET" and p.startswith("/api/v1/nodes/"))  # noqa: E731
     watches = lambda: sum(1 for m, p in cluster.requests if "watch=true" in p)  # noqa: E731
     cluster.end_watches, cluster.expire_watches = 1, 1
@@ -423,7 +432,7 @@ def test_watch_that_ends_and_watch_that_expires(running):
     wait_until(lambda: cluster.expire_watches == 0 and watches() >= n_watches + 3, "watches after the restarts")
     assert gets() > n_gets, "a 410 Gone makes the agent list (GET) again"
     cluster.heartbeat()
-    cluster.annotate(agent.ANNOTATION_INJECT, "gpu=1 ecc=dbe 2")
+    cluster.annotate(decisions.ANNOTATION_INJECT, "gpu=1 ecc=dbe 2")
     wait_until(lambda: events(cluster, "InjectionApplied"), "the injection after the restarts")
     assert "volatile dbe 2" in node.read("gpu1/inject_ecc")
 
@@ -439,7 +448,7 @@ def test_mokka_agent_command(cluster, tmp_path):
         "users": [{"name": "u", "user": {"token": "t"}}],
         "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
     }))  # fmt: skip
-    cluster.node["metadata"]["labels"].update({agent.LABEL_PROFILE: "t4", agent.LABEL_GPUS: "2"})
+    cluster.node["metadata"]["labels"].update({decisions.LABEL_PROFILE: "t4", decisions.LABEL_GPUS: "2"})
     mnt, state = tmp_path / "root", tmp_path / "state"
     cdi, nfd = tmp_path / "cdi" / "nvidia.yaml", tmp_path / "features.d" / "mokkafs"
     env = dict(os.environ, MOKKA_RUNTIME_DIR=str(tmp_path / "run"), NODE_NAME="gpu-node-1", MOKKA_PROFILE="h100")
@@ -458,7 +467,7 @@ def test_mokka_agent_command(cluster, tmp_path):
         uuids = [line.split(": ")[1] for i in range(2) for line in (mnt / f"gpu{i}/info").read_text().splitlines() if line.startswith("uuid: ")]
         assert [d["name"] for d in spec["devices"]] == ["0", uuids[0], "1", uuids[1], "all"]
         assert "pci-10de.present=true\n" in nfd.read_text() and "mokkafs.profile=t4\n" in nfd.read_text()
-        cluster.annotate(agent.ANNOTATION_INJECT, "gpu=1 temperature=91")
+        cluster.annotate(decisions.ANNOTATION_INJECT, "gpu=1 temperature=91")
         wait_until(lambda: events(cluster, "InjectionApplied"), "the injection")
         assert (mnt / "gpu1/temperature").read_text() == "91\n"
     finally:

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from mokkafs import agent, cli
+from mokkafs import cli
+from mokkafs.agent import grammar
 from mokkafs.model import InvalidCommand, Node, compose
 from mokkafs.model.commands import NODE, VERBS, command, gpu, hca, parse_line, parse_target, parse_write
 from mokkafs.model.config import Configure
@@ -230,7 +231,7 @@ def _every_surface(tmp_path, capsys, config, node, control):
             results["control socket"] = _socket_outcome(control, f"{target_text} {verb} {args}")
         if target.kind != "hca":  # annotations reach GPUs and the node
             try:
-                (cmd,) = agent.parse_injection(f"{target_text} {verb}={args}", config)
+                (cmd,) = grammar.parse_injection(f"{target_text} {verb}={args}", config)
                 results["annotation"] = ("ok", cmd.event)
                 assert cmd.path == (v.file and f"{target.directory}/{v.file}") and cmd.payload == args.encode()
             except InvalidCommand as e:

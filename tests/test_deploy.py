@@ -161,10 +161,10 @@ def test_pods_see_the_node_read_only():
         for m in c["volumeMounts"]:
             if m["name"] in vols:
                 assert m.get("readOnly") is True, m
-    from mokkafs import agent
+    from mokkafs.agent import node_files
 
-    spec = yaml.safe_load(agent.cdi_spec("/m", "/s/state", [agent.GpuDevice(0, 0, "GPU-x")],
-                                         ["usr/lib64/libnvidia-ml.so.1", "usr/bin/nvidia-smi"], "x86_64"))
+    spec = yaml.safe_load(node_files.cdi_spec("/m", "/s/state", [node_files.GpuDevice(0, 0, "GPU-x")],
+                                              ["usr/lib64/libnvidia-ml.so.1", "usr/bin/nvidia-smi"], "x86_64"))
     mounts = spec["containerEdits"]["mounts"]
     assert mounts and all("ro" in m["options"] for m in mounts), mounts
 

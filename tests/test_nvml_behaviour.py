@@ -11,7 +11,7 @@ import pytest
 
 from helpers_nvml import Nvml, Published
 from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin
-from mokkafs.publisher import STATE_SIZE
+from mokkafs.shm.layout import STATE_SIZE
 
 SUCCESS, UNINITIALIZED, INVALID_ARGUMENT, NOT_SUPPORTED, NOT_FOUND, INSUFFICIENT_SIZE = 0, 1, 2, 3, 6, 7
 DRIVER_NOT_LOADED, TIMEOUT, GPU_IS_LOST, RM_MISMATCH, VERSION_MISMATCH = 9, 10, 15, 18, 25

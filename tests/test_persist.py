@@ -151,7 +151,7 @@ def test_a_saturated_counter_is_logged_once(tmp_path, caplog, expect_log):
 def test_counter_widths_fit_the_shared_state_fields():
     """Every counter published in the shared state holds its saturated value in its C field
     (cffi raises OverflowError where a value does not fit)."""
-    from mokkafs.publisher import make_ffi
+    from mokkafs.shm.layout import make_ffi
 
     gpu = make_ffi().new("struct mokka_gpu *")
     gpu.pcie_replay = counter_max("pcie_replay")
@@ -164,7 +164,8 @@ def test_counter_widths_fit_the_shared_state_fields():
 def test_a_restored_energy_at_its_cap_still_publishes(tmp_path):
     """The largest energy restore accepts keeps growing without overflowing energy_mj."""
     from mokkafs.model.node import MAX_ENERGY_MJ
-    from mokkafs.publisher import fill_gpu, make_ffi
+    from mokkafs.shm.layout import make_ffi
+    from mokkafs.shm.publisher import fill_gpu
 
     make(tmp_path)
     (tmp_path / "state" / "gpu0.json").write_bytes(_gpu1(energy0_mj=MAX_ENERGY_MJ))
@@ -318,7 +319,8 @@ def test_a_state_dir_written_with_string_counter_keys_restores_unchanged(tmp_pat
     """tests/fixtures/state-v1 was written by the daemon when GPU state kept ECC counters as
     "volatile.corrected.dram" keys and NVLink errors as {"3": {"replay": N}}; beside it, what
     that daemon rendered from it. It restores, renders the same, and is saved in the same format."""
-    from mokkafs.publisher import fill_gpu, make_ffi
+    from mokkafs.shm.layout import make_ffi
+    from mokkafs.shm.publisher import fill_gpu
     from mokkafs.render.control import render_ecc, render_info, render_nvlink
     from mokkafs.render.metrics import render_dcgm
     from mokkafs.vfs import Ctx

@@ -7,7 +7,8 @@ import pytest
 from mokkafs.model import Node, compose
 from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin, SetProcesses
 from mokkafs.profiles import load_profile
-from mokkafs.publisher import Publisher, ffi, fill_gpu
+from mokkafs.shm.layout import ffi
+from mokkafs.shm.publisher import Publisher, fill_gpu
 
 RECORD = ffi.sizeof("struct mokka_gpu")
 

@@ -144,7 +144,8 @@ def test_gpu_config_shows_every_setting_and_marks_what_differs():
 
 
 def test_the_publisher_copies_every_setting_from_the_model():
-    from mokkafs.publisher import fill_gpu, make_ffi
+    from mokkafs.shm.layout import make_ffi
+    from mokkafs.shm.publisher import fill_gpu
 
     node = h100()
     g = make_ffi().new("struct mokka_gpu *")
@@ -564,7 +565,7 @@ def test_every_setting_survives_a_daemon_restart_and_a_kill(node_factory):
 
 
 def test_mokka_inject_and_an_annotation_set_through_the_same_socket(node_factory):
-    from mokkafs import agent
+    from mokkafs.agent import grammar, watch
 
     node = node_factory(gpus=2)
     assert node.cli("inject", "--root", str(node.mnt), "1", "power_limit", "400").returncode == 0
@@ -573,8 +574,8 @@ def test_mokka_inject_and_an_annotation_set_through_the_same_socket(node_factory
     assert bad.returncode == 2 and bad.stderr == "mokka: gpu1 compute_mode: compute mode exclusive_thread is no " \
                                                  "longer supported\n"
     node.expect_warning(r"ctl\.sock: not_supported from uid 0")
-    tree = agent.MountedTree(str(node.mnt))
-    commands = agent.parse_injection("gpu=all power_limit=300; gpu=0 compute_mode=prohibited", tree.node_config())
+    tree = watch.MountedTree(str(node.mnt))
+    commands = grammar.parse_injection("gpu=all power_limit=300; gpu=0 compute_mode=prohibited", tree.node_config())
     assert [c.command.__str__() for c in commands] == ["gpu=0 power_limit 300", "gpu=1 power_limit 300",
                                                        "gpu=0 compute_mode prohibited"]
     for c in commands:
@@ -587,7 +588,7 @@ def test_mokka_inject_and_an_annotation_set_through_the_same_socket(node_factory
     assert status[-2:] == ["gpu0 settings: compute_mode: prohibited (default default); power_limit: 300 (default 700)",
                            "gpu1 settings: power_limit: 300 (default 700)"]
     with pytest.raises(InvalidCommand, match="'gpu=all power_limit=100': power limit 100 W is outside"):
-        agent.parse_injection("gpu=all power_limit=100", tree.node_config())
+        grammar.parse_injection("gpu=all power_limit=100", tree.node_config())
 
 
 def test_locked_clocks_hold_the_clock_every_process_reads_and_say_why(node_factory):

@@ -314,9 +314,9 @@ def test_the_publisher_logs_one_line_per_incident_and_keeps_its_counters(tmp_pat
     """Without a mount: each kind of damage is one warning however many ticks see it, and the
     event counters consumers hold cursors into come back (or move over) unchanged."""
     from mokkafs.model.events import InjectXid
-    from mokkafs.publisher import MAGIC, RETIRED
+    from mokkafs.shm.layout import MAGIC, RETIRED
 
-    caplog.set_level("WARNING", logger="mokkafs.publisher")
+    caplog.set_level("WARNING", logger="mokkafs.shm.publisher")
     expect_log(r"the state file('s header)? was (overwritten|replaced by another file|removed)")
     pub = Published(tmp_path, "t4", 1)
     try:
@@ -348,7 +348,7 @@ def test_the_daemon_never_follows_or_blocks_on_what_is_at_the_path(tmp_path, exp
     """A link at the path is replaced, its target untouched even when it is a valid state file
     (which a daemon following the link would adopt and write into); a FIFO is replaced at once.
     One line each."""
-    from mokkafs.publisher import MAGIC
+    from mokkafs.shm.layout import MAGIC
 
     expect_log(r"replacing what is there, not a (state|regular) file")
     path = tmp_path / "state"

@@ -87,7 +87,7 @@
 
 #include <stdint.h>
 
-/* BEGIN CDEF -- parsed by mokkafs/publisher.py; plain #defines and structs only */
+/* BEGIN CDEF -- parsed by mokkafs/shm/layout.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
 #define MOKKA_STATE_VERSION 5
 #define MOKKA_MAX_GPUS 64

@@ -25,19 +25,19 @@ from mokkafs.clock import Clock, WallClock
 from mokkafs.controller import Controller
 from mokkafs.model import InvalidCommand
 from mokkafs.model.events import MAX_PID, MAX_PROCESS_BYTES, SetProcesses
-from mokkafs.publisher import MAX_GPU_PROCS, MAX_GPUS, _libc, ffi
+from mokkafs.shm.layout import MAX_GPU_PROCS, MAX_GPUS, ffi, libc
 
 log = logging.getLogger(__name__)
 
 TICK_S = 0.1
 SUFFIX = ".procs"
 MAGIC = 0x53434F5250414B4D
-VERSION = _libc.MOKKA_PROCS_VERSION
+VERSION = libc.MOKKA_PROCS_VERSION
 # Live records per uid. A node of 8 GPUs runs a few CUDA processes per GPU per user (a
 # DataLoader's workers do not take contexts); 64 leaves room for that and bounds what one user
 # can make the daemon hold (a record is 1 KiB of memory and two descriptors). Root is not capped:
 # it can stop the daemon anyway, and a cap on it would only let others' usage matter to it.
-PER_UID = _libc.MOKKA_PROCS_PER_UID
+PER_UID = libc.MOKKA_PROCS_PER_UID
 CONNECTIONS_PER_UID = 2 * PER_UID  # reconnects after a daemon restart overlap old connections
 FOLDS_PER_CONNECTION = 2 * MAX_GPUS + 8
 RECORD_SIZE = ffi.sizeof("struct mokka_proc_record")

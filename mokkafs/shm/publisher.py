@@ -1,5 +1,5 @@
-"""The daemon's side of the shared state file: maps `<state-dir>/state` (layout in
-shims/include/mokka_state.h, read through cffi in ABI mode) and publishes the node into it under
+"""The daemon's side of the shared state file: maps `<state-dir>/state` (its layout in
+`mokkafs.shm.layout`) and publishes the node into it under
 the seqlock, on every event and on a short tick, appending events and waking futex waiters."""
 from __future__ import annotations
 
@@ -8,31 +8,21 @@ import logging
 import mmap
 import os
 import platform
-import re
 import stat
 from pathlib import Path
 
 import trio
-from cffi import FFI
 
 from mokkafs.clock import Clock, WallClock
 from mokkafs.model import Node, Notification
 from mokkafs.model.config import COMPUTE_MODES
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS
 from mokkafs.model.node import LogEntry, Readings
+from mokkafs.shm.layout import MAGIC, MAX_GPU_PROCS, MAX_GPUS, RETIRED, RING, STATE_SIZE, VERSION, fence, ffi, libc
 
 log = logging.getLogger(__name__)
 
 TICK_S = 0.1
-STATE_FILE = "state"
-STATE_ENV = "MOKKA_STATE"
-DEFAULT_STATE_PATH = "/run/mokka/state"
-
-_HERE = Path(__file__).resolve().parent
-HEADER_CANDIDATES = [
-    _HERE.parent / "shims" / "include" / "mokka_state.h",  # a source checkout or editable install
-    _HERE / "_native" / "include" / "mokka_state.h",  # a wheel (setup.py copies it there)
-]
 
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
 _FUTEX_WAKE = 1
@@ -42,56 +32,6 @@ BRANDS = {"Quadro": 1, "Tesla": 2, "NVS": 3, "GeForce": 5, "Titan": 6, "NVIDIA R
 ARCHITECTURES = {"Turing": 6, "Ampere": 7, "Ada Lovelace": 8, "Hopper": 9, "Blackwell": 10}
 NVLINK_DEVICE_TYPES = {"gpu": 0, "switch": 2}  # nvmlIntNvLinkDeviceType_t
 CPU_WORD_BITS = 64
-
-
-def header_path() -> Path:
-    for p in HEADER_CANDIDATES:
-        if p.is_file():
-            return p
-    raise FileNotFoundError(f"mokka_state.h not found in {', '.join(map(str, HEADER_CANDIDATES))}")
-
-
-def cdef_source(path: Path | None = None) -> str:
-    """The part of the header between the CDEF markers: what cffi parses."""
-    text = (path or header_path()).read_text()
-    m = re.search(r"/\* BEGIN CDEF[^\n]*\n(.*?)/\* END CDEF \*/", text, re.S)
-    if not m:
-        raise ValueError("mokka_state.h has no BEGIN CDEF / END CDEF region")
-    return m.group(1)
-
-
-def make_ffi() -> FFI:
-    ffi = FFI()
-    ffi.cdef(cdef_source())
-    ffi.cdef("long syscall(long number, ...);")
-    ffi.cdef("void mokka_fence(void);")
-    return ffi
-
-
-ffi = make_ffi()
-_libc = ffi.dlopen(None)
-MAGIC = 0x4554415453414B4D
-RETIRED = _libc.MOKKA_STATE_RETIRED  # the magic of a file the daemon left for a new one
-VERSION = _libc.MOKKA_STATE_VERSION
-MAX_GPUS = _libc.MOKKA_MAX_GPUS
-MAX_GPU_PROCS = _libc.MOKKA_MAX_GPU_PROCS
-RING = _libc.MOKKA_EVENT_RING
-STATE_SIZE = ffi.sizeof("struct mokka_state")
-TSO = platform.machine() in ("x86_64", "AMD64", "i386", "i686")
-
-
-def load_fence(tso: bool = TSO):
-    """Order the daemon's stores into shared memory as other CPUs see them. On x86 (TSO) they
-    already are, and this is a no-op; elsewhere it is a full barrier from libmokka-fence.so,
-    without which a reader could see a seqlock's even count before the records it covers."""
-    if tso:
-        return lambda: None
-    from mokkafs import native
-
-    return ffi.dlopen(str(native.fence_library())).mokka_fence
-
-
-fence = load_fence()
 
 
 def cuda_version_int(version: str) -> int:
@@ -539,7 +479,7 @@ class Publisher:
         if _SYS_FUTEX is None:
             return  # waiters fall back to their timeout slices
         addr = ffi.cast("uint32_t *", ffi.addressof(self._st if st is None else st, "event_wake"))
-        _libc.syscall(ffi.cast("long", _SYS_FUTEX), ffi.cast("void *", addr), ffi.cast("int", _FUTEX_WAKE),
+        libc.syscall(ffi.cast("long", _SYS_FUTEX), ffi.cast("void *", addr), ffi.cast("int", _FUTEX_WAKE),
                       ffi.cast("int", _INT_MAX), ffi.NULL, ffi.NULL, ffi.cast("int", 0))
 
     def __call__(self, node: Node, notes: list[Notification], entries: list[LogEntry]) -> None:
@@ -566,7 +506,3 @@ def _allocate(fd: int) -> None:
     SIGBUS, where posix_fallocate's ENOSPC is an error we can report."""
     os.ftruncate(fd, STATE_SIZE)
     os.posix_fallocate(fd, 0, STATE_SIZE)
-
-
-def state_path(state_dir: str | os.PathLike) -> Path:
-    return Path(state_dir) / STATE_FILE

@@ -1,0 +1,177 @@
+"""The agent's reconcile decisions, pure: (Node object, the mounted node's composition) -> the
+claim to patch, the outcome to record, the health condition and the Events to write. The watch
+loop (`watch.py`) makes the API calls; nothing here imports the API client or does I/O."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from mokkafs.agent.grammar import Command, parse_injection
+from mokkafs.model import InvalidCommand, NodeConfig
+from mokkafs.profiles import ProfileError
+
+ANNOTATION_INJECT = "mokkafs.io/inject"
+ANNOTATION_APPLIED = "mokkafs.io/applied"
+ANNOTATION_REJECTED = "mokkafs.io/rejected"
+LABEL_PROFILE = "mokkafs.io/profile"
+LABEL_GPUS = "mokkafs.io/gpus"
+CONDITION_TYPE = "MokkaGPUHealthy"
+COMPONENT = "mokkafs-agent"
+MAX_GPUS = 64
+
+
+@dataclass(frozen=True)
+class Apply:
+    value: str
+    commands: tuple[Command, ...]
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class Reject:
+    value: str
+    reason: str
+    resource_version: str
+
+
+def decide(node: dict, config: NodeConfig | ProfileError) -> Apply | Reject | None:
+    """`config`: the mounted node's composition, or why it could not be had (a profile this
+    install cannot load); then an annotation is rejected, as its limits cannot be checked."""
+    meta = node.get("metadata") or {}
+    value = (meta.get("annotations") or {}).get(ANNOTATION_INJECT)
+    if value is None:
+        return None
+    rv = meta.get("resourceVersion", "")
+    if not isinstance(value, str):
+        return Reject(str(value), "annotation value is not a string", rv)
+    if isinstance(config, ProfileError):
+        return Reject(value, f"cannot check it against the node's limits: {config}", rv)
+    try:
+        return Apply(value, parse_injection(value, config), rv)
+    except InvalidCommand as e:
+        return Reject(value, str(e), rv)
+
+
+def partial_failure(action: Apply, failed: int, error: str) -> str:
+    """What an Event says when the daemon refused `action.commands[failed]` after the checks
+    passed (the node changed in between): which commands were applied and which were not."""
+    done, rest = action.commands[:failed], action.commands[failed:]
+    quoted = lambda cs: ", ".join(repr(c.text) for c in cs) or "none"  # noqa: E731
+    refused = action.commands[failed]
+    return (
+        f"{refused.path or 'the control socket'} refused {refused.text!r}: {error}; "
+        f"applied: {quoted(done)}; not applied: {quoted(rest)}"
+    )
+
+
+def failure_patch(action: Apply, failed: int, message: str, now: str) -> dict:
+    """The merge patch that corrects the claim's record after a partial failure: `applied` names
+    only the commands written (or goes), `rejected` says what was not and why."""
+    done = "; ".join(c.text for c in action.commands[:failed])
+    return {
+        "metadata": {
+            "annotations": {
+                ANNOTATION_APPLIED: f"{now} {done}" if done else None,
+                ANNOTATION_REJECTED: f"{now} {action.value}: {message}",
+            }
+        }
+    }
+
+
+def claim_patch(action: Apply | Reject, now: str) -> dict:
+    """The merge patch that takes the annotation off the node (so it is acted on once) and
+    records the outcome. `resourceVersion` makes it conditional: a node changed since we read it
+    answers 409, and we decide again from a fresh read."""
+    if isinstance(action, Apply):
+        record = {ANNOTATION_APPLIED: f"{now} {action.value}", ANNOTATION_REJECTED: None}
+    else:
+        record = {ANNOTATION_REJECTED: f"{now} {action.value}: {action.reason}"}
+    return {
+        "metadata": {
+            "resourceVersion": action.resource_version,
+            "annotations": {ANNOTATION_INJECT: None, **record},
+        }
+    }
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    index: int
+    health: str  # healthy | degraded | unhealthy | lost (Node.health)
+    faults: str
+
+
+def parse_info(text: str) -> dict[str, str]:
+    return dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+
+
+def health_condition(gpus: list[GpuHealth], previous: dict | None, now: str) -> dict | None:
+    """The MokkaGPUHealthy condition for these readings, or None when `previous` already says
+    it (no write, no churn). Lost or unhealthy GPUs make it False; degraded ones are named."""
+    bad = [g for g in gpus if g.health in ("lost", "unhealthy")]
+    noted = [g for g in gpus if g.health != "healthy"]
+    status = "False" if bad else "True"
+    reason = "GPUsUnhealthy" if bad else ("GPUsDegraded" if noted else "GPUsHealthy")
+    if noted:
+        message = "; ".join(f"gpu{g.index} {g.health} ({g.faults})" for g in noted)
+    else:
+        message = f"all {len(gpus)} GPUs healthy"
+    if previous and (previous.get("status"), previous.get("reason"), previous.get("message")) == (
+        status,
+        reason,
+        message,
+    ):
+        return None
+    transition = previous.get("lastTransitionTime") if previous and previous.get("status") == status else None
+    return {
+        "type": CONDITION_TYPE,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": transition or now,
+    }
+
+
+def current_condition(node: dict) -> dict | None:
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == CONDITION_TYPE:
+            return c
+    return None
+
+
+def node_event(node: dict, event_type: str, reason: str, message: str, now: str, seq: int, now_ms: int) -> dict:
+    """A core/v1 Event about the Node, as the kubelet writes them (namespace `default`), so
+    `kubectl describe node` shows it. Its name is unique by the agent's `seq` and `now_ms`
+    (milliseconds since the epoch), the latter for a restarted agent whose `seq` starts again."""
+    meta = node.get("metadata") or {}
+    name = meta.get("name", "")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.mokkafs.{now_ms:x}.{seq}", "namespace": "default"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": meta.get("uid", name)},
+        "type": event_type,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": COMPONENT, "host": name},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": name,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+def node_settings(node: dict, env_profile: str | None, env_gpus: str | None) -> tuple[str, int | None]:
+    """Profile and GPU count: the Node's labels win over the ConfigMap (environment)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    profile = labels.get(LABEL_PROFILE) or env_profile or "h100"
+    gpus_text = labels.get(LABEL_GPUS) or env_gpus or ""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", profile):
+        raise ValueError(f"bad profile {profile!r} (label {LABEL_PROFILE} or MOKKA_PROFILE)")
+    if gpus_text == "":
+        return profile, None
+    if not re.fullmatch(r"[1-9][0-9]{0,1}", gpus_text) or int(gpus_text) > MAX_GPUS:
+        raise ValueError(f"bad GPU count {gpus_text!r} (label {LABEL_GPUS} or MOKKA_GPUS): 1..{MAX_GPUS}")
+    return profile, int(gpus_text)

@@ -1,0 +1,390 @@
+"""`mokka agent`'s edge: the mounted node it reads and writes, the CDI spec and NFD feature file
+it writes, and the Kubernetes API it watches. It mounts the simulated node, applies the fault
+injections written as Node annotations, and reports GPU health as a Node condition and Events;
+what to do is decided by the pure `grammar` and `decisions`, and this module only acts on it.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+
+from mokkafs.agent.decisions import (
+    ANNOTATION_APPLIED,
+    ANNOTATION_INJECT,
+    CONDITION_TYPE,
+    Apply,
+    GpuHealth,
+    Reject,
+    claim_patch,
+    current_condition,
+    decide,
+    failure_patch,
+    health_condition,
+    node_event,
+    node_settings,
+    parse_info,
+    partial_failure,
+)
+from mokkafs.agent.grammar import Command
+from mokkafs.agent.node_files import DRIVER_FILES, GpuDevice, cdi_spec, nfd_features
+from mokkafs.model import NodeConfig, compose
+from mokkafs.profiles import GpuProfile, ProfileError, load_profile
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MOUNTPOINT = "/var/lib/mokkafs/root"
+DEFAULT_STATE_DIR = "/var/lib/mokkafs/state"
+DEFAULT_CDI_SPEC = "/var/run/cdi/nvidia.yaml"
+DEFAULT_NFD_FEATURES = "/etc/kubernetes/node-feature-discovery/features.d/mokkafs"
+
+CONFLICT_RETRIES = 5
+
+
+def write_atomically(path: str, text: str) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, p)
+
+
+# ---------------------------------------------------------------------------------------------
+# The tree (a mounted node) as the agent sees it.
+
+
+class MountedTree:
+    def __init__(self, root: str) -> None:
+        self.root = Path(root)
+
+    def read(self, rel: str) -> str:
+        return (self.root / rel).read_text()
+
+    def gpu_count(self) -> int:
+        return int(self.read("node/gpu_count"))
+
+    def node_config(self) -> NodeConfig:
+        """The mounted node's composition as far as an injection's limits depend on it: its
+        profile (by the name in node/profile) and GPU count. Raises ProfileError for a profile
+        this install cannot load (the daemon was given a profile file the agent does not have)."""
+        profile = _profile(self.read("node/profile").strip())
+        return compose(profile, gpus=self.gpu_count(), hostname="scratch")
+
+    def healths(self) -> list[GpuHealth]:
+        out = []
+        for i in range(self.gpu_count()):
+            info = parse_info(self.read(f"gpu{i}/info"))
+            out.append(GpuHealth(i, info.get("health", "unknown"), info.get("faults", "none")))
+        return out
+
+    def devices(self) -> list[GpuDevice]:
+        out = []
+        for i in range(self.gpu_count()):
+            info = parse_info(self.read(f"gpu{i}/info"))
+            out.append(GpuDevice(i, int(info["minor"]), info["uuid"]))
+        return out
+
+    def write(self, command: Command) -> None:
+        """One write() per command, as `echo` does; a refusal comes back as OSError (EINVAL).
+        A setting goes to the control socket beside the node's state file (driver/run/mokka),
+        whose refusal comes back as OSError too."""
+        if command.path is None:
+            from mokkafs.control_client import control_path, send
+
+            reply = send(control_path(self.root / "driver" / "run" / "mokka" / "state"), str(command.command))
+            if not reply.ok:
+                raise OSError(errno.EINVAL, str(reply))
+            return
+        fd = os.open(self.root / command.path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, command.payload + b"\n")
+        finally:
+            os.close(fd)
+
+    def driver_files(self) -> list[str]:
+        return [rel for rel in DRIVER_FILES if (self.root / "driver" / rel).exists()]
+
+
+@lru_cache(maxsize=8)
+def _profile(name: str) -> GpuProfile:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", name):
+        raise ProfileError(f"profile {name!r} is not a shipped profile's name")
+    return load_profile(name)
+
+
+def write_node_files(tree: MountedTree, state_dir: str, cdi_path: str | None, nfd_path: str | None) -> None:
+    if cdi_path:
+        state_file = os.path.join(os.path.abspath(state_dir), "state")
+        spec = cdi_spec(str(tree.root), state_file, tree.devices(), tree.driver_files(), platform.machine())
+        write_atomically(cdi_path, spec)
+        log.info("wrote CDI spec %s", cdi_path)
+    if nfd_path:
+        profile = tree.read("node/profile").strip()
+        driver = tree.read("node/driver_version").strip()
+        write_atomically(nfd_path, nfd_features(profile, tree.gpu_count(), driver))
+        log.info("wrote NFD feature file %s", nfd_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The API edge.
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (410): list again."""
+
+
+class Agent:
+    """Watches one Node; applies its injections exactly once; keeps its condition true."""
+
+    def __init__(self, api, node_name: str, tree: MountedTree, resync_s: float = 30.0) -> None:
+        self.api = api  # kubernetes.client.CoreV1Api
+        self.node_name = node_name
+        self.tree = tree
+        self.resync_s = resync_s
+        self._seq = 0
+        self.stopping = False
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def get_node(self) -> dict:
+        resp = self.api.read_node(self.node_name, _preload_content=False)
+        return json.loads(resp.data)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """List (GET), reconcile, watch from that resourceVersion; a watch that ends or drops
+        is resumed, a 410 Gone lists again. Returns when `stopping` is set."""
+        from kubernetes.client.rest import ApiException
+        from urllib3.exceptions import HTTPError
+
+        rv = None
+        backoff = 0.5
+        while not self.stopping:
+            try:
+                if rv is None:
+                    node = self.get_node()
+                    self.reconcile(node)
+                    rv = node["metadata"]["resourceVersion"]
+                rv = self.watch(rv)
+                self.report_health(self.get_node())
+                backoff = 0.5
+            except Gone:
+                log.info("watch: resourceVersion %s is gone; listing again", rv)
+                rv = None
+            except (ApiException, HTTPError, OSError, ValueError, KeyError) as e:
+                log.warning("API: %s; retrying in %.1fs", _short(e), backoff)
+                rv = None
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def watch(self, rv: str) -> str:
+        """One watch request; reconciles each event; returns the last resourceVersion seen."""
+        from kubernetes.watch.watch import iter_resp_lines
+
+        resp = self.api.list_node(
+            field_selector=f"metadata.name={self.node_name}",
+            watch=True,
+            resource_version=rv,
+            timeout_seconds=max(1, int(self.resync_s)),
+            _preload_content=False,
+            _request_timeout=self.resync_s + 30,
+        )
+        try:
+            for line in iter_resp_lines(resp):
+                if self.stopping:
+                    break
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Gone()
+                    raise ValueError(f"watch error {obj.get('code')}: {obj.get('message')}")
+                if event.get("type") in ("ADDED", "MODIFIED"):
+                    self.reconcile(obj)
+                    rv = obj["metadata"]["resourceVersion"]
+                elif event.get("type") == "BOOKMARK":
+                    rv = obj["metadata"]["resourceVersion"]
+        finally:
+            resp.close()
+            resp.release_conn()
+        return rv
+
+    # -- one reconcile -------------------------------------------------------------------------
+
+    def reconcile(self, node: dict) -> None:
+        from kubernetes.client.rest import ApiException
+
+        for _ in range(CONFLICT_RETRIES):
+            try:
+                config: NodeConfig | ProfileError = self.tree.node_config()
+            except ProfileError as e:
+                config = e
+            action = decide(node, config)
+            if action is None:
+                break
+            try:
+                self.api.patch_node(
+                    self.node_name,
+                    claim_patch(action, utc_now()),
+                    _content_type="application/merge-patch+json",
+                    _preload_content=False,
+                )
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                log.info("%s: conflict on resourceVersion %s; reading the node again", self.node_name, action.resource_version)
+                node = self.get_node()
+                continue
+            self.act(node, action)
+            node = self.get_node()
+            break
+        else:
+            log.warning("%s: %d conflicts in a row; trying again on the next event", self.node_name, CONFLICT_RETRIES)
+        self.report_health(node)
+
+    def act(self, node: dict, action: Apply | Reject) -> None:
+        """After the claim: write the commands (applied exactly once) and say so in an Event."""
+        if isinstance(action, Reject):
+            log.warning("%s: rejected %s=%r: %s", self.node_name, ANNOTATION_INJECT, action.value, action.reason)
+            self.event(node, "Warning", "InjectionRejected", f"{action.value!r}: {action.reason}")
+            return
+        for k, command in enumerate(action.commands):
+            try:
+                self.tree.write(command)
+            except OSError as e:
+                # Checked already, so the node changed in between (a remount with another
+                # profile, a dead mount): say exactly what was applied and what was not.
+                message = partial_failure(action, k, e.strerror or str(e))
+                log.warning("%s: %s=%r partly applied: %s", self.node_name, ANNOTATION_INJECT, action.value, message)
+                self.event(node, "Warning", "InjectionFailed", f"{action.value!r}: {message}")
+                self.correct_record(failure_patch(action, k, message, utc_now()))
+                return
+        log.info("%s: applied %r", self.node_name, action.value)
+        self.event(node, "Normal", "InjectionApplied", action.value)
+
+    def correct_record(self, patch: dict) -> None:
+        """An unconditional merge patch of the outcome annotations (the claim already took the
+        injection off the node); losing it must not stop the agent, the Event says it too."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.api.patch_node(
+                self.node_name, patch, _content_type="application/merge-patch+json", _preload_content=False
+            )
+        except ApiException as e:
+            log.warning("%s: could not correct %s: %s", self.node_name, ANNOTATION_APPLIED, _short(e))
+
+    def report_health(self, node: dict) -> None:
+        condition = health_condition(self.tree.healths(), current_condition(node), utc_now())
+        if condition is None:
+            return
+        # Strategic merge patch: conditions merge by type, the kubelet's own stay untouched.
+        self.api.patch_node_status(
+            self.node_name,
+            {"status": {"conditions": [condition]}},
+            _content_type="application/strategic-merge-patch+json",
+            _preload_content=False,
+        )
+        log.info("%s: %s=%s (%s)", self.node_name, CONDITION_TYPE, condition["status"], condition["message"])
+
+    def event(self, node: dict, event_type: str, reason: str, message: str) -> None:
+        from kubernetes.client.rest import ApiException
+
+        self._seq += 1
+        body = node_event(node, event_type, reason, message, utc_now(), self._seq, time.time_ns() // 1_000_000)
+        try:
+            from kubernetes.client import CoreV1Event
+
+            # Pydantic-era clients (>= 35) take a model; older ones take the dict.
+            model = CoreV1Event.from_dict(body) if hasattr(CoreV1Event, "from_dict") else body
+            self.api.create_namespaced_event(body["metadata"]["namespace"], model, _preload_content=False)
+        except ApiException as e:  # an Event is a report; losing one must not stop the agent
+            log.warning("%s: could not record event %s: %s", self.node_name, reason, _short(e))
+
+
+def _short(e: Exception) -> str:
+    status = getattr(e, "status", None)
+    reason = getattr(e, "reason", None)
+    return f"{status} {reason}" if status else str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# `mokka agent`
+
+
+def kube_api(kubeconfig: str | None):
+    from kubernetes import client, config
+
+    if kubeconfig:
+        config.load_kube_config(kubeconfig)
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+    else:
+        config.load_kube_config()
+    return client.CoreV1Api()
+
+
+class _Stop(Exception):
+    pass
+
+
+def main(args) -> int:
+    """Entry point of `mokka agent` (arguments from mokkafs.cli)."""
+    node_name = args.node_name or os.environ.get("NODE_NAME")
+    if not node_name:
+        print("mokka: agent: --node-name or NODE_NAME is required", file=sys.stderr)
+        return 2
+    api = kube_api(args.kubeconfig)
+    node = json.loads(api.read_node(node_name, _preload_content=False).data)
+    try:
+        profile, gpus = node_settings(node, args.profile or os.environ.get("MOKKA_PROFILE"), args.gpus or os.environ.get("MOKKA_GPUS"))
+    except ValueError as e:
+        print(f"mokka: agent: {e}", file=sys.stderr)
+        return 2
+    mounted_here = False
+    if not args.no_mount:
+        cmd = [sys.executable, "-m", "mokkafs.cli", "mount", args.mountpoint, "--profile", profile,
+               "--state-dir", args.state_dir, "--hostname", node_name]  # fmt: skip
+        if gpus is not None:
+            cmd += ["--gpus", str(gpus)]
+        if args.kmsg:
+            cmd.append("--kmsg")
+        res = subprocess.run(cmd)
+        if res.returncode != 0:
+            return res.returncode
+        mounted_here = True
+    tree = MountedTree(args.mountpoint)
+    agent = Agent(api, node_name, tree, resync_s=args.resync)
+
+    def stop(signum, frame):
+        agent.stopping = True
+        raise _Stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        write_node_files(tree, args.state_dir, args.cdi_spec or None, args.nfd_features or None)
+        agent.run()
+    except _Stop:
+        log.info("signal: stopping")
+    finally:
+        if mounted_here:
+            subprocess.run([sys.executable, "-m", "mokkafs.cli", "umount", args.mountpoint])
+    return 0

@@ -1,0 +1,75 @@
+"""The shared state's layout as Python sees it: cffi (ABI mode) over the CDEF region of
+shims/include/mokka_state.h, the one definition the shims compile against; the header's constants;
+where the state file lies; and the store fence the writer needs on weakly ordered CPUs."""
+from __future__ import annotations
+
+import os
+import platform
+import re
+from pathlib import Path
+
+from cffi import FFI
+
+STATE_FILE = "state"
+STATE_ENV = "MOKKA_STATE"
+DEFAULT_STATE_PATH = "/run/mokka/state"
+
+_PACKAGE = Path(__file__).resolve().parent.parent  # mokkafs/
+HEADER_CANDIDATES = [
+    _PACKAGE.parent / "shims" / "include" / "mokka_state.h",  # a source checkout or editable install
+    _PACKAGE / "_native" / "include" / "mokka_state.h",  # a wheel (setup.py copies it there)
+]
+
+
+def header_path() -> Path:
+    for p in HEADER_CANDIDATES:
+        if p.is_file():
+            return p
+    raise FileNotFoundError(f"mokka_state.h not found in {', '.join(map(str, HEADER_CANDIDATES))}")
+
+
+def cdef_source(path: Path | None = None) -> str:
+    """The part of the header between the CDEF markers: what cffi parses."""
+    text = (path or header_path()).read_text()
+    m = re.search(r"/\* BEGIN CDEF[^\n]*\n(.*?)/\* END CDEF \*/", text, re.S)
+    if not m:
+        raise ValueError("mokka_state.h has no BEGIN CDEF / END CDEF region")
+    return m.group(1)
+
+
+def make_ffi() -> FFI:
+    ffi = FFI()
+    ffi.cdef(cdef_source())
+    ffi.cdef("long syscall(long number, ...);")
+    ffi.cdef("void mokka_fence(void);")
+    return ffi
+
+
+ffi = make_ffi()
+libc = ffi.dlopen(None)  # the header's constants, and libc's syscall for the futex wake
+MAGIC = 0x4554415453414B4D
+RETIRED = libc.MOKKA_STATE_RETIRED  # the magic of a file the daemon left for a new one
+VERSION = libc.MOKKA_STATE_VERSION
+MAX_GPUS = libc.MOKKA_MAX_GPUS
+MAX_GPU_PROCS = libc.MOKKA_MAX_GPU_PROCS
+RING = libc.MOKKA_EVENT_RING
+STATE_SIZE = ffi.sizeof("struct mokka_state")
+TSO = platform.machine() in ("x86_64", "AMD64", "i386", "i686")
+
+
+def load_fence(tso: bool = TSO):
+    """Order the daemon's stores into shared memory as other CPUs see them. On x86 (TSO) they
+    already are, and this is a no-op; elsewhere it is a full barrier from libmokka-fence.so,
+    without which a reader could see a seqlock's even count before the records it covers."""
+    if tso:
+        return lambda: None
+    from mokkafs import native
+
+    return ffi.dlopen(str(native.fence_library())).mokka_fence
+
+
+fence = load_fence()
+
+
+def state_path(state_dir: str | os.PathLike) -> Path:
+    return Path(state_dir) / STATE_FILE
