@@ -48,6 +48,25 @@ MAX_REASON = 200  # a reply or log line quotes at most this much of a reason (it
 RECHECK_S = 1.0  # how often a quiet socket checks it is still where clients look for it
 
 
+CAP_SYS_ADMIN = 21
+
+
+def _administrator(pid: int) -> bool:
+    """Whether process `pid` holds CAP_SYS_ADMIN in its effective set, by its status. A caller
+    the daemon cannot see (another pid namespace: pid 0; gone already) is not: the check fails
+    closed."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 @dataclass(frozen=True)
 class Caller:
     """Who is on the other end, by the kernel's word (attribute names as pyfuse3's context)."""
@@ -108,6 +127,10 @@ class ControlSocket:
         """Decide and apply one request (a line, newline included); the reply to send."""
         if not self.may_write(caller):
             return self._refuse(caller, NO_PERMISSION, "root and the control group only", request)
+        if caller.uid == 0 and not _administrator(caller.pid):
+            # The driver's own check for a privileged call is CAP_SYS_ADMIN, not uid 0: root in a
+            # container (which drops that capability) is refused, as on a real node.
+            return self._refuse(caller, NO_PERMISSION, "root without CAP_SYS_ADMIN (a container's root)", request)
         if not request.endswith(b"\n"):
             return self._refuse(caller, INVALID_ARGUMENT, f"a request is one line of at most {MAX_REQUEST} bytes",
                                 request)

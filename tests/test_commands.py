@@ -3,6 +3,7 @@ reason, and every surface (control files, `mokka inject`, Node annotations, scen
 accepting exactly the same commands."""
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -200,7 +201,7 @@ def _socket_outcome(control, line: str):
     """What the control socket answers `line` with, as ('ok', event) or ('error', reason)."""
     from mokkafs.control_socket import Caller
 
-    reply = control.handle(Caller(1, 0, 0), line.encode() + b"\n")
+    reply = control.handle(Caller(os.getpid(), 0, 0), line.encode() + b"\n")
     return ("ok", parse_line(line).event) if reply.ok else ("error", reply.message)
 
 

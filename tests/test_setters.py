@@ -226,7 +226,7 @@ def test_a_caller_who_may_not_write_gets_no_permission_and_nothing_changes(contr
     assert len([r for r in caplog.records if "no_permission" in r.getMessage()]) == 1, "logged once, then counted"
     # The control group may, by gid or as a supplementary group of the caller (read from /proc).
     assert control.handle(Caller(1, 1000, 4242), b"gpu=1 power_limit 500\n").ok
-    assert control.handle(Caller(1, 0, 0), b"gpu=1 persistence 0\n").ok
+    assert control.handle(Caller(os.getpid(), 0, 0), b"gpu=1 persistence 0\n").ok
     assert [node.setting(1, s) for s in SETTINGS] == [False, "default", 500.0, (345, 1980)]
 
 
@@ -249,7 +249,7 @@ def test_a_refused_request_says_why_and_changes_nothing(control, expect_log, req
     node = control.controller.node
     control.controller.apply(SetLost(0, True))
     before = ([g.to_dict() for g in node.gpus], node.generation)
-    reply = control.handle(Caller(1, 0, 0), request_)
+    reply = control.handle(Caller(os.getpid(), 0, 0), request_)
     assert reply.status == status and reply.message.startswith(reason), reply
     assert ([g.to_dict() for g in node.gpus], node.generation) == before
 
@@ -502,6 +502,28 @@ print(json.dumps(dict(codes=codes, config=config(1))))
     assert node.read("gpu1/config") == config_before
     root_sees = run_py(env, script("print(json.dumps(config(1)))"))
     assert root_sees == [1, 0, 700000, 700000]
+
+
+def test_root_without_cap_sys_admin_gets_no_permission(open_node):
+    """A container's root: uid 0, but the capability the driver checks for privileged calls
+    dropped. Its setters are refused, as a pod's would be on a real node; its reads work."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    node = open_node
+    node.expect_warning(r"ctl\.sock: no_permission from uid 0 pid \d+: 'gpu=1 power_limit 500\.000': root without "
+                        r"CAP_SYS_ADMIN")
+    env = pynvml_env(node)
+    code = script("""
+        h = n.nvmlDeviceGetHandleByIndex(1)
+        print(json.dumps(dict(code=code(n.nvmlDeviceSetPowerManagementLimit, h, 500000), config=config(1))))
+    """)
+    r = subprocess.run(["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin", sys.executable, "-c", code],
+                       env=env, capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out == {"code": NVML_NO_PERMISSION, "config": [1, 0, 700000, 700000]}
+    assert run_py(env, script("print(json.dumps(config(1)))")) == [1, 0, 700000, 700000]
 
 
 def test_a_dead_or_stopped_daemon_is_an_error_within_the_timeout_never_a_hang(node_factory):
