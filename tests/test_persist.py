@@ -212,6 +212,7 @@ def _gpu1(**changes):
         ("gpu1.json", _gpu1(nvlink_errors={"3": {"replay": -1}}), "nvlink_errors.3.replay: -1 is outside"),
         ("gpu1.json", _gpu1(nvlink_errors={"3": {"replay": True}}), "nvlink_errors.3.replay"),
         ("gpu1.json", _gpu1(nvlink_errors={"3": 5}), "nvlink_errors.3"),
+        ("gpu1.json", _gpu1(xid_counts={"\u00b2": 1}), "xid_counts: '\u00b2' is not an Xid"),
         ("gpu1.json", b'"' + b"x" * (50 << 20) + b'"', "bytes"),
         ("hcas.json", json.dumps([{"counters": {"symbol_error": -1}}] * 8).encode(), "symbol_error"),
         ("hcas.json", json.dumps([{"counters": {"symbol_error": 1 << 70}}] * 8).encode(), "symbol_error"),

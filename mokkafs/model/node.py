@@ -275,7 +275,7 @@ def _check_ranges(state: "GpuState") -> None:
     for counter, value in state.ecc.items():
         _check_counter(f"ecc.{counter.key}", "ecc", value)
     for code, value in state.xid_counts.items():
-        if not (code.isdigit() and 1 <= int(code) <= 999):
+        if not (code.isascii() and code.isdigit() and 1 <= int(code) <= 999):
             raise ValueError(f"xid_counts: {code[:20]!r} is not an Xid")
         _check_counter(f"xid_counts.{code}", "xid_counts", value)
     for link, errs in state.nvlink_errors.items():
