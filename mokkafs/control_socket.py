@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import select
 import socket
 import struct
@@ -37,6 +36,7 @@ from mokkafs.model import InvalidCommand
 from mokkafs.model.commands import parse_line
 from mokkafs.model.config import GpuIsLost, NotSupported
 from mokkafs.ratelimit import RateLimiter
+from mokkafs.unix_listener import serve_unix
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 # fit, a flood does not pin descriptors.
 CONNECTIONS_PER_UID = 8
 MAX_REASON = 200  # a reply or log line quotes at most this much of a reason (it may echo input)
-RECHECK_S = 1.0  # how often a quiet socket checks it is still where clients look for it
 
 
 CAP_SYS_ADMIN = 21
@@ -177,51 +176,12 @@ class ControlSocket:
     # -- the socket -----------------------------------------------------------------------
 
     async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Keep the socket bound (one someone removed or replaced is bound again within a
-        second) and give each connection a task. Without it (a path too long for sun_path),
-        setters fail with an error and the daemon runs on."""
-        started = False
-        async with trio.open_nursery() as nursery:
-            while True:
-                listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                with listener:
-                    try:
-                        self.path.unlink(missing_ok=True)
-                        await listener.bind(os.fspath(self.path))
-                        # Anyone may connect: a caller who may not write gets NO_PERMISSION, as
-                        # from the real driver, rather than a refused connection.
-                        os.chmod(self.path, 0o666)
-                        listener.listen(64)
-                        bound = os.stat(self.path).st_ino
-                    except OSError as e:
-                        log.warning("%s: no control socket (%s): setters will fail", self.path, e)
-                        if not started:
-                            task_status.started()
-                        return
-                    if not started:
-                        task_status.started()
-                        started = True
-                    while True:
-                        conn = None
-                        with trio.move_on_after(RECHECK_S):
-                            try:
-                                conn, _ = await listener.accept()
-                            except OSError as e:  # out of descriptors: this caller gets no answer
-                                if self._first(("accept", 0)):
-                                    log.warning("%s: %s", self.path, e)
-                                await self.clock.sleep(0.1)
-                                continue
-                        if conn is not None:
-                            nursery.start_soon(self._connection, conn)
-                            continue
-                        self.flush_refusals()
-                        try:
-                            if os.stat(self.path).st_ino == bound:
-                                continue
-                        except FileNotFoundError:
-                            pass
-                        log.warning("%s was removed or replaced; binding it again", self.path)
-                        break
+        """Keep the socket bound and give each connection a task (`unix_listener`). Anyone may
+        connect: a caller who may not write gets NO_PERMISSION, as from the real driver, rather
+        than a refused connection. Without a socket (a path too long for sun_path), setters fail
+        with an error and the daemon runs on."""
+        await serve_unix(self.path, self._connection, self.clock, "setters will fail",
+                         on_idle=self.flush_refusals, task_status=task_status)
 
     async def _connection(self, conn) -> None:
         with conn:

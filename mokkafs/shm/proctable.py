@@ -26,6 +26,7 @@ from mokkafs.controller import Controller
 from mokkafs.model import InvalidCommand
 from mokkafs.model.events import MAX_PID, MAX_PROCESS_BYTES, SetProcesses
 from mokkafs.shm.layout import MAX_GPU_PROCS, MAX_GPUS, ffi, libc
+from mokkafs.unix_listener import serve_unix
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,6 @@ class ProcessTable:
         self.records: dict[int, Record] = {}
         self._connections: dict[int, int] = {}  # per uid
         self._limits = _Limits()
-        self._accept_error: str | None = None
         self._complaints: set[str] = set()
 
     # -- records ---------------------------------------------------------------------------
@@ -392,51 +392,11 @@ class ProcessTable:
         return r
 
     async def serve(self, controller: Controller | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Keep `<path>.sock` bound (a socket someone removed or replaced is bound again within
-        a second) and give each connection a task of its own. Without a socket (a path too long
-        for sun_path, say) CUDA processes run unaccounted; the daemon runs on."""
-        path = sock_path(self.path)
-        started = False
-        async with trio.open_nursery() as nursery:
-            while True:
-                listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                with listener:
-                    try:
-                        path.unlink(missing_ok=True)
-                        await listener.bind(os.fspath(path))
-                        os.chmod(path, 0o666)  # any user's CUDA process may ask
-                        listener.listen(64)
-                        bound = os.stat(path).st_ino
-                    except OSError as e:
-                        log.warning("%s: no record service (%s): CUDA processes go unaccounted", path, e)
-                        if not started:
-                            task_status.started()
-                        return
-                    if not started:
-                        task_status.started()
-                        started = True
-                    while True:
-                        conn = None
-                        with trio.move_on_after(1):
-                            try:
-                                conn, _ = await listener.accept()
-                            except OSError as e:  # out of descriptors, say: this one goes unaccounted
-                                if str(e) != self._accept_error:  # once, not ten times a second
-                                    log.warning("%s: %s", path, e)
-                                    self._accept_error = str(e)
-                                await self.clock.sleep(0.1)
-                                continue
-                        self._accept_error = None
-                        if conn is not None:
-                            nursery.start_soon(self._connection, conn, controller)
-                            continue
-                        try:  # a quiet second: is our socket still where consumers look for it?
-                            if os.stat(path).st_ino == bound:
-                                continue
-                        except FileNotFoundError:
-                            pass
-                        log.warning("%s was removed or replaced; binding it again", path)
-                        break
+        """Keep `<path>.sock` bound, any user's CUDA process may ask (`unix_listener`), and give
+        each connection a task of its own. Without a socket (a path too long for sun_path, say)
+        CUDA processes run unaccounted; the daemon runs on."""
+        await serve_unix(sock_path(self.path), lambda conn: self._connection(conn, controller), self.clock,
+                         "CUDA processes go unaccounted", task_status=task_status)
 
     @staticmethod
     def _peer(conn) -> tuple[int, int, int]:
