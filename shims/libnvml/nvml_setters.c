@@ -7,7 +7,8 @@
  * (docs/setters.md).
  *
  * The handle is checked through nvmlDeviceGetIndex, NVML's own answer to "is this a device of
- * an initialised library", so this file needs nothing of nvml.c's internals.
+ * an initialised library", so this file needs nothing of nvml_internal.h (a MIG handle, once
+ * there are live ones, is to be checked there too).
  */
 #define _GNU_SOURCE
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
