@@ -70,7 +70,9 @@
     X(nvmlDeviceGetNvLinkRemotePciInfo_v2) X(nvmlDeviceGetTopologyCommonAncestor)            \
     X(nvmlDeviceGetCpuAffinity) X(nvmlDeviceGetMemoryAffinity) X(nvmlDeviceGetModuleId)      \
     X(nvmlDeviceGetGspFirmwareVersion) X(nvmlDeviceGetPowerState) X(nvmlDeviceGetMarginTemperature)  \
-    X(nvmlDeviceGetFieldValues) X(nvmlDeviceGetPciInfoExt) X(nvmlDeviceGetNvLinkRemoteDeviceType)
+    X(nvmlDeviceGetFieldValues) X(nvmlDeviceGetPciInfoExt) X(nvmlDeviceGetNvLinkRemoteDeviceType) \
+    X(nvmlDeviceSetPersistenceMode) X(nvmlDeviceSetComputeMode) X(nvmlDeviceSetPowerManagementLimit) \
+    X(nvmlDeviceSetGpuLockedClocks) X(nvmlDeviceResetGpuLockedClocks)
 
 #define DECLARE(f) static __typeof__(f) *p_##f;
 NVML_FUNCS(DECLARE)
@@ -1642,6 +1644,188 @@ static int cmd_pmon(long count, long delay_s)
     return 0;
 }
 
+/* ---- configuration commands (-pm, -c, -pl, -lgc, -rgc) --------------------------------- */
+
+/* One setting for every selected GPU, in index order, through NVML's setters (which send it to
+   the daemon). The first failure ends the run, as the real tool's "Terminating early" does; the
+   exit code is the NVML error (4 for NO_PERMISSION, as real captures show). Messages and their
+   sources: docs/nvidia-smi.md, "Configuration commands". */
+enum set_kind { SET_NONE, SET_PM, SET_CM, SET_PL, SET_LGC, SET_RGC };
+
+struct set_cmd {
+    enum set_kind kind;
+    unsigned value;             /* PM: 0/1; CM: nvmlComputeMode_t; PL: milliwatts; LGC: min MHz */
+    unsigned value2;            /* LGC: max MHz */
+    char lgc_text[2][16];       /* LGC: the values as given ("1500", "tdp"), as the tool echoes them */
+};
+
+static const char MSG_TERMINATING[] = "Terminating early due to previous errors.\n";
+static const char *const COMPUTE_MODE_WORD[] = {"DEFAULT", "EXCLUSIVE_THREAD", "PROHIBITED", "EXCLUSIVE_PROCESS"};
+
+/* 0/1 or DISABLED/ENABLED, any case. */
+static int parse_enable(const char *v, unsigned *out)
+{
+    if (!strcmp(v, "0") || !strcasecmp(v, "DISABLED"))
+        return *out = 0, 0;
+    if (!strcmp(v, "1") || !strcasecmp(v, "ENABLED"))
+        return *out = 1, 0;
+    return -1;
+}
+
+static int parse_compute_mode(const char *v, unsigned *out)
+{
+    for (unsigned m = 0; m < 4; m++)
+        if ((v[0] == (char)('0' + m) && !v[1]) || !strcasecmp(v, COMPUTE_MODE_WORD[m]))
+            return *out = m, 0;
+    return -1;
+}
+
+/* Watts, with decimals ("450", "450.5"); NVML takes milliwatts. */
+static int parse_watts(const char *v, unsigned *mw)
+{
+    char *end = NULL;
+    errno = 0;
+    double w = strtod(v, &end);
+    if (errno || end == v || *end || !(w >= 0) || w > 4294967.0)
+        return -1;
+    *mw = (unsigned)(w * 1000.0 + 0.5);
+    return 0;
+}
+
+/* One clock of -lgc: MHz, or the symbolic "tdp" that nvml.h names. */
+static int parse_clock(const char *v, unsigned *mhz)
+{
+    if (!strcasecmp(v, "tdp"))
+        return *mhz = NVML_CLOCK_LIMIT_ID_TDP, 0;
+    if (!*v || strspn(v, "0123456789") != strlen(v) || strlen(v) > 6)
+        return -1;
+    *mhz = (unsigned)strtoul(v, NULL, 10);
+    return 0;
+}
+
+/* "MIN,MAX", or one value for both. */
+static int parse_lgc(const char *v, struct set_cmd *c)
+{
+    char buf[64];
+    snprintf(buf, sizeof(buf), "%s", v);
+    char *comma = strchr(buf, ',');
+    const char *lo = buf, *hi = buf;
+    if (comma) {
+        *comma = 0;
+        hi = comma + 1;
+    }
+    if (strlen(v) >= sizeof(buf) || parse_clock(lo, &c->value) || parse_clock(hi, &c->value2))
+        return -1;
+    snprintf(c->lgc_text[0], sizeof(c->lgc_text[0]), "%s", lo);
+    snprintf(c->lgc_text[1], sizeof(c->lgc_text[1]), "%s", hi);
+    return 0;
+}
+
+/* The bus id the tool names a GPU by in these messages: "00000000:18:00.0". */
+static void set_bus_id(const struct dev *d, char *out, size_t n)
+{
+    nvmlPciInfo_t pci;
+    if (NV(nvmlDeviceGetPciInfo_v3, d->h, &pci) == NVML_SUCCESS)
+        snprintf(out, n, "%s", pci.busId);
+    else
+        lost_bus_id(d->index, out, n);
+}
+
+static int set_failed(nvmlReturn_t r)
+{
+    printf("%s", MSG_TERMINATING);
+    return r > 0 && r < 255 ? (int)r : EXIT_OTHER;
+}
+
+static int set_one(const struct set_cmd *c, const struct dev *d)
+{
+    char bus[32];
+    nvmlReturn_t r;
+    set_bus_id(d, bus, sizeof(bus));
+    switch (c->kind) {
+    case SET_PM: {
+        nvmlEnableState_t now;
+        /* The tool reads first and does not write a value the GPU already has. */
+        if (NV(nvmlDeviceGetPersistenceMode, d->h, &now) == NVML_SUCCESS && (unsigned)now == c->value) {
+            printf("Persistence mode is already %s for GPU %s.\n", c->value ? "Enabled" : "Disabled", bus);
+            return 0;
+        }
+        r = NV(nvmlDeviceSetPersistenceMode, d->h, c->value ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED);
+        if (r != NVML_SUCCESS) {
+            printf("Unable to set persistence mode for GPU %s: %s\n", bus, nvml_error(r));
+            return set_failed(r);
+        }
+        printf("%s persistence mode for GPU %s.\n", c->value ? "Enabled" : "Disabled", bus);
+        return 0;
+    }
+    case SET_CM:
+        r = NV(nvmlDeviceSetComputeMode, d->h, (nvmlComputeMode_t)c->value);
+        if (r != NVML_SUCCESS) {
+            printf("Unable to set compute mode for GPU %s: %s\n", bus, nvml_error(r));
+            return set_failed(r);
+        }
+        printf("Set compute mode to %s for GPU %s.\n", COMPUTE_MODE_WORD[c->value], bus);
+        return 0;
+    case SET_PL: {
+        unsigned lo = 0, hi = 0, old = 0;
+        r = NV(nvmlDeviceGetPowerManagementLimitConstraints, d->h, &lo, &hi);
+        if (r == NVML_SUCCESS)
+            r = NV(nvmlDeviceGetPowerManagementLimit, d->h, &old);
+        if (r != NVML_SUCCESS) {
+            printf("Changing power management limit is not supported for GPU: %s.\n", bus);
+            return set_failed(r);
+        }
+        /* The tool checks the range itself, before it asks the driver (so before any permission check). */
+        if (c->value < lo || c->value > hi) {
+            printf("Provided power limit %.2f W is not a valid power limit which should be between %.2f W and "
+                   "%.2f W for GPU %s\n", c->value / 1000.0, lo / 1000.0, hi / 1000.0, bus);
+            return set_failed(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        r = NV(nvmlDeviceSetPowerManagementLimit, d->h, c->value);
+        if (r != NVML_SUCCESS) {
+            printf("Failed to set power management limit for GPU %s: %s\n", bus, nvml_error(r));
+            return set_failed(r);
+        }
+        printf("Power limit for GPU %s was set to %.2f W from %.2f W.\n", bus, c->value / 1000.0, old / 1000.0);
+        return 0;
+    }
+    case SET_LGC:
+    case SET_RGC:
+        r = c->kind == SET_LGC ? NV(nvmlDeviceSetGpuLockedClocks, d->h, c->value, c->value2)
+                               : NV(nvmlDeviceResetGpuLockedClocks, d->h);
+        if (r == NVML_ERROR_NO_PERMISSION) {
+            printf("The current user does not have permission to change clocks for GPU %s.\n", bus);
+            return set_failed(r);
+        }
+        if (r != NVML_SUCCESS) {
+            printf("Failed to %s GPU clocks for GPU %s: %s\n", c->kind == SET_LGC ? "lock" : "reset", bus, nvml_error(r));
+            return set_failed(r);
+        }
+        if (c->kind == SET_LGC)
+            printf("GPU clocks set to \"(gpuClkMin %s, gpuClkMax %s)\" for GPU %s\n", c->lgc_text[0], c->lgc_text[1], bus);
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+static int cmd_set(const struct set_cmd *c)
+{
+    for (unsigned i = 0; i < g_ndevs; i++) {
+        if (g_devs[i].err != NVML_SUCCESS) {
+            print_handle_error(&g_devs[i]);
+            return set_failed(g_devs[i].err);
+        }
+        int rc = set_one(c, &g_devs[i]);
+        if (rc) {
+            fflush(stdout);
+            return rc;
+        }
+    }
+    printf("All done.\n");
+    return 0;
+}
+
 /* ---- command line --------------------------------------------------------------------- */
 
 static int init_nvml(void)
@@ -1699,7 +1883,8 @@ int main(int argc, char **argv)
     const char *ids = NULL, *fields = NULL, *format = NULL, *dsections = NULL;
     long loop_ms = 0, count = 0, delay = 1;
     char nvmode = 0;
-    int q = 0, x = 0;
+    int q = 0, x = 0, nset = 0;
+    struct set_cmd set = {0};
 
     setvbuf(stdout, NULL, _IOFBF, 1 << 16);
     signal(SIGINT, on_signal);
@@ -1752,6 +1937,22 @@ int main(int argc, char **argv)
                 return printf("%s", MSG_INVALID), EXIT_INVALID;
         } else if ((mode == M_DMON || mode == M_PMON) && (is_opt(a, "--count", "-c") || is_opt(a, "--delay", "-d"))) {
             return printf("%s", MSG_INVALID), EXIT_INVALID;  /* -c / -d without a value */
+        } else if (argi == 1 && (is_opt(a, "--persistence-mode", "-pm") || is_opt(a, "--compute-mode", "-c") ||
+                                 is_opt(a, "--power-limit", "-pl") || is_opt(a, "--lock-gpu-clocks", "-lgc"))) {
+            /* Device modification options: "[any one of]", each with a value. */
+            int pm = is_opt(a, "--persistence-mode", "-pm"), cm = is_opt(a, "--compute-mode", "-c");
+            int pl = is_opt(a, "--power-limit", "-pl");
+            v = opt_value(argc, argv, &i, pm ? "--persistence-mode" : cm ? "--compute-mode" : pl ? "--power-limit"
+                                                                                          : "--lock-gpu-clocks",
+                          pm ? "-pm" : cm ? "-c" : pl ? "-pl" : "-lgc");
+            set.kind = pm ? SET_PM : cm ? SET_CM : pl ? SET_PL : SET_LGC;
+            nset++;
+            if (!v || (pm ? parse_enable(v, &set.value) : cm ? parse_compute_mode(v, &set.value)
+                       : pl ? parse_watts(v, &set.value) : parse_lgc(v, &set)))
+                return printf("%s", MSG_INVALID), EXIT_INVALID;
+        } else if (argi == 1 && (!strcmp(a, "-rgc") || !strcmp(a, "--reset-gpu-clocks"))) {
+            set.kind = SET_RGC;
+            nset++;
         } else if (is_opt(a, "--id", "-i")) {
             ids = opt_value(argc, argv, &i, "--id", "-i");
             if (!ids || !*ids)
@@ -1788,6 +1989,11 @@ int main(int argc, char **argv)
             return EXIT_INVALID;
         }
     }
+    /* A configuration command is one of its kind and goes with nothing but -i. */
+    if (nset > 1 || (nset && (mode != M_TABLE || q || x || fields || format || dsections || loop_ms))) {
+        printf("%s", MSG_INVALID);
+        return EXIT_INVALID;
+    }
     if (mode == M_TABLE && q)
         mode = x ? M_XML : M_QUERY;
     if ((mode == M_QGPU || mode == M_QAPPS) && (!fields || !*fields || !format || parse_format(format) != 0)) {
@@ -1813,6 +2019,12 @@ int main(int argc, char **argv)
     if (select_devices(ids) != 0 || g_ndevs == 0) {
         printf("%s", MSG_NO_DEVICES);
         return EXIT_NOT_FOUND;
+    }
+
+    if (nset) {
+        rc = cmd_set(&set);
+        NV(nvmlShutdown);
+        return rc;
     }
 
     struct col cols[512];
