@@ -4,6 +4,7 @@ context (docs/cuda.md, "Compute modes")."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -155,3 +156,37 @@ def test_processes_racing_for_an_exclusive_gpu_get_it_once(cuda):
         p.proc.stdin.flush()
     answers = [json.loads(p.proc.stdout.readline()) for p in racers]
     assert sorted(answers) == [OK] + [UNAVAILABLE] * 5
+
+
+def test_a_holder_keeps_the_gpu_across_a_daemon_restart_and_a_fifo_lock_does_not_hang(node_factory):
+    """kill -9 the daemon under an exclusive holder and mount again: the lock file is kept, not
+    replaced, so the holder still keeps everyone out. A lock file that root replaced with a FIFO
+    arbitrates nothing, and never hangs a context creation."""
+    pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is in the test extra")
+    from test_cuda import cuda_lib
+
+    node = node_factory(gpus=2)
+    node.expect_warning("clearing stale mount")
+    env = dict(mount_env(node), LD_LIBRARY_PATH=str(cuda_lib().parent))  # off the mount, which restarts
+    inject(node, 0, "exclusive_process")
+    holder, other = Cuda(env), Cuda(env)
+    try:
+        assert holder("create") == OK
+        node.kill9()
+        node.mount()
+        assert other("mode") == [0, 3]  # the setting survived the restart
+        assert other("create") == UNAVAILABLE
+        holder.stop(signal.SIGKILL)
+        assert other("create") == OK
+        inject(node, 1, "exclusive_process")
+        lock1 = node.state_dir / "state.procs.lock1"
+        lock1.unlink()
+        os.mkfifo(lock1)
+        third = Cuda(env)
+        try:
+            assert other("create", 1) == OK and third("create", 1) == OK  # unarbitrated (docs/cuda.md)
+        finally:
+            third.stop(signal.SIGKILL)
+    finally:
+        holder.stop(signal.SIGKILL)
+        other.stop(signal.SIGKILL)
