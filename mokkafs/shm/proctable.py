@@ -62,6 +62,29 @@ def sock_path(table: str | os.PathLike) -> Path:
     return Path(f"{os.fspath(table)}.sock")
 
 
+def lock_path(table: str | os.PathLike, gpu: int) -> Path:
+    """GPU index `gpu`'s context lock: a CUDA process holds a flock on it while it has a context
+    on that GPU, exclusive in EXCLUSIVE_PROCESS mode (docs/cuda.md, "Compute modes")."""
+    return Path(f"{os.fspath(table)}.lock{gpu}")
+
+
+def make_locks(table: str | os.PathLike, count: int) -> None:
+    """Create the context locks of GPUs 0..count-1 where they are missing. One that exists is
+    kept, never replaced: live processes hold their locks on it."""
+    for i in range(min(count, MAX_GPUS)):
+        path = lock_path(table, i)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o444)
+        except OSError as e:
+            log.warning("%s: %s: compute modes are not enforced on gpu%d", path, e, i)
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                log.warning("%s is not a regular file: compute modes are not enforced on gpu%d", path, i)
+        finally:
+            os.close(fd)
+
+
 def start_time(pid: int) -> int | None:
     """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, names a process."""
     try:
@@ -395,6 +418,8 @@ class ProcessTable:
         """Keep `<path>.sock` bound, any user's CUDA process may ask (`unix_listener`), and give
         each connection a task of its own. Without a socket (a path too long for sun_path, say)
         CUDA processes run unaccounted; the daemon runs on."""
+        if controller is not None:
+            make_locks(self.path, len(controller.node.gpus))
         await serve_unix(sock_path(self.path), lambda conn: self._connection(conn, controller), self.clock,
                          "CUDA processes go unaccounted", task_status=task_status)
 

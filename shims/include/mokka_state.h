@@ -288,5 +288,7 @@ _Static_assert(sizeof(struct mokka_state) % 8 == 0, "mokka_state size");
 #define MOKKA_STATE_DEFAULT_PATH "/run/mokka/state"
 #define MOKKA_STATE_ENV "MOKKA_STATE"
 #define MOKKA_PROCS_SOCK_SUFFIX ".procs.sock"
+/* <state path>.procs.lock<N>: GPU index N's context lock (compute modes, docs/cuda.md) */
+#define MOKKA_PROCS_LOCK_SUFFIX ".procs.lock"
 
 #endif /* MOKKA_STATE_H */

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -679,6 +680,9 @@ static uint64_t g_told;                     /* GPUs the daemon has folded our co
 static uint64_t g_told_mem;                 /* and our memory */
 static uint64_t g_mine[MOKKA_MAX_GPUS];     /* bytes this process has allocated, by GPU index */
 static unsigned g_ctx_refs[MOKKA_MAX_GPUS]; /* contexts per GPU index */
+static int g_hold_fd[MOKKA_MAX_GPUS];       /* GPU index -> its context lock's descriptor + 1 (0: none) */
+static dev_t g_hold_dev[MOKKA_MAX_GPUS];
+static ino_t g_hold_ino[MOKKA_MAX_GPUS];
 
 struct alloc {
     CUdeviceptr ptr;  /* 0: empty, 1: deleted */
@@ -718,6 +722,12 @@ static void after_fork_child(void)
     if (still_ours(g_conn, g_conn_dev, g_conn_ino))
         close(g_conn);
     g_rec_fd = g_conn = -1;
+    for (unsigned gi = 0; gi < MOKKA_MAX_GPUS; gi++) {
+        /* close, never LOCK_UN: the lock belongs to the open file the parent still holds */
+        if (g_hold_fd[gi] && still_ours(g_hold_fd[gi] - 1, g_hold_dev[gi], g_hold_ino[gi]))
+            close(g_hold_fd[gi] - 1);
+        g_hold_fd[gi] = 0;
+    }
     g_unaccounted = 0;
     g_since_check = 0;
     g_told = g_told_mem = 0;
@@ -921,11 +931,78 @@ static void memory_limits(unsigned gi, uint64_t *total, uint64_t *usable, uint64
     *pinned = is_pinned ? used : 0;
 }
 
-static void context_ref(unsigned gi, int delta)
+/* ---- compute modes ----------------------------------------------------------------------
+
+   The GPU's compute mode is in the state (NVML's numbers, which are CUDA's). PROHIBITED refuses
+   every new context. The kernel arbitrates EXCLUSIVE_PROCESS: each GPU has a lock file the daemon
+   made next to the state (<state>.procs.lock<N>), and a process holds a flock on it while it has
+   any context on that GPU: exclusive in EXCLUSIVE_PROCESS mode, shared otherwise, so a process
+   that took its context before the mode changed still keeps a later exclusive one out. flock
+   needs only a read-only descriptor (a pod's read-only mount will do), never blocks here
+   (LOCK_NB), and dies with its holder, kill -9 included. No daemon round trip. */
+
+static inline uint32_t compute_mode(unsigned gi)
 {
+    return __atomic_load_n(&state()->gpus[gi].compute_mode, __ATOMIC_RELAXED);
+}
+
+/* Take GPU index gi's lock for this process's first context there. Called with g_acct_lock held.
+   No lock file (a daemon from before compute modes, or one removed) means nothing to arbitrate
+   with: the context is allowed. */
+static CUresult hold_gpu(unsigned gi)
+{
+    char path[4096];
+    if (snprintf(path, sizeof(path), "%s%s%u", mokka_path(), MOKKA_PROCS_LOCK_SUFFIX, gi) >= (int)sizeof(path))
+        return CUDA_SUCCESS;
+    int saved = errno;
+    int exclusive = compute_mode(gi) == CU_COMPUTEMODE_EXCLUSIVE_PROCESS;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        if (fd >= 0)
+            close(fd);
+        errno = saved;
+        return CUDA_SUCCESS;
+    }
+    int r;
+    while ((r = flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB)) < 0 && errno == EINTR)
+        ;
+    if (r < 0) { /* another process holds it: refused if exclusive, else allowed without it */
+        close(fd);
+        errno = saved;
+        return exclusive ? CUDA_ERROR_DEVICE_UNAVAILABLE : CUDA_SUCCESS;
+    }
+    g_hold_fd[gi] = fd + 1;
+    g_hold_dev[gi] = sb.st_dev;
+    g_hold_ino[gi] = sb.st_ino;
+    errno = saved;
+    return CUDA_SUCCESS;
+}
+
+/* Our last context on GPU index gi is gone: let another process have it. */
+static void let_go_gpu(unsigned gi)
+{
+    if (g_hold_fd[gi] && still_ours(g_hold_fd[gi] - 1, g_hold_dev[gi], g_hold_ino[gi])) {
+        int saved = errno;
+        close(g_hold_fd[gi] - 1);
+        errno = saved;
+    }
+    g_hold_fd[gi] = 0;
+}
+
+/* One context more (delta +1) or fewer (-1) on GPU index gi. The first takes the GPU's lock and
+   fails with DEVICE_UNAVAILABLE when another process holds it in EXCLUSIVE_PROCESS mode; the last
+   lets it go. */
+static CUresult context_ref(unsigned gi, int delta)
+{
+    CUresult res = CUDA_SUCCESS;
     pthread_mutex_lock(&g_acct_lock);
-    if (delta > 0 || g_ctx_refs[gi] > 0) {
+    if (delta > 0 && g_ctx_refs[gi] == 0)
+        res = hold_gpu(gi);
+    if (res == CUDA_SUCCESS && (delta > 0 || g_ctx_refs[gi] > 0)) {
         g_ctx_refs[gi] += (unsigned)delta;
+        if (g_ctx_refs[gi] == 0)
+            let_go_gpu(gi);
         sync_slot();
         if (g_rec) {
             __atomic_store_n(&g_rec->contexts, ctx_mask(), __ATOMIC_RELAXED);
@@ -936,6 +1013,7 @@ static void context_ref(unsigned gi, int delta)
         }
     }
     pthread_mutex_unlock(&g_acct_lock);
+    return res;
 }
 
 /* ---- contexts -------------------------------------------------------------------------- */
@@ -1044,15 +1122,21 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     ARG(pctx);
     LIVE_DEVICE(dev);
+    unsigned gi = g_visible[dev];
     pthread_mutex_lock(&g_lock);
-    int first = g_primary_refs[dev]++ == 0;
     struct ctx_slot *sl = &g_ctx[dev];
-    if (first) {
+    if (g_primary_refs[dev] == 0) { /* the first retain makes the context: the compute mode rules */
+        /* under g_lock (then g_acct_lock, the one order): a racing last release is whole */
+        CUresult r = compute_mode(gi) == CU_COMPUTEMODE_PROHIBITED ? CUDA_ERROR_DEVICE_UNAVAILABLE
+                                                                   : context_ref(gi, +1);
+        if (r != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&g_lock);
+            return r;
+        }
         __atomic_store_n(&sl->dev, dev, __ATOMIC_RELAXED);
         __atomic_store_n(&sl->gen, 1, __ATOMIC_RELEASE);
     }
-    if (first) /* under g_lock (then g_acct_lock, the one order): a racing last release is whole */
-        context_ref(g_visible[dev], +1);
+    g_primary_refs[dev]++;
     CUcontext c = ctx_handle((unsigned)dev, sl->gen);
     pthread_mutex_unlock(&g_lock);
     *pctx = c;
@@ -1158,16 +1242,24 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     ARG(pctx);
     LIVE_DEVICE(dev);
+    unsigned gi = g_visible[dev];
+    if (compute_mode(gi) == CU_COMPUTEMODE_PROHIBITED)
+        return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    CUresult r = context_ref(gi, +1); /* EXCLUSIVE_PROCESS: refused while another process has one */
+    if (r != CUDA_SUCCESS)
+        return r;
     CUcontext c = ctx_take(dev, flags);
-    if (!c)
+    if (!c) {
+        context_ref(gi, -1);
         return CUDA_ERROR_OUT_OF_MEMORY; /* 960 live contexts: the driver runs out far sooner */
-    CUresult r = push(c);
+    }
+    r = push(c);
     if (r != CUDA_SUCCESS) {
         struct ctx_info ci;
         ctx_end(c, &ci);
+        context_ref(gi, -1);
         return r;
     }
-    context_ref(g_visible[dev], +1);
     *pctx = c;
     return CUDA_SUCCESS;
 }
