@@ -159,6 +159,27 @@ def force_unmount(mnt: Path) -> None:
     subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
 
 
+def world_readable_node(profile: str = "h100", gpus: int = 2):
+    """A mounted node under a directory every user may enter (pytest's tmp_path is 0700), for
+    tests that act as another user: yields the node once, unmounts it and fails on unexpected
+    log lines after."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="mokka-"))
+    base.chmod(0o755)
+    node = MountedNode(base, profile, gpus)
+    node.mount()
+    try:
+        yield node
+    finally:
+        node.umount()
+        force_unmount(node.mnt)
+        problems = node.unexpected_log_lines()
+        shutil.rmtree(base, ignore_errors=True)
+        assert not problems, problems
+
+
 @pytest.fixture
 def node_factory(tmp_path):
     nodes: list[MountedNode] = []

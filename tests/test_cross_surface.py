@@ -11,7 +11,6 @@ This is the guard that keeps "one model, every surface a view of it" true as the
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess

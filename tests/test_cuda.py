@@ -8,7 +8,6 @@ import fcntl
 import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import world_readable_node
 from helpers_nvml import consumer_env
 from mokkafs import native
 from mokkafs.controller import Controller
@@ -525,27 +525,6 @@ def test_a_forked_child_is_its_own_process(pub):
     """ % pub.node.profile.memory.reserved_mib))
     # The child frees nothing of the parent's, sees the parent's 2 GiB and adds its own 1 GiB.
     assert out == [1, 0, 2 << 30, 0, 3 << 30]
-
-
-def world_readable_node(profile: str = "h100", gpus: int = 2):
-    """A mounted node under a directory every user may enter (pytest's tmp_path is 0700)."""
-    import shutil
-    import tempfile
-
-    from conftest import MountedNode, force_unmount
-
-    base = Path(tempfile.mkdtemp(prefix="mokka-"))
-    base.chmod(0o755)
-    node = MountedNode(base, profile, gpus)
-    node.mount()
-    try:
-        yield node
-    finally:
-        node.umount()
-        force_unmount(node.mnt)
-        problems = node.unexpected_log_lines()
-        shutil.rmtree(base, ignore_errors=True)
-        assert not problems, problems
 
 
 def nvml_processes(env) -> list:

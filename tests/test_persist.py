@@ -112,12 +112,10 @@ def test_the_event_log_is_bounded_on_disk(tmp_path, monkeypatch):
 # --- issue 12: counters saturate, restore validates, no links followed -------------------------
 
 import os
-import subprocess
-import sys
 
 from mokkafs.model.counters import EccCounter
 from mokkafs.model.events import IbPortCommand
-from mokkafs.model.node import COUNTER_BITS, counter_max
+from mokkafs.model.node import counter_max
 
 
 def test_ten_thousand_big_ecc_writes_saturate_and_restore(tmp_path, expect_log):

@@ -9,7 +9,6 @@ import errno
 import json
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, MountedNode, ServedInThread, force_unmount
+from conftest import REPO, MountedNode, ServedInThread, force_unmount, world_readable_node
 from mokkafs.clock import WallClock
 from mokkafs.control_client import NoDaemon, control_path, send
 from mokkafs.control_socket import CONNECTIONS_PER_UID, Caller, ControlSocket
@@ -465,18 +465,7 @@ def test_every_setting_is_refused_or_taken_as_nvml_says_and_a_refusal_changes_no
 @pytest.fixture
 def open_node():
     """A mounted 2 x H100 node under a directory every user may enter (pytest's tmp_path is 0700)."""
-    base = Path(tempfile.mkdtemp(prefix="mokka-setters-"))
-    base.chmod(0o755)
-    node = MountedNode(base, "h100", 2)
-    node.mount()
-    try:
-        yield node
-    finally:
-        node.umount()
-        force_unmount(node.mnt)
-        problems = node.unexpected_log_lines()
-        shutil.rmtree(base, ignore_errors=True)
-        assert not problems, problems
+    yield from world_readable_node("h100", 2)
 
 
 def test_nobody_gets_no_permission_from_every_setter_and_nothing_changes(open_node):
