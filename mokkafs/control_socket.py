@@ -17,6 +17,7 @@ from pathlib import Path
 
 import trio
 
+from mokkafs.caller import administrator
 from mokkafs.clock import Clock
 from mokkafs.control_client import (
     BUSY,
@@ -35,7 +36,7 @@ from mokkafs.controller import Controller
 from mokkafs.model import InvalidCommand
 from mokkafs.model.commands import parse_line
 from mokkafs.model.config import GpuIsLost, NotSupported
-from mokkafs.ratelimit import RateLimiter
+from mokkafs.ratelimit import RateLimiter, RefusalLog, Summary
 from mokkafs.unix_listener import serve_unix
 
 log = logging.getLogger(__name__)
@@ -45,25 +46,6 @@ log = logging.getLogger(__name__)
 # fit, a flood does not pin descriptors.
 CONNECTIONS_PER_UID = 8
 MAX_REASON = 200  # a reply or log line quotes at most this much of a reason (it may echo input)
-
-
-CAP_SYS_ADMIN = 21
-
-
-def _administrator(pid: int) -> bool:
-    """Whether process `pid` holds CAP_SYS_ADMIN in its effective set, by its status. A caller
-    the daemon cannot see (another pid namespace: pid 0; gone already) is not: the check fails
-    closed."""
-    if pid <= 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"CapEff:"):
-                    return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
 
 
 @dataclass(frozen=True)
@@ -116,7 +98,7 @@ class ControlSocket:
         self.controller = controller
         self.may_write = may_write
         self.clock = clock
-        self.limiter = limiter or RateLimiter()
+        self.refusals = RefusalLog(clock, self._log_summary, limiter)
         self._connections: dict[int, int] = {}
         self.answered: dict[str, int] = {}  # replies by status, for tests and metrics
 
@@ -126,7 +108,7 @@ class ControlSocket:
         """Decide and apply one request (a line, newline included); the reply to send."""
         if not self.may_write(caller):
             return self._refuse(caller, NO_PERMISSION, "root and the control group only", request)
-        if caller.uid == 0 and not _administrator(caller.pid):
+        if caller.uid == 0 and not administrator(caller.pid):
             # The driver's own check for a privileged call is CAP_SYS_ADMIN, not uid 0: root in a
             # container (which drops that capability) is refused, as on a real node.
             return self._refuse(caller, NO_PERMISSION, "root without CAP_SYS_ADMIN (a container's root)", request)
@@ -153,17 +135,14 @@ class ControlSocket:
         return reply
 
     def _first(self, key) -> bool:
-        first, due = self.limiter.hit(key, self.clock())
-        self._summarise(due)
-        return first
+        return self.refusals.first(key)
 
-    def _summarise(self, due) -> None:
-        for summary in due:
-            status, uid = summary.key
-            log.warning("%s: %s from uid %d: %s", self.path.name, status, uid, summary.line())
+    def _log_summary(self, summary: Summary) -> None:
+        status, uid = summary.key
+        log.warning("%s: %s from uid %d: %s", self.path.name, status, uid, summary.line())
 
     def flush_refusals(self, everything: bool = False) -> None:
-        self._summarise(self.limiter.flush(self.clock(), everything))
+        self.refusals.flush(everything)
 
     def _refuse(self, caller: Caller, status: str, reason: str, request: bytes) -> Reply:
         reason = _printable(reason)

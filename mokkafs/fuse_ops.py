@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import pyfuse3
 import trio
 
+from mokkafs.caller import supplementary_groups
 from mokkafs.controller import Controller
 from mokkafs.model import InvalidCommand
-from mokkafs.ratelimit import RateLimiter
+from mokkafs.ratelimit import RateLimiter, RefusalLog, Summary
 from mokkafs.vfs import CharDev, Ctx, Dir, Entry, File, Symlink, Tree, file_type
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,8 @@ class MokkaOperations(pyfuse3.Operations):
         self.controller = controller
         self.clock = clock
         self.control_gid = control_gid  # besides root, who may write control files (--control-group)
-        self.limiter = limiter or RateLimiter()
+        self.refusals = RefusalLog(clock, _log_summary, limiter)
+        self.limiter = self.refusals.limiter
         self.refused = trio.Event()  # set at each refusal; whoever waits on it replaces it
         self.mount_time_ns = int(clock() * 1e9)
         self._handles: dict[int, _Handle] = {}
@@ -95,20 +97,14 @@ class MokkaOperations(pyfuse3.Operations):
 
     def _limit(self, key) -> bool:
         """True if a refusal of kind `key` should log its line now; logs the summaries due."""
-        first, due = self.limiter.hit(key, self.clock())
-        self._summarise(due)
+        first = self.refusals.first(key)
         self.refused.set()
         return first
-
-    def _summarise(self, due) -> None:
-        for summary in due:
-            cause, where, path = summary.key
-            log.warning("%s %s%s: %s", cause, where, f" {path}" if path else "", summary.line())
 
     def flush_refusals(self, everything: bool = False) -> None:
         """Log the summaries of windows that ended (the daemon calls this every second while
         any is open, and with `everything` at unmount so that no count is lost)."""
-        self._summarise(self.limiter.flush(self.clock(), everything))
+        self.refusals.flush(everything)
 
     def _refuse(self, err: int, where: str, path: str | None, reason: str):
         self.errors += 1
@@ -131,7 +127,7 @@ class MokkaOperations(pyfuse3.Operations):
             return True
         if self.control_gid is None:
             return False
-        return ctx.gid == self.control_gid or self.control_gid in _supplementary_groups(ctx.pid)
+        return ctx.gid == self.control_gid or self.control_gid in supplementary_groups(ctx.pid)
 
     def _check_write(self, inode: int, entry: Entry, ctx, where: str) -> None:
         path = self.tree.path(inode)
@@ -318,18 +314,6 @@ class MokkaOperations(pyfuse3.Operations):
         return True
 
 
-
-
-def _supplementary_groups(pid: int) -> frozenset[int]:
-    """The groups of the calling process, from its status. A caller the daemon cannot see (pid 0:
-    another pid namespace; gone already) has none: the check fails closed."""
-    if pid <= 0:
-        return frozenset()
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Groups:"):
-                    return frozenset(int(g) for g in line.split()[1:])
-    except (OSError, ValueError):
-        pass
-    return frozenset()
+def _log_summary(summary: Summary) -> None:
+    cause, where, path = summary.key
+    log.warning("%s %s%s: %s", cause, where, f" {path}" if path else "", summary.line())

@@ -3,7 +3,7 @@ and summarised once. Pure (time is an argument) and bounded (a cap on the kinds 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 WINDOW_S = 10.0
@@ -69,3 +69,26 @@ class RateLimiter:
             if window.repeats:
                 due.append(Summary(key, window.repeats, min(now - window.start, self.window_s)))
         return due
+
+
+class RefusalLog:
+    """A limiter read on a clock, handing each summary that comes due to `summarise` (which
+    writes its line): what every edge that refuses callers (FUSE ops, the control socket) needs."""
+
+    def __init__(self, clock: Callable[[], float], summarise: Callable[[Summary], None],
+                 limiter: RateLimiter | None = None) -> None:
+        self.clock = clock
+        self.summarise = summarise
+        self.limiter = limiter or RateLimiter()
+
+    def first(self, key: Hashable) -> bool:
+        """True if a refusal of kind `key` should log its line now; summarises what is due."""
+        first, due = self.limiter.hit(key, self.clock())
+        for summary in due:
+            self.summarise(summary)
+        return first
+
+    def flush(self, everything: bool = False) -> None:
+        """Summarise the windows that ended (all of them with `everything`, at shutdown)."""
+        for summary in self.limiter.flush(self.clock(), everything):
+            self.summarise(summary)
