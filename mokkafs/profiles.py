@@ -228,6 +228,85 @@ class NodeDefaults(_Strict):
         return self
 
 
+MigPlacements = Annotated[tuple[Annotated[int, Field(ge=0)], ...], Field(min_length=1)]
+
+
+class MigComputeProfile(_Strict):
+    """A compute-instance profile inside one GPU-instance profile (nvmlComputeInstanceProfileInfo_v3,
+    `nvidia-smi mig -lcip`). Its `profile` (NVML_COMPUTE_INSTANCE_PROFILE_*) is also the id the
+    driver reports."""
+    profile: Annotated[int, Field(ge=0, le=8)]
+    name: str  # "1c.3g.40gb"; the full-size one carries the GPU instance's own name ("3g.40gb")
+    slices: Annotated[int, Field(gt=0)]  # compute slices of the GPU instance it takes
+    instances: Annotated[int, Field(gt=0)]
+    sm: Annotated[int, Field(gt=0)]
+    placements: MigPlacements  # valid first compute slices inside the GPU instance; each takes `slices`
+
+    @model_validator(mode="after")
+    def _fits(self) -> "MigComputeProfile":
+        if self.instances > len(self.placements):
+            raise ValueError("instances is more than there are placements")
+        return self
+
+
+class MigGpuProfile(_Strict):
+    """A GPU-instance profile (nvmlGpuInstanceProfileInfo_v3, `nvidia-smi mig -lgip/-lgipp`)."""
+    profile: Annotated[int, Field(ge=0, le=0x11)]  # NVML_GPU_INSTANCE_PROFILE_* (the index NVML is asked with)
+    id: Annotated[int, Field(ge=0)]  # the id the driver reports (info.id; the ID column of -lgip)
+    name: str  # "1g.10gb", "1g.10gb+me": without the "MIG " nvidia-smi prints before it
+    slices: Annotated[int, Field(gt=0)]  # compute slices (sliceCount)
+    instances: Annotated[int, Field(gt=0)]  # instanceCount on an empty GPU
+    memory_mib: Annotated[int, Field(gt=0)]  # memorySizeMB
+    sm: Annotated[int, Field(gt=0)]  # multiprocessorCount
+    copy_engines: Annotated[int, Field(ge=0)]
+    decoders: Annotated[int, Field(ge=0)]
+    encoders: Annotated[int, Field(ge=0)]
+    jpegs: Annotated[int, Field(ge=0)]
+    ofas: Annotated[int, Field(ge=0)]
+    p2p: bool = False
+    placement_size: Annotated[int, Field(gt=0)]  # memory slices one instance occupies
+    placements: MigPlacements  # valid first memory slices
+    compute_profiles: Annotated[tuple[MigComputeProfile, ...], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _fits(self) -> "MigGpuProfile":
+        if self.instances > len(self.placements):
+            raise ValueError("instances is more than there are placements")
+        seen: set[int] = set()
+        for ci in self.compute_profiles:
+            if ci.profile in seen:
+                raise ValueError(f"compute profile {ci.profile} is listed twice")
+            seen.add(ci.profile)
+            if ci.slices > self.slices:
+                raise ValueError(f"compute profile {ci.name} has more slices than the GPU instance")
+            if any(p + ci.slices > self.slices for p in ci.placements):
+                raise ValueError(f"a placement of compute profile {ci.name} runs past the GPU instance's slices")
+            if ci.sm > self.sm:
+                raise ValueError(f"compute profile {ci.name} has more SMs than the GPU instance")
+        return self
+
+
+class Mig(_Strict):
+    """The board's MIG tables: what `nvidia-smi mig -lgip/-lgipp/-lcip` lists on an empty GPU."""
+    memory_slices: Annotated[int, Field(gt=0, le=8)]  # placement units (8 on A100/H100)
+    compute_slices: Annotated[int, Field(gt=0, le=8)]  # 7 on A100/H100
+    gpu_instance_profiles: Annotated[tuple[MigGpuProfile, ...], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Mig":
+        for key in ("profile", "id", "name"):
+            values = [getattr(g, key) for g in self.gpu_instance_profiles]
+            dup = {v for v in values if values.count(v) > 1}
+            if dup:
+                raise ValueError(f"GPU instance profile {key} {sorted(dup)[0]} is listed twice")
+        for g in self.gpu_instance_profiles:
+            if g.slices > self.compute_slices:
+                raise ValueError(f"{g.name} has more slices than the GPU has compute slices")
+            if any(p + g.placement_size > self.memory_slices for p in g.placements):
+                raise ValueError(f"a placement of {g.name} runs past the GPU's memory slices")
+        return self
+
+
 class GpuProfile(_Strict):
     name: str
     product_name: str
@@ -247,6 +326,7 @@ class GpuProfile(_Strict):
     inforom: InfoRom
     nvlink: NvLink
     mig_capable: bool
+    mig: Mig | None = None  # the MIG tables; exactly on MIG-capable boards
     fabric: Fabric | None  # null: no fabric info (N/A), as on PCIe boards and before Hopper
     has_fan: bool
     fan_speed_pct: Annotated[int, Field(ge=0, le=100)] | None = None  # the idle board's fan speed; only with has_fan
@@ -263,6 +343,19 @@ class GpuProfile(_Strict):
     def _fan(self) -> "GpuProfile":
         if self.has_fan != (self.fan_speed_pct is not None):
             raise ValueError("fan_speed_pct is given exactly when has_fan is true (the speed the board reports)")
+        return self
+
+    @model_validator(mode="after")
+    def _mig(self) -> "GpuProfile":
+        if self.mig is None:
+            return self
+        if not self.mig_capable:
+            raise ValueError("mig tables are given only when mig_capable is true")
+        for g in self.mig.gpu_instance_profiles:
+            if g.sm > self.sm_count:
+                raise ValueError(f"mig profile {g.name} has more SMs than the board")
+            if g.memory_mib > self.memory.total_mib:
+                raise ValueError(f"mig profile {g.name} has more memory than the board")
         return self
 
     @property
