@@ -231,6 +231,16 @@ class NodeDefaults(_Strict):
 MigPlacements = Annotated[tuple[Annotated[int, Field(ge=0)], ...], Field(min_length=1)]
 
 
+def coexisting_placements(placements: tuple[int, ...], size: int) -> int:
+    """How many of these placements (first slice, each `size` slices wide) can be used at once:
+    the most pairwise-disjoint ones (greedy by first slice; all are the same width)."""
+    count, free_from = 0, -1
+    for start in sorted(set(placements)):
+        if start >= free_from:
+            count, free_from = count + 1, start + size
+    return count
+
+
 class MigComputeProfile(_Strict):
     """A compute-instance profile inside one GPU-instance profile (nvmlComputeInstanceProfileInfo_v3,
     `nvidia-smi mig -lcip`). Its `profile` (NVML_COMPUTE_INSTANCE_PROFILE_*) is also the id the
@@ -244,8 +254,8 @@ class MigComputeProfile(_Strict):
 
     @model_validator(mode="after")
     def _fits(self) -> "MigComputeProfile":
-        if self.instances > len(self.placements):
-            raise ValueError("instances is more than there are placements")
+        if self.instances > coexisting_placements(self.placements, self.slices):
+            raise ValueError("instances is more than there are placements that can be used at once")
         return self
 
 
@@ -270,8 +280,16 @@ class MigGpuProfile(_Strict):
 
     @model_validator(mode="after")
     def _fits(self) -> "MigGpuProfile":
-        if self.instances > len(self.placements):
-            raise ValueError("instances is more than there are placements")
+        if self.instances > coexisting_placements(self.placements, self.placement_size):
+            raise ValueError("instances is more than there are placements that can be used at once")
+        full = [ci for ci in self.compute_profiles if ci.slices == self.slices]
+        if len(full) != 1:
+            raise ValueError(f"{self.name} needs exactly one full-size compute profile ({self.slices} slices)")
+        if (full[0].name, full[0].sm, full[0].instances) != (self.name, self.sm, 1):
+            raise ValueError(
+                f"the full-size compute profile of {self.name} carries its name and SMs, once "
+                f"(got {full[0].name}, {full[0].sm} SMs, {full[0].instances} instances)"
+            )
         seen: set[int] = set()
         for ci in self.compute_profiles:
             if ci.profile in seen:
@@ -304,6 +322,11 @@ class Mig(_Strict):
                 raise ValueError(f"{g.name} has more slices than the GPU has compute slices")
             if any(p + g.placement_size > self.memory_slices for p in g.placements):
                 raise ValueError(f"a placement of {g.name} runs past the GPU's memory slices")
+        if not any(
+            g.slices == self.compute_slices and g.placement_size == self.memory_slices
+            for g in self.gpu_instance_profiles
+        ):
+            raise ValueError("no GPU instance profile takes the whole GPU (every compute and memory slice)")
         return self
 
 
