@@ -217,3 +217,18 @@ def test_a_pattern_goes_alone(extra, message):
         plan(f"name: x\nsteps:\n  - at: 1s\n    gpu: 1\n    pattern: {{kind: idle, over: 1m}}\n{extra}")
     with pytest.raises(ScenarioError, match="exactly one of 'command' or 'pattern'"):
         plan("name: x\nsteps:\n  - at: 1s\n    gpu: 1\n")
+
+
+def test_a_shared_start_is_a_utc_time_and_travels_in_the_request():
+    from mokkafs.model.events import InvalidCommand
+    from mokkafs.model.scenario import parse_start
+
+    assert parse_start("1970-01-01T00:01:00Z") == 60.0
+    t = parse_start("2026-12-03T17:00:00.250Z")
+    assert t == 1796317200.25
+    req = parse_request(request_bytes(STORY, speed=2, start=t, file="s.yaml"))
+    assert (req.start, req.speed, req.loaded.where) == (t, 2, "s.yaml")
+    assert parse_request(request_bytes(STORY)).start is None
+    for bad in ("2026-12-03 17:00:00Z", "2026-12-03T17:00:00+01:00", "2026-02-30T00:00:00Z", "tomorrow", "2026-12-03T17:00:00.1234Z"):
+        with pytest.raises(InvalidCommand, match="start"):
+            parse_start(bad)

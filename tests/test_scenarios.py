@@ -355,3 +355,31 @@ def test_after_kill_9_the_remounted_daemon_resumes_the_scenario(node_factory, tm
     marks = scenario_lines(node.read("node/events"))
     # every command once; the one in flight at the kill may be applied twice (docs/scenarios.md)
     assert 4 <= len(marks) <= 5 and all("scenario k step 1: gpu=0 xid 13" in m for m in marks), marks
+
+
+# --- a shared start: the timeline's zero given as a wall-clock time --------------------------------
+
+STARTED = "name: started\nsteps:\n  - at: 0s\n    gpu: 0\n    command: xid 13\n  - at: 10s\n    gpu: 0\n    command: xid 31\n"
+
+
+async def _shared_start(base: Path, mock, start: float) -> dict:
+    async with daemon(base, mock) as d:
+        assert not await write(d.ops, "node/scenario", request_bytes(STARTED, start=start))
+        waiting = await read(d.ops, "node/scenario")
+        idle = await until_idle(d.ops)
+        marks = [(round(e.time - T0, 3), e.text) for e in d.controller.node.log if e.text.startswith("scenario")]
+        too_far = await write(d.ops, "node/scenario", request_bytes(STARTED, start=d.clock() + 8 * 86400))
+        return {"waiting": waiting, "idle": idle, "marks": marks, "too_far": too_far}
+
+
+def test_a_future_start_waits_for_it_and_a_past_one_joins_the_timeline(tmp_path, expect_log):
+    expect_log(r"write node/scenario")
+    mock = trio.testing.MockClock()
+    out = trio.run(_shared_start, tmp_path / "a", mock, T0 + 30, clock=mock)
+    assert "\nstarts_in: 30.000s\nstep: 0/2\n" in out["waiting"], out["waiting"]
+    assert [t for t, _ in out["marks"]] == [30, 40], "on the shared timeline, not from when it was accepted"
+    assert out["idle"] == "state: idle\nlast: started finished (2 commands)\n" and out["too_far"] == errno.EINVAL
+    mock = trio.testing.MockClock()
+    out = trio.run(_shared_start, tmp_path / "b", mock, T0 - 5, clock=mock)
+    assert "starts_in" not in out["waiting"]
+    assert [t for t, _ in out["marks"]] == [0, 5], "the step due 5 s before it was accepted is applied at once"

@@ -493,12 +493,15 @@ def plan_length(s: Scenario, planned: list[Planned]) -> float:
 
 @dataclass(frozen=True)
 class RunScenario(Event):
-    """A write of `run [seed=N] [speed=X] [file=NAME]` followed by the scenario's YAML on the
-    next lines. Not a node event: the controller hands it to the daemon's scenario runner."""
+    """A write of `run [seed=N] [speed=X] [start=T] [file=NAME]` followed by the scenario's YAML
+    on the next lines. Not a node event: the controller hands it to the daemon's scenario runner.
+    `start`: the timeline's zero as seconds since the epoch (a node pool's shared start), else
+    when the daemon accepts it."""
 
     loaded: Loaded = field(default=None, compare=False)
     seed: int | None = None
     speed: float = 1.0
+    start: float | None = None
 
 
 @dataclass(frozen=True)
@@ -507,7 +510,10 @@ class StopScenario(Event):
 
 
 MAX_SPEED = 10_000.0
-_HEADER = re.compile(r"run(?: seed=(?P<seed>[0-9]{1,18}))?(?: speed=(?P<speed>[0-9]{1,5}(?:\.[0-9]{1,3})?))?(?: file=(?P<file>[A-Za-z0-9._-]{1,64}))?")
+_HEADER = re.compile(
+    r"run(?: seed=(?P<seed>[0-9]{1,18}))?(?: speed=(?P<speed>[0-9]{1,5}(?:\.[0-9]{1,3})?))?"
+    r"(?: start=(?P<start>[0-9]{1,11}(?:\.[0-9]{1,3})?))?(?: file=(?P<file>[A-Za-z0-9._-]{1,64}))?"
+)
 
 
 def parse_request(data: bytes) -> Event:
@@ -522,21 +528,50 @@ def parse_request(data: bytes) -> Event:
     except UnicodeDecodeError:
         m = None
     if m is None:
-        raise ScenarioError("expected 'stop', or 'run [seed=N] [speed=X] [file=NAME]' and the scenario's YAML on the next lines")
+        raise ScenarioError(
+            "expected 'stop', or 'run [seed=N] [speed=X] [start=EPOCH] [file=NAME]' and the scenario's YAML on the next lines"
+        )
     speed = float(m["speed"]) if m["speed"] else 1.0
     if not 0 < speed <= MAX_SPEED:
         raise ScenarioError(f"speed must be above 0 and at most {MAX_SPEED:g}")
     loaded = load_text(body, m["file"] or "<scenario>")
-    return RunScenario(None, loaded, int(m["seed"]) if m["seed"] else None, speed)
+    start = float(m["start"]) if m["start"] else None
+    return RunScenario(None, loaded, int(m["seed"]) if m["seed"] else None, speed, start)
 
 
-def request_bytes(text: str, *, seed: int | None = None, speed: float = 1.0, file: str | None = None) -> bytes:
-    """The write `mokka scenario run` makes."""
+_START = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,3})?Z")
+
+
+def parse_start(text: str) -> float:
+    """A wall-clock start, `2026-12-03T17:00:00Z` (UTC, RFC 3339, at most milliseconds), as
+    seconds since the epoch: the time every node of a pool starts its timeline at."""
+    from datetime import datetime, timezone
+
+    m = _START.fullmatch(text)
+    if m is None:
+        raise InvalidCommand(f"start must be a UTC time like 2026-12-03T17:00:00Z, got {text!r}")
+    try:
+        t = datetime(*(int(g) for g in m.groups()[:6]), tzinfo=timezone.utc)
+    except ValueError as e:
+        raise InvalidCommand(f"start {text!r}: {e}") from None
+    return round(t.timestamp() + float(m.group(7) or 0), 3)
+
+
+def _decimal(x: float) -> str:
+    return f"{round(x, 3):.3f}".rstrip("0").rstrip(".")
+
+
+def request_bytes(
+    text: str, *, seed: int | None = None, speed: float = 1.0, start: float | None = None, file: str | None = None
+) -> bytes:
+    """The write `mokka scenario run` (and the agent) makes."""
     head = "run"
     if seed is not None:
         head += f" seed={seed}"
     if speed != 1.0:
-        head += f" speed={round(speed, 3):.3f}".rstrip("0").rstrip(".")
+        head += f" speed={_decimal(speed)}"
+    if start is not None:
+        head += f" start={_decimal(start)}"
     if file:
         head += f" file={re.sub(r'[^A-Za-z0-9._-]', '_', file)[:64]}"
     return f"{head}\n{text}".encode()
