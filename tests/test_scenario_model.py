@@ -221,11 +221,12 @@ def test_a_pattern_goes_alone(extra, message):
 
 def test_a_shared_start_is_a_utc_time_and_travels_in_the_request():
     from mokkafs.model.events import InvalidCommand
-    from mokkafs.model.scenario import parse_start
+    from mokkafs.model.scenario import parse_start, start_text
 
     assert parse_start("1970-01-01T00:01:00Z") == 60.0
     t = parse_start("2026-12-03T17:00:00.250Z")
-    assert t == 1796317200.25
+    assert t == 1796317200.25 and start_text(t) == "2026-12-03T17:00:00.250Z"
+    assert start_text(1796317200.0) == "2026-12-03T17:00:00Z"
     req = parse_request(request_bytes(STORY, speed=2, start=t, file="s.yaml"))
     assert (req.start, req.speed, req.loaded.where) == (t, 2, "s.yaml")
     assert parse_request(request_bytes(STORY)).start is None

@@ -557,6 +557,14 @@ def parse_start(text: str) -> float:
     return round(t.timestamp() + float(m.group(7) or 0), 3)
 
 
+def start_text(t: float) -> str:
+    """Seconds since the epoch as `parse_start` reads them, to the millisecond when it has them."""
+    from datetime import datetime, timezone
+
+    text = datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+    return text.removesuffix(".000") + "Z"
+
+
 def _decimal(x: float) -> str:
     return f"{round(x, 3):.3f}".rstrip("0").rstrip(".")
 
