@@ -385,3 +385,40 @@ def test_a_future_start_waits_for_it_and_a_past_one_joins_the_timeline(tmp_path,
     out = trio.run(_shared_start, tmp_path / "b", mock, T0 - 5, clock=mock)
     assert "starts_in" not in out["waiting"]
     assert [t for t, _ in out["marks"]] == [0, 5], "the step due 5 s before it was accepted is applied at once"
+
+
+# --- settings are steps too: a rack's power capping at a time ----------------------------------------
+
+POWER_CAP = """\
+name: power-cap
+steps:
+  - at: 10s
+    all: true
+    command: power_limit 400
+  - at: 20s
+    all: true
+    command: power_limit default
+"""
+
+
+async def _power_cap(base: Path, mock) -> dict:
+    async with daemon(base, mock, gpus=2) as d:
+        before = await read(d.ops, "gpu1/config")
+        assert not await write(d.ops, "node/scenario", request_bytes(POWER_CAP))
+        await trio.sleep(15)
+        capped = await read(d.ops, "gpu1/config")
+        await until_idle(d.ops)
+        return {"before": before, "capped": capped, "after": await read(d.ops, "gpu1/config"),
+                "events": scenario_lines(await read(d.ops, "node/events"))}  # fmt: skip
+
+
+def test_a_setting_is_a_step_applied_through_the_controller(tmp_path):
+    mock = trio.testing.MockClock()
+    out = trio.run(_power_cap, tmp_path, mock, clock=mock)
+    limit = lambda text: next(line for line in text.splitlines() if line.startswith("power_limit"))  # noqa: E731
+    assert limit(out["before"]) == limit(out["after"]) != limit(out["capped"])
+    assert "400" in limit(out["capped"]), limit(out["capped"])
+    assert [line.split(" ", 1)[1] for line in out["events"]] == [
+        "scenario power-cap step 1: gpu=0 power_limit 400", "scenario power-cap step 1: gpu=1 power_limit 400",
+        "scenario power-cap step 2: gpu=0 power_limit default", "scenario power-cap step 2: gpu=1 power_limit default",
+    ]  # fmt: skip
