@@ -678,7 +678,9 @@ def test_mokka_agent_command(cluster, tmp_path):
     cluster.node["metadata"]["labels"].update({decisions.LABEL_PROFILE: "t4", decisions.LABEL_GPUS: "2"})
     mnt, state = tmp_path / "root", tmp_path / "state"
     cdi, nfd = tmp_path / "cdi" / "nvidia.yaml", tmp_path / "features.d" / "mokkafs"
-    env = dict(os.environ, MOKKA_RUNTIME_DIR=str(tmp_path / "run"), NODE_NAME="gpu-node-1", MOKKA_PROFILE="h100")
+    env = dict(os.environ, MOKKA_RUNTIME_DIR=str(tmp_path / "run"), NODE_NAME="gpu-node-1", MOKKA_PROFILE="h100",
+               POD_NAMESPACE="sim")  # fmt: skip
+    cluster.set_configmap("sim", "stories", {"warm.yaml": "name: warm\nsteps:\n  - at: 0s\n    gpu: 0\n    command: temperature 77\n"})
     env.pop("KUBERNETES_SERVICE_HOST", None)
     proc = subprocess.Popen(
         [*mokka_cmd(), "agent", "--kubeconfig", str(kubeconfig), "--mountpoint", str(mnt), "--state-dir", str(state),
@@ -697,6 +699,10 @@ def test_mokka_agent_command(cluster, tmp_path):
         cluster.annotate(decisions.ANNOTATION_INJECT, "gpu=1 temperature=91")
         wait_until(lambda: events(cluster, "InjectionApplied"), "the injection")
         assert (mnt / "gpu1/temperature").read_text() == "91\n"
+        # Scenario ConfigMaps are read in the pod's namespace (POD_NAMESPACE).
+        cluster.annotate(decisions.ANNOTATION_SCENARIO, "configmap=stories/warm.yaml")
+        wait_until(lambda: events(cluster, "ScenarioFinished"), "the scenario from the ConfigMap")
+        assert (mnt / "gpu0/temperature").read_text() == "77\n"
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
