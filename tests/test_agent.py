@@ -644,9 +644,18 @@ def test_a_shipped_scenario_by_name_then_stop(start_agent, expect_log):
     expect_log(r"rejected mokkafs.io/scenario")
     cluster, node, _ = start_agent("h100", 8)
     wait_until(lambda: cluster.condition(decisions.SCENARIO_CONDITION), "the first report")
-    cluster.annotate(decisions.ANNOTATION_SCENARIO, "no-such-story")
-    (ev,) = wait_until(lambda: events(cluster, "ScenarioRejected"), "the rejection")
-    assert ev["message"] == "'no-such-story': no shipped scenario 'no-such-story' (mokka scenario list)"
+    cluster.set_configmap("other", "stories", {"x.yaml": SHORT_YAML})  # not the agent's namespace
+    cluster.set_configmap("mokkafs", "big", {"huge.yaml": SHORT_YAML + "#" * 70000})
+    for k, (value, reason) in enumerate([
+        ("no-such-story", "no shipped scenario 'no-such-story' (mokka scenario list)"),
+        ("configmap=stories/x.yaml", "configmap mokkafs/stories: not found"),
+        ("configmap=big/short.yaml", "configmap mokkafs/big has no key 'short.yaml' (keys: huge.yaml)"),
+        ("configmap=big/huge.yaml", "huge.yaml: longer than 65536 bytes"),
+    ]):  # fmt: skip
+        cluster.annotate(decisions.ANNOTATION_SCENARIO, value)
+        rejected = wait_until(lambda: events(cluster, "ScenarioRejected")[k:], f"the rejection of {value!r}")
+        assert rejected[0]["message"] == f"{value!r}: {reason}"
+    assert node.read("node/scenario") == "state: idle\nlast: none\n" and node.read("node/events") == ""
     cluster.annotate(decisions.ANNOTATION_SCENARIO, "thermal-runaway seed=2")
     (ev,) = wait_until(lambda: events(cluster, "ScenarioStarted"), "ScenarioStarted")
     assert ev["message"].startswith("thermal-runaway (seed 2, speed 1): ") and ev["message"].endswith("starting now")
@@ -654,8 +663,8 @@ def test_a_shipped_scenario_by_name_then_stop(start_agent, expect_log):
     assert cond["reason"] == "ScenarioRunning" and cond["message"].startswith("thermal-runaway (seed 2) at step ")
     # One at a time: a second one is refused while the first runs.
     cluster.annotate(decisions.ANNOTATION_SCENARIO, "gsp-error")
-    wait_until(lambda: events(cluster, "ScenarioRejected")[1:], "the busy rejection")
-    assert "scenario thermal-runaway runs already" in events(cluster, "ScenarioRejected")[1]["message"]
+    wait_until(lambda: events(cluster, "ScenarioRejected")[4:], "the busy rejection")
+    assert "scenario thermal-runaway runs already" in events(cluster, "ScenarioRejected")[4]["message"]
     cluster.annotate(decisions.ANNOTATION_SCENARIO, "stop")
     (ev,) = wait_until(lambda: events(cluster, "ScenarioStopped"), "ScenarioStopped")
     assert ev["message"].startswith("thermal-runaway stopped at step ")
