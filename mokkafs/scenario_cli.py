@@ -78,7 +78,7 @@ def _state(root: str) -> dict[str, str]:
 
 
 def cmd_run(args) -> int:
-    from mokkafs.model.scenario import MAX_SCENARIO_BYTES, request_bytes
+    from mokkafs.model.scenario import MAX_DURATION_S, MAX_SCENARIO_BYTES, request_bytes
 
     path = _resolve(args.file)
     if path is None:
@@ -86,6 +86,8 @@ def cmd_run(args) -> int:
     text = path.read_bytes()
     if len(text) > MAX_SCENARIO_BYTES:
         return _fail(f"{path}: longer than {MAX_SCENARIO_BYTES} bytes", 2)
+    if args.start is not None and args.start > time.time() + MAX_DURATION_S:
+        return _fail(f"--start is more than {MAX_DURATION_S / 86400:g} days away", 2)
     problem = _check_against_node(Path(args.root), text, path.name, args.seed)
     if problem is not None:
         return _fail(problem, 2)
