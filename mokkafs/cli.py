@@ -382,7 +382,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--root", default=DEFAULT_MOUNTPOINT)
     e.set_defaults(func=cmd_env)
 
-    g = sub.add_parser("agent", help="in a Kubernetes DaemonSet: mount, inject from Node annotations, report health")
+    g = sub.add_parser("agent", help="in a Kubernetes DaemonSet: mount, inject and run scenarios from Node annotations, report health")
     g.add_argument("--node-name", help="this Node's name (default: $NODE_NAME)")
     g.add_argument("--kubeconfig", help="default: in-cluster config, else ~/.kube/config")
     g.add_argument("--mountpoint", help="default: /var/lib/mokkafs/root (mokkafs.agent)")
@@ -394,6 +394,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--cdi-spec", help="'' to skip (default: /var/run/cdi/nvidia.yaml)")
     g.add_argument("--nfd-features", help="'' to skip (default: NFD's features.d/mokkafs)")
     g.add_argument("--resync", type=float, default=30.0, help="seconds between health checks and rewatches")
+    g.add_argument("--namespace", help="where scenario ConfigMaps are read (default: $POD_NAMESPACE, else mokkafs)")
     g.set_defaults(func=cmd_agent)
 
     p = sub.add_parser("profiles", help="the shipped profiles, one line each")

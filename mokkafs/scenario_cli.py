@@ -78,7 +78,7 @@ def _state(root: str) -> dict[str, str]:
 
 
 def cmd_run(args) -> int:
-    from mokkafs.model.scenario import MAX_SCENARIO_BYTES, request_bytes
+    from mokkafs.model.scenario import MAX_DURATION_S, MAX_SCENARIO_BYTES, request_bytes
 
     path = _resolve(args.file)
     if path is None:
@@ -86,10 +86,12 @@ def cmd_run(args) -> int:
     text = path.read_bytes()
     if len(text) > MAX_SCENARIO_BYTES:
         return _fail(f"{path}: longer than {MAX_SCENARIO_BYTES} bytes", 2)
+    if args.start is not None and args.start > time.time() + MAX_DURATION_S:
+        return _fail(f"--start is more than {MAX_DURATION_S / 86400:g} days away", 2)
     problem = _check_against_node(Path(args.root), text, path.name, args.seed)
     if problem is not None:
         return _fail(problem, 2)
-    request = request_bytes(text.decode(), seed=args.seed, speed=args.speed, file=path.name)
+    request = request_bytes(text.decode(), seed=args.seed, speed=args.speed, start=args.start, file=path.name)
     try:
         fd = os.open(_control(args.root), os.O_WRONLY | os.O_TRUNC)
         try:
@@ -149,6 +151,16 @@ def _speed(value: str) -> float:
     return speed
 
 
+def _start(value: str) -> float:
+    from mokkafs.model.events import InvalidCommand
+    from mokkafs.model.scenario import parse_start
+
+    try:
+        return parse_start(value)
+    except InvalidCommand as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_parser(sub) -> None:
     sc = sub.add_parser("scenario", help="repeatable fault timelines: list, run, status, stop")
     ssub = sc.add_subparsers(dest="scenario_command", required=True)
@@ -159,6 +171,8 @@ def add_parser(sub) -> None:
     r.add_argument("--root", default=DEFAULT_MOUNTPOINT)
     r.add_argument("--seed", type=_seed, help="instead of the file's seed")
     r.add_argument("--speed", type=_speed, default=1.0, help="run the timeline this many times faster")
+    r.add_argument("--start", type=_start, help="the timeline's zero, a UTC time like 2026-12-03T17:00:00Z "
+                   "(nodes given one start run in step); default: now")
     r.add_argument("--wait", action="store_true", help="return when it ends (0: finished, 1: stopped)")
     r.set_defaults(func=cmd_run)
     for name, func, text in (("status", cmd_status, "what runs, its step, what comes next"),

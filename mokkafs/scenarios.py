@@ -19,6 +19,7 @@ from mokkafs.clock import Clock
 from mokkafs.controller import Controller
 from mokkafs.model.events import InvalidCommand
 from mokkafs.model.scenario import (
+    MAX_DURATION_S,
     MAX_SPEED,
     Loaded,
     Planned,
@@ -111,11 +112,16 @@ class ScenarioRunner:
             raise ScenarioBusy(f"scenario {self.current.name} runs; stop it first")
         seed = event.loaded.scenario.seed if event.seed is None else event.seed
         plan = self._plan(event.loaded, seed)  # refused whole here, before anything applies
-        self.current = Run(event.loaded, seed, event.speed, self.clock(), plan)
+        now = self.clock()
+        if event.start is not None and event.start > now + MAX_DURATION_S:
+            raise InvalidCommand(f"start {iso_time(event.start)} is more than {MAX_DURATION_S / 86400:g} days away")
+        # A start in the past joins the timeline where it stands: what fell due is applied at
+        # once, in order, as after a restart (an agent that sees a pool's start late).
+        self.current = Run(event.loaded, seed, event.speed, now if event.start is None else event.start, plan)
         self._save()
         log.info(
-            "scenario %s (%s, seed %d, speed %g): %d commands over %g s",
-            self.current.name, event.loaded.where, seed, event.speed, len(plan),
+            "scenario %s (%s, seed %d, speed %g, start %s): %d commands over %g s",
+            self.current.name, event.loaded.where, seed, event.speed, iso_time(self.current.start), len(plan),
             plan_length(event.loaded.scenario, plan),
         )
         self._wake()
@@ -218,6 +224,7 @@ class ScenarioRunner:
             ("speed", f"{run.speed:g}"),
             ("started", iso_time(run.start)),
             ("elapsed", f"{elapsed:.3f}s of {plan_length(s, run.plan):g}s"),
+            *([("starts_in", f"{run.start - now:.3f}s")] if now < run.start else []),
             ("step", self._step_no(run)),
             ("next", str(run.plan[run.next]) if run.next < len(run.plan) else "end"),
         ]

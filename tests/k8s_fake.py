@@ -1,7 +1,8 @@
-"""A fake Kubernetes API server for the agent's tests: one Node, on 127.0.0.1 only, answering the
-few calls `mokka agent` makes (GET/PATCH the Node and its status, list+watch by field selector,
-POST Events) with the API server's real response shapes, plus knobs to make it conflict (409),
-end a watch early, or expire a watch (410 Gone)."""
+"""A fake Kubernetes API server for the agent's tests: Nodes (one, or a pool: `add_node`) and
+ConfigMaps, on 127.0.0.1 only, answering the few calls `mokka agent` makes (GET/PATCH a Node and
+its status, list+watch by field selector, POST Events, GET a ConfigMap) with the API server's
+real response shapes, plus knobs to make it conflict (409), end a watch early, or expire a watch
+(410 Gone)."""
 from __future__ import annotations
 
 import copy
@@ -39,16 +40,49 @@ def merge_patch(target, patch):
     return out
 
 
+def _uid(name: str) -> str:
+    """The first node keeps the uid the tests have always seen; others get one of their own."""
+    if name == "gpu-node-1":
+        return "6f1c2a9e-0d7b-4c1e-9a51-3d1f8f0e2b71"
+    return "6f1c2a9e-0d7b-4c1e-9a51-" + format(abs(hash(name)) % 16**12, "012x")
+
+
+def _selected(q: dict, name: str) -> bool:
+    """The only field selector the agent uses: `metadata.name=NAME` (none: every node)."""
+    selector = q.get("fieldSelector")
+    return selector is None or selector == f"metadata.name={name}"
+
+
 class FakeCluster:
     def __init__(self, node_name: str = "gpu-node-1", labels: dict | None = None) -> None:
         self.lock = threading.Condition()
         self.rv = 100
-        self.node = {
+        self.nodes: dict[str, dict] = {}
+        self.first = node_name
+        self.configmaps: dict[tuple[str, str], dict] = {}  # (namespace, name) -> data
+        self.history: list[dict] = []  # one snapshot per resourceVersion, of the node it changed
+        self.events: list[dict] = []
+        self.patches: list[tuple[str, str, dict]] = []  # (path, content type, body)
+        self.requests: list[tuple[str, str]] = []
+        self.conflicts = 0  # the next N node patches meet a concurrent writer first (409)
+        self.end_watches = 0  # the next N watches end at once, as an API server restart does
+        self.expire_watches = 0  # the next N watches answer 410 Gone
+        self.server: ThreadingHTTPServer | None = None
+        self.add_node(node_name, labels)
+
+    @property
+    def node(self) -> dict:
+        """The first node (a one-node cluster's only one)."""
+        return self.nodes[self.first]
+
+    def add_node(self, node_name: str, labels: dict | None = None) -> None:
+        self.rv += 1
+        self.nodes[node_name] = {
             "kind": "Node",
             "apiVersion": "v1",
             "metadata": {
                 "name": node_name,
-                "uid": "6f1c2a9e-0d7b-4c1e-9a51-3d1f8f0e2b71",
+                "uid": _uid(node_name),
                 "resourceVersion": str(self.rv),
                 "creationTimestamp": "2026-12-01T10:00:00Z",
                 "labels": {"kubernetes.io/hostname": node_name, **(labels or {})},
@@ -68,44 +102,57 @@ class FakeCluster:
                 ]
             },
         }
-        self.history: list[dict] = [copy.deepcopy(self.node)]  # one snapshot per resourceVersion
-        self.events: list[dict] = []
-        self.patches: list[tuple[str, str, dict]] = []  # (path, content type, body)
-        self.requests: list[tuple[str, str]] = []
-        self.conflicts = 0  # the next N node patches meet a concurrent writer first (409)
-        self.end_watches = 0  # the next N watches end at once, as an API server restart does
-        self.expire_watches = 0  # the next N watches answer 410 Gone
-        self.server: ThreadingHTTPServer | None = None
+        self.history.append(copy.deepcopy(self.nodes[node_name]))
 
     # -- changes, as another writer (a user with kubectl, the kubelet) makes them ---------------
 
-    def _bump(self) -> None:
+    def _bump(self, name: str) -> None:
         self.rv += 1
-        self.node["metadata"]["resourceVersion"] = str(self.rv)
-        self.history.append(copy.deepcopy(self.node))
+        self.nodes[name]["metadata"]["resourceVersion"] = str(self.rv)
+        self.history.append(copy.deepcopy(self.nodes[name]))
         self.lock.notify_all()
 
-    def annotate(self, key: str, value: str | None) -> None:
+    def annotate(self, key: str, value: str | None, node: str | None = None) -> None:
+        """`kubectl annotate node NODE --overwrite KEY=VALUE` (None: `KEY-`)."""
         with self.lock:
-            ann = self.node["metadata"].setdefault("annotations", {})
+            name = node or self.first
+            ann = self.nodes[name]["metadata"].setdefault("annotations", {})
             if value is None:
                 ann.pop(key, None)
             else:
                 ann[key] = value
-            self._bump()
+            self._bump(name)
 
-    def heartbeat(self) -> None:
-        with self.lock:
-            self.node["status"]["conditions"][0]["lastHeartbeatTime"] = f"2026-12-01T10:{self.rv % 60:02d}:00Z"
-            self._bump()
+    def annotate_all(self, key: str, value: str) -> None:
+        """`kubectl annotate nodes -l ... KEY=VALUE`: one patch per node, in name order."""
+        for name in sorted(self.nodes):
+            self.annotate(key, value, name)
 
-    def snapshot(self) -> dict:
+    def set_configmap(self, namespace: str, name: str, data: dict[str, str]) -> None:
         with self.lock:
-            return copy.deepcopy(self.node)
+            self.rv += 1
+            self.configmaps[(namespace, name)] = {
+                "kind": "ConfigMap",
+                "apiVersion": "v1",
+                "metadata": {"name": name, "namespace": namespace, "resourceVersion": str(self.rv),
+                             "uid": f"cm-{self.rv}", "creationTimestamp": "2026-12-01T10:00:00Z"},
+                "data": dict(data),
+            }  # fmt: skip
 
-    def condition(self, type_: str) -> dict | None:
+    def heartbeat(self, node: str | None = None) -> None:
         with self.lock:
-            return next((copy.deepcopy(c) for c in self.node["status"]["conditions"] if c["type"] == type_), None)
+            name = node or self.first
+            self.nodes[name]["status"]["conditions"][0]["lastHeartbeatTime"] = f"2026-12-01T10:{self.rv % 60:02d}:00Z"
+            self._bump(name)
+
+    def snapshot(self, node: str | None = None) -> dict:
+        with self.lock:
+            return copy.deepcopy(self.nodes[node or self.first])
+
+    def condition(self, type_: str, node: str | None = None) -> dict | None:
+        with self.lock:
+            conds = self.nodes[node or self.first]["status"]["conditions"]
+            return next((copy.deepcopy(c) for c in conds if c["type"] == type_), None)
 
     # -- serving -------------------------------------------------------------------------------
 
@@ -134,16 +181,26 @@ class FakeCluster:
                 url = urlsplit(self.path)
                 q = {k: v[0] for k, v in parse_qs(url.query).items()}
                 cluster.requests.append(("GET", self.path))
-                name = cluster.node["metadata"]["name"]
-                if url.path == f"/api/v1/nodes/{name}":
-                    return self._send(200, cluster.snapshot())
+                parts = url.path.split("/")
+                if url.path.startswith("/api/v1/nodes/") and len(parts) == 5:
+                    if parts[4] in cluster.nodes:
+                        return self._send(200, cluster.snapshot(parts[4]))
+                    return self._send(404, status(404, "NotFound", f'nodes "{parts[4]}" not found',
+                                                  {"name": parts[4], "kind": "nodes"}))  # fmt: skip
                 if url.path == "/api/v1/nodes" and q.get("watch") == "true":
                     return self._watch(q)
                 if url.path == "/api/v1/nodes":
-                    node = cluster.snapshot()
-                    items = [node] if q.get("fieldSelector", f"metadata.name={name}") == f"metadata.name={name}" else []
+                    with cluster.lock:
+                        items = [copy.deepcopy(n) for name, n in sorted(cluster.nodes.items()) if _selected(q, name)]
                     return self._send(200, {"kind": "NodeList", "apiVersion": "v1",
                                             "metadata": {"resourceVersion": str(cluster.rv)}, "items": items})  # fmt: skip
+                if len(parts) == 7 and parts[:3] == ["", "api", "v1"] and parts[3] == "namespaces" and parts[5] == "configmaps":
+                    with cluster.lock:
+                        cm = copy.deepcopy(cluster.configmaps.get((parts[4], parts[6])))
+                    if cm is None:
+                        return self._send(404, status(404, "NotFound", f'configmaps "{parts[6]}" not found',
+                                                      {"name": parts[6], "kind": "configmaps"}))  # fmt: skip
+                    return self._send(200, cm)
                 self._send(404, status(404, "NotFound", f"the server could not find {url.path}"))
 
             def _chunk(self, data: bytes) -> None:
@@ -172,7 +229,7 @@ class FakeCluster:
                     while True:
                         for snap in cluster.history:
                             rv = int(snap["metadata"]["resourceVersion"])
-                            if rv > since:
+                            if rv > since and _selected(q, snap["metadata"]["name"]):
                                 self._chunk(json.dumps({"type": "MODIFIED", "object": snap}).encode() + b"\n")
                                 since = rv
                         if deadline <= 0:
@@ -186,40 +243,44 @@ class FakeCluster:
                 body = self._body()
                 ctype = self.headers.get("Content-Type", "")
                 cluster.requests.append(("PATCH", self.path))
-                name = cluster.node["metadata"]["name"]
+                parts = url.path.split("/")
+                name = parts[4] if url.path.startswith("/api/v1/nodes/") else ""
                 with cluster.lock:
                     cluster.patches.append((url.path, ctype, body))
+                    if name not in cluster.nodes:
+                        return self._send(404, status(404, "NotFound", url.path))
                     if url.path == f"/api/v1/nodes/{name}":
                         if ctype != "application/merge-patch+json":
                             return self._send(415, status(415, "UnsupportedMediaType", ctype))
+                        node = cluster.nodes[name]
                         if cluster.conflicts:
                             cluster.conflicts -= 1
-                            cluster.node["metadata"]["annotations"]["other-writer"] = str(cluster.rv)
-                            cluster._bump()
+                            node["metadata"]["annotations"]["other-writer"] = str(cluster.rv)
+                            cluster._bump(name)
                         want = (body.get("metadata") or {}).get("resourceVersion")
-                        if want is not None and want != str(cluster.rv):
+                        if want is not None and want != node["metadata"]["resourceVersion"]:
                             return self._send(409, status(
                                 409, "Conflict",
                                 f'Operation cannot be fulfilled on nodes "{name}": the object has been modified; '
                                 "please apply your changes to the latest version and try again",
                                 {"name": name, "kind": "nodes"}))  # fmt: skip
-                        patched = merge_patch(cluster.node, body)
-                        patched["metadata"]["resourceVersion"] = str(cluster.rv)
-                        cluster.node = patched
-                        cluster._bump()
-                        return self._send(200, copy.deepcopy(cluster.node))
+                        patched = merge_patch(node, body)
+                        patched["metadata"]["resourceVersion"] = node["metadata"]["resourceVersion"]
+                        cluster.nodes[name] = patched
+                        cluster._bump(name)
+                        return self._send(200, copy.deepcopy(patched))
                     if url.path == f"/api/v1/nodes/{name}/status":
                         if ctype != "application/strategic-merge-patch+json":
                             return self._send(415, status(415, "UnsupportedMediaType", ctype))
-                        conds = cluster.node["status"]["conditions"]
+                        conds = cluster.nodes[name]["status"]["conditions"]
                         for c in (body.get("status") or {}).get("conditions") or []:
                             old = next((o for o in conds if o["type"] == c["type"]), None)
                             if old is None:
                                 conds.append(c)
                             else:
                                 old.update(c)
-                        cluster._bump()
-                        return self._send(200, copy.deepcopy(cluster.node))
+                        cluster._bump(name)
+                        return self._send(200, copy.deepcopy(cluster.nodes[name]))
                 self._send(404, status(404, "NotFound", url.path))
 
             def do_POST(self) -> None:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from k8s_fake import FakeCluster  # noqa: E402
 
 from mokkafs.agent import decisions, grammar, node_files, watch  # noqa: E402
 from mokkafs.model import Node, compose  # noqa: E402
+from mokkafs.model import scenario as scenario_model  # noqa: E402
 from mokkafs.model.events import InvalidCommand, Pin  # noqa: E402
 from mokkafs.profiles import ProfileError, load_profile  # noqa: E402
 
@@ -238,6 +240,105 @@ def test_nfd_feature_file_is_name_value_lines():
     assert all("=" in line and " " not in line and not line.startswith("#") for line in lines)
 
 
+# --- scenarios: the annotation, the decision, the condition (pure) --------------------------------
+
+T_START = 1796317200.0  # 2026-12-03T17:00:00Z
+SHORT_YAML = "name: short\nsteps:\n  - at: 0s\n    gpu: 0\n    command: xid 13\n  - at: 1s\n    gpu: 0\n    command: xid 31\n"
+NVLINK_YAML = "name: flap\nsteps:\n  - at: 0s\n    gpu: 0\n    command: xid 74\n  - at: 1s\n    gpu: 0\n    command: nvlink 2 down\n"
+
+
+def test_scenario_annotation_grammar():
+    req = grammar.parse_scenario("ecc-degradation seed=4 speed=2.5 start=2026-12-03T17:00:00Z")
+    assert (req.name, req.configmap, req.seed, req.speed, req.start) == ("ecc-degradation", None, 4, 2.5, T_START)
+    req = grammar.parse_scenario("configmap=stories/flap.yaml start=2026-12-03T17:00:00.250Z\n")
+    assert (req.name, req.configmap, req.key, req.seed, req.start) == (None, "stories", "flap.yaml", None, T_START + 0.25)
+    assert grammar.parse_scenario("nvlink-flapping.yaml").name == "nvlink-flapping"
+    assert isinstance(grammar.parse_scenario("stop"), grammar.StopRequest)
+
+
+@pytest.mark.parametrize("value,reason", [
+    ("", "empty annotation"),
+    ("Bad/Name", "expected a shipped scenario's name or 'configmap=NAME/KEY'"),
+    ("configmap=stories", "expected a shipped scenario's name or 'configmap=NAME/KEY'"),
+    ("configmap=Stories/x.yaml", "expected a shipped scenario's name"),
+    ("x seed=-1", "'seed=-1': expected seed=N"),
+    ("x seed=1 seed=2", "seed given twice"),
+    ("x speed=0", "speed must be above 0"),
+    ("x start=2026-12-03T17:00:00+01:00", "start must be a UTC time"),
+    ("x start=2026-13-03T17:00:00Z", "start '2026-13-03T17:00:00Z': month must be in 1..12"),
+    ("x  seed=1", "''"),
+    ("x frob=1", "'frob=1': expected"),
+    ("x\nstop", "one line"),
+    ("x " + "seed=1 " * 100, "longer than 512 bytes"),
+])  # fmt: skip
+def test_scenario_annotation_grammar_rejects(value, reason):
+    with pytest.raises(InvalidCommand) as e:
+        grammar.parse_scenario(value)
+    assert reason in str(e.value), str(e.value)
+
+
+IDLE = "state: idle\nlast: none\n"
+
+
+def _decide(yaml_text, value="configmap=s/short.yaml", profile="h100", gpus=4, status=IDLE, now=T_START - 10):
+    return decisions.decide_scenario(grammar.parse_scenario(value), yaml_text, "short.yaml", config(profile, gpus), status, now, "9")
+
+
+def test_decide_scenario_starts_one_that_fits_the_node():
+    act = _decide(SHORT_YAML, "configmap=s/short.yaml seed=3 start=2026-12-03T17:00:00Z")
+    assert isinstance(act, decisions.StartScenario) and act.resource_version == "9"
+    assert act.summary == "short (seed 3, speed 1): 2 commands over 1 s, starting at 2026-12-03T17:00:00Z"
+    assert act.request.startswith(f"run seed=3 start={T_START:.0f} file=short.yaml\nname: short\n".encode())
+    assert _decide(SHORT_YAML).summary.endswith("starting now")
+
+
+@pytest.mark.parametrize("yaml_text,kw,reason", [
+    (SHORT_YAML.replace("gpu: 0\n    command: xid 31", "gpu: 4\n    command: xid 31"), {},
+     "short.yaml:7: step 2: no gpu4, the node has 4 GPUs (0..3)"),
+    (NVLINK_YAML, {"profile": "t4", "gpus": 1}, "short.yaml:8: step 2: 'nvlink 2 down' on gpu0: t4 has 0 NVLinks, no link 2"),
+    ("name: x\nsteps:\n  - at 1s\n", {}, "short.yaml:3: step 1: Input should be a valid dictionary"),
+    ("name: x\nsteps: [\n", {}, "short.yaml:3: not YAML"),
+    (SHORT_YAML, {"status": "state: running\nname: other\nstep: 3/9\n"}, "scenario other runs already (step 3/9); annotate 'stop' first"),
+    (SHORT_YAML, {"value": "configmap=s/short.yaml start=2026-12-03T17:00:00Z", "now": T_START + 2},
+     "its timeline ended at 2026-12-03T17:00:01Z, before this node took it"),
+    (SHORT_YAML, {"value": "configmap=s/short.yaml start=2026-12-11T17:00:00Z"}, "more than 7 days away"),
+])  # fmt: skip
+def test_decide_scenario_refuses_whole(yaml_text, kw, reason):
+    act = _decide(yaml_text, **kw)
+    assert isinstance(act, decisions.RejectScenario), act
+    assert reason in act.reason, act.reason
+    patch = decisions.scenario_claim_patch(act, "T")["metadata"]
+    assert patch["resourceVersion"] == "9" and patch["annotations"][decisions.ANNOTATION_SCENARIO] is None
+    assert patch["annotations"][decisions.ANNOTATION_SCENARIO_REJECTED].startswith(f"T {act.value}: ")
+
+
+def test_a_started_timeline_is_joined_where_it_stands():
+    act = _decide(SHORT_YAML, "configmap=s/short.yaml start=2026-12-03T17:00:00Z", now=T_START + 0.5)
+    assert isinstance(act, decisions.StartScenario)
+
+
+RUNNING = "state: running\nname: short\nfile: short.yaml\nseed: 0\nspeed: 1\nstarted: 2026-12-03T17:00:00.000000Z\n"
+
+
+def test_scenario_condition_and_its_events():
+    waiting, ev = decisions.scenario_condition(RUNNING + "elapsed: 0.000s of 1s\nstarts_in: 4.000s\nstep: 0/2\n", None, "T1")
+    assert (waiting["status"], waiting["reason"], ev) == ("True", "ScenarioWaiting", None)
+    assert waiting["message"] == "short (seed 0) starts at 2026-12-03T17:00:00.000000Z"
+    running, ev = decisions.scenario_condition(RUNNING + "step: 1/2\n", waiting, "T2")
+    assert (running["reason"], running["lastTransitionTime"], ev) == ("ScenarioRunning", "T1", None)
+    assert running["message"] == "short (seed 0) at step 1/2, started 2026-12-03T17:00:00.000000Z"
+    assert decisions.scenario_condition(RUNNING + "step: 1/2\n", running, "T3") == (None, None)
+    done, ev = decisions.scenario_condition("state: idle\nlast: short finished (2 commands)\n", running, "T4")
+    assert (done["status"], done["reason"], done["lastTransitionTime"]) == ("False", "ScenarioFinished", "T4")
+    assert ev == ("Normal", "ScenarioFinished", "short finished (2 commands)")
+    _, ev = decisions.scenario_condition("state: idle\nlast: short stopped at step 1/2\n", running, "T5")
+    assert ev == ("Normal", "ScenarioStopped", "short stopped at step 1/2")
+    _, ev = decisions.scenario_condition("state: idle\nlast: aborted after a restart: x.yaml:4: no gpu9\n", None, "T6")
+    assert ev == ("Warning", "ScenarioAborted", "aborted after a restart: x.yaml:4: no gpu9")
+    none, ev = decisions.scenario_condition(IDLE, None, "T7")
+    assert (none["status"], none["reason"], ev) == ("False", "NoScenario", None)
+
+
 # --- against a fake API server and a real mount ----------------------------------------------------
 
 
@@ -269,13 +370,17 @@ def core_api(base_url: str):
 
 @pytest.fixture
 def start_agent(cluster, node_factory):
-    """`start_agent(profile, gpus, tree=MountedTree)`: a mounted node and an agent thread
-    watching the fake cluster's Node through `tree`; stopped at teardown."""
+    """`start_agent(profile, gpus, tree=MountedTree, node_name=None)`: a mounted node and an
+    agent thread watching the fake cluster's Node (`node_name`, added to the cluster if new)
+    through `tree`; stopped at teardown."""
     threads = []
 
-    def start(profile: str = "h100", gpus: int = 4, tree=watch.MountedTree):
-        node = node_factory(profile=profile, gpus=gpus)
-        a = watch.Agent(core_api(cluster.base_url), cluster.node["metadata"]["name"], tree(str(node.mnt)), resync_s=1)
+    def start(profile: str = "h100", gpus: int = 4, tree=watch.MountedTree, node_name: str | None = None):
+        node_name = node_name or cluster.first
+        if node_name not in cluster.nodes:
+            cluster.add_node(node_name)
+        node = node_factory(profile=profile, gpus=gpus, name=f"mnt-{node_name}")
+        a = watch.Agent(core_api(cluster.base_url), node_name, tree(str(node.mnt)), resync_s=1)
         t = threading.Thread(target=a.run, daemon=True)
         t.start()
         threads.append((a, t))
@@ -298,8 +403,8 @@ def annotations(cluster) -> dict:
     return cluster.snapshot()["metadata"].get("annotations") or {}
 
 
-def events(cluster, reason: str) -> list[dict]:
-    return [e for e in cluster.events if e["reason"] == reason]
+def events(cluster, reason: str, node: str | None = None) -> list[dict]:
+    return [e for e in cluster.events if e["reason"] == reason and node in (None, e["involvedObject"]["name"])]
 
 
 def test_injection_applied_once_despite_a_conflict(running):
@@ -437,6 +542,137 @@ def test_watch_that_ends_and_watch_that_expires(running):
     assert "volatile dbe 2" in node.read("gpu1/inject_ecc")
 
 
+# --- scenarios across a node pool ----------------------------------------------------------------
+
+POOL = ("gpu-node-1", "gpu-node-2")
+
+
+def _mark_times(node, name: str) -> list[float]:
+    """When each `scenario NAME step` line of the node's event log was applied (epoch seconds)."""
+    out = []
+    for line in node.read("node/events").splitlines():
+        stamp, _, text = line.partition(" ")
+        if text.startswith(f"scenario {name} step "):
+            out.append(datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp())
+    return out
+
+
+def _reasons_seen(cluster, node_name: str) -> list[str]:
+    """The MokkaScenario condition's reasons in the order the node's history shows them."""
+    out = []
+    for snap in cluster.history:
+        if snap["metadata"]["name"] != node_name:
+            continue
+        c = next((c for c in snap["status"]["conditions"] if c["type"] == decisions.SCENARIO_CONDITION), None)
+        if c and (not out or out[-1] != c["reason"]):
+            out.append(c["reason"])
+    return out
+
+
+def test_two_nodes_start_a_configmap_scenario_at_one_wall_clock_time(start_agent):
+    agents = [start_agent("h100", 2, node_name=n) for n in POOL]
+    cluster = agents[0][0]
+    for name in POOL:
+        wait_until(lambda: cluster.condition(decisions.SCENARIO_CONDITION, name), f"{name}'s first report")
+    for _, node, _ in agents:
+        node.expect_warning(r"Xid")
+    cluster.set_configmap("mokkafs", "stories", {"short.yaml": SHORT_YAML})
+    start = round(time.time() + 4, 3)
+    start_text = scenario_model.start_text(start)
+    value = f"configmap=stories/short.yaml start={start_text}"
+    cluster.annotate_all(decisions.ANNOTATION_SCENARIO, value)  # kubectl annotate nodes -l pool=a ...
+    for name in POOL:
+        (ev,) = wait_until(lambda: events(cluster, "ScenarioStarted", name), f"{name}'s ScenarioStarted")
+        assert ev["message"] == f"short (seed 0, speed 1): 2 commands over 1 s, starting at {start_text}"
+    assert time.time() < start, "both accepted before the shared start"
+    for name in POOL:
+        wait_until(lambda: events(cluster, "ScenarioFinished", name), f"{name}'s ScenarioFinished", timeout=20)
+    firsts = []
+    for (_, node, _), name in zip(agents, POOL):
+        times = _mark_times(node, "short")
+        assert len(times) == 2 and abs(times[1] - times[0] - 1.0) < 0.1, times
+        assert -0.005 < times[0] - start < 0.1, (name, times[0] - start)  # measured: 1-5 ms
+        firsts.append(times[0])
+        assert "xid 31" in node.read("gpu0/events") and node.read("node/scenario").startswith("state: idle\n")
+        reasons = _reasons_seen(cluster, name)  # Running only if a resync fell within its 1 s
+        assert reasons[:2] == ["NoScenario", "ScenarioWaiting"] and reasons[-1] == "ScenarioFinished", reasons
+        cond = cluster.condition(decisions.SCENARIO_CONDITION, name)
+        assert (cond["status"], cond["message"]) == ("False", "short finished (2 commands)")
+        ann = annotations_of(cluster, name)
+        assert decisions.ANNOTATION_SCENARIO not in ann and ann[decisions.ANNOTATION_SCENARIO_ACCEPTED].endswith(f" {value}")
+    assert abs(firsts[0] - firsts[1]) < 0.1, "the two nodes' timelines line up"
+
+
+def annotations_of(cluster, node_name: str) -> dict:
+    return cluster.snapshot(node_name)["metadata"].get("annotations") or {}
+
+
+def test_a_scenario_a_node_cannot_take_is_refused_whole_there(start_agent, expect_log):
+    # A mixed pool: the T4 has no NVLink, so the scenario is refused whole there (not even its
+    # first step, an Xid), with the line and step in an Event; the H100 runs it.
+    expect_log(r"rejected mokkafs.io/scenario")
+    h100 = start_agent("h100", 2, node_name=POOL[0])
+    t4 = start_agent("t4", 1, node_name=POOL[1])
+    cluster = h100[0]
+    h100[1].expect_warning(r"Xid")
+    for name in POOL:
+        wait_until(lambda: cluster.condition(decisions.SCENARIO_CONDITION, name), f"{name}'s first report")
+    # First a malformed file: refused on every node, the reason in each one's Event.
+    cluster.set_configmap("mokkafs", "stories", {"bad.yaml": "name: bad\nsteps:\n  - at: 1s\n    gpu: 0\n    command: xid 4 8\n",
+                                                 "flap.yaml": NVLINK_YAML})  # fmt: skip
+    cluster.annotate_all(decisions.ANNOTATION_SCENARIO, "configmap=stories/bad.yaml")
+    for name in POOL:
+        (ev,) = wait_until(lambda: events(cluster, "ScenarioRejected", name), f"{name}'s rejection")
+        assert ev["type"] == "Warning" and ev["message"] == (
+            "'configmap=stories/bad.yaml': bad.yaml:5: step 1: 'xid 4 8' on gpu0: Xid must be a decimal number, got '4 8'"
+        )
+    before = t4[1].read("node/events")
+    cluster.annotate_all(decisions.ANNOTATION_SCENARIO, "configmap=stories/flap.yaml speed=10")
+    (ev,) = wait_until(lambda: events(cluster, "ScenarioRejected", POOL[1])[1:], "the T4's rejection")
+    assert ev["message"] == (
+        "'configmap=stories/flap.yaml speed=10': flap.yaml:8: step 2: 'nvlink 2 down' on gpu0: t4 has 0 NVLinks, no link 2"
+    )
+    assert annotations_of(cluster, POOL[1])[decisions.ANNOTATION_SCENARIO_REJECTED].endswith(ev["message"].split(": ", 1)[1])
+    wait_until(lambda: events(cluster, "ScenarioFinished", POOL[0]), "the H100's ScenarioFinished")
+    assert "2 down" in h100[1].read("gpu0/nvlink")
+    assert t4[1].read("node/events") == before == "", "nothing of it applied on the T4"
+    assert t4[1].read("node/scenario") == "state: idle\nlast: none\n"
+    assert not events(cluster, "ScenarioStarted", POOL[1])
+
+
+def test_a_shipped_scenario_by_name_then_stop(start_agent, expect_log):
+    expect_log(r"rejected mokkafs.io/scenario")
+    cluster, node, _ = start_agent("h100", 8)
+    wait_until(lambda: cluster.condition(decisions.SCENARIO_CONDITION), "the first report")
+    cluster.set_configmap("other", "stories", {"x.yaml": SHORT_YAML})  # not the agent's namespace
+    cluster.set_configmap("mokkafs", "big", {"huge.yaml": SHORT_YAML + "#" * 70000})
+    for k, (value, reason) in enumerate([
+        ("no-such-story", "no shipped scenario 'no-such-story' (mokka scenario list)"),
+        ("configmap=stories/x.yaml", "configmap mokkafs/stories: not found"),
+        ("configmap=big/short.yaml", "configmap mokkafs/big has no key 'short.yaml' (keys: huge.yaml)"),
+        ("configmap=big/huge.yaml", "huge.yaml: longer than 65536 bytes"),
+    ]):  # fmt: skip
+        cluster.annotate(decisions.ANNOTATION_SCENARIO, value)
+        rejected = wait_until(lambda: events(cluster, "ScenarioRejected")[k:], f"the rejection of {value!r}")
+        assert rejected[0]["message"] == f"{value!r}: {reason}"
+    assert node.read("node/scenario") == "state: idle\nlast: none\n" and node.read("node/events") == ""
+    cluster.annotate(decisions.ANNOTATION_SCENARIO, "thermal-runaway seed=2")
+    (ev,) = wait_until(lambda: events(cluster, "ScenarioStarted"), "ScenarioStarted")
+    assert ev["message"].startswith("thermal-runaway (seed 2, speed 1): ") and ev["message"].endswith("starting now")
+    cond = wait_until(lambda: (c := cluster.condition(decisions.SCENARIO_CONDITION))["status"] == "True" and c, "running")
+    assert cond["reason"] == "ScenarioRunning" and cond["message"].startswith("thermal-runaway (seed 2) at step ")
+    # One at a time: a second one is refused while the first runs.
+    cluster.annotate(decisions.ANNOTATION_SCENARIO, "gsp-error")
+    wait_until(lambda: events(cluster, "ScenarioRejected")[4:], "the busy rejection")
+    assert "scenario thermal-runaway runs already" in events(cluster, "ScenarioRejected")[4]["message"]
+    cluster.annotate(decisions.ANNOTATION_SCENARIO, "stop")
+    (ev,) = wait_until(lambda: events(cluster, "ScenarioStopped"), "ScenarioStopped")
+    assert ev["message"].startswith("thermal-runaway stopped at step ")
+    cond = cluster.condition(decisions.SCENARIO_CONDITION)
+    assert (cond["status"], cond["reason"]) == ("False", "ScenarioStopped")
+    assert node.read("node/scenario").startswith("state: idle\nlast: thermal-runaway stopped")
+
+
 # --- `mokka agent` as a process: mounts, writes the node files, applies, unmounts on SIGTERM ----
 
 
@@ -451,7 +687,9 @@ def test_mokka_agent_command(cluster, tmp_path):
     cluster.node["metadata"]["labels"].update({decisions.LABEL_PROFILE: "t4", decisions.LABEL_GPUS: "2"})
     mnt, state = tmp_path / "root", tmp_path / "state"
     cdi, nfd = tmp_path / "cdi" / "nvidia.yaml", tmp_path / "features.d" / "mokkafs"
-    env = dict(os.environ, MOKKA_RUNTIME_DIR=str(tmp_path / "run"), NODE_NAME="gpu-node-1", MOKKA_PROFILE="h100")
+    env = dict(os.environ, MOKKA_RUNTIME_DIR=str(tmp_path / "run"), NODE_NAME="gpu-node-1", MOKKA_PROFILE="h100",
+               POD_NAMESPACE="sim")  # fmt: skip
+    cluster.set_configmap("sim", "stories", {"warm.yaml": "name: warm\nsteps:\n  - at: 0s\n    gpu: 0\n    command: temperature 77\n"})
     env.pop("KUBERNETES_SERVICE_HOST", None)
     proc = subprocess.Popen(
         [*mokka_cmd(), "agent", "--kubeconfig", str(kubeconfig), "--mountpoint", str(mnt), "--state-dir", str(state),
@@ -470,6 +708,10 @@ def test_mokka_agent_command(cluster, tmp_path):
         cluster.annotate(decisions.ANNOTATION_INJECT, "gpu=1 temperature=91")
         wait_until(lambda: events(cluster, "InjectionApplied"), "the injection")
         assert (mnt / "gpu1/temperature").read_text() == "91\n"
+        # Scenario ConfigMaps are read in the pod's namespace (POD_NAMESPACE).
+        cluster.annotate(decisions.ANNOTATION_SCENARIO, "configmap=stories/warm.yaml")
+        wait_until(lambda: events(cluster, "ScenarioFinished"), "the scenario from the ConfigMap")
+        assert (mnt / "gpu0/temperature").read_text() == "77\n"
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)

@@ -24,6 +24,8 @@ MODELS = {
     ("v1", "ConfigMap"): "V1ConfigMap",
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "V1ClusterRole",
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",
+    ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
     ("apps/v1", "DaemonSet"): "V1DaemonSet",
 }
 
@@ -67,7 +69,8 @@ def test_overlay_renders_into_the_client_models(overlay):
     path = DEPLOY / "kind" if overlay == "kind" else DEPLOY / "overlays" / overlay
     objects = render(path)
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Namespace", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Namespace", "Role", "RoleBinding",
+                     "ServiceAccount"]  # fmt: skip
     for obj in objects:
         model = MODELS[(obj["apiVersion"], obj["kind"])]
         assert unknown_fields(obj, model) == [], obj["kind"]
@@ -109,6 +112,7 @@ def test_daemonset_mounts_what_design_says():
     assert volumes[mounts["/dev/kmsg"]["name"]]["hostPath"]["type"] == "", "optional: a host without it still runs"
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     (ref,) = c["envFrom"]
     assert ref["configMapRef"]["name"].startswith("mokkafs-node-"), "the hashed generator name is wired in"
     assert {"operator": "Exists"} in pod["tolerations"]
@@ -125,6 +129,13 @@ def test_rbac_is_minimal():
         (("",), ("nodes/status",)): {"get", "patch"},
         (("",), ("events",)): {"create", "patch"},
     }
+    # Scenario ConfigMaps: read in the agent's own namespace only.
+    (scenarios,) = [o for o in objects if o["kind"] == "Role"]
+    assert scenarios["metadata"]["namespace"] == "mokkafs"
+    assert scenarios["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["name"] == scenarios["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mokkafs-agent", "namespace": "mokkafs"}]
 
 
 def test_kind_overlay_uses_the_systemd_mount():

@@ -145,3 +145,91 @@ def test_the_control_write_round_trips():
     for bad in (b"go\n", b"run speed=0\n" + STORY.encode(), b"run seed=-1\n", b"\xff"):
         with pytest.raises(ScenarioError):
             parse_request(bad)
+
+
+# --- utilization patterns: a step kind of their own ----------------------------------------------
+
+
+def _pattern(pattern: str, extra: str = "") -> list[str]:
+    return lines(plan(f"name: p\nsteps:\n  - at: 10s\n    gpu: 1\n    pattern: {pattern}\n{extra}"))
+
+
+def test_idle_and_steady_hold_one_load_then_release_it():
+    assert _pattern("{kind: idle, over: 5m}") == ["10 1 gpu=1 utilization 0 0", "310 1 gpu=1 utilization auto"]
+    assert _pattern("{kind: steady, load: [90, 40], over: 1m, then: keep}") == ["10 1 gpu=1 utilization 90 40"]
+
+
+def test_burst_is_a_square_wave_with_its_edges_on_time():
+    got = _pattern("{kind: burst, high: [95, 60], low: [5, 2], period: 1m, high_for: 15s, over: 130s}")
+    assert got == [
+        "10 1 gpu=1 utilization 95 60", "25 1 gpu=1 utilization 5 2",
+        "70 1 gpu=1 utilization 95 60", "85 1 gpu=1 utilization 5 2",
+        "130 1 gpu=1 utilization 95 60",  # the last period is cut short by `over` (130 s): no low edge
+        "140 1 gpu=1 utilization auto",
+    ]  # fmt: skip
+
+
+def test_training_fills_memory_ramps_the_load_and_dips_for_evaluation():
+    got = _pattern("{kind: training, memory: [2000, 72000], load: [97, 45], warmup: 1m, every: 30s, "
+                   "eval: {every: 10m, for: 1m, load: [35, 20]}, over: 25m}")  # fmt: skip
+    assert got == [
+        "10 1 gpu=1 memory_used 2000", "10 1 gpu=1 utilization 0 0",
+        "40 1 gpu=1 memory_used 37000", "40 1 gpu=1 utilization 48 22",
+        "70 1 gpu=1 memory_used 72000", "70 1 gpu=1 utilization 97 45",
+        "610 1 gpu=1 utilization 35 20", "670 1 gpu=1 utilization 97 45",
+        "1210 1 gpu=1 utilization 35 20", "1270 1 gpu=1 utilization 97 45",
+        "1510 1 gpu=1 utilization auto", "1510 1 gpu=1 memory_used auto",
+    ]  # fmt: skip
+
+
+def test_after_a_pattern_counts_from_its_end():
+    got = _pattern("{kind: steady, load: [50, 10], over: 10m, then: keep}",
+                   "  - after: 5s\n    gpu: 0\n    command: xid 13\n")  # fmt: skip
+    assert got == ["10 1 gpu=1 utilization 50 10", "615 2 gpu=0 xid 13"]
+
+
+BAD_PATTERNS = [
+    ("{kind: burst, high: [95, 60], low: [5, 2], period: 1m, high_for: 1m, over: 5m}", 5, "high_for must be longer than 0 s and shorter than period"),
+    ("{kind: steady, load: [101, 40], over: 1m}", 5, "pattern.steady.load.0: Input should be less than or equal to 100"),
+    ("{kind: steady, load: [90], over: 1m}", 5, "List should have at least 2 items"),
+    ("{kind: sawtooth, over: 1m}", 5, "does not match any of the expected tags"),
+    ("{kind: idle}", 5, "pattern.idle.over: Field required"),
+    ("{kind: training, memory: [0, 999999], load: [97, 45], warmup: 1m, every: 30s, over: 5m}", 5, "'memory_used 500000' on gpu1: memory_used at most"),
+    ("{kind: training, memory: [0, 10], load: [97, 45], warmup: 5m, every: 30s, over: 5m}", 5, "warmup must end before over"),
+]
+
+
+@pytest.mark.parametrize("pattern,line,message", BAD_PATTERNS)
+def test_a_bad_pattern_is_refused_naming_its_line(pattern, line, message):
+    with pytest.raises(ScenarioError) as e:
+        plan(f"name: x\nsteps:\n  - at: 1s\n    gpu: 1\n    pattern: {pattern}\n", where="bad.yaml")
+    assert str(e.value).startswith(f"bad.yaml:{line}: step 1:"), str(e.value)
+    assert message in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("extra,message", [
+    ("    command: xid 13\n", "exactly one of 'command' or 'pattern'"),
+    ("    jitter: 5s\n", "a pattern sets its own times"),
+    ("    every: 5s\n    times: 2\n", "a pattern sets its own times"),
+])  # fmt: skip
+def test_a_pattern_goes_alone(extra, message):
+    with pytest.raises(ScenarioError, match=message):
+        plan(f"name: x\nsteps:\n  - at: 1s\n    gpu: 1\n    pattern: {{kind: idle, over: 1m}}\n{extra}")
+    with pytest.raises(ScenarioError, match="exactly one of 'command' or 'pattern'"):
+        plan("name: x\nsteps:\n  - at: 1s\n    gpu: 1\n")
+
+
+def test_a_shared_start_is_a_utc_time_and_travels_in_the_request():
+    from mokkafs.model.events import InvalidCommand
+    from mokkafs.model.scenario import parse_start, start_text
+
+    assert parse_start("1970-01-01T00:01:00Z") == 60.0
+    t = parse_start("2026-12-03T17:00:00.250Z")
+    assert t == 1796317200.25 and start_text(t) == "2026-12-03T17:00:00.250Z"
+    assert start_text(1796317200.0) == "2026-12-03T17:00:00Z"
+    req = parse_request(request_bytes(STORY, speed=2, start=t, file="s.yaml"))
+    assert (req.start, req.speed, req.loaded.where) == (t, 2, "s.yaml")
+    assert parse_request(request_bytes(STORY)).start is None
+    for bad in ("2026-12-03 17:00:00Z", "2026-12-03T17:00:00+01:00", "2026-02-30T00:00:00Z", "tomorrow", "2026-12-03T17:00:00.1234Z"):
+        with pytest.raises(InvalidCommand, match="start"):
+            parse_start(bad)

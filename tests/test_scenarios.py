@@ -19,7 +19,7 @@ import trio.testing
 from helpers_nvml import consumer_env
 from mokkafs.clock import TrioClock
 from mokkafs.daemon import Options, start
-from mokkafs.model.scenario import expand, load_text, request_bytes
+from mokkafs.model.scenario import expand, load_text, request_bytes, start_text
 from mokkafs.scenarios import shipped_scenarios
 from test_virtual_time import T0, read, write
 
@@ -321,7 +321,9 @@ def test_mokka_scenario_run_wait_and_an_nvml_waiter_gets_its_xids(node_factory, 
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert waiter.stdout.readline() == "waiting\n"
-        done = node.cli("scenario", "run", str(good), "--root", str(node.mnt), "--speed", "2", "--wait")
+        start = round(time.time() + 1.0, 3)  # a wall-clock zero, so each Xid has a scheduled time
+        done = node.cli("scenario", "run", str(good), "--root", str(node.mnt), "--speed", "2",
+                        "--start", start_text(start), "--wait")  # fmt: skip
         assert done.stdout == "short finished (3 commands)\n"
         out, err = waiter.communicate(timeout=30)
     finally:
@@ -329,9 +331,9 @@ def test_mokka_scenario_run_wait_and_an_nvml_waiter_gets_its_xids(node_factory, 
     assert waiter.returncode == 0, err
     got = [line.split() for line in out.splitlines()]
     assert [code for code, _ in got] == ["13", "31", "43"]
-    # 1, 2 and 3 s of the timeline at speed 2: 0.5 s apart as the waiter sees them
-    t = [float(t) for _, t in got]
-    assert abs(t[1] - t[0] - 0.5) < 0.1 and abs(t[2] - t[0] - 1.0) < 0.1, t
+    # 1, 2 and 3 s of the timeline at speed 2: each received within 20 ms of its scheduled time
+    late = [round(float(t) - (start + offset / 2), 4) for (_, t), offset in zip(got, (1, 2, 3))]
+    assert all(-0.002 < x < 0.02 for x in late), late  # measured: 1-9 ms
     assert scenario_lines(node.read("node/events")) and "scenario short step 3: gpu=1 xid 43" in node.read("gpu1/events")
 
 
@@ -355,3 +357,68 @@ def test_after_kill_9_the_remounted_daemon_resumes_the_scenario(node_factory, tm
     marks = scenario_lines(node.read("node/events"))
     # every command once; the one in flight at the kill may be applied twice (docs/scenarios.md)
     assert 4 <= len(marks) <= 5 and all("scenario k step 1: gpu=0 xid 13" in m for m in marks), marks
+
+
+# --- a shared start: the timeline's zero given as a wall-clock time --------------------------------
+
+STARTED = "name: started\nsteps:\n  - at: 0s\n    gpu: 0\n    command: xid 13\n  - at: 10s\n    gpu: 0\n    command: xid 31\n"
+
+
+async def _shared_start(base: Path, mock, start: float) -> dict:
+    async with daemon(base, mock) as d:
+        assert not await write(d.ops, "node/scenario", request_bytes(STARTED, start=start))
+        waiting = await read(d.ops, "node/scenario")
+        idle = await until_idle(d.ops)
+        marks = [(round(e.time - T0, 3), e.text) for e in d.controller.node.log if e.text.startswith("scenario")]
+        too_far = await write(d.ops, "node/scenario", request_bytes(STARTED, start=d.clock() + 8 * 86400))
+        return {"waiting": waiting, "idle": idle, "marks": marks, "too_far": too_far}
+
+
+def test_a_future_start_waits_for_it_and_a_past_one_joins_the_timeline(tmp_path, expect_log):
+    expect_log(r"write node/scenario")
+    mock = trio.testing.MockClock()
+    out = trio.run(_shared_start, tmp_path / "a", mock, T0 + 30, clock=mock)
+    assert "\nstarts_in: 30.000s\nstep: 0/2\n" in out["waiting"], out["waiting"]
+    assert [t for t, _ in out["marks"]] == [30, 40], "on the shared timeline, not from when it was accepted"
+    assert out["idle"] == "state: idle\nlast: started finished (2 commands)\n" and out["too_far"] == errno.EINVAL
+    mock = trio.testing.MockClock()
+    out = trio.run(_shared_start, tmp_path / "b", mock, T0 - 5, clock=mock)
+    assert "starts_in" not in out["waiting"]
+    assert [t for t, _ in out["marks"]] == [0, 5], "the step due 5 s before it was accepted is applied at once"
+
+
+# --- settings are steps too: a rack's power capping at a time ----------------------------------------
+
+POWER_CAP = """\
+name: power-cap
+steps:
+  - at: 10s
+    all: true
+    command: power_limit 400
+  - at: 20s
+    all: true
+    command: power_limit default
+"""
+
+
+async def _power_cap(base: Path, mock) -> dict:
+    async with daemon(base, mock, gpus=2) as d:
+        before = await read(d.ops, "gpu1/config")
+        assert not await write(d.ops, "node/scenario", request_bytes(POWER_CAP))
+        await trio.sleep(15)
+        capped = await read(d.ops, "gpu1/config")
+        await until_idle(d.ops)
+        return {"before": before, "capped": capped, "after": await read(d.ops, "gpu1/config"),
+                "events": scenario_lines(await read(d.ops, "node/events"))}  # fmt: skip
+
+
+def test_a_setting_is_a_step_applied_through_the_controller(tmp_path):
+    mock = trio.testing.MockClock()
+    out = trio.run(_power_cap, tmp_path, mock, clock=mock)
+    limit = lambda text: next(line for line in text.splitlines() if line.startswith("power_limit"))  # noqa: E731
+    assert limit(out["before"]) == limit(out["after"]) != limit(out["capped"])
+    assert "400" in limit(out["capped"]), limit(out["capped"])
+    assert [line.split(" ", 1)[1] for line in out["events"]] == [
+        "scenario power-cap step 1: gpu=0 power_limit 400", "scenario power-cap step 1: gpu=1 power_limit 400",
+        "scenario power-cap step 2: gpu=0 power_limit default", "scenario power-cap step 2: gpu=1 power_limit default",
+    ]  # fmt: skip

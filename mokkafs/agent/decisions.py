@@ -6,8 +6,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mokkafs.agent.grammar import Command, parse_injection
-from mokkafs.model import InvalidCommand, NodeConfig
+from mokkafs.agent.grammar import Command, ScenarioRequest, parse_injection
+from mokkafs.model import InvalidCommand, Node, NodeConfig
+from mokkafs.model.scenario import MAX_DURATION_S, ScenarioError, expand, load_text, plan_length, request_bytes
+from mokkafs.model.scenario import start_text as iso
 from mokkafs.profiles import ProfileError
 
 ANNOTATION_INJECT = "mokkafs.io/inject"
@@ -133,9 +135,9 @@ def health_condition(gpus: list[GpuHealth], previous: dict | None, now: str) -> 
     }
 
 
-def current_condition(node: dict) -> dict | None:
+def current_condition(node: dict, type_: str = CONDITION_TYPE) -> dict | None:
     for c in (node.get("status") or {}).get("conditions") or []:
-        if c.get("type") == CONDITION_TYPE:
+        if c.get("type") == type_:
             return c
     return None
 
@@ -175,3 +177,147 @@ def node_settings(node: dict, env_profile: str | None, env_gpus: str | None) -> 
     if not re.fullmatch(r"[1-9][0-9]{0,1}", gpus_text) or int(gpus_text) > MAX_GPUS:
         raise ValueError(f"bad GPU count {gpus_text!r} (label {LABEL_GPUS} or MOKKA_GPUS): 1..{MAX_GPUS}")
     return profile, int(gpus_text)
+
+
+# --- scenarios: mokkafs.io/scenario, the MokkaScenario condition and its Events ------------------
+
+ANNOTATION_SCENARIO = "mokkafs.io/scenario"
+ANNOTATION_SCENARIO_ACCEPTED = "mokkafs.io/scenario-accepted"
+ANNOTATION_SCENARIO_REJECTED = "mokkafs.io/scenario-rejected"
+SCENARIO_CONDITION = "MokkaScenario"
+
+
+@dataclass(frozen=True)
+class StartScenario:
+    value: str
+    request: bytes  # the one write to node/scenario
+    summary: str  # what the ScenarioStarted Event says
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class StopScenario:
+    value: str
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class RejectScenario:
+    value: str
+    reason: str
+    resource_version: str
+
+
+def scenario_annotation(node: dict) -> tuple[str, str] | None:
+    """The `mokkafs.io/scenario` value to act on and the Node's resourceVersion, if any."""
+    meta = node.get("metadata") or {}
+    value = (meta.get("annotations") or {}).get(ANNOTATION_SCENARIO)
+    if value is None:
+        return None
+    return (value if isinstance(value, str) else repr(value)), meta.get("resourceVersion", "")
+
+
+def decide_scenario(
+    request: ScenarioRequest, text: str | bytes, where: str, config: NodeConfig, status: str, now: float, rv: str
+) -> StartScenario | RejectScenario:
+    """Whether this node runs `request` (its YAML `text`, named `where` in errors), decided
+    whole before anything is written: the file loads, every command of its plan fits this node
+    (Node.validate on a scratch node composed like the mounted one: GPU count, NVLinks, limits),
+    no scenario runs already (`status`: node/scenario), and its timeline has not ended by `now`
+    (seconds since the epoch) nor starts more than the longest timeline away."""
+    def reject(reason: str) -> RejectScenario:
+        return RejectScenario(request.value, reason, rv)
+
+    running = parse_info(status)
+    if running.get("state") == "running":
+        return reject(f"scenario {running.get('name')} runs already (step {running.get('step')}); annotate 'stop' first")
+    try:
+        loaded = load_text(text, where)
+        seed = loaded.scenario.seed if request.seed is None else request.seed
+        plan = expand(loaded, seed, config.gpus, Node(config, now).validate)
+    except (ScenarioError, InvalidCommand) as e:
+        return reject(str(e))
+    length = plan_length(loaded.scenario, plan)
+    start = request.start
+    if start is not None:
+        if start + length / request.speed < now:
+            return reject(f"its timeline ended at {iso(start + length / request.speed)}, before this node took it")
+        if start > now + MAX_DURATION_S:
+            return reject(f"start {iso(start)} is more than {MAX_DURATION_S / 86400:g} days away")
+    when = f"at {iso(start)}" if start is not None else "now"
+    summary = (
+        f"{loaded.scenario.name} (seed {seed}, speed {request.speed:g}): {len(plan)} commands over "
+        f"{length:g} s, starting {when}"
+    )
+    body = request_bytes(loaded.text, seed=request.seed, speed=request.speed, start=start, file=where)
+    return StartScenario(request.value, body, summary, rv)
+
+
+def scenario_claim_patch(action: StartScenario | StopScenario | RejectScenario, now: str) -> dict:
+    """Takes `mokkafs.io/scenario` off the node (acted on once) and records the outcome;
+    conditional on the resourceVersion, as an injection's claim is."""
+    if isinstance(action, RejectScenario):
+        record = {ANNOTATION_SCENARIO_REJECTED: f"{now} {action.value}: {action.reason}"}
+    else:
+        record = {ANNOTATION_SCENARIO_ACCEPTED: f"{now} {action.value}", ANNOTATION_SCENARIO_REJECTED: None}
+    return {
+        "metadata": {
+            "resourceVersion": action.resource_version,
+            "annotations": {ANNOTATION_SCENARIO: None, **record},
+        }
+    }
+
+
+def scenario_failure_patch(action: StartScenario, message: str, now: str) -> dict:
+    """The record corrected when the daemon refused a scenario the checks passed (a race: one
+    started meanwhile, the node was remounted): not accepted after all."""
+    return {
+        "metadata": {
+            "annotations": {
+                ANNOTATION_SCENARIO_ACCEPTED: None,
+                ANNOTATION_SCENARIO_REJECTED: f"{now} {action.value}: {message}",
+            }
+        }
+    }
+
+
+# How a scenario ended (node/scenario's `last:` line) -> the condition's reason and the Event.
+_ENDINGS = (
+    (re.compile(r"\S+ finished \("), "ScenarioFinished", "Normal"),
+    (re.compile(r"\S+ stopped at step "), "ScenarioStopped", "Normal"),
+    (re.compile(r"aborted after a restart: "), "ScenarioAborted", "Warning"),
+)
+
+
+def scenario_condition(status: str, previous: dict | None, now: str) -> tuple[dict | None, tuple[str, str, str] | None]:
+    """The MokkaScenario condition for node/scenario's `status` text, or None when `previous`
+    says it already; and the Event (type, reason, message) for a scenario that has just ended.
+    True while one runs (ScenarioWaiting before its start, ScenarioRunning with its step after);
+    False when none does, with how the last one ended."""
+    info = parse_info(status)
+    if info.get("state") == "running":
+        status_, name, seed = "True", info.get("name", "?"), info.get("seed", "?")
+        if "starts_in" in info:
+            reason, message = "ScenarioWaiting", f"{name} (seed {seed}) starts at {info.get('started')}"
+        else:
+            reason = "ScenarioRunning"
+            message = f"{name} (seed {seed}) at step {info.get('step')}, started {info.get('started')}"
+    else:
+        last = info.get("last", "none")
+        status_, reason, message = "False", "NoScenario", "no scenario has run since the daemon started"
+        for pattern, why, _ in _ENDINGS:
+            if pattern.match(last):
+                reason, message = why, last
+    if previous and (previous.get("status"), previous.get("reason"), previous.get("message")) == (status_, reason, message):
+        return None, None
+    event = next(((kind, why, message) for _, why, kind in _ENDINGS if why == reason), None)
+    transition = previous.get("lastTransitionTime") if previous and previous.get("status") == status_ else None
+    condition = {
+        "type": SCENARIO_CONDITION,
+        "status": status_,
+        "reason": reason,
+        "message": message[:1024],
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": transition or now,
+    }
+    return condition, event

@@ -117,3 +117,82 @@ def parse_injection(value: str, config: NodeConfig) -> tuple[Command, ...]:
             commands.append(parse_command(text, config.gpus))
     check_injection(tuple(commands), config)
     return tuple(commands)
+
+
+# --- mokkafs.io/scenario: a scenario to run on the node, or `stop` ------------------------------
+#
+#   value    := "stop" | source (" " option)*        one optional trailing newline
+#   source   := NAME                                  a shipped scenario (`mokka scenario list`)
+#             | "configmap=" CONFIGMAP "/" KEY        its YAML, under KEY of a ConfigMap in the
+#                                                     agent's own namespace
+#   option   := "seed=" DIGITS | "speed=" NUMBER | "start=" UTC-TIME   each at most once
+#
+# `start` (2026-12-03T17:00:00Z) is the timeline's zero on every node annotated with it, so a
+# pool annotated at once (`kubectl annotate nodes -l ...`) runs in step.
+
+MAX_SCENARIO_ANNOTATION = 512
+_SHIPPED_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_CONFIGMAP = re.compile(r"configmap=(?P<name>[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?)/(?P<key>[-._a-zA-Z0-9]{1,253})")
+_OPTION = {
+    "seed": re.compile(r"[0-9]{1,18}"),
+    "speed": re.compile(r"[0-9]{1,5}(?:\.[0-9]{1,3})?"),
+    "start": re.compile(r"\S+"),  # checked by parse_start, for its message
+}
+
+
+@dataclass(frozen=True)
+class ScenarioRequest:
+    """A scenario to run: a shipped one by `name`, or the YAML under `key` of ConfigMap
+    `configmap`; `start` in seconds since the epoch (None: when the node's daemon accepts it)."""
+
+    value: str
+    name: str | None = None
+    configmap: str | None = None
+    key: str | None = None
+    seed: int | None = None
+    speed: float = 1.0
+    start: float | None = None
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    value: str
+
+
+def parse_scenario(value: str) -> ScenarioRequest | StopRequest:
+    """The `mokkafs.io/scenario` annotation, strictly; raises InvalidCommand with the reason."""
+    from mokkafs.model.scenario import MAX_SPEED, parse_start
+
+    if len(value.encode("utf-8", "replace")) > MAX_SCENARIO_ANNOTATION:
+        raise InvalidCommand(f"annotation longer than {MAX_SCENARIO_ANNOTATION} bytes")
+    if value.endswith("\n"):
+        value = value[:-1]
+    if not re.fullmatch(r"[ -~]+", value):
+        raise InvalidCommand("empty annotation, or not printable ASCII on one line")
+    if value == "stop":
+        return StopRequest(value)
+    source, *options = value.split(" ")
+    fields: dict = {}
+    if m := _CONFIGMAP.fullmatch(source):
+        fields.update(configmap=m["name"], key=m["key"])
+    elif _SHIPPED_NAME.fullmatch(source) and "=" not in source:
+        fields["name"] = source.removesuffix(".yaml")
+    else:
+        raise InvalidCommand(
+            f"{source!r}: expected a shipped scenario's name or 'configmap=NAME/KEY', then seed=N, speed=X, start=UTC-TIME"
+        )
+    for option in options:
+        key, _, arg = option.partition("=")
+        if key not in _OPTION or not _OPTION[key].fullmatch(arg):
+            raise InvalidCommand(f"{option!r}: expected seed=N, speed=X or start=2026-12-03T17:00:00Z")
+        if key in fields:
+            raise InvalidCommand(f"{key} given twice")
+        if key == "seed":
+            fields["seed"] = int(arg)
+        elif key == "speed":
+            fields["speed"] = float(arg)
+            if not 0 < fields["speed"] <= MAX_SPEED:
+                raise InvalidCommand(f"speed must be above 0 and at most {MAX_SPEED:g}")
+        else:
+            fields["start"] = parse_start(arg)
+    return ScenarioRequest(value, **fields)

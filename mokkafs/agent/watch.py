@@ -1,7 +1,8 @@
 """`mokka agent`'s edge: the mounted node it reads and writes, the CDI spec and NFD feature file
 it writes, and the Kubernetes API it watches. It mounts the simulated node, applies the fault
-injections written as Node annotations, and reports GPU health as a Node condition and Events;
-what to do is decided by the pure `grammar` and `decisions`, and this module only acts on it.
+injections and starts the scenarios written as Node annotations, and reports GPU health and the
+scenario's progress as Node conditions and Events; what to do is decided by the pure `grammar`
+and `decisions`, and this module only acts on it.
 """
 from __future__ import annotations
 
@@ -22,23 +23,32 @@ from pathlib import Path
 from mokkafs.agent.decisions import (
     ANNOTATION_APPLIED,
     ANNOTATION_INJECT,
-    CONDITION_TYPE,
+    ANNOTATION_SCENARIO,
+    SCENARIO_CONDITION,
     Apply,
     GpuHealth,
     Reject,
+    RejectScenario,
+    StartScenario,
+    StopScenario,
     claim_patch,
     current_condition,
     decide,
+    decide_scenario,
     failure_patch,
     health_condition,
     node_event,
     node_settings,
     parse_info,
     partial_failure,
+    scenario_annotation,
+    scenario_claim_patch,
+    scenario_condition,
+    scenario_failure_patch,
 )
-from mokkafs.agent.grammar import Command
+from mokkafs.agent.grammar import Command, ScenarioRequest, StopRequest, parse_scenario
 from mokkafs.agent.node_files import DRIVER_FILES, GpuDevice, cdi_spec, nfd_features
-from mokkafs.model import NodeConfig, compose
+from mokkafs.model import InvalidCommand, NodeConfig, compose
 from mokkafs.profiles import GpuProfile, ProfileError, load_profile
 
 log = logging.getLogger(__name__)
@@ -47,6 +57,7 @@ DEFAULT_MOUNTPOINT = "/var/lib/mokkafs/root"
 DEFAULT_STATE_DIR = "/var/lib/mokkafs/state"
 DEFAULT_CDI_SPEC = "/var/run/cdi/nvidia.yaml"
 DEFAULT_NFD_FEATURES = "/etc/kubernetes/node-feature-discovery/features.d/mokkafs"
+DEFAULT_NAMESPACE = "mokkafs"  # where scenario ConfigMaps are read (POD_NAMESPACE in the DaemonSet)
 
 CONFLICT_RETRIES = 5
 
@@ -111,6 +122,14 @@ class MountedTree:
         finally:
             os.close(fd)
 
+    def write_scenario(self, request: bytes) -> None:
+        """One write() to node/scenario: a scenario to run, or `stop`; a refusal is OSError."""
+        fd = os.open(self.root / "node" / "scenario", os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, request)
+        finally:
+            os.close(fd)
+
     def driver_files(self) -> list[str]:
         return [rel for rel in DRIVER_FILES if (self.root / "driver" / rel).exists()]
 
@@ -150,11 +169,15 @@ class Gone(Exception):
 class Agent:
     """Watches one Node; applies its injections exactly once; keeps its condition true."""
 
-    def __init__(self, api, node_name: str, tree: MountedTree, resync_s: float = 30.0) -> None:
+    def __init__(
+        self, api, node_name: str, tree: MountedTree, resync_s: float = 30.0, namespace: str = DEFAULT_NAMESPACE
+    ) -> None:
         self.api = api  # kubernetes.client.CoreV1Api
         self.node_name = node_name
         self.tree = tree
         self.resync_s = resync_s
+        self.namespace = namespace  # scenario ConfigMaps are read here, nowhere else
+        self._scenario_condition: dict | None = None  # the MokkaScenario condition last written
         self._seq = 0
         self.stopping = False
 
@@ -229,6 +252,12 @@ class Agent:
     # -- one reconcile -------------------------------------------------------------------------
 
     def reconcile(self, node: dict) -> None:
+        node = self.reconcile_injection(node)
+        node = self.reconcile_scenario(node)
+        self.report_health(node)
+
+    def reconcile_injection(self, node: dict) -> dict:
+        """Act on `mokkafs.io/inject`; returns the Node as last read."""
         from kubernetes.client.rest import ApiException
 
         for _ in range(CONFLICT_RETRIES):
@@ -257,7 +286,7 @@ class Agent:
             break
         else:
             log.warning("%s: %d conflicts in a row; trying again on the next event", self.node_name, CONFLICT_RETRIES)
-        self.report_health(node)
+        return node
 
     def act(self, node: dict, action: Apply | Reject) -> None:
         """After the claim: write the commands (applied exactly once) and say so in an Event."""
@@ -279,6 +308,95 @@ class Agent:
         log.info("%s: applied %r", self.node_name, action.value)
         self.event(node, "Normal", "InjectionApplied", action.value)
 
+    # -- scenarios -----------------------------------------------------------------------------
+
+    def reconcile_scenario(self, node: dict) -> dict:
+        """Act on `mokkafs.io/scenario` exactly once (claimed as an injection is); returns the
+        Node as last read."""
+        from kubernetes.client.rest import ApiException
+
+        for _ in range(CONFLICT_RETRIES):
+            found = scenario_annotation(node)
+            if found is None:
+                return node
+            action = self.scenario_action(*found)
+            try:
+                self.api.patch_node(
+                    self.node_name,
+                    scenario_claim_patch(action, utc_now()),
+                    _content_type="application/merge-patch+json",
+                    _preload_content=False,
+                )
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                node = self.get_node()
+                continue
+            self.act_scenario(node, action)
+            return self.get_node()
+        log.warning("%s: %d conflicts in a row; trying again on the next event", self.node_name, CONFLICT_RETRIES)
+        return node
+
+    def scenario_action(self, value: str, rv: str) -> StartScenario | StopScenario | RejectScenario:
+        """Parse, fetch and check the whole scenario before anything is written."""
+        try:
+            request = parse_scenario(value)
+            if isinstance(request, StopRequest):
+                return StopScenario(value, rv)
+            text, where = self.scenario_text(request)
+            config = self.tree.node_config()
+        except InvalidCommand as e:
+            return RejectScenario(value, str(e), rv)
+        except ProfileError as e:
+            return RejectScenario(value, f"cannot check it against the node's limits: {e}", rv)
+        return decide_scenario(request, text, where, config, self.tree.read("node/scenario"), time.time(), rv)
+
+    def scenario_text(self, request: ScenarioRequest) -> tuple[str | bytes, str]:
+        """The scenario's YAML and the name its errors give it: a shipped file, or a ConfigMap's
+        key in the agent's namespace. What cannot be had is InvalidCommand (the reason)."""
+        from kubernetes.client.rest import ApiException
+
+        if request.name is not None:
+            from mokkafs.scenarios import shipped_scenarios
+
+            path = shipped_scenarios().get(request.name)
+            if path is None:
+                raise InvalidCommand(f"no shipped scenario {request.name!r} (mokka scenario list)")
+            return path.read_bytes(), path.name
+        where = f"configmap {self.namespace}/{request.configmap}"
+        try:
+            resp = self.api.read_namespaced_config_map(request.configmap, self.namespace, _preload_content=False)
+        except ApiException as e:
+            if e.status in (403, 404):
+                raise InvalidCommand(f"{where}: {'not found' if e.status == 404 else 'forbidden'}") from None
+            raise
+        data = json.loads(resp.data).get("data") or {}
+        if request.key not in data:
+            raise InvalidCommand(f"{where} has no key {request.key!r} (keys: {', '.join(sorted(data)) or 'none'})")
+        return data[request.key], request.key
+
+    def act_scenario(self, node: dict, action: StartScenario | StopScenario | RejectScenario) -> None:
+        if isinstance(action, RejectScenario):
+            log.warning("%s: rejected %s=%r: %s", self.node_name, ANNOTATION_SCENARIO, action.value, action.reason)
+            self.event(node, "Warning", "ScenarioRejected", f"{action.value!r}: {action.reason}")
+            return
+        try:
+            self.tree.write_scenario(b"stop\n" if isinstance(action, StopScenario) else action.request)
+        except OSError as e:
+            # Checked already: the node changed in between (a scenario started meanwhile, a
+            # remount). Nothing of it was applied; say so and correct the record.
+            message = f"node/scenario refused it: {e.strerror or e}"
+            log.warning("%s: %s=%r: %s", self.node_name, ANNOTATION_SCENARIO, action.value, message)
+            self.event(node, "Warning", "ScenarioFailed", f"{action.value!r}: {message}")
+            if isinstance(action, StartScenario):
+                self.correct_record(scenario_failure_patch(action, message, utc_now()))
+            return
+        if isinstance(action, StartScenario):
+            log.info("%s: scenario %s", self.node_name, action.summary)
+            self.event(node, "Normal", "ScenarioStarted", action.summary)
+        else:
+            log.info("%s: scenario stop written", self.node_name)
+
     def correct_record(self, patch: dict) -> None:
         """An unconditional merge patch of the outcome annotations (the claim already took the
         injection off the node); losing it must not stop the agent, the Event says it too."""
@@ -292,17 +410,30 @@ class Agent:
             log.warning("%s: could not correct %s: %s", self.node_name, ANNOTATION_APPLIED, _short(e))
 
     def report_health(self, node: dict) -> None:
-        condition = health_condition(self.tree.healths(), current_condition(node), utc_now())
-        if condition is None:
+        """The MokkaGPUHealthy and MokkaScenario conditions, written when they change, and the
+        Event of a scenario that has ended since the last report."""
+        now = utc_now()
+        health = health_condition(self.tree.healths(), current_condition(node), now)
+        # The agent alone writes this condition: what it wrote last is newer than a Node read
+        # from a watch event that may predate it (which would announce an ending twice).
+        previous = self._scenario_condition or current_condition(node, SCENARIO_CONDITION)
+        scenario, ended = scenario_condition(self.tree.read("node/scenario"), previous, now)
+        changed = [c for c in (health, scenario) if c is not None]
+        if not changed:
             return
         # Strategic merge patch: conditions merge by type, the kubelet's own stay untouched.
         self.api.patch_node_status(
             self.node_name,
-            {"status": {"conditions": [condition]}},
+            {"status": {"conditions": changed}},
             _content_type="application/strategic-merge-patch+json",
             _preload_content=False,
         )
-        log.info("%s: %s=%s (%s)", self.node_name, CONDITION_TYPE, condition["status"], condition["message"])
+        if scenario is not None:
+            self._scenario_condition = scenario
+        for c in changed:
+            log.info("%s: %s=%s (%s)", self.node_name, c["type"], c["status"], c["message"])
+        if ended is not None:
+            self.event(node, *ended)
 
     def event(self, node: dict, event_type: str, reason: str, message: str) -> None:
         from kubernetes.client.rest import ApiException
@@ -371,7 +502,8 @@ def main(args) -> int:
             return res.returncode
         mounted_here = True
     tree = MountedTree(args.mountpoint)
-    agent = Agent(api, node_name, tree, resync_s=args.resync)
+    namespace = getattr(args, "namespace", None) or os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE
+    agent = Agent(api, node_name, tree, resync_s=args.resync, namespace=namespace)
 
     def stop(signum, frame):
         agent.stopping = True

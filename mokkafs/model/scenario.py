@@ -12,7 +12,7 @@ import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -85,6 +85,154 @@ class Ramp(_Strict):
         ]
 
 
+Load = Annotated[list[Annotated[int, Field(ge=0, le=100)]], Field(min_length=2, max_length=2)]
+
+
+class _Pattern(_Strict):
+    """A utilization pattern: the `utilization` pin (GPU %, memory %) moved by a shape over
+    `over`, then `then: auto` (default: the GPU returns to its simulated curve) or `keep`."""
+
+    over: Duration
+    then: Literal["auto", "keep"] = "auto"
+    releases: ClassVar[tuple[str, ...]] = ("utilization",)  # the pins `then: auto` returns
+
+    _durations = field_validator("over", mode="before")(lambda v: duration_s(v))
+
+    @model_validator(mode="after")
+    def _positive(self) -> "_Pattern":
+        if self.over <= 0:
+            raise ValueError("over must be longer than 0 s")
+        return self
+
+    def shape(self) -> list[tuple[float, str]]:
+        raise NotImplementedError
+
+    def pins(self) -> list[tuple[float, str]]:
+        """(offset from the pattern's start, command) for each pin, in time order, ties in
+        the order the shape makes them; with `then: auto`, the release at `over`."""
+        out = self.shape()
+        if self.then == "auto":
+            out += [(self.over, f"{verb} auto") for verb in self.releases]
+        return out
+
+
+def _load(load: list[int]) -> str:
+    return f"utilization {load[0]} {load[1]}"
+
+
+class Idle(_Pattern):
+    """No load: `utilization 0 0` for `over`."""
+
+    kind: Literal["idle"]
+
+    def shape(self) -> list[tuple[float, str]]:
+        return [(0.0, "utilization 0 0")]
+
+
+class Steady(_Pattern):
+    """One load held for `over`."""
+
+    kind: Literal["steady"]
+    load: Load
+
+    def shape(self) -> list[tuple[float, str]]:
+        return [(0.0, _load(self.load))]
+
+
+class Burst(_Pattern):
+    """A square wave: `high` for `high_for` at the start of each `period`, `low` for the rest."""
+
+    kind: Literal["burst"]
+    high: Load
+    low: Load
+    period: Duration
+    high_for: Duration
+
+    _burst_durations = field_validator("period", "high_for", mode="before")(lambda v: duration_s(v))
+
+    @model_validator(mode="after")
+    def _wave(self) -> "Burst":
+        if not 0 < self.high_for < self.period:
+            raise ValueError("high_for must be longer than 0 s and shorter than period")
+        if self.over / self.period * 2 > MAX_PLANNED:
+            raise ValueError(f"a burst makes at most {MAX_PLANNED} pins")
+        return self
+
+    def shape(self) -> list[tuple[float, str]]:
+        out = []
+        k = 0
+        while (t := round(k * self.period, 3)) < self.over:
+            out.append((t, _load(self.high)))
+            if (down := round(t + self.high_for, 3)) < self.over:
+                out.append((down, _load(self.low)))
+            k += 1
+        return out
+
+
+class Eval(_Strict):
+    """A training job's periodic evaluation pass: `load` for `for` every `every`."""
+
+    every: Duration
+    for_: Duration = Field(alias="for")
+    load: Load
+
+    _durations = field_validator("every", "for_", mode="before")(lambda v: duration_s(v))
+
+    @model_validator(mode="after")
+    def _fits(self) -> "Eval":
+        if not 0 < self.for_ < self.every:
+            raise ValueError("for must be longer than 0 s and shorter than every")
+        return self
+
+
+class Training(_Pattern):
+    """A training job's load curve: over `warmup` its memory fills from `memory[0]` to
+    `memory[1]` MiB and its load ramps from `start` to `load` (one pin of each every `every`,
+    both ends included), then `load` holds, dipping to `eval.load` for `eval.for` every
+    `eval.every` (counted from the pattern's start); `then: auto` releases both pins."""
+
+    kind: Literal["training"]
+    releases: ClassVar[tuple[str, ...]] = ("utilization", "memory_used")
+    memory: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=2, max_length=2)]
+    start: Load = [0, 0]
+    load: Load
+    warmup: Duration
+    every: Duration
+    eval: Eval | None = None
+
+    _training_durations = field_validator("warmup", "every", mode="before")(lambda v: duration_s(v))
+
+    @model_validator(mode="after")
+    def _fits(self) -> "Training":
+        if self.every <= 0 or self.warmup <= 0:
+            raise ValueError("warmup and every must be longer than 0 s")
+        if self.warmup >= self.over:
+            raise ValueError("warmup must end before over")
+        if self.warmup / self.every > MAX_PLANNED or (self.eval and self.over / self.eval.every * 2 > MAX_PLANNED):
+            raise ValueError(f"a training pattern makes at most {MAX_PLANNED} pins")
+        return self
+
+    def shape(self) -> list[tuple[float, str]]:
+        memory = Ramp.model_validate({"from": self.memory[0], "to": self.memory[1], "over": self.warmup, "every": self.every})
+        load = Ramp.model_validate({"from": self.start, "to": self.load, "over": self.warmup, "every": self.every})
+        out = []
+        for (t, mem), (_, util) in zip(memory.values(), load.values()):
+            out += [(t, f"memory_used {mem[0]}"), (t, f"utilization {util[0]} {util[1]}")]
+        if self.eval is not None:
+            k = 1
+            while (t := round(k * self.eval.every, 3)) < self.over:
+                if t >= self.warmup:
+                    out.append((t, _load(self.eval.load)))
+                    if (back := round(t + self.eval.for_, 3)) < self.over:
+                        out.append((back, _load(self.load)))
+                k += 1
+        return out
+
+
+Pattern = Annotated[Idle | Steady | Burst | Training, Field(discriminator="kind")]
+PATTERNS = ("idle", "steady", "burst", "training")
+
+
 class Step(_Strict):
     # when: exactly one of at/after
     at: Duration | None = None
@@ -95,9 +243,11 @@ class Step(_Strict):
     all: Literal[True] | None = None
     random: Annotated[int, Field(ge=1)] | None = None
     node: Literal[True] | None = None
-    # how: a command (the vocabulary's, from the verb on), or a ramp of a pin's values
-    command: str
+    # how: a command (the vocabulary's, from the verb on), a ramp of a pin's values, or a
+    # utilization pattern (no command)
+    command: str | None = None
     ramp: Ramp | None = None
+    pattern: Pattern | None = None
     every: Duration | None = None
     times: Annotated[int, Field(ge=1, le=MAX_PLANNED)] | None = None
     jitter: Duration = 0.0
@@ -115,6 +265,10 @@ class Step(_Strict):
             raise ValueError("a step has exactly one target: gpu, gpus, all, random or node")
         if self.gpus is not None and (not self.gpus or len(set(self.gpus)) != len(self.gpus)):
             raise ValueError("gpus must list distinct GPU indexes")
+        if (self.command is None) == (self.pattern is None):
+            raise ValueError("a step has exactly one of 'command' or 'pattern' (idle, steady, burst, training)")
+        if self.pattern is not None and (self.ramp is not None or self.every is not None or self.jitter):
+            raise ValueError("a pattern sets its own times: no ramp, every, times or jitter beside it")
         if (self.every is None) != (self.times is None):
             raise ValueError("'every' and 'times' go together (every 30s, 5 times)")
         if self.every is not None and self.every <= 0:
@@ -267,6 +421,8 @@ def cmd_is_ramp(text: str, step: Step) -> bool:
 
 def _occurrences(step: Step) -> list[tuple[float, str]]:
     """(offset from the step's time, command text) before jitter."""
+    if step.pattern is not None:
+        return step.pattern.pins()
     if step.ramp is not None:
         return [(dt, f"{step.command} {' '.join(map(str, vals))}") for dt, vals in step.ramp.values()]
     times = step.times or 1
@@ -294,7 +450,8 @@ def expand(
                 key = next(k for k in ("gpu", "gpus", "random", "all", "node") if getattr(step, k) is not None)
                 raise ScenarioError(f"{loaded.at(path + (key,))} {e}") from None
             occurrences = _occurrences(step)
-            last = start
+            # `after` counts from a pattern's end (`over`), even one that keeps its last pin
+            last = start + step.pattern.over if step.pattern is not None else start
             for dt, text in occurrences:
                 jitter = round(rng.uniform(0, step.jitter), 3) if step.jitter else 0.0
                 offset = round(start + dt + jitter, 3)
@@ -307,7 +464,9 @@ def expand(
                         if validate is not None:
                             validate(cmd.event)
                     except InvalidCommand as e:
-                        key = "ramp" if step.ramp is not None and cmd_is_ramp(text, step) else "command"
+                        key = "pattern" if step.pattern is not None else (
+                            "ramp" if step.ramp is not None and cmd_is_ramp(text, step) else "command"
+                        )
                         raise ScenarioError(f"{loaded.at(path + (key,))} {text!r} on {cmd_target(i)}: {e}") from None
                     planned.append(Planned(offset, len(planned), k + 1, cmd))
                     if len(planned) > MAX_PLANNED:
@@ -334,12 +493,15 @@ def plan_length(s: Scenario, planned: list[Planned]) -> float:
 
 @dataclass(frozen=True)
 class RunScenario(Event):
-    """A write of `run [seed=N] [speed=X] [file=NAME]` followed by the scenario's YAML on the
-    next lines. Not a node event: the controller hands it to the daemon's scenario runner."""
+    """A write of `run [seed=N] [speed=X] [start=T] [file=NAME]` followed by the scenario's YAML
+    on the next lines. Not a node event: the controller hands it to the daemon's scenario runner.
+    `start`: the timeline's zero as seconds since the epoch (a node pool's shared start), else
+    when the daemon accepts it."""
 
     loaded: Loaded = field(default=None, compare=False)
     seed: int | None = None
     speed: float = 1.0
+    start: float | None = None
 
 
 @dataclass(frozen=True)
@@ -348,7 +510,10 @@ class StopScenario(Event):
 
 
 MAX_SPEED = 10_000.0
-_HEADER = re.compile(r"run(?: seed=(?P<seed>[0-9]{1,18}))?(?: speed=(?P<speed>[0-9]{1,5}(?:\.[0-9]{1,3})?))?(?: file=(?P<file>[A-Za-z0-9._-]{1,64}))?")
+_HEADER = re.compile(
+    r"run(?: seed=(?P<seed>[0-9]{1,18}))?(?: speed=(?P<speed>[0-9]{1,5}(?:\.[0-9]{1,3})?))?"
+    r"(?: start=(?P<start>[0-9]{1,11}(?:\.[0-9]{1,3})?))?(?: file=(?P<file>[A-Za-z0-9._-]{1,64}))?"
+)
 
 
 def parse_request(data: bytes) -> Event:
@@ -363,21 +528,58 @@ def parse_request(data: bytes) -> Event:
     except UnicodeDecodeError:
         m = None
     if m is None:
-        raise ScenarioError("expected 'stop', or 'run [seed=N] [speed=X] [file=NAME]' and the scenario's YAML on the next lines")
+        raise ScenarioError(
+            "expected 'stop', or 'run [seed=N] [speed=X] [start=EPOCH] [file=NAME]' and the scenario's YAML on the next lines"
+        )
     speed = float(m["speed"]) if m["speed"] else 1.0
     if not 0 < speed <= MAX_SPEED:
         raise ScenarioError(f"speed must be above 0 and at most {MAX_SPEED:g}")
     loaded = load_text(body, m["file"] or "<scenario>")
-    return RunScenario(None, loaded, int(m["seed"]) if m["seed"] else None, speed)
+    start = float(m["start"]) if m["start"] else None
+    return RunScenario(None, loaded, int(m["seed"]) if m["seed"] else None, speed, start)
 
 
-def request_bytes(text: str, *, seed: int | None = None, speed: float = 1.0, file: str | None = None) -> bytes:
-    """The write `mokka scenario run` makes."""
+_START = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,3})?Z")
+
+
+def parse_start(text: str) -> float:
+    """A wall-clock start, `2026-12-03T17:00:00Z` (UTC, RFC 3339, at most milliseconds), as
+    seconds since the epoch: the time every node of a pool starts its timeline at."""
+    from datetime import datetime, timezone
+
+    m = _START.fullmatch(text)
+    if m is None:
+        raise InvalidCommand(f"start must be a UTC time like 2026-12-03T17:00:00Z, got {text!r}")
+    try:
+        t = datetime(*(int(g) for g in m.groups()[:6]), tzinfo=timezone.utc)
+    except ValueError as e:
+        raise InvalidCommand(f"start {text!r}: {e}") from None
+    return round(t.timestamp() + float(m.group(7) or 0), 3)
+
+
+def start_text(t: float) -> str:
+    """Seconds since the epoch as `parse_start` reads them, to the millisecond when it has them."""
+    from datetime import datetime, timezone
+
+    text = datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+    return text.removesuffix(".000") + "Z"
+
+
+def _decimal(x: float) -> str:
+    return f"{round(x, 3):.3f}".rstrip("0").rstrip(".")
+
+
+def request_bytes(
+    text: str, *, seed: int | None = None, speed: float = 1.0, start: float | None = None, file: str | None = None
+) -> bytes:
+    """The write `mokka scenario run` (and the agent) makes."""
     head = "run"
     if seed is not None:
         head += f" seed={seed}"
     if speed != 1.0:
-        head += f" speed={round(speed, 3):.3f}".rstrip("0").rstrip(".")
+        head += f" speed={_decimal(speed)}"
+    if start is not None:
+        head += f" start={_decimal(start)}"
     if file:
         head += f" file={re.sub(r'[^A-Za-z0-9._-]', '_', file)[:64]}"
     return f"{head}\n{text}".encode()
