@@ -226,3 +226,14 @@ def test_host_modules_reads_at_most_a_mebibyte(tmp_path):
     f = tmp_path / "big"
     f.write_bytes(b"m 1 0 - Live 0x0\n" * 100000)
     assert len(HostModules(str(f))()) == 1 << 20
+
+
+def test_the_mirror_leaves_proc_modules_to_the_mount():
+    """mokka run binds proc/modules from the mount, where it is read from the host at each open;
+    a copy in the mirror would be the host's list as it was at the last event."""
+    from mokkafs.mirror import render as mirror_render
+
+    node = make_node("h100")
+    items = mirror_render(Tree(root(node.config, host_modules=lambda: "fuse 1 0 - Live 0x0\n")), Ctx(node, NOW))
+    assert "proc/modules" not in items and "proc/devices" in items
+    assert items["sys/module/nvidia/coresize"] == ("f", 0o444, b"111489024\n")
