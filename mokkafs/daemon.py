@@ -28,6 +28,7 @@ from mokkafs.paths import DEAD_MOUNT_ERRNOS, DEFAULT_MOUNTPOINT, DEFAULT_STATE_D
 from mokkafs.model import Node, compose
 from mokkafs.persist import StateDir, StateError, check_state_dir
 from mokkafs.profiles import load_profile
+from mokkafs.host_modules import HostModules
 from mokkafs.render.tree import root
 from mokkafs.scenarios import ScenarioRunner
 from mokkafs.shm.layout import state_path
@@ -90,7 +91,8 @@ def build(
     state = StateDir(Path(opts.state_dir))
     restored = state.open(node)
     controller = Controller(node, state, clock)
-    tree = Tree(root(config, state_dir=os.path.abspath(opts.state_dir), scenario_status=scenario_status))
+    tree = Tree(root(config, state_dir=os.path.abspath(opts.state_dir), scenario_status=scenario_status,
+                     host_modules=HostModules()))
     return controller, tree, restored
 
 

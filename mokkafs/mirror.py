@@ -30,6 +30,9 @@ from mokkafs.vfs import CharDev, Ctx, Dir, Entry, File, Symlink, Tree
 log = logging.getLogger(__name__)
 
 TREES = ("sys", "proc", "dev")
+# Entries that depend on the host at the moment they are read, not on the model: `mokka run`
+# binds them from the mount itself, so the mirror leaves them out.
+LIVE = frozenset({"proc/modules"})
 
 # What an entry is on disk: ("d", mode) | ("f", mode, bytes) | ("l", target) | ("c", mode, rdev)
 Item = tuple
@@ -45,6 +48,8 @@ def render(tree: Tree, ctx: Ctx, tops: tuple[str, ...] = TREES) -> dict[str, Ite
     root_children = tree.root.children(ctx)
 
     def walk(entry: Entry, path: str) -> None:
+        if path in LIVE:
+            return
         if isinstance(entry, Dir):
             out[path] = ("d", entry.mode)
             for name, child in entry.children(ctx).items():

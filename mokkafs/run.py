@@ -27,6 +27,7 @@ MS_PRIVATE = 1 << 18
 
 # Directories the namespace must never shadow: bringing every /proc/<pid> back is not possible.
 _NEVER_SHADOW = {"/", "/proc", "/sys"}
+PROC_MODULES = "/proc/modules"
 
 
 class RunError(Exception):
@@ -141,8 +142,11 @@ class Placer:
         _mount(source, target, None, MS_BIND | MS_REC)
 
 
-def plan(root: str) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
-    """(mount source, host target) pairs for the mount at `root`, and the host names to hide."""
+def plan(root: str, live_root: str | None = None) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
+    """(mount source, host target) pairs for the tree at `root`, and the host names to hide.
+    `live_root` is the mount itself, for the entries computed at each read (/proc/modules: the
+    host's modules plus the driver's), which the mirror at `root` does not hold."""
+    live_root = live_root or root
     pairs: list[tuple[str, str]] = [(f"{root}/sys/bus/pci/devices", "/sys/bus/pci/devices")]
     for name in sorted(os.listdir(f"{root}/sys/bus/pci/drivers")):
         pairs.append((f"{root}/sys/bus/pci/drivers/{name}", f"/sys/bus/pci/drivers/{name}"))
@@ -150,10 +154,12 @@ def plan(root: str) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
         pairs.append((f"{root}/sys/devices/{name}", f"/sys/devices/{name}"))
     for name in sorted(os.listdir(f"{root}/sys/class")):
         pairs.append((f"{root}/sys/class/{name}", f"/sys/class/{name}"))
-    pairs.append((f"{root}/sys/module/nvidia", "/sys/module/nvidia"))
+    for name in sorted(os.listdir(f"{root}/sys/module")):
+        pairs.append((f"{root}/sys/module/{name}", f"/sys/module/{name}"))
     for name in sorted(os.listdir(f"{root}/proc/driver")):
         pairs.append((f"{root}/proc/driver/{name}", f"/proc/driver/{name}"))
     pairs.append((f"{root}/proc/devices", "/proc/devices"))
+    pairs.append((f"{live_root}/proc/modules", PROC_MODULES))
     for name in sorted(os.listdir(f"{root}/dev")):
         pairs.append((f"{root}/dev/{name}", f"/dev/{name}"))
     hide = {
@@ -207,7 +213,13 @@ def run(root: str, cmd: list[str]) -> int:
         print(f"mokka run: {root}: not a mokkafs mount ({e.strerror}); start one with `mokka mount {root}`",
               file=sys.stderr)
         return 2
-    pairs, hide = plan(tree_source(root))
+    pairs, hide = plan(tree_source(root), root)
+    if not os.path.exists(PROC_MODULES):
+        # No entry can be added to /proc, and /proc is never shadowed: on a kernel built without
+        # loadable-module support there is nothing to cover.
+        pairs.remove((f"{root}/proc/modules", PROC_MODULES))
+        print(f"mokka run: warning: {PROC_MODULES}: this kernel has no module support, so there is none to "
+              f"cover; the node's list is {root}/proc/modules", file=sys.stderr)
     cwd = os.getcwd()
     try:
         enter_namespace()

@@ -12,7 +12,7 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
 # System packages: FUSE, a C toolchain for the shims, and the real tools the tests run.
-packages=(fuse3 libfuse3-dev pkg-config gcc python3-venv python3-dev pciutils infiniband-diags util-linux)
+packages=(fuse3 libfuse3-dev pkg-config gcc python3-venv python3-dev pciutils infiniband-diags util-linux kmod)
 # Linters the deploy tests run over the unit file and scripts.
 packages+=(shellcheck systemd)
 # kubectl may already come from another package (kubernetes-client conflicts with it).

@@ -171,3 +171,74 @@ print(os.getpid(), out.strip())
 def test_a_cuda_program_under_mokka_run_is_accounted(node):
     out = run(node, sys.executable, "-c", CUDA_AND_SMI).stdout.strip().split(maxsplit=1)
     assert out[1] == f"{out[0]}, 1024 MiB"
+
+
+# /proc/modules and /sys/module: what mig-parted, the GPU Operator's validator and kmod's lsmod read.
+NODE_MODULES = {  # name: (size, use count, users) on 8 x H100 with 8 HCAs, driver 580
+    "nvidia_peermem": (16384, 0, set()),
+    "nvidia_uvm": (2232320, 0, set()),
+    "nvidia_drm": (151552, 0, set()),
+    "nvidia_modeset": (1908736, 2, {"nvidia_drm"}),
+    "nvidia": (111489024, 100, {"nvidia_uvm", "nvidia_peermem", "nvidia_drm", "nvidia_modeset"}),
+}
+# Where the kernel has no module support (no /proc/modules to cover, and /proc is never
+# shadowed), lsmod is given the mount's proc/modules in a namespace of its own; /sys/module is
+# still the one `mokka run` set up.
+STAGED_LSMOD = """set -e
+stage=$(mktemp -d)
+mount -t tmpfs none "$stage"
+: > "$stage/modules"
+mount --bind "$MOKKA_ROOT/proc/modules" "$stage/modules"
+mount --rbind "$stage" /proc
+exec lsmod
+"""
+
+
+def _parse_modules(text: str) -> dict[str, tuple[int, int, set[str]]]:
+    out = {}
+    for line in text.splitlines():
+        f = line.split()
+        out[f[0]] = (int(f[1]), int(f[2]), set() if f[3] == "-" else set(f[3].rstrip(",").split(",")))
+    return out
+
+
+def test_the_mounts_proc_modules_lists_the_driver_for_mig_parted(node):
+    text = node.read("proc/modules")
+    mods = _parse_modules(text)
+    assert {k: v for k, v in mods.items() if k.startswith("nvidia")} == NODE_MODULES
+    # mig-parted's IsNvidiaModuleLoaded: the file's trimmed lines, one whose first field is nvidia
+    assert any(line.split()[0] == "nvidia" for line in text.strip().split("\n"))
+    assert all(" Live 0x0000000000000000" in line for line in text.splitlines())
+    assert node.read("driver/proc/modules") == text
+
+
+def test_mokka_run_shows_proc_modules_where_the_kernel_has_it(node):
+    res = run(node, "cat", "/proc/modules", check=False)
+    if os.path.exists("/proc/modules"):
+        host = Path("/proc/modules").read_text()
+        mods = _parse_modules(res.stdout)
+        assert res.returncode == 0 and {k: mods[k] for k in NODE_MODULES} == NODE_MODULES
+        assert {k for k in mods if not k.startswith("nvidia")} == {
+            line.split()[0] for line in host.splitlines() if not line.startswith("nvidia")}
+    else:
+        # a kernel without module support (this VM's): nothing to cover, and mokka run says so
+        assert res.returncode == 1 and "No such file" in res.stderr
+        assert f"the node's list is {node.mnt}/proc/modules" in res.stderr
+
+
+def test_lsmod_lists_the_driver_modules(node):
+    assert shutil.which("lsmod"), "kmod's lsmod missing (apt install kmod)"
+    cmd = ("lsmod",) if os.path.exists("/proc/modules") else ("unshare", "-m", "sh", "-c", STAGED_LSMOD)
+    lines = run(node, *cmd).stdout.splitlines()
+    assert lines[0].split() == ["Module", "Size", "Used", "by"]
+    seen = {}
+    for line in lines[1:]:
+        f = line.split()
+        seen[f[0]] = (int(f[1]), int(f[2]), set(f[3].split(",")) if len(f) > 3 else set())
+    # lsmod takes the size from sys/module/<name>/coresize, the count from refcnt, the users from
+    # holders/: all of them bound by mokka run, agreeing with proc/modules
+    assert {k: seen[k] for k in NODE_MODULES} == NODE_MODULES
+    out = run(node, "sh", "-c", "cat /sys/module/nvidia_uvm/refcnt /sys/module/nvidia/initstate; "
+                                "readlink /sys/module/nvidia/holders/nvidia_uvm; "
+                                "cat /sys/module/nvidia_uvm/parameters/uvm_disable_hmm").stdout
+    assert out == "0\nlive\n../../nvidia_uvm\nN\n"

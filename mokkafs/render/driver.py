@@ -46,13 +46,17 @@ def lib64_children(config: NodeConfig) -> dict[str, Entry]:
     return out
 
 
-def driver_tree(config: NodeConfig, dev: Dir, state_dir: str | None = None) -> Dir:
+def driver_tree(config: NodeConfig, dev: Dir, proc: Dir | None = None, state_dir: str | None = None) -> Dir:
     lib64 = static_dir(lib64_children(config))
     # usr/bin/nvidia-smi: the native tool setup.py builds beside the libraries (shims/nvidia-smi)
     smi = _built(native.LIB_DIR.parent / "bin" / "nvidia-smi")
     bin_dir = static_dir({"nvidia-smi": smi} if smi else {})
     # dev/: the device plugin looks for /dev/nvidia* under the driver root (its devRoot).
     children: dict[str, Entry] = {"usr": static_dir({"lib64": lib64, "bin": bin_dir}), "dev": dev}
+    if proc is not None:
+        # proc/: nvidia-container-toolkit joins the driver root with
+        # /proc/driver/nvidia-caps/mig-minors and reads the capability files there.
+        children["proc"] = proc
     if state_dir is not None:
         # run/mokka: this node's state directory (absolute), where a shim loaded from
         # usr/lib64 or usr/bin looks first when MOKKA_STATE is unset, as a container given the

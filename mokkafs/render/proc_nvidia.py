@@ -5,7 +5,8 @@ A lost GPU leaves `proc/driver/nvidia/gpus/`, as when the driver tears down a fa
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from mokkafs.model.identity import NodeConfig
 from mokkafs.model.topology import Layout
@@ -114,15 +115,58 @@ def capability(minor: int, mode: int) -> str:
     return f"DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n"
 
 
+# The driver numbers every MIG capability in advance: 32 GPU minors x 15 GPU instances x 8
+# compute instances, after config (1) and monitor (2); gpu31/gi14/ci7/access is 4322.
+MIG_MAX_GPUS = 32
+MIG_MAX_GIS = 15
+MIG_MAX_CIS = 8
+_MIG_FIRST = 3
+_PER_GI = 1 + MIG_MAX_CIS
+_PER_GPU = MIG_MAX_GIS * _PER_GI
+
+
+def mig_minor(gpu: int, gi: int, ci: int | None = None) -> int:
+    """The nvidia-caps minor of `gpu<gpu>/gi<gi>/access` (ci None) or `.../ci<ci>/access`;
+    `gpu` is the GPU's device minor, as in the driver's paths."""
+    if not (0 <= gpu < MIG_MAX_GPUS and 0 <= gi < MIG_MAX_GIS and (ci is None or 0 <= ci < MIG_MAX_CIS)):
+        raise ValueError(f"no MIG capability for gpu{gpu}/gi{gi}" + ("" if ci is None else f"/ci{ci}"))
+    base = _MIG_FIRST + _PER_GPU * gpu + _PER_GI * gi
+    return base if ci is None else base + 1 + ci
+
+
 def render_mig_minors() -> str:
-    """Pre-enumerated for 32 GPUs x 15 GPU instances x 8 compute instances, as the driver does."""
+    """Every capability the driver pre-enumerates, in its order."""
     lines = [f"config {MIG_CONFIG_MINOR}\n", f"monitor {MIG_MONITOR_MINOR}\n"]
-    for gpu in range(32):
-        for gi in range(15):
-            gi_access = 3 + 135 * gpu + 9 * gi
-            lines.append(f"gpu{gpu}/gi{gi}/access {gi_access}\n")
-            lines += [f"gpu{gpu}/gi{gi}/ci{ci}/access {gi_access + 1 + ci}\n" for ci in range(8)]
+    for gpu in range(MIG_MAX_GPUS):
+        for gi in range(MIG_MAX_GIS):
+            lines.append(f"gpu{gpu}/gi{gi}/access {mig_minor(gpu, gi)}\n")
+            lines += [f"gpu{gpu}/gi{gi}/ci{ci}/access {mig_minor(gpu, gi, ci)}\n" for ci in range(MIG_MAX_CIS)]
     return "".join(lines)
+
+
+@dataclass(frozen=True)
+class MigCapability:
+    path: str  # under proc/driver/nvidia/capabilities/
+    minor: int  # dev/nvidia-caps/nvidia-cap<minor>, major CAPS_MAJOR
+    mode: int  # DeviceFileMode, as in the file and on the node
+
+
+# Instance capabilities are world-readable (0444), as config and monitor's siblings on real nodes.
+MIG_ACCESS_MODE = 0o444
+
+
+def mig_capabilities(instances: Iterable[tuple[int, int, int]]) -> list[MigCapability]:
+    """The capability files and device nodes the driver creates for live MIG instances, given as
+    (GPU device minor, GPU instance id, compute instance id): one `gpuN/mig/giX/access` per GPU
+    instance and one `gpuN/mig/giX/ciY/access` per compute instance, sorted by minor. For the MIG
+    model to render `proc/driver/nvidia/capabilities/` and `dev/nvidia-caps/` from."""
+    caps: dict[int, MigCapability] = {}
+    for gpu, gi, ci in instances:
+        gi_minor = mig_minor(gpu, gi)
+        caps[gi_minor] = MigCapability(f"gpu{gpu}/mig/gi{gi}/access", gi_minor, MIG_ACCESS_MODE)
+        ci_minor = mig_minor(gpu, gi, ci)
+        caps[ci_minor] = MigCapability(f"gpu{gpu}/mig/gi{gi}/ci{ci}/access", ci_minor, MIG_ACCESS_MODE)
+    return [caps[m] for m in sorted(caps)]
 
 
 def render_devices(config: NodeConfig, nvswitches: bool) -> str:
@@ -140,7 +184,8 @@ def render_devices(config: NodeConfig, nvswitches: bool) -> str:
     return f"Character devices:\n{body}\nBlock devices:\n{block}"
 
 
-def proc_tree(config: NodeConfig, layout: Layout) -> Dir:
+def proc_tree(config: NodeConfig, layout: Layout, extra: Mapping[str, Entry] | None = None) -> Dir:
+    """`extra`: entries of proc/ other renderers own (proc/modules)."""
     irqs = {fn.index: fn.irq for fn in layout.functions if fn.kind == "gpu"}
     nvswitches = any(fn.kind == "nvswitch" for fn in layout.functions)
 
@@ -186,5 +231,6 @@ def proc_tree(config: NodeConfig, layout: Layout) -> Dir:
         {
             "driver": static_dir({"nvidia": nvidia, "nvidia-caps": caps}),
             "devices": const(render_devices(config, nvswitches), size=0),
+            **(extra or {}),
         }
     )

@@ -325,17 +325,3 @@ class PciTree:
             },
             mode=0o755,
         )
-
-
-def module_nvidia() -> Dir:
-    """sys/module/nvidia: the loaded module's version, as nvidia-container-toolkit and
-    gpu-operator validators read it."""
-    return static_dir(
-        {
-            "version": text(lambda ctx: f"{ctx.node.config.driver_version}\n"),
-            "initstate": const("live\n"),
-            "refcnt": const("0\n"),
-        },
-        mode=0o755,
-    )
-

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 from mokkafs.model import NodeConfig
 from mokkafs.model.topology import Layout, pci_layout
-from mokkafs.render import infiniband, sysfs_pci
+from mokkafs.render import infiniband, modules, sysfs_pci
 from mokkafs.render.control import control_tree
 from mokkafs.render.driver import driver_tree
 from mokkafs.render.dev import dev_tree
@@ -14,20 +14,31 @@ from mokkafs.vfs import Dir, Entry, const, static_dir
 
 
 def sys_tree(config: NodeConfig, layout: Layout) -> Dir:
-    """sys/: the PCI bus and devices, the InfiniBand classes and the nvidia module."""
+    """sys/: the PCI bus and devices, the InfiniBand classes and the driver's modules."""
     pci = sysfs_pci.PciTree(layout, lambda fn: infiniband.device_children(config, fn))
     return static_dir(
         {
             "bus": static_dir({"pci": pci.bus_pci()}, mode=0o755),
             "devices": static_dir(pci.devices_children(), mode=0o755),
             "class": static_dir(infiniband.class_dirs(layout, pci.rel_path), mode=0o755),
-            "module": static_dir({"nvidia": sysfs_pci.module_nvidia()}, mode=0o755),
+            "module": static_dir(modules.sys_module_children(config), mode=0o755),
         },
         mode=0o755,
     )
 
 
-def root(config: NodeConfig, state_dir: str | None = None, scenario_status: Callable[[float], str] | None = None) -> Dir:
+def _no_host_modules() -> str:
+    return ""
+
+
+def root(
+    config: NodeConfig,
+    state_dir: str | None = None,
+    scenario_status: Callable[[float], str] | None = None,
+    host_modules: Callable[[], str] = _no_host_modules,
+) -> Dir:
+    """`host_modules` gives the host's /proc/modules at each open of proc/modules (the daemon
+    passes mokkafs.host_modules.HostModules(); without it the list is the driver's modules alone)."""
     top: dict[str, Entry] = dict(control_tree(config.gpus, scenario_status))
     if state_dir is not None:
         # `mokka run` reads this to point MOKKA_STATE at the daemon's shared state file.
@@ -36,9 +47,9 @@ def root(config: NodeConfig, state_dir: str | None = None, scenario_status: Call
         top["node"] = static_dir(node)
     layout = pci_layout(config)
     top["sys"] = sys_tree(config, layout)
-    top["proc"] = proc_tree(config, layout)
+    top["proc"] = proc_tree(config, layout, {"modules": modules.proc_modules_file(config, host_modules)})
     top["dev"] = dev_tree(config, layout)
     if config.hcas:
         top["ib"] = infiniband.control_dir(config)
-    top["driver"] = driver_tree(config, top["dev"], state_dir)
+    top["driver"] = driver_tree(config, top["dev"], top["proc"], state_dir)
     return static_dir(top)
