@@ -220,6 +220,9 @@ def test_resetting_nvlink_errors_clears_one_link():
     assert list(node.gpus[0].nvlink_errors) == [2]
     with pytest.raises(InvalidCommand, match="link must be at most 17, got 18"):
         node.apply(parse_line("gpu=0 nvlink 18 reset_errors").event, T0)
+    l40s = Node(compose(load_profile("l40s"), gpus=1), T0)
+    with pytest.raises(NotSupported, match="l40s has no NVLinks"):
+        l40s.apply(parse_line("gpu=0 nvlink 0 reset_errors").event, T0)
 
 
 def test_the_reset_table_in_faults_md_is_the_model_s():

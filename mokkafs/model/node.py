@@ -439,6 +439,9 @@ class Node:
         if isinstance(event, Pin) and event.values:
             self._validate_pin(event)
         if isinstance(event, NvLinkCommand) and event.link >= self.profile.nvlink.links:
+            if event.action == "reset_errors" and not self.profile.nvlink.links:
+                # nvmlDeviceResetNvLinkErrorCounters on a board without NVLink: NOT_SUPPORTED.
+                raise NotSupported(f"{self.profile.name} has no NVLinks")
             raise InvalidCommand(f"{self.profile.name} has {self.profile.nvlink.links} NVLinks, no link {event.link}")
         if isinstance(event, IbPortCommand) and event.hca >= len(self.hcas):
             raise InvalidCommand(f"no HCA mlx5_{event.hca} (node has {len(self.hcas)})")
