@@ -58,7 +58,8 @@ GOOD = [
     ("gpu=3 locked_clocks default", Configure(3, "locked_clocks", None)),
 ]
 
-GPU_VERBS = ("clocks, compute_mode, ecc, locked_clocks, lost, memory_used, nvlink, persistence, power, power_limit, "
+GPU_VERBS = ("accounting, applications_clocks, clear_accounting, clear_ecc, clocks, compute_mode, ecc, ecc_mode, "
+             "locked_clocks, locked_memory_clocks, lost, memory_used, nvlink, persistence, power, power_limit, "
              "reset, temperature, throttle, utilization, xid")
 BAD = [
     ("", "empty command or control characters"),
@@ -87,7 +88,7 @@ BAD = [
     ("gpu=0 throttle sideways", "unknown throttle reason 'sideways'"),
     ("gpu=0 lost 2", "expected 0 or 1"),
     ("gpu=0 nvlink 18 down", "link must be at most 17, got 18"),
-    ("gpu=0 nvlink 0 sideways", "expected 'L up', 'L down' or 'L errors N'"),
+    ("gpu=0 nvlink 0 sideways", "expected 'L up', 'L down', 'L errors N' or 'L reset_errors'"),
     ("gpu=0 reset 2", "expected 1"),
     ("node reset 0", "expected 1"),
     ("hca=0 port sideways", "expected 'down', 'up', 'errors N' or 'errors COUNTER N'"),
@@ -168,6 +169,12 @@ SHARED = [
     ("gpu=1", "power_limit", "100"), ("gpu=1", "power_limit", "800"), ("gpu=1", "power_limit", "5e2"),
     ("gpu=0", "persistence", "2"), ("gpu=2", "compute_mode", "exclusive_thread"), ("gpu=2", "compute_mode", "turbo"),
     ("gpu=3", "locked_clocks", "100 1500"), ("gpu=3", "locked_clocks", "1500 1400"), ("gpu=3", "locked_clocks", "1500"),
+    ("gpu=1", "ecc_mode", "0"), ("gpu=1", "ecc_mode", "2"), ("gpu=2", "accounting", "1"), ("gpu=2", "accounting", "yes"),
+    ("gpu=0", "applications_clocks", "2619 1500"), ("gpu=0", "applications_clocks", "1000 1500"),
+    ("gpu=0", "applications_clocks", "2619 2000"), ("gpu=3", "locked_memory_clocks", "2619 2619"),
+    ("gpu=3", "locked_memory_clocks", "1000 2619"), ("gpu=1", "clear_ecc", "volatile"), ("gpu=1", "clear_ecc", "aggregate"),
+    ("gpu=1", "clear_ecc", "all"), ("gpu=2", "clear_accounting", "1"), ("gpu=2", "clear_accounting", "0"),
+    ("gpu=0", "nvlink", "3 reset_errors"), ("gpu=0", "nvlink", "18 reset_errors"),
 ]
 
 

@@ -27,14 +27,18 @@ from mokkafs.controller import Controller
 from mokkafs.model import InvalidCommand, Node, compose
 from mokkafs.model.commands import parse_line
 from mokkafs.model.config import SETTINGS, Configure, GpuIsLost, NotSupported
-from mokkafs.model.events import Pin, Reset, SetLost
+from mokkafs.model.counters import EccScope
+from mokkafs.model.events import Pin, Reset, SetLost, SetProcesses
 from mokkafs.persist import StateDir
 from mokkafs.profiles import load_profile
 from mokkafs.render.control import render_config
+from mokkafs.render.metrics import render_dcgm
 from mokkafs.vfs import Ctx
 
 T0 = 1_800_000_000.0
-DEFAULT_CONFIG = "persistence: 1\ncompute_mode: default\npower_limit: 700\nlocked_clocks: 345 1980\n"  # an H100's
+# What follows locked_clocks in an H100's gpuN/config, all at their defaults.
+LATER_DEFAULTS = "ecc_mode: 1\naccounting: 0\napplications_clocks: 2619 1980\nlocked_memory_clocks: 2619 2619\n"
+DEFAULT_CONFIG = "persistence: 1\ncompute_mode: default\npower_limit: 700\nlocked_clocks: 345 1980\n" + LATER_DEFAULTS
 SW_POWER_CAP = 0x4
 NVML_NO_PERMISSION, NVML_INVALID_ARGUMENT, NVML_NOT_SUPPORTED, NVML_GPU_IS_LOST, NVML_UNKNOWN = 4, 2, 3, 15, 999
 NVML_ARGUMENT_VERSION_MISMATCH = 25
@@ -94,28 +98,146 @@ def test_a_configure_event_checks_its_own_value(args, reason):
         Configure(0, *args)
 
 
+H100_DEFAULTS = [True, "default", 700.0, (345, 1980), True, False, (2619, 1980), (2619, 2619)]
+
+
 def test_a_gpu_reset_keeps_persistence_and_a_node_reset_restores_every_default():
     node = h100()
+    changed = [False, "prohibited", 450.5, (1500, 1500), False, True, (2619, 1500), (2619, 2619)]
     for i in (0, 1):
-        for setting, value in (("persistence", False), ("compute_mode", "prohibited"), ("power_limit", 450.5),
-                               ("locked_clocks", (1500, 1500))):
+        for setting, value in zip(SETTINGS, changed):
             node.apply(Configure(i, setting, value), T0)
+    assert [node.setting(0, s) for s in SETTINGS] == changed and node.ecc_enabled(0)  # ECC: pending
     node.apply(Reset(1), T0 + 1)
-    assert [node.setting(1, s) for s in SETTINGS] == [False, "default", 700.0, (345, 1980)]
-    assert [node.setting(0, s) for s in SETTINGS] == [False, "prohibited", 450.5, (1500, 1500)]  # not reset
+    # Persistence, ECC mode (now in effect) and accounting are kept; the rest is back to the default.
+    assert [node.setting(1, s) for s in SETTINGS] == [False, "default", 700.0, (345, 1980), False, True,
+                                                      (2619, 1980), (2619, 2619)]
+    assert not node.ecc_enabled(1)
+    assert [node.setting(0, s) for s in SETTINGS] == changed and node.ecc_enabled(0)  # not reset
     node.apply(Reset(None), T0 + 2)
-    assert [node.setting(i, s) for i in (0, 1) for s in SETTINGS] == [True, "default", 700.0, (345, 1980)] * 2
+    # A driver reload: every default but the board's ECC mode, which gpu0's reset now brings in.
+    assert [node.setting(i, s) for i in (0, 1) for s in SETTINGS] == [*H100_DEFAULTS[:4], False,
+                                                                      *H100_DEFAULTS[5:]] * 2
+    assert not node.ecc_enabled(0) and not node.ecc_enabled(1)
+
+
+def test_ecc_mode_is_pending_until_a_reset_and_clearing_needs_it_on():
+    node = h100()
+    node.apply(parse_line("gpu=1 ecc sbe 3").event, T0)
+    node.apply(Configure(1, "ecc_mode", False), T0)
+    assert node.setting(1, "ecc_mode") is False and node.ecc_enabled(1)  # pending
+    assert "ecc_mode: 0 (default 1) (current 1 until a reset)\n" in render_config(Ctx(node, T0), 1)
+    node.apply(parse_line("gpu=1 clear_ecc volatile").event, T0)  # still on: allowed
+    metrics = render_dcgm(node, T0)
+    assert re.search(r'^DCGM_FI_DEV_ECC_CURRENT\{gpu="1",.*\} 1$', metrics, re.M)
+    assert re.search(r'^DCGM_FI_DEV_ECC_PENDING\{gpu="1",.*\} 0$', metrics, re.M)
+    assert re.search(r'^DCGM_FI_DEV_ECC_PENDING\{gpu="0",.*\} 1$', metrics, re.M)
+    node.apply(Reset(1), T0 + 1)
+    assert re.search(r'^DCGM_FI_DEV_ECC_CURRENT\{gpu="1",.*\} 0$', render_dcgm(node, T0), re.M)
+    assert not node.ecc_enabled(1) and "ecc_mode: 0 (default 1)\n" in render_config(Ctx(node, T0), 1)
+    with pytest.raises(NotSupported, match="runs with ECC off"):
+        node.apply(parse_line("gpu=1 clear_ecc aggregate").event, T0 + 2)
+    node.apply(Configure(1, "ecc_mode", True), T0 + 3)
+    assert not node.ecc_enabled(1)
+    node.apply(Reset(None), T0 + 4)
+    assert node.ecc_enabled(1) and node.gpus[1].ecc_mode is None
+
+
+def test_clearing_ecc_counts_zeroes_one_scope():
+    node = h100()
+    node.apply(parse_line("gpu=0 ecc sbe 3").event, T0)
+    node.apply(parse_line("gpu=0 ecc dbe 2 l2").event, T0)
+    scopes = lambda: {sc.name: sum(n for c, n in node.gpus[0].ecc.items() if c.scope is sc) for sc in EccScope}
+    assert scopes() == {"VOLATILE": 5, "AGGREGATE": 5}
+    node.apply(parse_line("gpu=0 clear_ecc volatile").event, T0 + 1)
+    assert scopes() == {"VOLATILE": 0, "AGGREGATE": 5}
+    node.apply(parse_line("gpu=0 ecc sbe 1").event, T0 + 2)
+    node.apply(parse_line("gpu=0 clear_ecc aggregate").event, T0 + 3)
+    assert scopes() == {"VOLATILE": 1, "AGGREGATE": 0}
+    assert "mokka: gpu0 aggregate ECC counts cleared" in [e.text for e in node.log]
+
+
+def test_accounting_keeps_a_record_per_process_after_it_exits():
+    node = h100()
+    node.apply(SetProcesses(1, ((50, 1 << 20),)), T0)  # running before accounting is on: never accounted
+    node.apply(Configure(1, "accounting", True), T0)
+    node.apply(Pin(1, "utilization", (80, 40)), T0)
+    node.apply(SetProcesses(1, ((50, 1 << 20), (100, 1 << 30))), T0 + 1)
+    node.apply(SetProcesses(1, ((50, 1 << 20), (100, 3 << 30))), T0 + 2)
+    node.apply(Pin(1, "utilization", (0, 0)), T0 + 2)
+    node.apply(SetProcesses(1, ((50, 1 << 20), (100, 2 << 30))), T0 + 3)
+    running = node.accounting[1][100]
+    assert (running.end, running.time_ms, running.max_memory) == (None, 0, 3 << 30)
+    node.apply(SetProcesses(1, ((50, 1 << 20), (200, 0))), T0 + 5)
+    assert list(node.accounting[1]) == [100, 200]
+    done = node.accounting[1][100]
+    # 80 % for 1 s, then 80 % until the fold at 3 s that saw it idle, then 0 % for 2 s: 40 %.
+    assert (done.start, done.end, done.time_ms, done.max_memory, done.utilization()) == \
+        (T0 + 1, T0 + 5, 4000, 3 << 30, (40, 20))
+    node.apply(SetProcesses(1, ()), T0 + 6)  # pid 50 exits: a process of after the switch-on may reuse it
+    node.apply(SetProcesses(1, ((50, 0),)), T0 + 7)
+    assert list(node.accounting[1]) == [100, 200, 50]
+    node.apply(parse_line("gpu=1 clear_accounting").event, T0 + 8)
+    assert list(node.accounting[1]) == [50]  # the running one stays
+    node.apply(Reset(1), T0 + 9)
+    assert list(node.accounting[1]) == [50] and node.setting(1, "accounting")
+    node.apply(Configure(1, "accounting", False), T0 + 10)
+    assert node.accounting[1] == {} and node.accounting[0] == {}
+
+
+def test_the_accounting_buffer_keeps_the_newest_4000():
+    from mokkafs.model.node import ACCOUNTING_BUFFER
+
+    node = h100()
+    node.apply(Configure(0, "accounting", True), T0)
+    for pid in range(1, ACCOUNTING_BUFFER + 11):
+        node.apply(SetProcesses(0, ((pid, 0),)), T0 + pid)
+    assert len(node.accounting[0]) == ACCOUNTING_BUFFER == 4000
+    assert next(iter(node.accounting[0])) == 11
+
+
+def test_applications_clocks_set_the_clocks_work_runs_at():
+    node = h100()
+    node.apply(Pin(1, "utilization", (90, 40)), T0)
+    assert node.readings(1, T0).clock_graphics == 1980
+    node.apply(Configure(1, "applications_clocks", (2619, 1500)), T0)
+    loaded = node.readings(1, T0)
+    assert (loaded.clock_graphics, loaded.clock_mem) == (1500, 2619) and loaded.throttle_mask & 0x2
+    node.apply(Pin(1, "utilization", (0, 0)), T0)
+    assert node.readings(1, T0).clock_graphics == 345  # idle: the idle clock, no reason
+    assert not node.readings(1, T0).throttle_mask & 0x2
+    for bad in ((1000, 1500), (2619, 2000), (2619, 100)):
+        with pytest.raises(InvalidCommand, match="not a supported pair on h100"):
+            node.apply(Configure(1, "applications_clocks", bad), T0)
+    with pytest.raises(InvalidCommand, match="not h100's memory clocks"):
+        node.apply(Configure(1, "locked_memory_clocks", (1000, 2619)), T0)
+
+
+def test_resetting_nvlink_errors_clears_one_link():
+    node = h100()
+    for line in ("gpu=0 nvlink 1 errors 5", "gpu=0 nvlink 2 errors 7", "gpu=0 nvlink 1 reset_errors"):
+        node.apply(parse_line(line).event, T0)
+    assert list(node.gpus[0].nvlink_errors) == [2]
+    with pytest.raises(InvalidCommand, match="link must be at most 17, got 18"):
+        node.apply(parse_line("gpu=0 nvlink 18 reset_errors").event, T0)
+    l40s = Node(compose(load_profile("l40s"), gpus=1), T0)
+    with pytest.raises(NotSupported, match="l40s has no NVLinks"):
+        l40s.apply(parse_line("gpu=0 nvlink 0 reset_errors").event, T0)
 
 
 def test_the_reset_table_in_faults_md_is_the_model_s():
     doc = (REPO / "docs" / "faults.md").read_text()
     names = {"persistence mode": "persistence", "compute mode": "compute_mode", "power limit": "power_limit",
-             "locked clocks": "locked_clocks"}
+             "locked clocks": "locked_clocks", "ECC mode": "ecc_mode", "accounting mode": "accounting",
+             "applications clocks": "applications_clocks", "locked memory clocks": "locked_memory_clocks"}
     rows = {m[1]: (m[2], m[3]) for m in re.finditer(rf"^\| ({'|'.join(names)}) \| (.+?) \| (.+?) \|$", doc, re.M)}
     assert set(rows) == set(names) and set(names.values()) == set(SETTINGS)
     for row, (gpu_reset, node_reset) in rows.items():
-        assert (gpu_reset == "kept") == SETTINGS[names[row]].kept_by_gpu_reset, row
-        assert node_reset.startswith("back to") or node_reset == "unlocked", row
+        s = SETTINGS[names[row]]
+        assert gpu_reset.startswith("kept") == s.kept_by_gpu_reset, row
+        assert node_reset.startswith("kept") == s.kept_by_node_reset, row
+        assert node_reset.startswith(("back to", "kept")) or node_reset == "unlocked", row
+        assert ("pending mode takes effect" in gpu_reset) == s.pending_until_reset, row
     table = (REPO / "docs" / "setters.md").read_text()
     for s in SETTINGS.values():
         assert f"| `{s.name}` |" in table and s.nvml in table, s.name
@@ -138,7 +260,7 @@ def test_gpu_config_shows_every_setting_and_marks_what_differs():
     node.apply(Configure(1, "power_limit", 450.5), T0)
     assert render_config(Ctx(node, T0), 1) == (
         "persistence: 1\ncompute_mode: exclusive_process (default default)\npower_limit: 450.5 (default 700)\n"
-        "locked_clocks: 345 1980\n"
+        "locked_clocks: 345 1980\n" + LATER_DEFAULTS
     )
     assert render_config(Ctx(node, T0), 0) == DEFAULT_CONFIG
 
@@ -158,6 +280,12 @@ def test_the_publisher_copies_every_setting_from_the_model():
     node.apply(Configure(1, "compute_mode", "prohibited"), T0)
     fill_gpu(g, node, 1, T0)
     assert g.compute_mode == 2
+    assert (g.ecc_enabled, g.ecc_pending, g.accounting_mode, list(g.clock_app)) == (1, 1, 0, [1980, 1980, 2619, 1545])
+    for setting, value in (("ecc_mode", False), ("accounting", True), ("applications_clocks", (2619, 1500))):
+        node.apply(Configure(1, setting, value), T0)
+    fill_gpu(g, node, 1, T0)
+    assert (g.ecc_enabled, g.ecc_pending, g.accounting_mode, list(g.clock_app)) == (1, 0, 1, [1500, 1500, 2619, 1545])
+    assert list(g.clock_default_app) == [1980, 1980, 2619, 1545]
 
 
 def test_to_dict_is_a_copy_that_later_changes_never_reach():
@@ -179,19 +307,24 @@ def test_settings_survive_a_restore_and_a_state_dir_from_before_them_restores_wi
     shutil.copytree(REPO / "tests" / "fixtures" / "state-v1", tmp_path / "v1")
     node = Node(compose(load_profile("h100"), gpus=2, hostname="fixture-v1"), T0)
     assert StateDir(tmp_path / "v1").open(node)
-    assert [node.setting(i, s) for i in (0, 1) for s in SETTINGS] == [True, "default", 700.0, (345, 1980)] * 2
+    assert [node.setting(i, s) for i in (0, 1) for s in SETTINGS] == H100_DEFAULTS * 2
 
     node = Node(compose(load_profile("h100"), gpus=2, hostname="h"), T0)
     state = StateDir(tmp_path / "new")
     state.open(node)
     ctl = Controller(node, state, clock=lambda: T0 + 1)
-    for setting, value in (("persistence", False), ("compute_mode", "exclusive_process"), ("power_limit", 450.5),
-                           ("locked_clocks", (1200, 1500))):
+    changed = [False, "exclusive_process", 450.5, (1200, 1500), False, True, (2619, 1500), (2619, 2619)]
+    for setting, value in zip(SETTINGS, changed):
         ctl.apply(Configure(1, setting, value))
+    ctl.apply(Reset(1))  # the pending ECC mode takes effect (and the rest but persistence, ECC and accounting go)
+    for setting, value in zip(SETTINGS, changed):
+        ctl.apply(Configure(1, setting, value))
+    ctl.apply(Configure(1, "ecc_mode", True))  # pending again: current off, pending on
     again = Node(compose(load_profile("h100"), gpus=2, hostname="h"), T0)
     assert StateDir(tmp_path / "new").open(again)
-    assert [again.setting(1, s) for s in SETTINGS] == [False, "exclusive_process", 450.5, (1200, 1500)]
-    assert [again.setting(0, s) for s in SETTINGS] == [True, "default", 700.0, (345, 1980)]
+    assert [again.setting(1, s) for s in SETTINGS] == [*changed[:4], True, *changed[5:]]
+    assert not again.ecc_enabled(1)
+    assert [again.setting(0, s) for s in SETTINGS] == H100_DEFAULTS
 
 
 # --- level 1: the control socket's decisions ---------------------------------------------------
@@ -227,7 +360,7 @@ def test_a_caller_who_may_not_write_gets_no_permission_and_nothing_changes(contr
     # The control group may, by gid or as a supplementary group of the caller (read from /proc).
     assert control.handle(Caller(1, 1000, 4242), b"gpu=1 power_limit 500\n").ok
     assert control.handle(Caller(os.getpid(), 0, 0), b"gpu=1 persistence 0\n").ok
-    assert [node.setting(1, s) for s in SETTINGS] == [False, "default", 500.0, (345, 1980)]
+    assert [node.setting(1, s) for s in SETTINGS] == [False, "default", 500.0, *H100_DEFAULTS[3:]]
 
 
 @pytest.mark.parametrize(
@@ -459,7 +592,7 @@ def test_every_setting_is_refused_or_taken_as_nvml_says_and_a_refusal_changes_no
     assert out["before"] == out["after_refusals"] == [1, 0, 700000, 700000]
     assert out["taken"] == [0, 0, 0] and out["after"] == [0, 2, 450500, 450500]
     assert node.read("gpu1/config") == ("persistence: 0 (default 1)\ncompute_mode: prohibited (default default)\n"
-                                        "power_limit: 450.5 (default 700)\nlocked_clocks: 345 1980\n")
+                                        "power_limit: 450.5 (default 700)\nlocked_clocks: 345 1980\n" + LATER_DEFAULTS)
 
 
 @pytest.fixture
@@ -474,7 +607,7 @@ def test_nobody_gets_no_permission_from_every_setter_and_nothing_changes(open_no
         pytest.skip("needs root to run a process as another user")
     node = open_node
     node.expect_warning(r"ctl\.sock: no_permission from uid 65534 pid \d+: 'gpu=1 persistence 0'")
-    node.expect_warning(r"ctl\.sock: no_permission from uid 65534: and 5 more like it")
+    node.expect_warning(r"ctl\.sock: no_permission from uid 65534: and 15 more like it")
     env = pynvml_env(node)
     config_before = node.read("gpu1/config")
     # The system python, as nobody, with pynvml from where it is installed (readable by all).
@@ -482,13 +615,23 @@ def test_nobody_gets_no_permission_from_every_setter_and_nothing_changes(open_no
 h = n.nvmlDeviceGetHandleByIndex(1)
 codes = [code(n.nvmlDeviceSetPersistenceMode, h, 0), code(n.nvmlDeviceSetComputeMode, h, 3),
          code(n.nvmlDeviceSetPowerManagementLimit, h, 500000), v2(h, 500000),
-         code(n.nvmlDeviceSetGpuLockedClocks, h, 1500, 1500), code(n.nvmlDeviceResetGpuLockedClocks, h)]
-print(json.dumps(dict(codes=codes, config=config(1))))
+         code(n.nvmlDeviceSetGpuLockedClocks, h, 1500, 1500), code(n.nvmlDeviceResetGpuLockedClocks, h),
+         code(n.nvmlDeviceSetEccMode, h, 0), code(n.nvmlDeviceClearEccErrorCounts, h, 0),
+         code(n.nvmlDeviceClearEccErrorCounts, h, 1), code(n.nvmlDeviceSetAccountingMode, h, 1),
+         code(n.nvmlDeviceClearAccountingPids, h), code(n.nvmlDeviceSetApplicationsClocks, h, 2619, 1500),
+         code(n.nvmlDeviceResetApplicationsClocks, h), code(n.nvmlDeviceSetMemoryLockedClocks, h, 2619, 2619),
+         code(n.nvmlDeviceResetMemoryLockedClocks, h), code(n.nvmlDeviceResetNvLinkErrorCounters, h, 0)]
+ecc = n.nvmlDeviceGetEccMode(h) + [n.nvmlDeviceGetTotalEccErrors(h, 0, s) for s in (0, 1)]
+print(json.dumps(dict(codes=codes, config=config(1), ecc=ecc, accounting=n.nvmlDeviceGetAccountingMode(h),
+                      nvlink=n.nvmlDeviceGetNvLinkErrorCounter(h, 0, 0))))
 """
+    assert node.write("gpu1/inject_ecc", b"sbe 2\n") == 0 and node.write("gpu1/nvlink", b"0 errors 3\n") == 0
+    config_before = node.read("gpu1/config")
     out = run_py(env, code, python="/usr/bin/python3", user=True)
-    assert out["codes"] == [NVML_NO_PERMISSION] * 6
+    assert out["codes"] == [NVML_NO_PERMISSION] * 16
     assert out["config"] == [1, 0, 700000, 700000]
-    assert node.read("gpu1/config") == config_before
+    assert (out["ecc"], out["accounting"], out["nvlink"]) == ([1, 1, 2, 2], 0, 3)
+    assert node.read("gpu1/config") == config_before == DEFAULT_CONFIG
     root_sees = run_py(env, script("print(json.dumps(config(1)))"))
     assert root_sees == [1, 0, 700000, 700000]
 
@@ -556,10 +699,16 @@ def test_every_setting_survives_a_daemon_restart_and_a_kill(node_factory):
         h = n.nvmlDeviceGetHandleByIndex(1)
         n.nvmlDeviceSetPersistenceMode(h, 0); n.nvmlDeviceSetComputeMode(h, 3)
         n.nvmlDeviceSetPowerManagementLimit(h, 450500)
+        n.nvmlDeviceSetEccMode(h, 0); n.nvmlDeviceSetAccountingMode(h, 1)
+        n.nvmlDeviceSetApplicationsClocks(h, 2619, 1500); n.nvmlDeviceSetMemoryLockedClocks(h, 2619, 2619)
         print("{}")
     """))
-    expected = [0, 3, 450500, 450500]
-    read = script("print(json.dumps(config(1)))")
+    expected = [0, 3, 450500, 450500, [1, 0], 1, 1500]
+    read = script("""
+        h = n.nvmlDeviceGetHandleByIndex(1)
+        print(json.dumps(config(1) + [n.nvmlDeviceGetEccMode(h), n.nvmlDeviceGetAccountingMode(h),
+                                      n.nvmlDeviceGetApplicationsClock(h, n.NVML_CLOCK_GRAPHICS)]))
+    """)
     node.umount()
     assert node.mount().returncode == 0
     assert run_py(env, read) == expected
@@ -568,7 +717,10 @@ def test_every_setting_survives_a_daemon_restart_and_a_kill(node_factory):
     assert node.mount().returncode == 0
     assert run_py(env, read) == expected
     assert node.read("gpu1/config") == ("persistence: 0 (default 1)\ncompute_mode: exclusive_process (default default)"
-                                        "\npower_limit: 450.5 (default 700)\nlocked_clocks: 345 1980\n")
+                                        "\npower_limit: 450.5 (default 700)\nlocked_clocks: 345 1980\n"
+                                        "ecc_mode: 0 (default 1) (current 1 until a reset)\naccounting: 1 (default 0)\n"
+                                        "applications_clocks: 2619 1500 (default 2619 1980)\n"
+                                        "locked_memory_clocks: 2619 2619\n")
     smi = subprocess.run([str(node.mnt / "driver/usr/bin/nvidia-smi"), "--format=csv,noheader",
                           "--query-gpu=index,persistence_mode,compute_mode,power.limit"],
                          env=env, capture_output=True, text=True, timeout=30)
@@ -622,4 +774,4 @@ def test_locked_clocks_hold_the_clock_every_process_reads_and_say_why(node_facto
     applications_clocks_setting = 0x2
     assert seen[0] == 1500 and seen[1] & applications_clocks_setting
     assert seen[2] == 1980 and not seen[3] & applications_clocks_setting
-    assert node.read("gpu1/config").endswith("locked_clocks: 345 1980\n")
+    assert node.read("gpu1/config").endswith("locked_clocks: 345 1980\n" + LATER_DEFAULTS)

@@ -4,13 +4,15 @@ process (pynvml) and `--query-gpu` report; a refused command, as root or as nobo
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+import time
 
 import pytest
 
 from conftest import MountedNode
 from helpers_smi import TEXT_H100, capture_section
-from test_setters import DEFAULT_CONFIG, open_node, pynvml_env, run_py, script  # noqa: F401 (open_node: fixture)
+from test_setters import NVML_NOT_SUPPORTED, DEFAULT_CONFIG, open_node, pynvml_env, run_py, script  # noqa: F401 (open_node: fixture)
 
 GPU0, GPU1 = "00000000:18:00.0", "00000000:1E:00.0"  # an H100 node's first two bus ids
 TERMINATING = "Terminating early due to previous errors.\n"
@@ -109,6 +111,15 @@ def test_nobody_gets_the_permission_messages_exit_4_and_nothing_changes(open_nod
         (("-pl", "500", "-i", "1"), f"Failed to set power management limit for GPU {GPU1}: Insufficient Permissions\n"),
         (("-lgc", "1500", "-i", "1"), f"The current user does not have permission to change clocks for GPU {GPU1}.\n"),
         (("-rgc",), f"The current user does not have permission to change clocks for GPU {GPU0}.\n"),
+        (("-ac", "2619,1500", "-i", "1"), f"The current user does not have permission to change clocks for GPU {GPU1}.\n"),
+        (("-rac", "-i", "1"), f"The current user does not have permission to change clocks for GPU {GPU1}.\n"),
+        (("-lmc", "2619", "-i", "1"), f"The current user does not have permission to change clocks for GPU {GPU1}.\n"),
+        (("-rmc", "-i", "1"), f"The current user does not have permission to change clocks for GPU {GPU1}.\n"),
+        (("-e", "0", "-i", "1"), f"Unable to set the ECC mode for GPU {GPU1}: Insufficient Permissions\n"),
+        (("-p", "0", "-i", "1"), f"Unable to reset ECC error count for GPU {GPU1}: Insufficient Permissions\n"),
+        (("-am", "1", "-i", "1"), f"Unable to set accounting mode for GPU {GPU1}: Insufficient Permissions\n"),
+        (("-caa", "-i", "1"), f"Unable to clear accounted PIDs for GPU {GPU1}: Insufficient Permissions\n"),
+        (("-r", "-i", "1"), f"Unable to reset GPU {GPU1}: Insufficient Permissions\n"),
     ]
     for args, message in cases:
         r = smi(node, *args, user=True)
@@ -140,3 +151,153 @@ def test_the_help_text_lists_the_configuration_commands(node_factory):
     for option in ("-pm,  --persistence-mode=", "-c,   --compute-mode=", "-pl   --power-limit=",
                    "-lgc  --lock-gpu-clocks=", "-rgc  --reset-gpu-clocks"):
         assert option in r.stdout, option
+
+
+ECC_READ = script("""
+    h = n.nvmlDeviceGetHandleByIndex(1)
+    try:
+        errors = n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC)
+    except n.NVMLError as e:
+        errors = e.value
+    print(json.dumps([n.nvmlDeviceGetEccMode(h), errors]))
+""")
+
+
+def test_ecc_mode_is_pending_until_nvidia_smi_r_resets_the_gpu(node_factory):
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    node = node_factory(gpus=2)
+    env = pynvml_env(node)
+    assert node.write("gpu1/inject_ecc", b"sbe 4\n") == 0
+    r = smi(node, "-e", "0", "-i", "1")
+    assert (r.returncode, r.stdout) == (0, f"Disabled ECC support for GPU {GPU1}.\nAll done.\nReboot required.\n")
+    assert run_py(env, ECC_READ) == [[1, 0], 4]  # pending: ECC still on, its counters still there
+    mode = "--query-gpu=ecc.mode.current,ecc.mode.pending"
+    assert smi(node, mode, "--format=csv,noheader").stdout.splitlines() == ["Enabled, Enabled", "Enabled, Disabled"]
+    assert "ecc_mode: 0 (default 1) (current 1 until a reset)\n" in node.read("gpu1/config")
+    q = smi(node, "-q", "-i", "1", "-d", "ECC").stdout
+    assert re.search(r"^    ECC Mode\n        Current +: Enabled\n        Pending +: Disabled$", q, re.M), q
+    r = smi(node, "-r", "-i", "1")
+    assert (r.returncode, r.stdout) == (0, f"GPU {GPU1} was successfully reset.\nAll done.\n")
+    assert run_py(env, ECC_READ) == [[0, 0], NVML_NOT_SUPPORTED]  # off: no counters
+    assert smi(node, mode, "--format=csv,noheader").stdout.splitlines() == ["Enabled, Enabled", "Disabled, Disabled"]
+    assert "<current_ecc>Disabled</current_ecc>" in smi(node, "-q", "-x", "-i", "1").stdout
+    # Clearing counts needs ECC on: refused on gpu1 now; on gpu0 it zeroes the chosen scope.
+    node.expect_warning(r"ctl\.sock: not_supported from uid 0 pid \d+: 'gpu=1 clear_ecc volatile'")
+    r = smi(node, "-p", "0", "-i", "1")
+    assert (r.returncode, r.stdout) == (3, f"Unable to reset ECC error count for GPU {GPU1}: Not Supported\n"
+                                           + TERMINATING)
+    assert node.write("gpu0/inject_ecc", b"dbe 2\n") == 0
+    r = smi(node, "-p", "1", "-i", "0")
+    assert (r.returncode, r.stdout) == (0, f"Reset aggregate ECC errors to zero for GPU {GPU0}.\nAll done.\n")
+    totals = "--query-gpu=ecc.errors.uncorrected.volatile.total,ecc.errors.uncorrected.aggregate.total"
+    assert smi(node, "-i", "0", totals, "--format=csv,noheader").stdout == "2, 0\n"
+    r = smi(node, "--reset-ecc-errors=0", "-i", "0")
+    assert (r.returncode, r.stdout) == (0, f"Reset volatile ECC errors to zero for GPU {GPU0}.\nAll done.\n")
+    assert smi(node, "-i", "0", totals, "--format=csv,noheader").stdout == "0, 0\n"
+    # ECC mode lives on the board: a node reset (a driver reload) keeps it.
+    assert node.write("node/reset", b"1\n") == 0
+    assert run_py(env, ECC_READ)[0] == [0, 0]
+
+
+def test_applications_and_memory_clocks_through_nvidia_smi(node_factory):
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    node = node_factory(gpus=2)
+    node.expect_warning(r"ctl\.sock: invalid_argument from uid 0")
+    assert node.write("gpu1/utilization", b"90 40\n") == 0
+    r = smi(node, "-ac", "2619,1500", "-i", "1")
+    assert (r.returncode, r.stdout) == (0, f'Applications clocks set to "(MEM 2619, SM 1500)" for GPU {GPU1}\nAll done.\n')
+    read = script("""
+        h = n.nvmlDeviceGetHandleByIndex(1)
+        print(json.dumps([n.nvmlDeviceGetApplicationsClock(h, n.NVML_CLOCK_GRAPHICS),
+                          n.nvmlDeviceGetApplicationsClock(h, n.NVML_CLOCK_MEM),
+                          n.nvmlDeviceGetDefaultApplicationsClock(h, n.NVML_CLOCK_GRAPHICS),
+                          n.nvmlDeviceGetClock(h, n.NVML_CLOCK_SM, n.NVML_CLOCK_ID_APP_CLOCK_TARGET),
+                          n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
+                          n.nvmlDeviceGetCurrentClocksEventReasons(h) & 0x2]))
+    """)
+    assert run_py(pynvml_env(node), read) == [1500, 2619, 1980, 1500, 1500, 2]
+    r = smi(node, "-ac", "1000,1500", "-i", "1")
+    assert (r.returncode, r.stdout) == (2, f'Specified clock combination "(MEM 1000, SM 1500)" is not supported for '
+                                           f"GPU {GPU1}. Run 'nvidia-smi -q -d SUPPORTED_CLOCKS' to see list of "
+                                           f"supported clock combinations\n" + TERMINATING)
+    r = smi(node, "-rac", "-i", "1")
+    assert (r.returncode, r.stdout) == (0, "All done.\n")
+    assert run_py(pynvml_env(node), read) == [1980, 2619, 1980, 1980, 1980, 0]
+    r = smi(node, "-lmc", "2619", "-i", "1")
+    assert (r.returncode, r.stdout) == (0, f'Memory clocks set to "(memClkMin 2619, memClkMax 2619)" for GPU '
+                                           f"{GPU1}\nAll done.\n")
+    assert "locked_memory_clocks: 2619 2619\n" in node.read("gpu1/config")
+    r = smi(node, "-lmc", "1000,2619", "-i", "1")
+    assert (r.returncode, r.stdout) == (2, f"Failed to lock memory clocks for GPU {GPU1}: Invalid Argument\n"
+                                        + TERMINATING)
+    assert smi(node, "-rmc").stdout == "All done.\n"
+
+
+def test_boards_without_auto_boost_or_operation_modes_warn_and_go_on(node_factory):
+    node = node_factory(gpus=1)
+    r = smi(node, "--auto-boost-default=0")
+    assert (r.returncode, r.stdout) == (0, f"Enabling/disabling default auto boosted clocks is not supported for GPU: "
+                                           f"{GPU0}.\nTreating as warning and moving on.\nAll done.\n")
+    r = smi(node, "--gom=COMPUTE")
+    assert (r.returncode, r.stdout) == (0, f"Setting GPU operation mode is not supported for GPU {GPU0}.\nTreating as "
+                                           "warning and moving on.\nAll done.\n")
+    for args in [("--auto-boost-default=2",), ("--gom=3",), ("-e", "on"), ("-p", "2"), ("-am",), ("-ac", "2619"),
+                 ("-ac", "tdp,tdp"), ("-caa=1",), ("-r", "-q")]:
+        r = smi(node, *args)
+        assert (r.returncode, r.stdout) == (2, "Invalid combination of input arguments. Please run 'nvidia-smi -h' "
+                                               "for help.\n"), args
+    assert node.read("gpu0/config") == DEFAULT_CONFIG
+
+
+def test_accounting_reports_a_finished_cuda_process_pid_time_and_max_memory(node_factory):
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is in the test extra")
+    from test_agent import wait_until
+    from test_compute_modes import Cuda
+    from test_cuda import mount_env
+
+    node = node_factory(gpus=2)
+    env = pynvml_env(node)
+    before = Cuda(mount_env(node))  # running before accounting is switched on: never accounted
+    try:
+        assert before("create", 0) == [0, "CUDA_SUCCESS"]
+        r = smi(node, "-am", "1", "-i", "0")
+        assert (r.returncode, r.stdout) == (0, f"Enabled Accounting Mode for GPU {GPU0}.\nAll done.\n")
+        assert node.write("gpu0/utilization", b"60 30\n") == 0
+        job = Cuda(mount_env(node))
+        assert job("create", 0) == [0, "CUDA_SUCCESS"]
+        for _ in range(3):
+            assert job("alloc", 0) == [0, "CUDA_SUCCESS"]  # 3 MiB at its peak
+        pid = job.proc.pid
+        # The daemon folds the process table every ~100 ms: the peak it records is the most it saw.
+        used = script(f"print(json.dumps([p.usedGpuMemory for p in n.nvmlDeviceGetComputeRunningProcesses("
+                      f"n.nvmlDeviceGetHandleByIndex(0)) if p.pid == {pid}]))")
+        wait_until(lambda: run_py(env, used) == [3 << 20], "the job's 3 MiB to be folded in")
+        job.stop()
+    finally:
+        before.stop()
+    stats = script(f"""
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        pids = n.nvmlDeviceGetAccountingPids(h)
+        s = n.nvmlDeviceGetAccountingStats(h, {pid}) if {pid} in pids else None
+        print(json.dumps(dict(mode=n.nvmlDeviceGetAccountingMode(h), size=n.nvmlDeviceGetAccountingBufferSize(h),
+                              pids=pids, stats=s and [s.isRunning, s.maxMemoryUsage, s.time, s.startTime,
+                                                      s.gpuUtilization])))
+    """)
+    wait_until(lambda: (run_py(env, stats)["stats"] or [1])[0] == 0, "the job's record to say it exited")
+    out = run_py(env, stats)
+    assert (out["mode"], out["size"], out["pids"]) == (1, 4000, [pid])  # `before` is not accounted
+    running, max_memory, time_ms, start_us, util = out["stats"]
+    assert (running, max_memory, util) == (0, 3 << 20, 60)
+    assert 0 < time_ms < 60_000 and abs(start_us / 1e6 - time.time()) < 60
+    r = smi(node, "--query-accounted-apps=pid,gpu_utilization,max_memory_usage,time", "--format=csv", "-i", "0")
+    assert r.stdout.splitlines() == ["pid, gpu_utilization [%], max_memory_usage [MiB], time [ms]",
+                                     f"{pid}, 60 %, 3 MiB, {time_ms} ms"], r.stdout
+    assert smi(node, "--query-accounted-apps=pid", "--format=csv,noheader", "-i", "1").stdout == ""  # mode off
+    assert smi(node, "--query-gpu=accounting.mode,accounting.buffer_size", "--format=csv,noheader").stdout == \
+        "Enabled, 4000\nDisabled, 4000\n"
+    assert re.search(r"^    Accounting Mode +: Enabled$", smi(node, "-q", "-i", "0").stdout, re.M)
+    r = smi(node, "-caa", "-i", "0")
+    assert (r.returncode, r.stdout) == (0, f"Cleared Accounted PIDs for GPU {GPU0}.\nAll done.\n")
+    assert run_py(env, stats)["pids"] == []
+    assert "accounting: 1 (default 0)\n" in node.read("gpu0/config")

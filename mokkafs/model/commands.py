@@ -7,12 +7,18 @@ agent's annotations and scenario steps are spellings of these commands and parse
     gpu=N      ecc          sbe|dbe COUNT [LOCATION]           gpuN/inject_ecc
     gpu=N      temperature  ... memory_used, throttle (pins)   gpuN/<verb>
     gpu=N      lost         0|1                                gpuN/lost
-    gpu=N      nvlink       LINK up|down, LINK errors COUNT    gpuN/nvlink
+    gpu=N      nvlink       LINK up|down|reset_errors, LINK errors COUNT   gpuN/nvlink
     gpu=N      reset        1                                  gpuN/reset
     gpu=N      persistence  0|1|default                        (control socket; gpuN/config shows it)
     gpu=N      compute_mode default|exclusive_process|prohibited   (control socket)
     gpu=N      power_limit  W|default                          (control socket)
     gpu=N      locked_clocks MIN_MHZ MAX_MHZ|default           (control socket)
+    gpu=N      ecc_mode     0|1|default (pending until a reset)  (control socket)
+    gpu=N      accounting   0|1|default                        (control socket)
+    gpu=N      applications_clocks MEM_MHZ GRAPHICS_MHZ|default (control socket)
+    gpu=N      locked_memory_clocks MIN_MHZ MAX_MHZ|default    (control socket)
+    gpu=N      clear_ecc    volatile|aggregate                 (control socket)
+    gpu=N      clear_accounting 1                              (control socket)
     node       reset        1                                  node/reset
     hca=N      port         up|down|errors [COUNTER] COUNT     ib/mlx5_N/port1
 
@@ -33,6 +39,9 @@ from mokkafs.model.config import SETTINGS, parse_setting
 from mokkafs.model.events import (
     MAX_COUNT,
     MAX_XID,
+    ECC_CLEAR_SCOPES,
+    ClearAccounting,
+    ClearEcc,
     Event,
     IbPortCommand,
     InjectEcc,
@@ -150,13 +159,25 @@ def _reset(i: int | None, text: str) -> Reset:
     return Reset(i)
 
 
+def _clear_ecc(i: int, text: str) -> ClearEcc:
+    if text not in ECC_CLEAR_SCOPES:
+        raise InvalidCommand("expected volatile or aggregate")
+    return ClearEcc(i, text)
+
+
+def _clear_accounting(i: int, text: str) -> ClearAccounting:
+    if text != "1":
+        raise InvalidCommand("expected 1")
+    return ClearAccounting(i)
+
+
 def _nvlink(i: int, text: str) -> NvLinkCommand:
     words = text.split(" ")
-    if len(words) == 2 and words[1] in ("up", "down"):
+    if len(words) == 2 and words[1] in ("up", "down", "reset_errors"):
         return NvLinkCommand(i, _uint(words[0], "link", 17), words[1])
     if len(words) == 3 and words[1] == "errors":
         return NvLinkCommand(i, _uint(words[0], "link", 17), "errors", _uint(words[2], "count", MAX_COUNT))
-    raise InvalidCommand("expected 'L up', 'L down' or 'L errors N'")
+    raise InvalidCommand("expected 'L up', 'L down', 'L errors N' or 'L reset_errors'")
 
 
 def _ib_port(j: int, text: str) -> IbPortCommand:
@@ -214,9 +235,12 @@ _VERBS = (
     Verb("memory_used", "gpu", "memory_used", "MIB|auto", _pin("memory_used", 1, 10_000_000)),
     Verb("throttle", "gpu", "throttle", "REASON...|none|auto", _throttle),
     Verb("lost", "gpu", "lost", "0|1", _lost, default="1"),
-    Verb("nvlink", "gpu", "nvlink", "LINK up|down, LINK errors COUNT", _nvlink),
+    Verb("nvlink", "gpu", "nvlink", "LINK up|down|reset_errors, LINK errors COUNT", _nvlink),
     Verb("reset", "gpu", "reset", "1", _reset, default="1"),
     *(Verb(s.name, "gpu", None, s.usage, parse_setting(s.name)) for s in SETTINGS.values()),
+    # Actions on a GPU's books, through the control socket like the settings (NVML's setters).
+    Verb("clear_ecc", "gpu", None, "volatile|aggregate", _clear_ecc),
+    Verb("clear_accounting", "gpu", None, "1", _clear_accounting, default="1"),
     Verb("reset", "node", "reset", "1", _reset, default="1"),
     Verb("port", "hca", "port1", "up|down, errors [COUNTER] COUNT", _ib_port),
 )

@@ -120,6 +120,52 @@ def _anything(profile: GpuProfile, value: object) -> None:
     pass
 
 
+def _app_clocks(text: str) -> tuple[int, int]:
+    words = text.split(" ")
+    if len(words) != 2 or not all(re.fullmatch(r"[0-9]{1,5}", w) for w in words):
+        raise InvalidCommand(f"applications clocks must be 'MEM_MHZ GRAPHICS_MHZ' or 'default', got {text!r}")
+    value = (int(words[0]), int(words[1]))
+    _check_app_clocks(value)
+    return value
+
+
+def _check_app_clocks(value: object) -> None:
+    if not (
+        isinstance(value, tuple) and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    ):
+        raise InvalidCommand("applications clocks must be a pair of whole MHz above 0 (memory, graphics)")
+
+
+def supported_memory_clocks(profile: GpuProfile) -> tuple[int, ...]:
+    """The memory clocks the board runs at: the profiles record the boost clock and the default
+    applications clock (one and the same on every captured board, whose HBM or GDDR runs at
+    one clock)."""
+    return tuple(sorted({profile.clocks.default_app_mem, profile.clocks.max_mem}))
+
+
+def _supported_app_clocks(profile: GpuProfile, value: object) -> None:
+    c = profile.clocks
+    mem, graphics = value
+    # A supported pair: a memory clock the board has, and a graphics clock in its range (the
+    # real list of supported graphics clocks is every step of ~7-15 MHz in it; not modelled).
+    if mem not in supported_memory_clocks(profile) or not c.idle_graphics <= graphics <= c.max_graphics:
+        raise InvalidCommand(
+            f"applications clocks {mem} {graphics} MHz are not a supported pair on {profile.name} (memory "
+            f"{' or '.join(map(str, supported_memory_clocks(profile)))}, graphics {c.idle_graphics}..{c.max_graphics})"
+        )
+
+
+def _in_memory_clocks(profile: GpuProfile, value: object) -> None:
+    low, high = value
+    supported = supported_memory_clocks(profile)
+    if not (low in supported and high in supported):
+        raise InvalidCommand(
+            f"locked memory clocks {low} {high} MHz are not {profile.name}'s memory clocks "
+            f"({', '.join(map(str, supported))} MHz)"
+        )
+
+
 def _spell_watts(value: float) -> str:
     return f"{value:.3f}".rstrip("0").rstrip(".")
 
@@ -138,6 +184,11 @@ class Setting:
     default: Callable[[GpuProfile], object]  # after a driver load
     kept_by_gpu_reset: bool  # a GPU reset keeps it (the driver's state), or returns it to the default
     nvml: str  # the NVML setter that changes it
+    # A node reset (a driver reload) keeps it too: it lives on the board (InfoROM), not in the driver.
+    kept_by_node_reset: bool = False
+    # Takes effect at the next GPU or node reset, as ECC mode does; until then the GPU runs with
+    # the value `GpuState.<field>_current` holds (None: the default).
+    pending_until_reset: bool = False
 
 
 SETTINGS: dict[str, Setting] = {
@@ -163,6 +214,31 @@ SETTINGS: dict[str, Setting] = {
             "locked_clocks", "locked_clocks", "MIN_MHZ MAX_MHZ|default", _clock_range, _check_clock_range,
             _in_clock_range, lambda v: f"{v[0]} {v[1]}", lambda p: (p.clocks.idle_graphics, p.clocks.max_graphics),
             kept_by_gpu_reset=False, nvml="nvmlDeviceSetGpuLockedClocks",
+        ),
+        # The pending mode: the board's InfoROM keeps it, and it takes effect at a reset.
+        Setting(
+            "ecc_mode", "ecc_mode", "0|1|default", _flag, _check_flag, _anything,
+            lambda v: "1" if v else "0", lambda p: p.memory.ecc,
+            kept_by_gpu_reset=True, nvml="nvmlDeviceSetEccMode", kept_by_node_reset=True,
+            pending_until_reset=True,
+        ),
+        Setting(
+            "accounting", "accounting_mode", "0|1|default", _flag, _check_flag, _anything,
+            lambda v: "1" if v else "0", lambda p: False,
+            kept_by_gpu_reset=True, nvml="nvmlDeviceSetAccountingMode",
+        ),
+        # (memory, graphics), nvidia-smi -ac's order; the default is the board's default pair.
+        Setting(
+            "applications_clocks", "applications_clocks", "MEM_MHZ GRAPHICS_MHZ|default", _app_clocks,
+            _check_app_clocks, _supported_app_clocks, lambda v: f"{v[0]} {v[1]}",
+            lambda p: (p.clocks.default_app_mem, p.clocks.default_app_graphics),
+            kept_by_gpu_reset=False, nvml="nvmlDeviceSetApplicationsClocks",
+        ),
+        Setting(
+            "locked_memory_clocks", "locked_memory_clocks", "MIN_MHZ MAX_MHZ|default", _clock_range,
+            _check_clock_range, _in_memory_clocks, lambda v: f"{v[0]} {v[1]}",
+            lambda p: (min(supported_memory_clocks(p)), max(supported_memory_clocks(p))),
+            kept_by_gpu_reset=False, nvml="nvmlDeviceSetMemoryLockedClocks",
         ),
     )
 }

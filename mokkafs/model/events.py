@@ -103,13 +103,13 @@ class SetLost(Event):
 @dataclass(frozen=True)
 class NvLinkCommand(Event):
     link: int
-    action: str  # "up" | "down" | "errors"
+    action: str  # "up" | "down" | "errors" | "reset_errors" (nvmlDeviceResetNvLinkErrorCounters)
     count: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.action not in ("up", "down", "errors"):
-            raise InvalidCommand(f"NVLink action must be up, down or errors, got {self.action!r}")
+        if self.action not in ("up", "down", "errors", "reset_errors"):
+            raise InvalidCommand(f"NVLink action must be up, down, errors or reset_errors, got {self.action!r}")
         if not 0 <= self.link < 18:
             raise InvalidCommand(f"NVLink link must be 0..17, got {self.link}")
         if self.action == "errors" and not 1 <= self.count <= MAX_COUNT:
@@ -148,6 +148,35 @@ class SetProcesses(Event):
 @dataclass(frozen=True)
 class Reset(Event):
     """`gpu=None` resets the whole node."""
+
+
+ECC_CLEAR_SCOPES = ("volatile", "aggregate")  # nvmlEccCounterType_t order
+
+
+@dataclass(frozen=True)
+class ClearEcc(Event):
+    """Zero one GPU's ECC counters of one scope (nvmlDeviceClearEccErrorCounts): the volatile
+    ones, or the aggregate (InfoROM) ones. The node refuses it while ECC is off."""
+
+    scope: str = "volatile"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.gpu is None:
+            raise InvalidCommand("ECC counters belong to one GPU")
+        if self.scope not in ECC_CLEAR_SCOPES:
+            raise InvalidCommand(f"ECC counter scope must be volatile or aggregate, got {self.scope!r}")
+
+
+@dataclass(frozen=True)
+class ClearAccounting(Event):
+    """Forget the accounting records of a GPU's processes that have exited
+    (nvmlDeviceClearAccountingPids); those of running processes stay."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.gpu is None:
+            raise InvalidCommand("accounting records belong to one GPU")
 
 
 # InfiniBand port counters a control write may raise (kernel ports/N/counters/ names).

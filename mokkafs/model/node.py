@@ -32,6 +32,8 @@ from mokkafs.model.counters import (
 from mokkafs.model.events import (
     PIN_SIGNALS,
     THROTTLE_REASONS,
+    ClearAccounting,
+    ClearEcc,
     Event,
     IB_ERROR_COUNTERS,
     IbPortCommand,
@@ -45,12 +47,15 @@ from mokkafs.model.events import (
     SetProcesses,
 )
 from mokkafs.model.compute import ComputeLimits, compute_limits
-from mokkafs.model.config import SETTINGS, Configure, GpuIsLost
+from mokkafs.model.config import SETTINGS, Configure, GpuIsLost, NotSupported
 from mokkafs.model.identity import GpuIdentity, NodeConfig, gpu_identities
 from mokkafs.model.topology import Layout, pci_layout
 from mokkafs.model.xid import Remap, kernel_log_line, xid_rule
 
 THERMAL_TAU_S = 40.0  # first-order lag of die temperature behind power
+# Accounting records a GPU keeps, running and exited (nvmlDeviceGetAccountingBufferSize); the
+# real driver's buffer holds 4000, and the oldest goes first when it is full.
+ACCOUNTING_BUFFER = 4000
 LOG_LIMIT = 4096  # node event-log lines kept (and persisted)
 
 # NVML event type bits (nvml.h nvmlEventType*), delivered to nvmlEventSetWait callers.
@@ -150,6 +155,39 @@ class Readings:
 
 
 _ECC_KEYS = {counter: counter.key for counter in zero_ecc()}  # their stored spellings, made once
+_PAIRS = ("locked_clocks", "applications_clocks", "locked_memory_clocks")  # tuples, stored as JSON lists
+
+
+@dataclass
+class AccountingRecord:
+    """One process's accounting on one GPU (nvmlAccountingStats_t), kept after it exits. The
+    utilizations are the GPU's, averaged over the process's life from what the model knew at
+    each fold of the process table (the real driver samples; the model has no per-process split)."""
+
+    pid: int
+    start: float  # when the daemon first saw it on this GPU
+    max_memory: int = 0  # bytes, the most it ever held
+    end: float | None = None  # when it was gone; None while it runs
+    last: float = 0.0  # the last sample's time
+    last_util: tuple[int, int] = (0, 0)  # GPU and memory utilization since `last`
+    util_s: tuple[float, float] = (0.0, 0.0)  # percent-seconds until `last`
+
+    def sample(self, now: float, util: tuple[int, int]) -> None:
+        dt = max(0.0, now - self.last)
+        self.util_s = (self.util_s[0] + self.last_util[0] * dt, self.util_s[1] + self.last_util[1] * dt)
+        self.last, self.last_util = max(now, self.last), util
+
+    def utilization(self) -> tuple[int, int]:
+        life = self.last - self.start
+        if life <= 0:
+            return self.last_util
+        return round(self.util_s[0] / life), round(self.util_s[1] / life)
+
+    @property
+    def time_ms(self) -> int:
+        """What NVML reports as `time`: the process's life in ms once it exited, 0 while it runs
+        (real drivers fill it in at exit)."""
+        return 0 if self.end is None else int(round((self.end - self.start) * 1000))
 
 
 @dataclass
@@ -167,6 +205,11 @@ class GpuState:
     persistence_mode: bool | None = None
     compute_mode: str | None = None
     locked_clocks: tuple[int, int] | None = None
+    ecc_mode: bool | None = None  # pending: what the next reset brings
+    ecc_mode_current: bool | None = None  # in effect since the last reset
+    accounting_mode: bool | None = None
+    applications_clocks: tuple[int, int] | None = None  # (memory, graphics) MHz
+    locked_memory_clocks: tuple[int, int] | None = None
     ecc: dict[EccCounter, int] = field(default_factory=zero_ecc)
     retired_sbe: int = 0
     retired_dbe: int = 0
@@ -189,7 +232,8 @@ class GpuState:
         container is copied by hand (copy.deepcopy of the 32 ECC counters cost ~0.5 ms)."""
         data = dict(self.__dict__)  # the scalars; the containers are replaced below
         data["pins"] = {k: list(v) for k, v in self.pins.items()}
-        data["locked_clocks"] = None if self.locked_clocks is None else list(self.locked_clocks)
+        for key in _PAIRS:
+            data[key] = None if data[key] is None else list(data[key])
         data["ecc"] = {_ECC_KEYS[counter]: n for counter, n in self.ecc.items()}
         data["nvlink_down"] = list(self.nvlink_down)
         data["nvlink_errors"] = {
@@ -206,8 +250,9 @@ class GpuState:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         if isinstance(known.get("pins"), dict):  # JSON has no tuples
             known["pins"] = {k: tuple(v) if isinstance(v, list) else v for k, v in known["pins"].items()}
-        if isinstance(known.get("locked_clocks"), list):
-            known["locked_clocks"] = tuple(known["locked_clocks"])
+        for key in _PAIRS:
+            if isinstance(known.get(key), list):
+                known[key] = tuple(known[key])
         # Counters absent from the record are zero (stored spellings until _typed_counters).
         known.setdefault("ecc", {})
         known.setdefault("nvlink_errors", {})
@@ -370,6 +415,13 @@ class Node:
         # (pid, used bytes) of the CUDA processes on each GPU: live, never persisted (the
         # processes of a previous daemon's lifetime are read again from the process table).
         self.processes: list[tuple[tuple[int, int], ...]] = [() for _ in self.identities]
+        # Accounting records by pid, oldest first (live, never persisted: the driver keeps them
+        # in memory), a version per GPU that moves when they change (the publisher rewrites
+        # them then), and the pids that were running when accounting was switched on, which
+        # the driver never accounts.
+        self.accounting: list[dict[int, AccountingRecord]] = [{} for _ in self.identities]
+        self.accounting_version: list[int] = [0 for _ in self.identities]
+        self._unaccounted: list[set[int]] = [set() for _ in self.identities]
         self.log: deque[LogEntry] = deque(maxlen=LOG_LIMIT)
         self.generation = 0  # bumped on every applied event; caches key on it
         self.log_seq = 0  # log lines ever appended (the deque keeps the last LOG_LIMIT)
@@ -387,14 +439,19 @@ class Node:
         if isinstance(event, Pin) and event.values:
             self._validate_pin(event)
         if isinstance(event, NvLinkCommand) and event.link >= self.profile.nvlink.links:
+            if event.action == "reset_errors" and not self.profile.nvlink.links:
+                # nvmlDeviceResetNvLinkErrorCounters on a board without NVLink: NOT_SUPPORTED.
+                raise NotSupported(f"{self.profile.name} has no NVLinks")
             raise InvalidCommand(f"{self.profile.name} has {self.profile.nvlink.links} NVLinks, no link {event.link}")
         if isinstance(event, IbPortCommand) and event.hca >= len(self.hcas):
             raise InvalidCommand(f"no HCA mlx5_{event.hca} (node has {len(self.hcas)})")
-        if isinstance(event, Configure):
-            if self.gpus[event.gpu].lost:
-                raise GpuIsLost(f"gpu{event.gpu} has fallen off the bus")
-            if event.value is not None:
-                SETTINGS[event.setting].check_board(self.profile, event.value)
+        if isinstance(event, (Configure, ClearEcc, ClearAccounting)) and self.gpus[event.gpu].lost:
+            raise GpuIsLost(f"gpu{event.gpu} has fallen off the bus")
+        if isinstance(event, Configure) and event.value is not None:
+            SETTINGS[event.setting].check_board(self.profile, event.value)
+        if isinstance(event, ClearEcc) and not self.ecc_enabled(event.gpu):
+            # nvml.h: clearing "requires ECC Mode to be enabled".
+            raise NotSupported(f"gpu{event.gpu} runs with ECC off: there are no ECC counters to clear")
 
     def _validate_pin(self, pin: Pin) -> None:
         p = self.profile
@@ -428,6 +485,10 @@ class Node:
             self._nvlink(event, now)
         elif isinstance(event, Configure):
             self._configure(event, now)
+        elif isinstance(event, ClearEcc):
+            self._clear_ecc(event, now)
+        elif isinstance(event, ClearAccounting):
+            self._clear_accounting(event.gpu, now)
         elif isinstance(event, Reset):
             for i in targets:
                 self._reset(i, now, driver_reload=event.gpu is None)
@@ -437,6 +498,7 @@ class Node:
             self._ib_port(event, now)
         elif isinstance(event, SetProcesses):
             # Bookkeeping, not a fault: neither logged nor counted as an injection.
+            self._account(event.gpu, event.processes, now)
             self.processes[event.gpu] = event.processes
         else:  # pragma: no cover - every event class is handled above
             raise InvalidCommand(f"unknown event {event!r}")
@@ -571,6 +633,8 @@ class Node:
             g.nvlink_down = [link for link in g.nvlink_down if link != e.link]
         elif e.action == "errors":
             self._count_nvlink(e.gpu, e.link, (NvLinkCounter.REPLAY, NvLinkCounter.CRC_FLIT), e.count)
+        elif e.action == "reset_errors":
+            g.nvlink_errors.pop(e.link, None)
         self._log(now, e.gpu, f"mokka: gpu{e.gpu} nvlink {e.link} {e.action}{f' {e.count}' if e.count else ''}")
 
     def setting(self, i: int, name: str) -> object:
@@ -587,17 +651,89 @@ class Node:
         setattr(self.gpus[e.gpu], s.field, None if e.value == default else e.value)
         value = default if e.value is None else e.value
         self._log(now, e.gpu, f"mokka: gpu{e.gpu} {s.name} {s.spell(value)}{' (default)' if value == default else ''}")
+        if s.name == "accounting":
+            self._accounting_switched(e.gpu, bool(value))
+
+    def ecc_enabled(self, i: int) -> bool:
+        """Whether GPU `i` runs with ECC now (the mode of its last reset; `ecc_mode` is pending)."""
+        current = self.gpus[i].ecc_mode_current
+        return SETTINGS["ecc_mode"].default(self.profile) if current is None else current
+
+    def _clear_ecc(self, e: ClearEcc, now: float) -> None:
+        ecc = self.gpus[e.gpu].ecc
+        scope = EccScope.VOLATILE if e.scope == "volatile" else EccScope.AGGREGATE
+        for counter in ecc:
+            if counter.scope is scope:
+                ecc[counter] = 0
+        self._log(now, e.gpu, f"mokka: gpu{e.gpu} {e.scope} ECC counts cleared")
+
+    # --- accounting ---------------------------------------------------------------------------
+
+    def _account(self, i: int, procs: tuple[tuple[int, int], ...], now: float) -> None:
+        """Fold GPU `i`'s new process list into its accounting records: a new pid starts one, a
+        running one's peak memory grows, a pid no longer listed has exited."""
+        if not self.setting(i, "accounting"):
+            return
+        book, util = self.accounting[i], self._utilization(self.gpus[i])
+        live = dict(procs)
+        self._unaccounted[i] &= set(live)  # a pid running at the switch-on, once gone, is a new process
+        changed = False
+        for pid, rec in list(book.items()):
+            if rec.end is None and pid not in live:
+                rec.sample(now, util)
+                rec.end = now
+                changed = True
+        for pid, used in live.items():
+            if pid in self._unaccounted[i]:
+                continue
+            rec = book.get(pid)
+            if rec is None or rec.end is not None:
+                book.pop(pid, None)  # a pid reused after its first process exited
+                rec = book[pid] = AccountingRecord(pid, start=now, last=now, last_util=util)
+                changed = True
+            else:
+                rec.sample(now, util)
+            if used > rec.max_memory:
+                rec.max_memory = used
+                changed = True
+        while len(book) > ACCOUNTING_BUFFER:
+            del book[next(iter(book))]
+        if changed:
+            self.accounting_version[i] += 1
+
+    def _accounting_switched(self, i: int, on: bool) -> None:
+        """Switched on, the processes already running are not accounted (as the driver does);
+        switched off, every record goes (nvml.h: disabling clears the accounting pids)."""
+        if on:
+            self._unaccounted[i] = {pid for pid, _ in self.processes[i]}
+        else:
+            self._unaccounted[i] = set()
+            if self.accounting[i]:
+                self.accounting[i] = {}
+                self.accounting_version[i] += 1
+
+    def _clear_accounting(self, i: int, now: float) -> None:
+        book = self.accounting[i]
+        kept = {pid: rec for pid, rec in book.items() if rec.end is None}
+        if len(kept) != len(book):
+            self.accounting[i] = kept
+            self.accounting_version[i] += 1
+        self._log(now, i, f"mokka: gpu{i} accounting records of exited processes cleared")
 
     def _reset(self, i: int, now: float, driver_reload: bool = False) -> None:
         """What a GPU reset does: the GPU comes back, volatile counters clear, pending row remaps
         and page retirements take effect, links retrain, pins return to the simulated curves,
-        settings return to their defaults but those the driver keeps (all of them on a node
-        reset, which is a driver reload). Aggregate (InfoROM) counters, remapped rows and a remap
+        settings return to their defaults but those the driver keeps (on a node reset, a driver
+        reload, only those the board keeps), a pending ECC mode takes effect. Aggregate (InfoROM) counters, remapped rows and a remap
         failure stay, as on a real board."""
         g = self.gpus[i]
+        # A pending setting (ECC mode) takes effect: the board comes up with it.
+        g.ecc_mode_current = g.ecc_mode
         for s in SETTINGS.values():
-            if driver_reload or not s.kept_by_gpu_reset:
+            if not (s.kept_by_node_reset or (not driver_reload and s.kept_by_gpu_reset)):
                 setattr(g, s.field, None)
+        if not self.setting(i, "accounting"):  # a driver reload switches it off, and the records go
+            self._accounting_switched(i, False)
         g.lost = False
         g.needs_reset = False
         g.pins.clear()
@@ -691,6 +827,13 @@ class Node:
         util_gpu, util_mem = self._utilization(g)
         mask = self._throttle_mask(g, util_gpu, demand, limit, temperature)
         gr, mem = self._clocks(g, util_gpu, mask)
+        if g.applications_clocks is not None and "clocks" not in g.pins and util_gpu:
+            # Applications clocks are the clocks work runs at; set below the boost clock, they
+            # hold it there, and the driver says the setting limits it.
+            app_mem, app_graphics = g.applications_clocks
+            if gr > app_graphics and "throttle" not in g.pins:
+                mask |= THROTTLE_REASONS["applications_clocks_setting"]
+            gr, mem = min(gr, app_graphics), app_mem
         if g.locked_clocks is not None and "clocks" not in g.pins:
             # Locked clocks hold the graphics clock in their range; held below what it would run
             # at, the driver says the applications-clocks setting limits it.
@@ -698,6 +841,8 @@ class Node:
             if gr > high and "throttle" not in g.pins:
                 mask |= THROTTLE_REASONS["applications_clocks_setting"]
             gr = min(max(gr, low), high)
+        if g.locked_memory_clocks is not None and "clocks" not in g.pins:
+            mem = min(max(mem, g.locked_memory_clocks[0]), g.locked_memory_clocks[1])
         mem_temp = None
         if p.thermal.memory_idle_c is not None:
             mem_temp = p.thermal.memory_idle_c + (temperature - p.thermal.idle_c) * 0.8

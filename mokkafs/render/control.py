@@ -46,11 +46,14 @@ def render_info(ctx: Ctx, i: int) -> str:
 
 def render_config(ctx: Ctx, i: int) -> str:
     """`NAME: VALUE` per setting, VALUE spelled as the command that sets it takes it; a value
-    other than the default is followed by `(default D)`."""
+    other than the default is followed by `(default D)`, a pending one (ECC mode) that is not yet
+    in effect by `(current C until a reset)`."""
     node, lines = ctx.node, []
     for s in SETTINGS.values():
         value, default = node.setting(i, s.name), s.default(node.profile)
         mark = "" if value == default else f" (default {s.spell(default)})"
+        if s.pending_until_reset and node.ecc_enabled(i) != value:
+            mark += f" (current {s.spell(node.ecc_enabled(i))} until a reset)"
         lines.append(f"{s.name}: {s.spell(value)}{mark}\n")
     return "".join(lines)
 

@@ -37,6 +37,7 @@ class Sample:
 
     r: Readings
     g: GpuState
+    ecc_mode: tuple[bool, bool] = (True, True)  # (current, pending): the pending one waits for a reset
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,8 @@ EXTRA_FIELDS: tuple[Field, ...] = (
         lambda s: s.r.power_limit_w,
         is_float=True,
     ),
+    Field("DCGM_FI_DEV_ECC_CURRENT", "gauge", "Current ECC mode for the device.", lambda s: int(s.ecc_mode[0])),
+    Field("DCGM_FI_DEV_ECC_PENDING", "gauge", "Pending ECC mode for the device.", lambda s: int(s.ecc_mode[1])),
     Field(
         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
         "counter",
@@ -289,7 +292,7 @@ def render_dcgm(
     for i, g in enumerate(node.gpus):
         labels = gpu_labels(node, i, host, hostname_label)
         prefixes.append("{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "} ")
-        samples.append(Sample(node.readings(i, now), g))
+        samples.append(Sample(node.readings(i, now), g, (node.ecc_enabled(i), node.setting(i, "ecc_mode"))))
     out: list[str] = []
     for f in FIELDS:
         out.append(f"# HELP {f.name} {f.help}\n# TYPE {f.name} {f.kind}\n")

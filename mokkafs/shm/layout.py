@@ -52,6 +52,7 @@ RETIRED = libc.MOKKA_STATE_RETIRED  # the magic of a file the daemon left for a 
 VERSION = libc.MOKKA_STATE_VERSION
 MAX_GPUS = libc.MOKKA_MAX_GPUS
 MAX_GPU_PROCS = libc.MOKKA_MAX_GPU_PROCS
+ACCOUNTING_RECORDS = libc.MOKKA_ACCOUNTING_RECORDS
 RING = libc.MOKKA_EVENT_RING
 STATE_SIZE = ffi.sizeof("struct mokka_state")
 TSO = platform.machine() in ("x86_64", "AMD64", "i386", "i686")

@@ -18,7 +18,7 @@ from mokkafs.model import Node, Notification
 from mokkafs.model.config import COMPUTE_MODES
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS
 from mokkafs.model.node import LogEntry, Readings
-from mokkafs.shm.layout import MAGIC, MAX_GPU_PROCS, MAX_GPUS, RETIRED, RING, STATE_SIZE, VERSION, fence, ffi, libc
+from mokkafs.shm.layout import ACCOUNTING_RECORDS, MAGIC, MAX_GPU_PROCS, MAX_GPUS, RETIRED, RING, STATE_SIZE, VERSION, fence, ffi, libc
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,6 @@ def fill_static(g, node: Node, i: int) -> None:
     g.pcie_max_width = g.pcie_cur_width = p.pci.max_link_width
     g.has_fan = int(p.has_fan)
     g.fan_speed = p.fan_speed_pct or 0
-    g.ecc_enabled = int(p.memory.ecc)
     g.mig_capable = int(p.mig_capable)
     g.has_row_remapper = int(node.has_row_remapper)
     g.has_fabric = int(p.fabric is not None)
@@ -95,7 +94,6 @@ def fill_static(g, node: Node, i: int) -> None:
     g.pstate = 0
     c = p.clocks
     g.clock_max = [c.max_graphics, c.max_sm, c.max_mem, c.max_video]
-    g.clock_app = [c.default_app_graphics, c.default_app_graphics, c.default_app_mem, c.max_video]
     g.clock_default_app = [c.default_app_graphics, c.default_app_graphics, c.default_app_mem, c.max_video]
     g.power_default_limit = int(round(p.power.default_limit_w * 1000))
     g.power_min_limit = int(round(p.power.min_limit_w * 1000))
@@ -153,6 +151,11 @@ def fill_dynamic(g, node: Node, i: int, now: float) -> None:
     g.pcie_replay = st.pcie_replay
     g.persistence_mode = int(node.setting(i, "persistence"))
     g.compute_mode = COMPUTE_MODES[node.setting(i, "compute_mode")]
+    g.ecc_enabled = int(node.ecc_enabled(i))
+    g.ecc_pending = int(node.setting(i, "ecc_mode"))
+    g.accounting_mode = int(node.setting(i, "accounting"))
+    app_mem, app_graphics = node.setting(i, "applications_clocks")
+    g.clock_app = [app_graphics, app_graphics, app_mem, node.profile.clocks.max_video]
     fill_readings(g, node.readings(i, now))
     for scope, kind, row in ECC_ROWS:
         g.ecc[scope][kind] = [st.ecc[c] for c in row]
@@ -173,6 +176,18 @@ def fill_dynamic(g, node: Node, i: int, now: float) -> None:
     g.process_count = len(procs)
     for k, (pid, used) in enumerate(procs):
         g.processes[k].pid, g.processes[k].used_memory = pid, used
+
+
+def fill_accounting(a, node: Node, i: int) -> None:
+    """Write GPU `i`'s accounting records, oldest first, into the cffi struct `a`."""
+    records = list(node.accounting[i].values())[-ACCOUNTING_RECORDS:]
+    a.count = len(records)
+    for k, rec in enumerate(records):
+        r = a.records[k]
+        r.pid, r.is_running = rec.pid, int(rec.end is None)
+        r.gpu_utilization, r.memory_utilization = rec.utilization()
+        r.max_memory_usage, r.time_ms = rec.max_memory, rec.time_ms
+        r.start_time_us = int(rec.start * 1e6)
 
 
 def fill_gpu(g, node: Node, i: int, now: float) -> None:
@@ -198,6 +213,7 @@ class Publisher:
         # per node: its generation at the last publish.
         self._written: dict[tuple[int, int], int] = {}
         self._seen: dict[int, int] = {}
+        self._accounted: dict[tuple[int, int], int] = {}  # (node, GPU): accounting version written
         self._last_node: Node | None = None
         self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the file we write
         self._counters = (0, 0, 0)
@@ -446,6 +462,12 @@ class Publisher:
                 ffi.memmove(ffi.addressof(st.gpus, i), ffi.addressof(scratch, i), rec)
         for i, r in readings:
             fill_readings(st.gpus[i], r)
+        for i in targets:
+            # Accounting records only when they changed: a full buffer is 4000 of them.
+            key = (id(node), i)
+            if self._accounted.get(key) != node.accounting_version[i]:
+                fill_accounting(st.accounting[i], node, i)
+                self._accounted[key] = node.accounting_version[i]
         st.publish_time_ns = int(now * 1e9)
         st.generation += 1
         fence()  # every record before the even count

@@ -60,6 +60,10 @@
  * through /proc/<pid>/fd (start time checked) and hands the same record back
  * when the shim, having seen its connection close, reconnects.
  *
+ * Accounting (version 6): accounting[i] holds GPU i's accounting records
+ * (nvmlDeviceGetAccountingStats), oldest first, `count` of them; the daemon
+ * rewrites a GPU's buffer, under the seqlock, only when its records changed.
+ *
  * Restart: a daemon that finds a valid file of this version rewrites it in
  * place and continues `event_head`/`event_wake`, so consumers that hold the
  * mapping across a daemon restart keep working.
@@ -89,7 +93,7 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/shm/layout.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 5
+#define MOKKA_STATE_VERSION 6
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_CPU_WORDS 16         /* 1024 CPUs, what NVML's CPU masks carry */
 #define MOKKA_MAX_NVLINKS 18
@@ -102,6 +106,7 @@
 #define MOKKA_PROCS_MAGIC 0x53434f5250414b4d
 #define MOKKA_PROCS_VERSION 4
 #define MOKKA_PROCS_PER_UID 64
+#define MOKKA_ACCOUNTING_RECORDS 4000 /* per GPU: the real driver's buffer */
 
 struct mokka_gpu_process {
     uint32_t pid;
@@ -159,7 +164,7 @@ struct mokka_gpu {
     /* capabilities */
     uint32_t has_fan;
     uint32_t fan_speed;        /* percent */
-    uint32_t ecc_enabled;
+    uint32_t ecc_enabled;      /* ECC mode in effect (since the last reset) */
     uint32_t mig_capable;
     uint32_t has_row_remapper; /* 0: retires pages instead */
     uint32_t has_fabric;
@@ -236,7 +241,27 @@ struct mokka_gpu {
     uint32_t shared_memory_per_block_optin; /* bytes */
     uint32_t max_blocks_per_sm;
     uint32_t fp32_to_fp64_ratio;
+    /* settings (version 6) */
+    uint32_t ecc_pending;      /* ECC mode the next GPU reset brings (nvmlDeviceGetEccMode pending) */
+    uint32_t accounting_mode;  /* nvmlDeviceGetAccountingMode */
     uint32_t pad2;
+};
+
+/* One process's accounting on one GPU (nvmlAccountingStats_t), kept after it exits. */
+struct mokka_accounting_record {
+    uint32_t pid;
+    uint32_t is_running;
+    uint32_t gpu_utilization;  /* percent, over the process's life */
+    uint32_t memory_utilization;
+    uint64_t max_memory_usage; /* bytes */
+    uint64_t time_ms;          /* its life, filled in at exit (0 while it runs) */
+    uint64_t start_time_us;    /* CLOCK_REALTIME */
+};
+
+struct mokka_accounting {
+    uint32_t count;            /* records in use, oldest first */
+    uint32_t pad0;
+    struct mokka_accounting_record records[MOKKA_ACCOUNTING_RECORDS];
 };
 
 struct mokka_event {
@@ -265,6 +290,7 @@ struct mokka_state {
     char hostname[64];
     struct mokka_event ring[MOKKA_EVENT_RING];
     struct mokka_gpu gpus[MOKKA_MAX_GPUS];
+    struct mokka_accounting accounting[MOKKA_MAX_GPUS]; /* version 6; by GPU index */
 };
 
 /* One CUDA process's record (see above): written by that process, except `pid` and `others`. */

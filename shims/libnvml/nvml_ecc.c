@@ -11,9 +11,13 @@ nvmlReturn_t DECLDIR nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t
     DEV(device);
     ARG(current);
     ARG(pending);
-    uint32_t on;
-    SNAP(s, g->ecc_enabled, on);
-    *current = *pending = ENABLE_STATE(on);
+    uint32_t v[2];
+    MOKKA_CONSISTENT(s) {
+        v[0] = g->ecc_enabled;
+        v[1] = g->ecc_pending; /* set by nvmlDeviceSetEccMode, in effect after a reset */
+    }
+    *current = ENABLE_STATE(v[0]);
+    *pending = ENABLE_STATE(v[1]);
     return NVML_SUCCESS;
 }
 

@@ -68,3 +68,89 @@ nvmlReturn_t DECLDIR nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPr
     *processSamplesCount = 0;
     return NVML_ERROR_NOT_FOUND; /* no samples newer than the timestamp, as the driver says */
 }
+
+/* ---- accounting ----------------------------------------------------------------------- */
+
+/* nvml.h: the pids and stats answer NOT_SUPPORTED while accounting mode is disabled (the buffer's
+   size is there all the same: real -q shows "Accounting Mode Buffer Size : 4000" beside Disabled). */
+static nvmlReturn_t accounting_on(const struct mokka_state *s, const struct mokka_gpu *g)
+{
+    uint32_t on;
+    SNAP(s, g->accounting_mode, on);
+    return on ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+
+FIELD_GETTER(nvmlDeviceGetAccountingMode, nvmlEnableState_t, accounting_mode, DEV, ENABLE_STATE(v))
+
+nvmlReturn_t DECLDIR nvmlDeviceGetAccountingBufferSize(nvmlDevice_t device, unsigned int *bufferSize)
+{
+    DEV(device);
+    ARG(bufferSize);
+    *bufferSize = MOKKA_ACCOUNTING_RECORDS;
+    return NVML_SUCCESS;
+}
+
+/* The pids of the records, running and exited, oldest first. Count protocol as for processes:
+   *count too small is INSUFFICIENT_SIZE with the count needed. */
+nvmlReturn_t DECLDIR nvmlDeviceGetAccountingPids(nvmlDevice_t device, unsigned int *count, unsigned int *pids)
+{
+    DEV(device);
+    ARG(count);
+    nvmlReturn_t r = accounting_on(s, g);
+    if (r != NVML_SUCCESS)
+        return r;
+    const struct mokka_accounting *a = &s->accounting[gpu_index(s, g)];
+    uint32_t got[MOKKA_ACCOUNTING_RECORDS]; /* 16 KB of stack: no static TLS in a library loaded late */
+    uint32_t n;
+    MOKKA_CONSISTENT(s) {
+        n = __atomic_load_n(&a->count, __ATOMIC_RELAXED);
+        if (n > MOKKA_ACCOUNTING_RECORDS)
+            n = MOKKA_ACCOUNTING_RECORDS;
+        for (uint32_t k = 0; k < n; k++)
+            got[k] = a->records[k].pid;
+    }
+    unsigned room = *count;
+    *count = n;
+    if (room < n)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    if (n && !pids)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memcpy(pids, got, n * sizeof(*pids));
+    return NVML_SUCCESS;
+}
+
+/* The newest record of `pid` (a pid the kernel reused has a newer one). */
+nvmlReturn_t DECLDIR nvmlDeviceGetAccountingStats(nvmlDevice_t device, unsigned int pid, nvmlAccountingStats_t *stats)
+{
+    DEV(device);
+    ARG(stats);
+    nvmlReturn_t r = accounting_on(s, g);
+    if (r != NVML_SUCCESS)
+        return r;
+    const struct mokka_accounting *a = &s->accounting[gpu_index(s, g)];
+    struct mokka_accounting_record rec;
+    int found;
+    MOKKA_CONSISTENT(s) {
+        uint32_t n = __atomic_load_n(&a->count, __ATOMIC_RELAXED);
+        if (n > MOKKA_ACCOUNTING_RECORDS)
+            n = MOKKA_ACCOUNTING_RECORDS;
+        found = 0;
+        for (uint32_t k = n; k-- > 0;) {
+            if (a->records[k].pid == pid) {
+                memcpy(&rec, &a->records[k], sizeof(rec));
+                found = 1;
+                break;
+            }
+        }
+    }
+    if (!found)
+        return NVML_ERROR_NOT_FOUND;
+    memset(stats, 0, sizeof(*stats));
+    stats->gpuUtilization = rec.gpu_utilization;
+    stats->memoryUtilization = rec.memory_utilization;
+    stats->maxMemoryUsage = rec.max_memory_usage;
+    stats->time = rec.time_ms;
+    stats->startTime = rec.start_time_us;
+    stats->isRunning = rec.is_running;
+    return NVML_SUCCESS;
+}

@@ -126,3 +126,75 @@ nvmlReturn_t DECLDIR nvmlDeviceResetGpuLockedClocks(nvmlDevice_t device)
     DEVICE_INDEX(device, index);
     return set(index, "locked_clocks", "default");
 }
+
+nvmlReturn_t DECLDIR nvmlDeviceSetApplicationsClocks(nvmlDevice_t device, unsigned int memClockMHz,
+                                                     unsigned int graphicsClockMHz)
+{
+    DEVICE_INDEX(device, index);
+    char pair[32];
+    snprintf(pair, sizeof(pair), "%u %u", memClockMHz, graphicsClockMHz);
+    return set(index, "applications_clocks", pair); /* the daemon: a supported pair, or INVALID_ARGUMENT */
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceResetApplicationsClocks(nvmlDevice_t device)
+{
+    DEVICE_INDEX(device, index);
+    return set(index, "applications_clocks", "default");
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceSetMemoryLockedClocks(nvmlDevice_t device, unsigned int minMemClockMHz,
+                                                     unsigned int maxMemClockMHz)
+{
+    DEVICE_INDEX(device, index);
+    char range[32];
+    snprintf(range, sizeof(range), "%u %u", minMemClockMHz, maxMemClockMHz);
+    return set(index, "locked_memory_clocks", range);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceResetMemoryLockedClocks(nvmlDevice_t device)
+{
+    DEVICE_INDEX(device, index);
+    return set(index, "locked_memory_clocks", "default");
+}
+
+/* The pending mode; nvmlDeviceGetEccMode shows it as pending until the GPU is reset. */
+nvmlReturn_t DECLDIR nvmlDeviceSetEccMode(nvmlDevice_t device, nvmlEnableState_t ecc)
+{
+    DEVICE_INDEX(device, index);
+    if (ecc != NVML_FEATURE_DISABLED && ecc != NVML_FEATURE_ENABLED)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return set(index, "ecc_mode", ecc == NVML_FEATURE_ENABLED ? "1" : "0");
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceClearEccErrorCounts(nvmlDevice_t device, nvmlEccCounterType_t counterType)
+{
+    DEVICE_INDEX(device, index);
+    if (counterType != NVML_VOLATILE_ECC && counterType != NVML_AGGREGATE_ECC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return set(index, "clear_ecc", counterType == NVML_VOLATILE_ECC ? "volatile" : "aggregate");
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceSetAccountingMode(nvmlDevice_t device, nvmlEnableState_t mode)
+{
+    DEVICE_INDEX(device, index);
+    if (mode != NVML_FEATURE_DISABLED && mode != NVML_FEATURE_ENABLED)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return set(index, "accounting", mode == NVML_FEATURE_ENABLED ? "1" : "0");
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceClearAccountingPids(nvmlDevice_t device)
+{
+    DEVICE_INDEX(device, index);
+    return set(index, "clear_accounting", "1");
+}
+
+/* The daemon knows how many links the board has (a link beyond them: INVALID_ARGUMENT). */
+nvmlReturn_t DECLDIR nvmlDeviceResetNvLinkErrorCounters(nvmlDevice_t device, unsigned int link)
+{
+    DEVICE_INDEX(device, index);
+    if (link >= 18)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    char args[32];
+    snprintf(args, sizeof(args), "%u reset_errors", link);
+    return set(index, "nvlink", args);
+}

@@ -14,6 +14,7 @@
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
 #include "nvml.h"
 #include "mokka_client.h"
+#include "mokka_control.h"
 #include "smi_gen.h"
 
 #include <ctype.h>
@@ -72,7 +73,14 @@
     X(nvmlDeviceGetGspFirmwareVersion) X(nvmlDeviceGetPowerState) X(nvmlDeviceGetMarginTemperature)  \
     X(nvmlDeviceGetFieldValues) X(nvmlDeviceGetPciInfoExt) X(nvmlDeviceGetNvLinkRemoteDeviceType) \
     X(nvmlDeviceSetPersistenceMode) X(nvmlDeviceSetComputeMode) X(nvmlDeviceSetPowerManagementLimit) \
-    X(nvmlDeviceSetGpuLockedClocks) X(nvmlDeviceResetGpuLockedClocks)
+    X(nvmlDeviceSetGpuLockedClocks) X(nvmlDeviceResetGpuLockedClocks)                        \
+    X(nvmlDeviceSetApplicationsClocks) X(nvmlDeviceResetApplicationsClocks)                  \
+    X(nvmlDeviceSetMemoryLockedClocks) X(nvmlDeviceResetMemoryLockedClocks)                  \
+    X(nvmlDeviceSetEccMode) X(nvmlDeviceClearEccErrorCounts) X(nvmlDeviceSetAccountingMode)  \
+    X(nvmlDeviceClearAccountingPids) X(nvmlDeviceGetAccountingPids) X(nvmlDeviceGetAccountingMode)       \
+    X(nvmlDeviceGetAccountingBufferSize)                          \
+    X(nvmlDeviceGetAccountingStats) X(nvmlDeviceSetDefaultAutoBoostedClocksEnabled)          \
+    X(nvmlDeviceSetGpuOperationMode)
 
 #define DECLARE(f) static __typeof__(f) *p_##f;
 NVML_FUNCS(DECLARE)
@@ -449,6 +457,12 @@ static enum vr value(const struct dev *d, int key, char *out, size_t n)
     case K_persistence_mode:
         r = NV(nvmlDeviceGetPersistenceMode, h, &e1);
         return r == NVML_SUCCESS ? PUT("%s", e1 ? "Enabled" : "Disabled") : from(r);
+    case K_accounting_mode:
+        r = NV(nvmlDeviceGetAccountingMode, h, &e1);
+        return r == NVML_SUCCESS ? PUT("%s", e1 ? "Enabled" : "Disabled") : from(r);
+    case K_accounting_buffer_size:
+        r = NV(nvmlDeviceGetAccountingBufferSize, h, &u);
+        return r == NVML_SUCCESS ? PUT("%u", u) : from(r);
     case K_mig_mode_current: case K_mig_mode_pending:
         r = NV(nvmlDeviceGetMigMode, h, &u, &u2);
         if (r != NVML_SUCCESS)
@@ -1043,8 +1057,23 @@ static const struct { const char *name, *alias, *unit; } APP_FIELDS[] = {
     {0, 0, 0},
 };
 
+/* --query-accounted-apps: the records of nvmlDeviceGetAccountingPids/Stats (accounting mode on). */
+static const struct { const char *name, *alias, *unit; } ACCT_FIELDS[] = {
+    {"gpu_name", "", ""}, {"gpu_bus_id", "", ""}, {"gpu_serial", "", ""}, {"gpu_uuid", "", ""}, {"pid", "", ""},
+    {"gpu_utilization", "gpu_util", "%"}, {"mem_utilization", "mem_util", "%"},
+    {"max_memory_usage", "", "MiB"}, {"time", "", "ms"}, {0, 0, 0},
+};
+
+static int parse_fields_of(const char *list, int *idx, const char **spelled, int cap, int accounted);
+
 static int parse_app_fields(const char *list, int *idx, const char **spelled, int cap)
 {
+    return parse_fields_of(list, idx, spelled, cap, 0);
+}
+
+static int parse_fields_of(const char *list, int *idx, const char **spelled, int cap, int accounted)
+{
+    const __typeof__(APP_FIELDS[0]) *T = accounted ? (const __typeof__(APP_FIELDS[0]) *)ACCT_FIELDS : APP_FIELDS;
     char buf[2048];
     snprintf(buf, sizeof(buf), "%s", list);
     int n = 0;
@@ -1053,10 +1082,10 @@ static int parse_app_fields(const char *list, int *idx, const char **spelled, in
         while (*t == ' ')
             t++;
         int k;
-        for (k = 0; APP_FIELDS[k].name; k++)
-            if (!strcasecmp(t, APP_FIELDS[k].name) || (*APP_FIELDS[k].alias && !strcasecmp(t, APP_FIELDS[k].alias)))
+        for (k = 0; T[k].name; k++)
+            if (!strcasecmp(t, T[k].name) || (*T[k].alias && !strcasecmp(t, T[k].alias)))
                 break;
-        if (!APP_FIELDS[k].name) {
+        if (!T[k].name) {
             printf("Field \"%s\" is not a valid field to query.\n\n", t);
             return -1;
         }
@@ -1094,6 +1123,40 @@ static void query_apps_once(const int *idx, int n)
                     if (ps[j].mem != (unsigned long long)NVML_VALUE_NOT_AVAILABLE)
                         snprintf(v, sizeof(v), g_nounits ? "%llu" : "%llu MiB", ps[j].mem >> 20);
                     break;
+                }
+                printf("%s%s", c ? ", " : "", v);
+            }
+            printf("\n");
+        }
+    }
+}
+
+static void query_accounted_once(const int *idx, int n)
+{
+    for (unsigned i = 0; i < g_ndevs; i++) {
+        const struct dev *d = &g_devs[i];
+        if (d->err != NVML_SUCCESS)
+            continue;
+        static unsigned pids[MOKKA_ACCOUNTING_RECORDS];
+        unsigned np = MOKKA_ACCOUNTING_RECORDS;
+        if (NV(nvmlDeviceGetAccountingPids, d->h, &np, pids) != NVML_SUCCESS)
+            continue; /* accounting mode off: nothing to list */
+        for (unsigned j = 0; j < np; j++) {
+            nvmlAccountingStats_t st;
+            if (NV(nvmlDeviceGetAccountingStats, d->h, pids[j], &st) != NVML_SUCCESS)
+                continue;
+            for (int c = 0; c < n; c++) {
+                char v[256] = "[N/A]";
+                switch (idx[c]) {
+                case 0: if (value(d, K_name, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
+                case 1: if (value(d, K_pci_bus_id, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
+                case 2: if (value(d, K_serial, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
+                case 3: if (value(d, K_uuid, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
+                case 4: snprintf(v, sizeof(v), "%u", pids[j]); break;
+                case 5: snprintf(v, sizeof(v), g_nounits ? "%u" : "%u %%", st.gpuUtilization); break;
+                case 6: snprintf(v, sizeof(v), g_nounits ? "%u" : "%u %%", st.memoryUtilization); break;
+                case 7: snprintf(v, sizeof(v), g_nounits ? "%llu" : "%llu MiB", st.maxMemoryUsage >> 20); break;
+                case 8: snprintf(v, sizeof(v), g_nounits ? "%llu" : "%llu ms", st.time); break;
                 }
                 printf("%s%s", c ? ", " : "", v);
             }
@@ -1644,19 +1707,23 @@ static int cmd_pmon(long count, long delay_s)
     return 0;
 }
 
-/* ---- configuration commands (-pm, -c, -pl, -lgc, -rgc) --------------------------------- */
+/* ---- configuration commands (-pm, -c, -pl, -lgc, -rgc, -ac, -rac, -lmc, -rmc, -e, -p, -am, -caa,
+   --auto-boost-default, --gom, -r) ----------------------------------------------------------- */
 
 /* One setting for every selected GPU, in index order, through NVML's setters (which send it to
    the daemon). The first failure ends the run, as the real tool's "Terminating early" does; the
    exit code is the NVML error (4 for NO_PERMISSION, as real captures show). Messages and their
    sources: docs/nvidia-smi.md, "Configuration commands". */
-enum set_kind { SET_NONE, SET_PM, SET_CM, SET_PL, SET_LGC, SET_RGC };
+enum set_kind { SET_NONE, SET_PM, SET_CM, SET_PL, SET_LGC, SET_RGC, SET_AC, SET_RAC, SET_LMC, SET_RMC, SET_ECC,
+                SET_CLEAR_ECC, SET_AM, SET_CAA, SET_AUTO_BOOST, SET_GOM, SET_RESET };
 
 struct set_cmd {
     enum set_kind kind;
-    unsigned value;             /* PM: 0/1; CM: nvmlComputeMode_t; PL: milliwatts; LGC: min MHz */
-    unsigned value2;            /* LGC: max MHz */
-    char lgc_text[2][16];       /* LGC: the values as given ("1500", "tdp"), as the tool echoes them */
+    unsigned value;             /* PM, ECC, AM, AUTO_BOOST: 0/1; CM: nvmlComputeMode_t; PL: milliwatts;
+                                   LGC, LMC: min MHz; AC: memory MHz; CLEAR_ECC: nvmlEccCounterType_t;
+                                   GOM: nvmlGpuOperationMode_t */
+    unsigned value2;            /* LGC, LMC: max MHz; AC: graphics MHz */
+    char lgc_text[2][16];       /* LGC, LMC: the values as given ("1500", "tdp"), as the tool echoes them */
 };
 
 static const char MSG_TERMINATING[] = "Terminating early due to previous errors.\n";
@@ -1729,6 +1796,64 @@ static void set_bus_id(const struct dev *d, char *out, size_t n)
         snprintf(out, n, "%s", pci.busId);
     else
         lost_bus_id(d->index, out, n);
+}
+
+/* "MEM,GRAPHICS" of -ac: two clocks in MHz. */
+static int parse_ac(const char *v, struct set_cmd *c)
+{
+    char buf[64];
+    if (strlen(v) >= sizeof(buf))
+        return -1;
+    snprintf(buf, sizeof(buf), "%s", v);
+    char *comma = strchr(buf, ',');
+    if (!comma)
+        return -1;
+    *comma = 0;
+    if (!strcasecmp(buf, "tdp") || !strcasecmp(comma + 1, "tdp"))
+        return -1;
+    return parse_clock(buf, &c->value) || parse_clock(comma + 1, &c->value2) ? -1 : 0;
+}
+
+/* -gom: 0/ALL_ON, 1/COMPUTE, 2/LOW_DP. */
+static int parse_gom(const char *v, unsigned *out)
+{
+    static const char *const names[] = {"ALL_ON", "COMPUTE", "LOW_DP"};
+    for (unsigned m = 0; m < 3; m++)
+        if ((v[0] == (char)('0' + m) && !v[1]) || !strcasecmp(v, names[m]))
+            return *out = m, 0;
+    return -1;
+}
+
+/* A setter the board does not offer: the tool warns and goes on (exit 0), as real ones do for
+   -ac and --auto-boost-default on boards without them. */
+static void not_supported_warning(const char *what, const char *bus)
+{
+    printf("%s is not supported for GPU %s.\nTreating as warning and moving on.\n", what, bus);
+}
+
+static int set_failed(nvmlReturn_t r);
+
+/* -r: NVML has no public reset, so the tool asks the daemon, as the real one asks its driver:
+   the node's `reset` command for this GPU, through the control socket beside the state file
+   the loaded NVML reads (mokka_control.h). */
+static int reset_gpu(const struct dev *d, const char *bus)
+{
+    static const nvmlReturn_t as_nvml[] = {
+        [MOKKA_CTL_OK] = NVML_SUCCESS, [MOKKA_CTL_NO_PERMISSION] = NVML_ERROR_NO_PERMISSION,
+        [MOKKA_CTL_INVALID_ARGUMENT] = NVML_ERROR_INVALID_ARGUMENT, [MOKKA_CTL_NOT_SUPPORTED] = NVML_ERROR_NOT_SUPPORTED,
+        [MOKKA_CTL_GPU_IS_LOST] = NVML_ERROR_GPU_IS_LOST, [MOKKA_CTL_BUSY] = NVML_ERROR_UNKNOWN,
+        [MOKKA_CTL_ERROR] = NVML_ERROR_UNKNOWN, [MOKKA_CTL_NO_DAEMON] = NVML_ERROR_UNKNOWN,
+    };
+    char line[64];
+    (void)state_of(d->index); /* maps the node's state, which names the socket */
+    snprintf(line, sizeof(line), "gpu=%u reset 1", d->index);
+    nvmlReturn_t r = as_nvml[mokka_control(line, NULL, 0)];
+    if (r != NVML_SUCCESS) {
+        printf("Unable to reset GPU %s: %s\n", bus, nvml_error(r));
+        return set_failed(r);
+    }
+    printf("GPU %s was successfully reset.\n", bus);
+    return 0;
 }
 
 static int set_failed(nvmlReturn_t r)
@@ -1804,6 +1929,109 @@ static int set_one(const struct set_cmd *c, const struct dev *d)
         if (c->kind == SET_LGC)
             printf("GPU clocks set to \"(gpuClkMin %s, gpuClkMax %s)\" for GPU %s\n", c->lgc_text[0], c->lgc_text[1], bus);
         return 0;
+    case SET_LMC:
+    case SET_RMC:
+        r = c->kind == SET_LMC ? NV(nvmlDeviceSetMemoryLockedClocks, d->h, c->value, c->value2)
+                               : NV(nvmlDeviceResetMemoryLockedClocks, d->h);
+        if (r == NVML_ERROR_NO_PERMISSION) {
+            printf("The current user does not have permission to change clocks for GPU %s.\n", bus);
+            return set_failed(r);
+        }
+        if (r != NVML_SUCCESS) {
+            printf("Failed to %s memory clocks for GPU %s: %s\n", c->kind == SET_LMC ? "lock" : "reset", bus,
+                   nvml_error(r));
+            return set_failed(r);
+        }
+        if (c->kind == SET_LMC)
+            printf("Memory clocks set to \"(memClkMin %s, memClkMax %s)\" for GPU %s\n", c->lgc_text[0], c->lgc_text[1],
+                   bus);
+        return 0;
+    case SET_AC:
+    case SET_RAC:
+        r = c->kind == SET_AC ? NV(nvmlDeviceSetApplicationsClocks, d->h, c->value, c->value2)
+                              : NV(nvmlDeviceResetApplicationsClocks, d->h);
+        if (r == NVML_ERROR_NOT_SUPPORTED) {
+            not_supported_warning(c->kind == SET_AC ? "Setting applications clocks" : "Resetting applications clocks",
+                                  bus);
+            return 0;
+        }
+        if (r == NVML_ERROR_NO_PERMISSION) {
+            printf("The current user does not have permission to change clocks for GPU %s.\n", bus);
+            return set_failed(r);
+        }
+        if (r == NVML_ERROR_INVALID_ARGUMENT && c->kind == SET_AC) {
+            printf("Specified clock combination \"(MEM %u, SM %u)\" is not supported for GPU %s. Run 'nvidia-smi -q -d "
+                   "SUPPORTED_CLOCKS' to see list of supported clock combinations\n", c->value, c->value2, bus);
+            return set_failed(r);
+        }
+        if (r != NVML_SUCCESS) {
+            printf("Failed to %s applications clocks for GPU %s: %s\n", c->kind == SET_AC ? "set" : "reset", bus,
+                   nvml_error(r));
+            return set_failed(r);
+        }
+        if (c->kind == SET_AC) /* -rac prints only the closing "All done." */
+            printf("Applications clocks set to \"(MEM %u, SM %u)\" for GPU %s\n", c->value, c->value2, bus);
+        return 0;
+    case SET_ECC:
+        r = NV(nvmlDeviceSetEccMode, d->h, c->value ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED);
+        if (r != NVML_SUCCESS) {
+            printf("Unable to set the ECC mode for GPU %s: %s\n", bus, nvml_error(r));
+            return set_failed(r);
+        }
+        printf("%s ECC support for GPU %s.\n", c->value ? "Enabled" : "Disabled", bus);
+        return 0;
+    case SET_CLEAR_ECC:
+        r = NV(nvmlDeviceClearEccErrorCounts, d->h, (nvmlEccCounterType_t)c->value);
+        if (r != NVML_SUCCESS) {
+            printf("Unable to reset ECC error count for GPU %s: %s\n", bus, nvml_error(r));
+            return set_failed(r);
+        }
+        printf("Reset %s ECC errors to zero for GPU %s.\n", c->value == NVML_AGGREGATE_ECC ? "aggregate" : "volatile",
+               bus);
+        return 0;
+    case SET_AM:
+        r = NV(nvmlDeviceSetAccountingMode, d->h, c->value ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED);
+        if (r != NVML_SUCCESS) {
+            printf("Unable to set accounting mode for GPU %s: %s\n", bus, nvml_error(r));
+            return set_failed(r);
+        }
+        printf("%s Accounting Mode for GPU %s.\n", c->value ? "Enabled" : "Disabled", bus);
+        return 0;
+    case SET_CAA:
+        r = NV(nvmlDeviceClearAccountingPids, d->h);
+        if (r != NVML_SUCCESS) {
+            printf("Unable to clear accounted PIDs for GPU %s: %s\n", bus, nvml_error(r));
+            return set_failed(r);
+        }
+        printf("Cleared Accounted PIDs for GPU %s.\n", bus);
+        return 0;
+    case SET_AUTO_BOOST:
+        r = NV(nvmlDeviceSetDefaultAutoBoostedClocksEnabled, d->h,
+               c->value ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED, 0);
+        if (r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_FUNCTION_NOT_FOUND) {
+            printf("Enabling/disabling default auto boosted clocks is not supported for GPU: %s.\nTreating as warning "
+                   "and moving on.\n", bus);
+            return 0;
+        }
+        if (r != NVML_SUCCESS) {
+            printf("Unable to set default auto boosted clocks for GPU %s: %s\n", bus, nvml_error(r));
+            return set_failed(r);
+        }
+        return 0;
+    case SET_GOM:
+        r = NV(nvmlDeviceSetGpuOperationMode, d->h, (nvmlGpuOperationMode_t)c->value);
+        if (r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_FUNCTION_NOT_FOUND) {
+            not_supported_warning("Setting GPU operation mode", bus);
+            return 0;
+        }
+        if (r != NVML_SUCCESS) {
+            printf("Unable to set GPU operation mode for GPU %s: %s\n", bus, nvml_error(r));
+            return set_failed(r);
+        }
+        printf("GPU operation mode set for GPU %s.\n", bus);
+        return 0;
+    case SET_RESET:
+        return reset_gpu(d, bus);
     default:
         return 0;
     }
@@ -1823,7 +2051,53 @@ static int cmd_set(const struct set_cmd *c)
         }
     }
     printf("All done.\n");
+    if (c->kind == SET_ECC) /* the new mode is pending until the GPU is reset */
+        printf("Reboot required.\n");
     return 0;
+}
+
+/* The configuration options, as the help names them: long, short (NULL: none), what they set. */
+static const struct {
+    const char *longname, *shortname;
+    enum set_kind kind;
+    int takes_value;
+} SET_OPTIONS[] = {
+    {"--persistence-mode", "-pm", SET_PM, 1}, {"--compute-mode", "-c", SET_CM, 1},
+    {"--power-limit", "-pl", SET_PL, 1}, {"--lock-gpu-clocks", "-lgc", SET_LGC, 1},
+    {"--reset-gpu-clocks", "-rgc", SET_RGC, 0}, {"--applications-clocks", "-ac", SET_AC, 1},
+    {"--reset-applications-clocks", "-rac", SET_RAC, 0}, {"--lock-memory-clocks", "-lmc", SET_LMC, 1},
+    {"--reset-memory-clocks", "-rmc", SET_RMC, 0}, {"--ecc-config", "-e", SET_ECC, 1},
+    {"--reset-ecc-errors", "-p", SET_CLEAR_ECC, 1}, {"--accounting-mode", "-am", SET_AM, 1},
+    {"--clear-accounted-apps", "-caa", SET_CAA, 0}, {"--auto-boost-default", NULL, SET_AUTO_BOOST, 1},
+    {"--gom", NULL, SET_GOM, 1}, {"--gpu-reset", "-r", SET_RESET, 0},
+};
+
+static int is_opt(const char *a, const char *longname, const char *shortname);
+
+static int set_option(const char *a)
+{
+    for (int k = 0; k < (int)(sizeof(SET_OPTIONS) / sizeof(SET_OPTIONS[0])); k++)
+        if (is_opt(a, SET_OPTIONS[k].longname, SET_OPTIONS[k].shortname))
+            return k;
+    return -1;
+}
+
+/* The value of c->kind's option into c; -1 if it does not parse. */
+static int parse_set_value(const char *v, struct set_cmd *c)
+{
+    switch (c->kind) {
+    case SET_PM: case SET_ECC: case SET_AM: case SET_AUTO_BOOST: return parse_enable(v, &c->value);
+    case SET_CM: return parse_compute_mode(v, &c->value);
+    case SET_PL: return parse_watts(v, &c->value);
+    case SET_LGC: case SET_LMC: return parse_lgc(v, c);
+    case SET_AC: return parse_ac(v, c);
+    case SET_GOM: return parse_gom(v, &c->value);
+    case SET_CLEAR_ECC: /* 0: volatile, 1: aggregate (nvmlEccCounterType_t) */
+        if ((v[0] == '0' || v[0] == '1') && !v[1])
+            return c->value = (unsigned)(v[0] - '0'), 0;
+        return -1;
+    default: return -1;
+    }
 }
 
 /* ---- command line --------------------------------------------------------------------- */
@@ -1879,11 +2153,11 @@ static int is_opt(const char *a, const char *longname, const char *shortname)
 
 int main(int argc, char **argv)
 {
-    enum { M_TABLE, M_LIST, M_QUERY, M_XML, M_QGPU, M_QAPPS, M_TOPO, M_NVLINK, M_DMON, M_PMON, M_VERSION } mode = M_TABLE;
+    enum { M_TABLE, M_LIST, M_QUERY, M_XML, M_QGPU, M_QAPPS, M_QACCT, M_TOPO, M_NVLINK, M_DMON, M_PMON, M_VERSION } mode = M_TABLE;
     const char *ids = NULL, *fields = NULL, *format = NULL, *dsections = NULL;
     long loop_ms = 0, count = 0, delay = 1;
     char nvmode = 0;
-    int q = 0, x = 0, nset = 0;
+    int q = 0, x = 0, nset = 0, k;
     struct set_cmd set = {0};
 
     setvbuf(stdout, NULL, _IOFBF, 1 << 16);
@@ -1937,22 +2211,17 @@ int main(int argc, char **argv)
                 return printf("%s", MSG_INVALID), EXIT_INVALID;
         } else if ((mode == M_DMON || mode == M_PMON) && (is_opt(a, "--count", "-c") || is_opt(a, "--delay", "-d"))) {
             return printf("%s", MSG_INVALID), EXIT_INVALID;  /* -c / -d without a value */
-        } else if (argi == 1 && (is_opt(a, "--persistence-mode", "-pm") || is_opt(a, "--compute-mode", "-c") ||
-                                 is_opt(a, "--power-limit", "-pl") || is_opt(a, "--lock-gpu-clocks", "-lgc"))) {
-            /* Device modification options: "[any one of]", each with a value. */
-            int pm = is_opt(a, "--persistence-mode", "-pm"), cm = is_opt(a, "--compute-mode", "-c");
-            int pl = is_opt(a, "--power-limit", "-pl");
-            v = opt_value(argc, argv, &i, pm ? "--persistence-mode" : cm ? "--compute-mode" : pl ? "--power-limit"
-                                                                                          : "--lock-gpu-clocks",
-                          pm ? "-pm" : cm ? "-c" : pl ? "-pl" : "-lgc");
-            set.kind = pm ? SET_PM : cm ? SET_CM : pl ? SET_PL : SET_LGC;
+        } else if (argi == 1 && (k = set_option(a)) >= 0) {
+            /* Device modification options: "[any one of]", each with a value or none. */
+            set.kind = SET_OPTIONS[k].kind;
             nset++;
-            if (!v || (pm ? parse_enable(v, &set.value) : cm ? parse_compute_mode(v, &set.value)
-                       : pl ? parse_watts(v, &set.value) : parse_lgc(v, &set)))
+            if (SET_OPTIONS[k].takes_value) {
+                v = opt_value(argc, argv, &i, SET_OPTIONS[k].longname, SET_OPTIONS[k].shortname);
+                if (!v || parse_set_value(v, &set))
+                    return printf("%s", MSG_INVALID), EXIT_INVALID;
+            } else if (strchr(a, '=')) {
                 return printf("%s", MSG_INVALID), EXIT_INVALID;
-        } else if (argi == 1 && (!strcmp(a, "-rgc") || !strcmp(a, "--reset-gpu-clocks"))) {
-            set.kind = SET_RGC;
-            nset++;
+            }
         } else if (is_opt(a, "--id", "-i")) {
             ids = opt_value(argc, argv, &i, "--id", "-i");
             if (!ids || !*ids)
@@ -1965,6 +2234,9 @@ int main(int argc, char **argv)
         } else if (is_opt(a, "--query-compute-apps", NULL)) {
             fields = opt_value(argc, argv, &i, "--query-compute-apps", NULL);
             mode = M_QAPPS;
+        } else if (is_opt(a, "--query-accounted-apps", NULL)) {
+            fields = opt_value(argc, argv, &i, "--query-accounted-apps", NULL);
+            mode = M_QACCT;
         } else if (is_opt(a, "--format", NULL)) {
             format = opt_value(argc, argv, &i, "--format", NULL);
         } else if (is_opt(a, "--display", "-d")) {
@@ -1996,7 +2268,7 @@ int main(int argc, char **argv)
     }
     if (mode == M_TABLE && q)
         mode = x ? M_XML : M_QUERY;
-    if ((mode == M_QGPU || mode == M_QAPPS) && (!fields || !*fields || !format || parse_format(format) != 0)) {
+    if ((mode == M_QGPU || mode == M_QAPPS || mode == M_QACCT) && (!fields || !*fields || !format || parse_format(format) != 0)) {
         printf("%s", MSG_INVALID);
         return EXIT_INVALID;
     }
@@ -2034,8 +2306,8 @@ int main(int argc, char **argv)
         ncols = parse_gpu_fields(fields, cols, 512);
         if (ncols <= 0)
             return EXIT_INVALID;
-    } else if (mode == M_QAPPS) {
-        ncols = parse_app_fields(fields, app_idx, app_spelled, 16);
+    } else if (mode == M_QAPPS || mode == M_QACCT) {
+        ncols = parse_fields_of(fields, app_idx, app_spelled, 16, mode == M_QACCT);
         if (ncols <= 0)
             return EXIT_INVALID;
     }
@@ -2061,16 +2333,21 @@ int main(int argc, char **argv)
             rc = g_exit;
             break;
         case M_QAPPS:
+        case M_QACCT:
             if (it == 0 && !g_noheader) {
                 for (int c = 0; c < ncols; c++) {
                     size_t l = strcspn(app_spelled[c], ",");
+                    const char *unit = mode == M_QACCT ? ACCT_FIELDS[app_idx[c]].unit : APP_FIELDS[app_idx[c]].unit;
                     printf("%s%.*s", c ? ", " : "", (int)l, app_spelled[c]);
-                    if (!g_nounits && *APP_FIELDS[app_idx[c]].unit)
-                        printf(" [%s]", APP_FIELDS[app_idx[c]].unit);
+                    if (!g_nounits && *unit)
+                        printf(" [%s]", unit);
                 }
                 printf("\n");
             }
-            query_apps_once(app_idx, ncols);
+            if (mode == M_QACCT)
+                query_accounted_once(app_idx, ncols);
+            else
+                query_apps_once(app_idx, ncols);
             rc = 0;
             break;
         default: rc = cmd_table(); break;
