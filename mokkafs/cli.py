@@ -27,7 +27,7 @@ READY_TIMEOUT_S = 30
 # the kinds are the GPU commands of model/commands.py (spelled out here so that parsing arguments
 # needs none of the model's imports).
 INJECT_KINDS = ("accounting", "applications_clocks", "clear_accounting", "clear_ecc", "clocks", "compute_mode", "ecc",
-                "ecc_mode", "locked_clocks", "locked_memory_clocks", "lost", "memory_used", "nvlink", "persistence",
+                "ecc_mode", "locked_clocks", "locked_memory_clocks", "lost", "memory_used", "mig", "nvlink", "persistence",
                 "power", "power_limit", "reset", "temperature", "throttle", "utilization", "xid")
 
 

@@ -59,7 +59,7 @@ GOOD = [
 ]
 
 GPU_VERBS = ("accounting, applications_clocks, clear_accounting, clear_ecc, clocks, compute_mode, ecc, ecc_mode, "
-             "locked_clocks, locked_memory_clocks, lost, memory_used, nvlink, persistence, power, power_limit, "
+             "locked_clocks, locked_memory_clocks, lost, memory_used, mig, nvlink, persistence, power, power_limit, "
              "reset, temperature, throttle, utilization, xid")
 BAD = [
     ("", "empty command or control characters"),
@@ -175,6 +175,9 @@ SHARED = [
     ("gpu=3", "locked_memory_clocks", "1000 2619"), ("gpu=1", "clear_ecc", "volatile"), ("gpu=1", "clear_ecc", "aggregate"),
     ("gpu=1", "clear_ecc", "all"), ("gpu=2", "clear_accounting", "1"), ("gpu=2", "clear_accounting", "0"),
     ("gpu=0", "nvlink", "3 reset_errors"), ("gpu=0", "nvlink", "18 reset_errors"),
+    # MIG: state-independent lines only (the socket applies what it accepts; disabling a disabled GPU changes nothing)
+    ("gpu=0", "mig", "disable"), ("gpu=0", "mig", "create_gi 19:9"), ("gpu=0", "mig", "explode"),
+    ("gpu=1", "mig", "create 5g.50gb"), ("gpu=1", "mig", "create_gi 3g.40gb:2"),
 ]
 
 

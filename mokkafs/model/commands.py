@@ -19,6 +19,7 @@ agent's annotations and scenario steps are spellings of these commands and parse
     gpu=N      locked_memory_clocks MIN_MHZ MAX_MHZ|default    (control socket)
     gpu=N      clear_ecc    volatile|aggregate                 (control socket)
     gpu=N      clear_accounting 1                              (control socket)
+    gpu=N      mig          enable|disable, create LIST, ...   (control socket; gpuN/mig shows it; docs/mig.md)
     node       reset        1                                  node/reset
     hca=N      port         up|down|errors [COUNTER] COUNT     ib/mlx5_N/port1
 
@@ -35,6 +36,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from mokkafs.model import mig
 from mokkafs.model.config import SETTINGS, parse_setting
 from mokkafs.model.events import (
     MAX_COUNT,
@@ -241,6 +243,7 @@ _VERBS = (
     # Actions on a GPU's books, through the control socket like the settings (NVML's setters).
     Verb("clear_ecc", "gpu", None, "volatile|aggregate", _clear_ecc),
     Verb("clear_accounting", "gpu", None, "1", _clear_accounting, default="1"),
+    Verb("mig", "gpu", None, mig.USAGE, mig.parse),
     Verb("reset", "node", "reset", "1", _reset, default="1"),
     Verb("port", "hca", "port1", "up|down, errors [COUNTER] COUNT", _ib_port),
 )
