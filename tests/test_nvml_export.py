@@ -125,6 +125,14 @@ def test_identified_entries(nvml, node):
     assert entry(words, 72, C.c_void_p, C.POINTER(C.c_uint))(h0, C.byref(a)) == SUCCESS and a.value == 1
     assert entry(words, 108, C.c_void_p, C.POINTER(C.c_uint))(h0, C.byref(a)) == SUCCESS
     assert a.value == pub.publisher._st.gpus[0].power_enforced_limit > 0
+    part = C.create_string_buffer(0x50)
+    assert entry(words, 231, C.c_void_p, C.c_char_p, C.c_uint)(h0, part, 0x50) == SUCCESS
+    assert part.value == ffi.string(pub.publisher._st.gpus[0].gpu_part_number) != b""
+    assert entry(words, 231, C.c_void_p, C.c_char_p, C.c_uint)(h0, part, 3) == INSUFFICIENT_SIZE
+    margin = C.c_int()
+    assert entry(words, 240, C.c_void_p, C.POINTER(C.c_int))(h0, C.byref(margin)) == SUCCESS
+    st = pub.publisher._st.gpus[0]
+    assert margin.value == st.temp_tlimit - st.temp_gpu
     # topo -m's cell: an HGX H100's GPUs reach each other through 18 NVLinks each (NV18 = 4 + 18)
     topo = entry(words, 23, C.c_char_p, C.c_char_p, C.POINTER(C.c_uint))
     bus = [ffi.string(pub.publisher._st.gpus[i].bus_id) for i in (0, 1)]

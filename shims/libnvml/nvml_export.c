@@ -34,6 +34,8 @@ enum {
     E_PROCS_COMPUTE = 213,    /* 0x6a8, 525 and later */
     E_PROCS_GRAPHICS = 214,   /* 0x6b0 */
     E_PROCS_MPS = 215,        /* 0x6b8 */
+    E_GPU_PART_NUMBER = 231,  /* 0x738, 525 and later */
+    E_TLIMIT_MARGIN = 240,    /* 0x780, 535 and later */
 };
 
 /* ---- entries -------------------------------------------------------------------------- */
@@ -80,6 +82,25 @@ static nvmlReturn_t entry_enforced_power(nvmlDevice_t device, unsigned int *mill
     return nvmlDeviceGetEnforcedPowerLimit(device, milliwatts);
 }
 
+/* (device, char *buf, unsigned length): -q's "GPU Part Number" (the tool passes 0x50 bytes). */
+static nvmlReturn_t entry_gpu_part_number(nvmlDevice_t device, char *buf, unsigned int length)
+{
+    DEV_STATIC(device);
+    return STRING(g->gpu_part_number, buf, length);
+}
+
+/* (device, int *degrees): -q's "GPU T.Limit Temp", the margin below T.Limit; the public
+   nvmlDeviceGetMarginTemperature's answer (NOT_SUPPORTED before Hopper). */
+static nvmlReturn_t entry_tlimit_margin(nvmlDevice_t device, int *degrees)
+{
+    ARG(degrees);
+    nvmlMarginTemperature_t m = {.version = nvmlMarginTemperature_v1};
+    nvmlReturn_t r = nvmlDeviceGetMarginTemperature(device, &m);
+    if (r == NVML_SUCCESS)
+        *degrees = m.marginTemperature;
+    return r;
+}
+
 /* NVLinks between GPU records a and b: direct links to b, else (both behind NVSwitches) the
    smaller number of switch links, as every GPU reaches every other through all of its links.
    The same rule as our own nvidia-smi's `topo -m`. */
@@ -104,24 +125,145 @@ static unsigned nvlinks_between(const struct mokka_gpu *a, const struct mokka_gp
     return a_sw < b_sw ? a_sw : b_sw;
 }
 
-static int gpu_by_bus_id(const struct mokka_state *s, const char *bus_id)
+/* ---- topo -m's path between two PCI functions ------------------------------------------- */
+
+/* nvmlGpuTopologyLevel_t as topo -m's path code: 0 PIX, 1 PXB, 2 PHB, 3 NODE, 4 SYS. */
+static unsigned level_path(unsigned level)
 {
-    char text[64];
-    memcpy(text, bus_id, sizeof(text) - 1); /* the caller's buffers are 32 bytes or more */
-    text[sizeof(text) - 1] = '\0';
-    struct mokka_bus_id id;
-    if (mokka_parse_bus_id(text, &id) != 0)
+    switch (level) {
+    case NVML_TOPOLOGY_INTERNAL:
+    case NVML_TOPOLOGY_SINGLE: return 0;
+    case NVML_TOPOLOGY_MULTIPLE: return 1;
+    case NVML_TOPOLOGY_HOSTBRIDGE: return 2;
+    case NVML_TOPOLOGY_NODE: return 3;
+    default: return 4;
+    }
+}
+
+/* A function's place in the PCI tree as sysfs shows it (under `mokka run`, the mirror of the
+   model's tree): the components of its /sys/devices path, host bridge first
+   ("pci0000:15", "0000:15:01.0", ..., the function itself). */
+#define MAX_DEPTH 16
+struct pci_chain {
+    char path[512];
+    const char *comp[MAX_DEPTH];
+    int n;
+};
+
+static int pci_chain(const struct mokka_bus_id *id, struct pci_chain *c)
+{
+    char link[96];
+    snprintf(link, sizeof(link), "/sys/bus/pci/devices/%04x:%02x:%02x.%x", id->domain & 0xFFFF, id->bus, id->device,
+             id->function);
+    int saved = errno;
+    char *real = realpath(link, NULL);
+    errno = saved;
+    if (!real)
         return -1;
+    const char *under = strstr(real, "/devices/");
+    int ok = under && strlen(under) < sizeof(c->path);
+    if (ok)
+        snprintf(c->path, sizeof(c->path), "%s", under + strlen("/devices/"));
+    free(real);
+    if (!ok)
+        return -1;
+    c->n = 0;
+    for (char *p = c->path; *p && c->n < MAX_DEPTH;) {
+        c->comp[c->n++] = p;
+        char *slash = strchr(p, '/');
+        if (!slash)
+            break;
+        *slash = '\0';
+        p = slash + 1;
+    }
+    return c->n >= 2 ? 0 : -1;
+}
+
+/* Read a small sysfs attribute of component k of c (the function whose chain ends there). */
+static ssize_t sysfs_read(const struct pci_chain *c, int k, const char *attr, void *buf, size_t n)
+{
+    char path[640] = "/sys/devices";
+    size_t o = strlen(path);
+    for (int i = 0; i <= k + 1; i++) {
+        const char *part = i <= k ? c->comp[i] : attr;
+        size_t len = strlen(part);
+        if (o + 1 + len + 1 > sizeof(path))
+            return -1;
+        path[o++] = '/';
+        memcpy(path + o, part, len + 1);
+        o += len;
+    }
+    int saved = errno;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t got = fd >= 0 ? read(fd, buf, n) : -1;
+    if (fd >= 0)
+        close(fd);
+    errno = saved;
+    return got;
+}
+
+/* Is component k a PCIe switch's upstream port? Its PCI Express capability says so (device/port
+   type 5), as the model's tree marks its switch_up ports. */
+static int is_switch_upstream(const struct pci_chain *c, int k)
+{
+    unsigned char cfg[256];
+    if (sysfs_read(c, k, "config", cfg, sizeof(cfg)) < (ssize_t)sizeof(cfg))
+        return 0;
+    unsigned cap = cfg[0x34] & 0xFC;
+    for (int hops = 0; cap >= 0x40 && cap < 0xFF && hops < 48; hops++) {
+        if (cfg[cap] == 0x10) /* PCI Express */
+            return (cfg[cap + 2] >> 4 & 0xF) == 0x5;
+        cap = cfg[cap + 1] & 0xFC;
+    }
+    return 0;
+}
+
+static int numa_of(const struct pci_chain *c)
+{
+    char buf[16] = {0};
+    return sysfs_read(c, c->n - 1, "numa_node", buf, sizeof(buf) - 1) > 0 ? atoi(buf) : -1;
+}
+
+/* The level of two functions from their sysfs chains, by the model's rule (topology_level in
+   mokkafs/model/topology.py): a common bridge below the host bridge is SINGLE when it is a
+   switch's upstream port, else MULTIPLE; else the same host bridge, NUMA node, or neither. */
+static unsigned sysfs_level(const struct pci_chain *a, const struct pci_chain *b)
+{
+    if (strcmp(a->comp[0], b->comp[0]) != 0)
+        return numa_of(a) == numa_of(b) ? NVML_TOPOLOGY_NODE : NVML_TOPOLOGY_SYSTEM;
+    int common = 0; /* bridges both paths cross, host bridge excluded, endpoints excluded */
+    for (int i = 1; i < a->n - 1 && i < b->n - 1 && strcmp(a->comp[i], b->comp[i]) == 0; i++)
+        common = i;
+    if (!common)
+        return NVML_TOPOLOGY_HOSTBRIDGE;
+    return is_switch_upstream(a, common) ? NVML_TOPOLOGY_SINGLE : NVML_TOPOLOGY_MULTIPLE;
+}
+
+/* A bus id the tool passes: NUL-terminated within NVML's 32-byte buffer size, read no further. */
+static int parse_bus_id(const char *bus_id, struct mokka_bus_id *id)
+{
+    char text[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
+    size_t n = 0;
+    while (n < sizeof(text) - 1 && bus_id[n])
+        n++;
+    memcpy(text, bus_id, n);
+    text[n] = '\0';
+    return mokka_parse_bus_id(text, id);
+}
+
+static int gpu_of(const struct mokka_state *s, const struct mokka_bus_id *id)
+{
     for (unsigned i = 0; i < gpu_count(s); i++)
-        if (mokka_bus_id_is(s, i, &id))
+        if (mokka_bus_id_is(s, i, id))
             return (int)i;
     return -1;
 }
 
-/* (const char *busId1, const char *busId2, unsigned *path): the cell of `topo -m` for two
-   devices by PCI bus id. path is 0 PIX, 1 PXB, 2 PHB, 3 NODE, 4 SYS, and 4 + n for n bonded
-   NVLinks (NVn), read off the tool's output for each value. Devices that are not GPUs of the
-   state (NICs that sysfs shows) are NOT_FOUND. */
+/* (const char *busId1, const char *busId2, unsigned *path): the cell of `topo -m` for two PCI
+   functions: 0 PIX, 1 PXB, 2 PHB, 3 NODE, 4 SYS, and 4 + n for n bonded NVLinks (NVn), read off
+   the tool's output for each value. Two GPUs of the node: NVLinks, else the level the model
+   computed (the state's). A NIC the tool found in sysfs (under `mokka run`, the mirror of the
+   model's tree): the level of the two sysfs paths, by the model's rule. Neither: NOT_FOUND. */
 static nvmlReturn_t entry_topo_path(const char *bus1, const char *bus2, unsigned int *path)
 {
     if (!initialized())
@@ -129,25 +271,22 @@ static nvmlReturn_t entry_topo_path(const char *bus1, const char *bus2, unsigned
     if (!bus1 || !bus2 || !path)
         return NVML_ERROR_INVALID_ARGUMENT;
     const struct mokka_state *s = state();
-    int i = gpu_by_bus_id(s, bus1), j = gpu_by_bus_id(s, bus2);
-    if (i < 0 || j < 0)
+    struct mokka_bus_id id1, id2;
+    if (parse_bus_id(bus1, &id1) != 0 || parse_bus_id(bus2, &id2) != 0)
         return NVML_ERROR_NOT_FOUND;
-    struct mokka_gpu a, b;
-    mokka_read_gpu(s, (unsigned)i, &a);
-    mokka_read_gpu(s, (unsigned)j, &b);
-    unsigned links = i == j ? 0 : nvlinks_between(&a, &b);
-    if (links) {
-        *path = 4 + links;
+    int i = gpu_of(s, &id1), j = gpu_of(s, &id2);
+    if (i >= 0 && j >= 0) {
+        struct mokka_gpu a, b;
+        mokka_read_gpu(s, (unsigned)i, &a);
+        mokka_read_gpu(s, (unsigned)j, &b);
+        unsigned links = i == j ? 0 : nvlinks_between(&a, &b);
+        *path = links ? 4 + links : level_path(a.topo_level[j]);
         return NVML_SUCCESS;
     }
-    switch (a.topo_level[j]) {
-    case NVML_TOPOLOGY_INTERNAL:
-    case NVML_TOPOLOGY_SINGLE: *path = 0; break;
-    case NVML_TOPOLOGY_MULTIPLE: *path = 1; break;
-    case NVML_TOPOLOGY_HOSTBRIDGE: *path = 2; break;
-    case NVML_TOPOLOGY_NODE: *path = 3; break;
-    default: *path = 4; break;
-    }
+    struct pci_chain ca, cb;
+    if (pci_chain(&id1, &ca) != 0 || pci_chain(&id2, &cb) != 0)
+        return NVML_ERROR_NOT_FOUND;
+    *path = level_path(sysfs_level(&ca, &cb));
     return NVML_SUCCESS;
 }
 
@@ -287,6 +426,8 @@ static void fill_tables(void)
             w[E_PROCS_COMPUTE] = U(BRANCH_SIZES[t].procs_compute);
         w[E_PROCS_GRAPHICS] = U(entry_procs_none);
         w[E_PROCS_MPS] = U(entry_procs_none);
+        w[E_GPU_PART_NUMBER] = U(entry_gpu_part_number);
+        w[E_TLIMIT_MARGIN] = U(entry_tlimit_margin);
         __atomic_store_n(&w[0], BRANCH_SIZES[t].size, __ATOMIC_RELEASE);
     }
 }
