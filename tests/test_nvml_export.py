@@ -133,6 +133,8 @@ def test_identified_entries(nvml, node):
     assert entry(words, 240, C.c_void_p, C.POINTER(C.c_int))(h0, C.byref(margin)) == SUCCESS
     st = pub.publisher._st.gpus[0]
     assert margin.value == st.temp_tlimit - st.temp_gpu
+    # 237 is the FRU part number in 550 (not identified: the model has none)
+    assert entry(words, 237, C.c_void_p, C.c_char_p, C.c_uint)(h0, part, 0x14) == NOT_SUPPORTED
     # topo -m's cell: an HGX H100's GPUs reach each other through 18 NVLinks each (NV18 = 4 + 18)
     topo = entry(words, 23, C.c_char_p, C.c_char_p, C.POINTER(C.c_uint))
     bus = [ffi.string(pub.publisher._st.gpus[i].bus_id) for i in (0, 1)]
@@ -168,6 +170,16 @@ def test_process_list_entries(nvml, node):
     assert compute(handle(nvml, 0), C.byref(n), buf) == SUCCESS and n.value == 0
     assert graphics(handle(nvml, 1), C.byref(n), buf) == SUCCESS and n.value == 0
     assert compute(handle(nvml, 1), None, buf) == INVALID_ARGUMENT
+
+
+def test_the_525_table_has_the_tlimit_margin_at_237(nvml, node):
+    pub = node("h100", "525.147.05")
+    assert nvml.nvmlInit_v2() == SUCCESS
+    margin = C.c_int()
+    words = table(nvml)
+    assert entry(words, 237, C.c_void_p, C.POINTER(C.c_int))(handle(nvml, 0), C.byref(margin)) == SUCCESS
+    st = pub.publisher._st.gpus[0]
+    assert margin.value == st.temp_tlimit - st.temp_gpu
 
 
 def test_the_525_process_element_has_no_protected_memory_word(nvml, node):

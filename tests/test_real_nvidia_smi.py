@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -246,7 +247,6 @@ KNOWN_XML = {
     "gpu_part_number": ((470,), "470 prints the board part number there"),
     "gsp_firmware_version": ((470,), "470 has no GSP firmware to report"),
     "used": ((470,), "470 counts reserved memory as used (nvmlMemory_t v1)"),
-    "gpu_temp_tlimit": ((525,), "525 reads it through an entry not identified yet"),
 }
 XML_VARYING = ("timestamp", "power_draw", "temp", "clock", "util", "used", "free", "_volt", "energy")
 
@@ -325,6 +325,44 @@ def test_query_gpu_values_equal_pynvml(node):
                 differences.append(f"GPU {g} {f}: real {a!r}, pynvml {b!r}")
     assert len(real) == len(got) == 2
     assert not differences, f"nvidia-smi {node.branch} and pynvml differ:\n  " + "\n  ".join(differences)
+
+
+HOLDER = """
+import ctypes, sys, time
+cu = ctypes.CDLL(sys.argv[1])
+assert cu.cuInit(0) == 0
+ctx, p = ctypes.c_void_p(), ctypes.c_uint64()
+assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 1) == 0
+assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(3 << 30)) == 0
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_cuda_process_listed(node):
+    """Entries 213-215 (525 and later; 470 uses the public lists and names the process by its
+    comm): a CUDA process on GPU 1 shows in the default table, -q and pmon with its pid and
+    memory."""
+    env = {k: v for k, v in os.environ.items() if k != "MOKKA_STATE"}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(node.lib / "libcuda.so.1")], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        table = ok(node.real())
+        row = [line for line in table.splitlines() if f" {holder.pid} " in line]
+        assert len(row) == 1 and re.search(r"\|\s+1\s+N/A\s+N/A\s+\d+\s+C\s+\S*python\S*\s+3072MiB", row[0]), table
+        q = ok(node.real("-q", "-i", "1"))
+        assert re.search(rf"Process ID\s+: {holder.pid}\n\s+Type\s+: C\n\s+Name\s+: {re.escape(sys.executable)}", q) or \
+            re.search(rf"Process ID\s+: {holder.pid}\n\s+Type\s+: C\n\s+Name\s+: \S*python", q), q[-1500:]
+        pmon = ok(node.real("pmon", "-c", "1"))
+        assert re.search(rf"^\s+1\s+{holder.pid}\s+C\b", pmon, re.M), pmon
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        holder.stdout.close()
+    deadline = time.monotonic() + 10
+    while f" {holder.pid} " in ok(node.real()) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 # ---- under `mokka run`: the real paths, NICs included ----------------------------------------

@@ -35,7 +35,6 @@ enum {
     E_PROCS_GRAPHICS = 214,   /* 0x6b0 */
     E_PROCS_MPS = 215,        /* 0x6b8 */
     E_GPU_PART_NUMBER = 231,  /* 0x738, 525 and later */
-    E_TLIMIT_MARGIN = 240,    /* 0x780, 535 and later */
 };
 
 /* ---- entries -------------------------------------------------------------------------- */
@@ -393,14 +392,20 @@ static nvmlReturn_t entry_procs_none(nvmlDevice_t d, unsigned int *count, unsign
 
 /* ---- the tables ----------------------------------------------------------------------- */
 
-/* The table's size in the real library of each branch Debian ships; entries are only ever
-   appended, so the identified ones keep their offsets across these branches (traced on
-   470.256.02, 525.147.05, 535.261.03 and 550.163.01). */
-static const struct { unsigned branch; uintptr_t size; void *procs_compute; } BRANCH_SIZES[] = {
-    {470, 0x6a8, NULL}, /* ends before the process lists: 470 uses the public ones */
-    {525, 0x770, (void *)entry_procs_compute_525},
-    {535, 0x7a8, (void *)entry_procs_compute_535},
-    {550, 0x7d8, (void *)entry_procs_compute_535},
+/* Each branch Debian ships (traced on 470.256.02, 525.147.05, 535.261.03 and 550.163.01): the
+   table's size in its real library, and what differs. The entries above keep their index in
+   every branch that has them; the tail was not only appended to: 237 is the T.Limit margin in
+   525 but the FRU part number in 535 and 550, where the margin moved to 240. */
+static const struct {
+    unsigned branch;
+    uintptr_t size;
+    void *procs_compute; /* entry 213's element layout; 470 ends before it (public lists) */
+    unsigned tlimit;     /* the T.Limit margin's entry */
+} BRANCH_SIZES[] = {
+    {470, 0x6a8, NULL, 0},
+    {525, 0x770, (void *)entry_procs_compute_525, 237},
+    {535, 0x7a8, (void *)entry_procs_compute_535, 240},
+    {550, 0x7d8, (void *)entry_procs_compute_535, 240},
 };
 #define MAX_WORDS (0x7d8 / 8)
 
@@ -427,7 +432,8 @@ static void fill_tables(void)
         w[E_PROCS_GRAPHICS] = U(entry_procs_none);
         w[E_PROCS_MPS] = U(entry_procs_none);
         w[E_GPU_PART_NUMBER] = U(entry_gpu_part_number);
-        w[E_TLIMIT_MARGIN] = U(entry_tlimit_margin);
+        if (BRANCH_SIZES[t].tlimit)
+            w[BRANCH_SIZES[t].tlimit] = U(entry_tlimit_margin);
         __atomic_store_n(&w[0], BRANCH_SIZES[t].size, __ATOMIC_RELEASE);
     }
 }
