@@ -24,10 +24,11 @@ from mokkafs.profiles import load_profile
 
 CACHE = Path(os.environ.get("MOKKA_NVIDIA_SMI_CACHE", REPO / ".cache" / "nvidia-smi"))
 
-# The first Debian-shipped branch that drives each profile's board. Turing and Ampere: every
-# branch here (470 is the last for Kepler, and drives up to Ampere). Ada and Hopper: R520 was
-# the first (Debian ships 525). H200: taken at 550, the first branch whose data-center release
-# notes list it. Blackwell (B200, GB200, GB300) needs R570 or later, which Debian does not ship.
+# The first Debian-shipped branch taken to drive each profile's board. Turing and Ampere: every
+# branch here (470 drives Kepler to Ampere). Hopper: R520 was the first (NVIDIA AI Enterprise 2.3
+# added H100 with 520.61.05), so Debian's 525. Ada (L40S): 525. H200: 550, conservatively (which
+# of 535 and 550 first lists it is not checked here). Blackwell (B200, GB200, GB300) needs R570
+# or later, which Debian does not ship, so no real binary runs on those profiles.
 FIRST_BRANCH = {"t4": 470, "a100": 470, "l40s": 525, "h100": 525, "h200": 550}
 BRANCHES = (470, 525, 535, 550)
 COMBOS = [(b, p) for b in BRANCHES for p, first in FIRST_BRANCH.items() if b >= first]
