@@ -9,8 +9,80 @@
 
 /* ---- field values --------------------------------------------------------------------- */
 
+/* Per-link rate in MBps, per direction, of an NVLink generation: what the driver reports for a
+   link and `nvlink -s` prints in GB/s (the profiles' link_speed_gbps; the same table as our own
+   nvidia-smi's). */
+static unsigned nvlink_mbps(unsigned version)
+{
+    switch (version) {
+    case 1: return 20000;
+    case 2: return 25781;
+    case 3: return 25000;
+    case 4: return 26562;
+    default: return 53125;
+    }
+}
+
+/* NVML_FI_DEV_NVLINK_GET_VERSION's enum (nvmlNvlinkVersion_t) for an NVLink generation. */
+static unsigned nvlink_version_enum(unsigned version)
+{
+    static const unsigned e[] = {NVML_NVLINK_VERSION_INVALID, NVML_NVLINK_VERSION_1_0, NVML_NVLINK_VERSION_2_0,
+                                 NVML_NVLINK_VERSION_3_0, NVML_NVLINK_VERSION_4_0, NVML_NVLINK_VERSION_5_0};
+    return version < sizeof(e) / sizeof(e[0]) ? e[version] : NVML_NVLINK_VERSION_INVALID;
+}
+
+/* The link a per-link speed field names (L0-L5 are 84-89, L6-L11 132-137), or -1. */
+static int speed_field_link(unsigned id)
+{
+    if (id >= NVML_FI_DEV_NVLINK_SPEED_MBPS_L0 && id <= NVML_FI_DEV_NVLINK_SPEED_MBPS_L5)
+        return (int)(id - NVML_FI_DEV_NVLINK_SPEED_MBPS_L0);
+    if (id >= NVML_FI_DEV_NVLINK_SPEED_MBPS_L6 && id <= NVML_FI_DEV_NVLINK_SPEED_MBPS_L11)
+        return (int)(id - NVML_FI_DEV_NVLINK_SPEED_MBPS_L6) + 6;
+    return -1;
+}
+
+/* The NVLink fields of one link (scope = link for the GET_* fields): NOT_SUPPORTED past the
+   GPU's links. An inactive link has no speed (0), as the driver reports it. */
+static nvmlReturn_t nvlink_field(const struct mokka_gpu *c, unsigned id, unsigned link, unsigned long long *v)
+{
+    if (link >= c->nvlink_count || link >= MOKKA_MAX_NVLINKS)
+        return NVML_ERROR_NOT_SUPPORTED;
+    const struct mokka_nvlink *k = &c->nvlink[link];
+    switch (id) {
+    case NVML_FI_DEV_NVLINK_GET_STATE: *v = k->state ? NVML_NVLINK_STATE_ACTIVE : NVML_NVLINK_STATE_INACTIVE; break;
+    case NVML_FI_DEV_NVLINK_GET_VERSION: *v = nvlink_version_enum(k->version); break;
+    default: *v = k->state ? nvlink_mbps(k->version) : 0; break; /* the speed fields */
+    }
+    return NVML_SUCCESS;
+}
+
+/* The power fields (185-192) of one scope. The model has the GPU's power and limits only: the
+   GPU scope answers them, the module and memory scopes are NOT_SUPPORTED (an H100's module
+   readings are N/A in the captures; its memory average is a value the model does not have).
+   The 1 s average is the model's power, which is a smooth function of time; NVML documents the
+   average for Ampere (except GA100) and later, and the A100 and T4 captures show it N/A. */
+static nvmlReturn_t power_field(const struct mokka_gpu *c, unsigned id, unsigned scope, unsigned long long *v)
+{
+    if (scope != NVML_POWER_SCOPE_GPU)
+        return NVML_ERROR_NOT_SUPPORTED;
+    switch (id) {
+    case NVML_FI_DEV_POWER_AVERAGE:
+        if (c->architecture < NVML_DEVICE_ARCH_ADA)
+            return NVML_ERROR_NOT_SUPPORTED;
+        *v = c->power_usage;
+        break;
+    case NVML_FI_DEV_POWER_INSTANT: *v = c->power_usage; break;
+    case NVML_FI_DEV_POWER_MIN_LIMIT: *v = c->power_min_limit; break;
+    case NVML_FI_DEV_POWER_MAX_LIMIT: *v = c->power_max_limit; break;
+    case NVML_FI_DEV_POWER_DEFAULT_LIMIT: *v = c->power_default_limit; break;
+    case NVML_FI_DEV_POWER_CURRENT_LIMIT: *v = c->power_enforced_limit; break;
+    default: *v = c->power_limit; break; /* NVML_FI_DEV_POWER_REQUESTED_LIMIT */
+    }
+    return NVML_SUCCESS;
+}
+
 static nvmlReturn_t field_value(const struct mokka_state *s, const struct mokka_gpu *g, unsigned id,
-                                unsigned long long *v)
+                                unsigned scope, unsigned long long *v)
 {
     static const struct { unsigned id; int type, counter, loc; } ecc_fields[] = {
         {NVML_FI_DEV_ECC_SBE_VOL_TOTAL, 0, 0, -1}, {NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 1, 0, -1},
@@ -45,8 +117,21 @@ static nvmlReturn_t field_value(const struct mokka_state *s, const struct mokka_
         *v = sum;
         return NVML_SUCCESS;
     }
+    int speed_link = speed_field_link(id);
+    if (speed_link >= 0)
+        return nvlink_field(&c, id, (unsigned)speed_link, v);
     unsigned long long nvl_total = 0;
     switch (id) {
+    case NVML_FI_DEV_NVLINK_GET_SPEED:
+    case NVML_FI_DEV_NVLINK_GET_STATE:
+    case NVML_FI_DEV_NVLINK_GET_VERSION: return nvlink_field(&c, id, scope, v);
+    case NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON: {
+        /* the speed every active link shares; none active: nothing to report */
+        for (unsigned l = 0; l < c.nvlink_count && l < MOKKA_MAX_NVLINKS; l++)
+            if (c.nvlink[l].state)
+                return nvlink_field(&c, id, l, v);
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
     case NVML_FI_DEV_ECC_CURRENT:
     case NVML_FI_DEV_ECC_PENDING: *v = c.ecc_enabled; return NVML_SUCCESS;
     case NVML_FI_DEV_RETIRED_SBE: *v = c.retired_sbe; return c.has_row_remapper ? NVML_ERROR_NOT_SUPPORTED : NVML_SUCCESS;
@@ -63,7 +148,19 @@ static nvmlReturn_t field_value(const struct mokka_state *s, const struct mokka_
         return NVML_SUCCESS;
     case NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
     case NVML_FI_DEV_ENERGY: *v = c.energy_mj; return NVML_SUCCESS;
-    case NVML_FI_DEV_POWER_INSTANT: *v = c.power_usage; return NVML_SUCCESS;
+    case NVML_FI_DEV_POWER_AVERAGE:
+    case NVML_FI_DEV_POWER_INSTANT:
+    case NVML_FI_DEV_POWER_MIN_LIMIT:
+    case NVML_FI_DEV_POWER_MAX_LIMIT:
+    case NVML_FI_DEV_POWER_DEFAULT_LIMIT:
+    case NVML_FI_DEV_POWER_CURRENT_LIMIT:
+    case NVML_FI_DEV_POWER_REQUESTED_LIMIT: return power_field(&c, id, scope, v);
+    /* the replay counter never wraps in a simulated node's life */
+    case NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER: *v = 0; return NVML_SUCCESS;
+    /* nvidia-smi -q's "GPU Reset Status": a reset required after an Xid that needs one (the
+       model's needs_reset); the driver never recommends draining for a simulated fault */
+    case NVML_FI_DEV_RESET_STATUS: *v = c.needs_reset ? 1 : 0; return NVML_SUCCESS;
+    case NVML_FI_DEV_DRAIN_AND_RESET_STATUS: *v = 0; return NVML_SUCCESS;
     case NVML_FI_DEV_PCIE_REPLAY_COUNTER: *v = c.pcie_replay; return NVML_SUCCESS;
     case NVML_FI_DEV_NVLINK_LINK_COUNT: *v = c.nvlink_count; return c.nvlink_count ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
     case NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL:
@@ -96,7 +193,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCou
     errno = saved;
     for (int i = 0; i < valuesCount; i++) {
         unsigned long long v = 0;
-        values[i].nvmlReturn = field_value(s, g, values[i].fieldId, &v);
+        values[i].nvmlReturn = field_value(s, g, values[i].fieldId, values[i].scopeId, &v);
         values[i].timestamp = (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
         values[i].latencyUsec = 0;
         values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;

@@ -65,6 +65,12 @@ nvmlReturn_t DECLDIR nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, un
 {
     DEV(device);
     ARG(pci);
+    /* A link the board lacks (an A100's 12-17) has no far end: NOT_SUPPORTED, the one error
+       NVIDIA's nvidia-smi topo -m steps over while it walks all NVML_NVLINK_MAX_LINKS links. */
+    uint32_t count;
+    SNAP(s, g->nvlink_count, count);
+    if (link >= count && link < NVML_NVLINK_MAX_LINKS)
+        return NVML_ERROR_NOT_SUPPORTED;
     LINK(link);
     struct mokka_nvlink c;
     snap(s, nl, &c, sizeof(c));

@@ -295,6 +295,5 @@ nvmlReturn_t DECLDIR nvmlVgpuInstanceGetLicenseInfo(nvmlVgpuInstance_t vgpuInsta
 nvmlReturn_t DECLDIR nvmlDeviceGetDriverModel(nvmlDevice_t device, nvmlDriverModel_t *current, nvmlDriverModel_t *pending) { return NVML_ERROR_NOT_SUPPORTED; }
 
 /* Exported by the real library, absent from nvml.h. */
-nvmlReturn_t DECLDIR nvmlInternalGetExportTable(void); nvmlReturn_t DECLDIR nvmlInternalGetExportTable(void) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlGetBlacklistDeviceCount(void); nvmlReturn_t DECLDIR nvmlGetBlacklistDeviceCount(void) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlGetBlacklistDeviceInfoByIndex(void); nvmlReturn_t DECLDIR nvmlGetBlacklistDeviceInfoByIndex(void) { return NVML_ERROR_NOT_SUPPORTED; }

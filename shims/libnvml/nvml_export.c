@@ -1,0 +1,470 @@
+/*
+ * libnvidia-ml: nvmlInternalGetExportTable, the private table NVIDIA's own nvidia-smi asks for
+ * right after nvmlInit. Without it every real nvidia-smi prints "Mismatch in versions between
+ * nvidia-smi and NVML" and exits 255. docs/nvml.md lists the entries, how each was found and
+ * what it answers.
+ *
+ * The table is an array of words: word 0 is its size in bytes, and word k (k >= 1) the entry at
+ * byte offset 8k. nvidia-smi checks `size > offset` before each call, so the size is the table's
+ * version: each driver branch appends entries, and the size we give is that of the configured
+ * driver branch's own library (the node's driver version, in the state). A branch we have not
+ * traced gets no table, as before. Entries we have not identified fail with NOT_SUPPORTED, which
+ * nvidia-smi shows as N/A or works around; the identified ones answer from the state.
+ */
+#include "nvml_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+/* The id of nvidia-smi's table: bytes c4 fe 3e 6c c9 8f 6c 4e a3 27 ee 69 6e 12 f7 c4. */
+static const unsigned char SMI_TABLE_ID[16] = {0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e,
+                                               0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7, 0xc4};
+
+/* Entry numbers (word index, byte offset / 8). */
+enum {
+    E_IS_PRIMARY = 20,        /* 0x0a0 */
+    E_TOPO_PATH = 23,         /* 0x0b8 */
+    E_MONITOR_SUPPORTED = 72, /* 0x240 */
+    E_HANDLE_BY_INDEX = 81,   /* 0x288 */
+    E_ENFORCED_POWER = 108,   /* 0x360 */
+    E_PROCS_COMPUTE = 213,    /* 0x6a8, 525 and later */
+    E_PROCS_GRAPHICS = 214,   /* 0x6b0 */
+    E_PROCS_MPS = 215,        /* 0x6b8 */
+    E_GPU_PART_NUMBER = 231,  /* 0x738, 525 and later */
+};
+
+/* ---- entries -------------------------------------------------------------------------- */
+
+/* Every entry not identified. The callers pass up to six arguments in registers; none is read. */
+static nvmlReturn_t entry_unsupported(void) { return NVML_ERROR_NOT_SUPPORTED; }
+
+/* (device, unsigned *isPrimary, unsigned *second): `-r` refuses the primary GPU (the one the
+   console or X uses). A simulated data-centre GPU drives no display: 0 and 0. */
+static nvmlReturn_t entry_is_primary(nvmlDevice_t device, unsigned int *is_primary, unsigned int *second)
+{
+    DEV(device);
+    (void)g;
+    ARG(is_primary);
+    *is_primary = 0;
+    if (second)
+        *second = 0;
+    return NVML_SUCCESS;
+}
+
+/* (device, unsigned *supported): dmon and pmon refuse a device unless this says 1 ("Not
+   supported on the device(s)"). Every GPU the state has is sampled. */
+static nvmlReturn_t entry_monitor_supported(nvmlDevice_t device, unsigned int *supported)
+{
+    DEV(device);
+    (void)g;
+    ARG(supported);
+    *supported = 1;
+    return NVML_SUCCESS;
+}
+
+/* (unsigned index, nvmlDevice_t *out, unsigned flags): the handle nvidia-smi uses everywhere;
+   flags is 0x22 in every call seen. */
+static nvmlReturn_t entry_handle_by_index(unsigned int index, nvmlDevice_t *out, unsigned int flags)
+{
+    (void)flags;
+    return nvmlDeviceGetHandleByIndex_v2(index, out);
+}
+
+/* (device, unsigned *milliwatts): --query-gpu's enforced.power.limit, which the tool divides
+   by 1000 and prints in W; the public getter's answer. */
+static nvmlReturn_t entry_enforced_power(nvmlDevice_t device, unsigned int *milliwatts)
+{
+    return nvmlDeviceGetEnforcedPowerLimit(device, milliwatts);
+}
+
+/* (device, char *buf, unsigned length): -q's "GPU Part Number" (the tool passes 0x50 bytes). */
+static nvmlReturn_t entry_gpu_part_number(nvmlDevice_t device, char *buf, unsigned int length)
+{
+    DEV_STATIC(device);
+    return STRING(g->gpu_part_number, buf, length);
+}
+
+/* (device, int *degrees): -q's "GPU T.Limit Temp", the margin below T.Limit; the public
+   nvmlDeviceGetMarginTemperature's answer (NOT_SUPPORTED before Hopper). */
+static nvmlReturn_t entry_tlimit_margin(nvmlDevice_t device, int *degrees)
+{
+    ARG(degrees);
+    nvmlMarginTemperature_t m = {.version = nvmlMarginTemperature_v1};
+    nvmlReturn_t r = nvmlDeviceGetMarginTemperature(device, &m);
+    if (r == NVML_SUCCESS)
+        *degrees = m.marginTemperature;
+    return r;
+}
+
+/* NVLinks between GPU records a and b: direct links to b, else (both behind NVSwitches) the
+   smaller number of switch links, as every GPU reaches every other through all of its links.
+   The same rule as our own nvidia-smi's `topo -m`. */
+static unsigned nvlinks_between(const struct mokka_gpu *a, const struct mokka_gpu *b)
+{
+    unsigned direct = 0, a_sw = 0, b_sw = 0;
+    for (unsigned l = 0; l < a->nvlink_count && l < MOKKA_MAX_NVLINKS; l++) {
+        const struct mokka_nvlink *k = &a->nvlink[l];
+        if (!k->state)
+            continue;
+        if (k->remote_type == NVML_NVLINK_DEVICE_TYPE_SWITCH)
+            a_sw++;
+        else if (k->remote_type == NVML_NVLINK_DEVICE_TYPE_GPU && k->remote_has_pci && k->remote_domain == b->pci_domain &&
+                 k->remote_bus == b->pci_bus && k->remote_device == b->pci_device)
+            direct++;
+    }
+    if (direct)
+        return direct;
+    for (unsigned l = 0; l < b->nvlink_count && l < MOKKA_MAX_NVLINKS; l++)
+        if (b->nvlink[l].state && b->nvlink[l].remote_type == NVML_NVLINK_DEVICE_TYPE_SWITCH)
+            b_sw++;
+    return a_sw < b_sw ? a_sw : b_sw;
+}
+
+/* ---- topo -m's path between two PCI functions ------------------------------------------- */
+
+/* nvmlGpuTopologyLevel_t as topo -m's path code: 0 PIX, 1 PXB, 2 PHB, 3 NODE, 4 SYS. */
+static unsigned level_path(unsigned level)
+{
+    switch (level) {
+    case NVML_TOPOLOGY_INTERNAL:
+    case NVML_TOPOLOGY_SINGLE: return 0;
+    case NVML_TOPOLOGY_MULTIPLE: return 1;
+    case NVML_TOPOLOGY_HOSTBRIDGE: return 2;
+    case NVML_TOPOLOGY_NODE: return 3;
+    default: return 4;
+    }
+}
+
+/* A function's place in the PCI tree as sysfs shows it (under `mokka run`, the mirror of the
+   model's tree): the components of its /sys/devices path, host bridge first
+   ("pci0000:15", "0000:15:01.0", ..., the function itself). */
+#define MAX_DEPTH 16
+struct pci_chain {
+    char path[512];
+    const char *comp[MAX_DEPTH];
+    int n;
+};
+
+static int pci_chain(const struct mokka_bus_id *id, struct pci_chain *c)
+{
+    char link[96];
+    snprintf(link, sizeof(link), "/sys/bus/pci/devices/%04x:%02x:%02x.%x", id->domain & 0xFFFF, id->bus, id->device,
+             id->function);
+    int saved = errno;
+    char *real = realpath(link, NULL);
+    errno = saved;
+    if (!real)
+        return -1;
+    const char *under = strstr(real, "/devices/");
+    int ok = under && strlen(under) < sizeof(c->path);
+    if (ok)
+        snprintf(c->path, sizeof(c->path), "%s", under + strlen("/devices/"));
+    free(real);
+    if (!ok)
+        return -1;
+    c->n = 0;
+    for (char *p = c->path; *p && c->n < MAX_DEPTH;) {
+        c->comp[c->n++] = p;
+        char *slash = strchr(p, '/');
+        if (!slash)
+            break;
+        *slash = '\0';
+        p = slash + 1;
+    }
+    return c->n >= 2 ? 0 : -1;
+}
+
+/* Read a small sysfs attribute of component k of c (the function whose chain ends there). */
+static ssize_t sysfs_read(const struct pci_chain *c, int k, const char *attr, void *buf, size_t n)
+{
+    char path[640] = "/sys/devices";
+    size_t o = strlen(path);
+    for (int i = 0; i <= k + 1; i++) {
+        const char *part = i <= k ? c->comp[i] : attr;
+        size_t len = strlen(part);
+        if (o + 1 + len + 1 > sizeof(path))
+            return -1;
+        path[o++] = '/';
+        memcpy(path + o, part, len + 1);
+        o += len;
+    }
+    int saved = errno;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t got = fd >= 0 ? read(fd, buf, n) : -1;
+    if (fd >= 0)
+        close(fd);
+    errno = saved;
+    return got;
+}
+
+/* Is component k a PCIe switch's upstream port? Its PCI Express capability says so (device/port
+   type 5), as the model's tree marks its switch_up ports. */
+static int is_switch_upstream(const struct pci_chain *c, int k)
+{
+    unsigned char cfg[256];
+    if (sysfs_read(c, k, "config", cfg, sizeof(cfg)) < (ssize_t)sizeof(cfg))
+        return 0;
+    unsigned cap = cfg[0x34] & 0xFC;
+    for (int hops = 0; cap >= 0x40 && cap < 0xFF && hops < 48; hops++) {
+        if (cfg[cap] == 0x10) /* PCI Express */
+            return (cfg[cap + 2] >> 4 & 0xF) == 0x5;
+        cap = cfg[cap + 1] & 0xFC;
+    }
+    return 0;
+}
+
+static int numa_of(const struct pci_chain *c)
+{
+    char buf[16] = {0};
+    return sysfs_read(c, c->n - 1, "numa_node", buf, sizeof(buf) - 1) > 0 ? atoi(buf) : -1;
+}
+
+/* The level of two functions from their sysfs chains, by the model's rule (topology_level in
+   mokkafs/model/topology.py): a common bridge below the host bridge is SINGLE when it is a
+   switch's upstream port, else MULTIPLE; else the same host bridge, NUMA node, or neither. */
+static unsigned sysfs_level(const struct pci_chain *a, const struct pci_chain *b)
+{
+    if (strcmp(a->comp[0], b->comp[0]) != 0)
+        return numa_of(a) == numa_of(b) ? NVML_TOPOLOGY_NODE : NVML_TOPOLOGY_SYSTEM;
+    int common = 0; /* bridges both paths cross, host bridge excluded, endpoints excluded */
+    for (int i = 1; i < a->n - 1 && i < b->n - 1 && strcmp(a->comp[i], b->comp[i]) == 0; i++)
+        common = i;
+    if (!common)
+        return NVML_TOPOLOGY_HOSTBRIDGE;
+    return is_switch_upstream(a, common) ? NVML_TOPOLOGY_SINGLE : NVML_TOPOLOGY_MULTIPLE;
+}
+
+/* A bus id the tool passes: NUL-terminated within NVML's 32-byte buffer size, read no further. */
+static int parse_bus_id(const char *bus_id, struct mokka_bus_id *id)
+{
+    char text[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
+    size_t n = 0;
+    while (n < sizeof(text) - 1 && bus_id[n])
+        n++;
+    memcpy(text, bus_id, n);
+    text[n] = '\0';
+    return mokka_parse_bus_id(text, id);
+}
+
+static int gpu_of(const struct mokka_state *s, const struct mokka_bus_id *id)
+{
+    for (unsigned i = 0; i < gpu_count(s); i++)
+        if (mokka_bus_id_is(s, i, id))
+            return (int)i;
+    return -1;
+}
+
+/* (const char *busId1, const char *busId2, unsigned *path): the cell of `topo -m` for two PCI
+   functions: 0 PIX, 1 PXB, 2 PHB, 3 NODE, 4 SYS, and 4 + n for n bonded NVLinks (NVn), read off
+   the tool's output for each value. Two GPUs of the node: NVLinks, else the level the model
+   computed (the state's). A NIC the tool found in sysfs (under `mokka run`, the mirror of the
+   model's tree): the level of the two sysfs paths, by the model's rule. Neither: NOT_FOUND. */
+static nvmlReturn_t entry_topo_path(const char *bus1, const char *bus2, unsigned int *path)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!bus1 || !bus2 || !path)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct mokka_state *s = state();
+    struct mokka_bus_id id1, id2;
+    if (parse_bus_id(bus1, &id1) != 0 || parse_bus_id(bus2, &id2) != 0)
+        return NVML_ERROR_NOT_FOUND;
+    int i = gpu_of(s, &id1), j = gpu_of(s, &id2);
+    if (i >= 0 && j >= 0) {
+        struct mokka_gpu a, b;
+        mokka_read_gpu(s, (unsigned)i, &a);
+        mokka_read_gpu(s, (unsigned)j, &b);
+        unsigned links = i == j ? 0 : nvlinks_between(&a, &b);
+        *path = links ? 4 + links : level_path(a.topo_level[j]);
+        return NVML_SUCCESS;
+    }
+    struct pci_chain ca, cb;
+    if (pci_chain(&id1, &ca) != 0 || pci_chain(&id2, &cb) != 0)
+        return NVML_ERROR_NOT_FOUND;
+    *path = level_path(sysfs_level(&ca, &cb));
+    return NVML_SUCCESS;
+}
+
+/* One element of the process lists (entries 213-215), as nvidia-smi reads it: the numbers of
+   nvmlProcessInfo_v2_t (525) or nvmlProcessDetail_v1_t (535 and 550: one more word,
+   usedGpuCcProtectedMemory), then the process name inline, 4096 bytes. The element size is
+   the multiplier of the binaries' loops over the list (0x1018 in 525, 0x1020 in 535 and 550);
+   the fields were confirmed by listing a CUDA process through the default table, `-q` and
+   `pmon`. */
+struct smi_process_head {
+    uint32_t pid;
+    uint32_t pad0;
+    uint64_t used_memory;           /* bytes */
+    uint32_t gpu_instance_id;       /* 0xFFFFFFFF: not a MIG device */
+    uint32_t compute_instance_id;
+    uint64_t used_cc_protected_memory; /* 535 and later */
+};
+#define SMI_PROCESS_NAME 4096
+#define SMI_HEAD_525 offsetof(struct smi_process_head, used_cc_protected_memory)
+#define SMI_HEAD_535 sizeof(struct smi_process_head)
+
+/* argv[0] of pid, as the driver names a process (comm is only 15 characters). */
+static void process_name(uint32_t pid, char *out, size_t n)
+{
+    int saved = errno;
+    char path[64];
+    out[0] = '\0';
+    snprintf(path, sizeof(path), "/proc/%u/cmdline", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t got = read(fd, out, n - 1);
+        close(fd);
+        out[got > 0 ? got : 0] = '\0';
+    }
+    if (!out[0]) {
+        snprintf(path, sizeof(path), "/proc/%u/comm", pid);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            ssize_t got = read(fd, out, n - 1);
+            close(fd);
+            while (got > 0 && out[got - 1] == '\n')
+                got--;
+            out[got > 0 ? got : 0] = '\0';
+        }
+    }
+    errno = saved;
+}
+
+/* (device, unsigned *count, element *list): *count is the list's capacity in and the number
+   of processes out; a list too short gets INSUFFICIENT_SIZE and the number needed, as the
+   public process lists answer. head is the size of an element's numbers (the branch's). */
+static nvmlReturn_t process_list(nvmlDevice_t device, unsigned int *count, unsigned char *list, size_t head,
+                                 int compute)
+{
+    DEV(device);
+    ARG(count);
+    struct mokka_gpu_process procs[MOKKA_MAX_GPU_PROCS];
+    uint32_t n = 0;
+    if (compute) {
+        MOKKA_CONSISTENT(s) {
+            n = g->process_count;
+            if (n > MOKKA_MAX_GPU_PROCS)
+                n = MOKKA_MAX_GPU_PROCS;
+            memcpy(procs, g->processes, n * sizeof(procs[0]));
+        }
+    }
+    if (*count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (n && !list)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (uint32_t k = 0; k < n; k++) {
+        unsigned char *e = list + k * (head + SMI_PROCESS_NAME);
+        struct smi_process_head h = {
+            .pid = procs[k].pid,
+            .used_memory = procs[k].used_memory,
+            .gpu_instance_id = 0xFFFFFFFFu,
+            .compute_instance_id = 0xFFFFFFFFu,
+        };
+        memcpy(e, &h, head);
+        process_name(procs[k].pid, (char *)e + head, SMI_PROCESS_NAME);
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t entry_procs_compute_525(nvmlDevice_t d, unsigned int *count, unsigned char *list)
+{
+    return process_list(d, count, list, SMI_HEAD_525, 1);
+}
+
+static nvmlReturn_t entry_procs_compute_535(nvmlDevice_t d, unsigned int *count, unsigned char *list)
+{
+    return process_list(d, count, list, SMI_HEAD_535, 1);
+}
+
+/* Graphics and MPS lists: a simulated node runs neither (docs/cuda.md); the element size does
+   not matter for an empty list. */
+static nvmlReturn_t entry_procs_none(nvmlDevice_t d, unsigned int *count, unsigned char *list)
+{
+    return process_list(d, count, list, SMI_HEAD_535, 0);
+}
+
+/* ---- the tables ----------------------------------------------------------------------- */
+
+/* Each branch Debian ships (traced on 470.256.02, 525.147.05, 535.261.03 and 550.163.01): the
+   table's size in its real library, and what differs. The entries above keep their index in
+   every branch that has them; the tail was not only appended to: 237 is the T.Limit margin in
+   525 but the FRU part number in 535 and 550, where the margin moved to 240. */
+static const struct {
+    unsigned branch;
+    uintptr_t size;
+    void *procs_compute; /* entry 213's element layout; 470 ends before it (public lists) */
+    unsigned tlimit;     /* the T.Limit margin's entry */
+} BRANCH_SIZES[] = {
+    {470, 0x6a8, NULL, 0},
+    {525, 0x770, (void *)entry_procs_compute_525, 237},
+    {535, 0x7a8, (void *)entry_procs_compute_535, 240},
+    {550, 0x7d8, (void *)entry_procs_compute_535, 240},
+};
+#define MAX_WORDS (0x7d8 / 8)
+
+#define U(f) ((uintptr_t)(void *)(f))
+
+/* One table per branch: the same entries, its own size word. Filled on first use (function
+   addresses are not constants the compiler may put in a static initializer of uintptr_t). */
+static uintptr_t g_tables[sizeof(BRANCH_SIZES) / sizeof(BRANCH_SIZES[0])][MAX_WORDS];
+static pthread_once_t g_tables_once = PTHREAD_ONCE_INIT;
+
+static void fill_tables(void)
+{
+    for (size_t t = 0; t < sizeof(BRANCH_SIZES) / sizeof(BRANCH_SIZES[0]); t++) {
+        uintptr_t *w = g_tables[t];
+        for (unsigned k = 1; k < MAX_WORDS; k++)
+            w[k] = U(entry_unsupported);
+        w[E_IS_PRIMARY] = U(entry_is_primary);
+        w[E_TOPO_PATH] = U(entry_topo_path);
+        w[E_MONITOR_SUPPORTED] = U(entry_monitor_supported);
+        w[E_HANDLE_BY_INDEX] = U(entry_handle_by_index);
+        w[E_ENFORCED_POWER] = U(entry_enforced_power);
+        if (BRANCH_SIZES[t].procs_compute)
+            w[E_PROCS_COMPUTE] = U(BRANCH_SIZES[t].procs_compute);
+        w[E_PROCS_GRAPHICS] = U(entry_procs_none);
+        w[E_PROCS_MPS] = U(entry_procs_none);
+        w[E_GPU_PART_NUMBER] = U(entry_gpu_part_number);
+        if (BRANCH_SIZES[t].tlimit)
+            w[BRANCH_SIZES[t].tlimit] = U(entry_tlimit_margin);
+        __atomic_store_n(&w[0], BRANCH_SIZES[t].size, __ATOMIC_RELEASE);
+    }
+}
+
+/* The major number of the node's driver version ("535.261.03" -> 535); 0 if none. */
+static unsigned driver_branch(const struct mokka_state *s)
+{
+    char v[sizeof(s->driver_version)];
+    snap(s, s->driver_version, v, sizeof(v));
+    v[sizeof(v) - 1] = '\0';
+    return (unsigned)strtoul(v, NULL, 10);
+}
+
+nvmlReturn_t DECLDIR nvmlInternalGetExportTable(const void **table, const unsigned char *id);
+
+nvmlReturn_t DECLDIR nvmlInternalGetExportTable(const void **table, const unsigned char *id)
+{
+    if (!table || !id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (memcmp(id, SMI_TABLE_ID, sizeof(SMI_TABLE_ID)) != 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    const struct mokka_state *s = state();
+    if (!initialized() || !s)
+        return NVML_ERROR_UNINITIALIZED;
+    unsigned branch = driver_branch(s);
+    for (size_t t = 0; t < sizeof(BRANCH_SIZES) / sizeof(BRANCH_SIZES[0]); t++) {
+        if (BRANCH_SIZES[t].branch == branch) {
+            pthread_once(&g_tables_once, fill_tables);
+            *table = g_tables[t];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_SUPPORTED;
+}

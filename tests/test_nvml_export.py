@@ -1,0 +1,239 @@
+"""Shims loaded by ctypes: nvmlInternalGetExportTable (the table NVIDIA's nvidia-smi asks for,
+sized per driver branch) and the entries identified so far, each against a published state;
+and the field values the real tool reads (per-link NVLink, per-scope power). The real binaries
+themselves run in test_real_nvidia_smi.py."""
+from __future__ import annotations
+
+import ctypes as C
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers_nvml import Nvml
+from mokkafs.model import Node, compose
+from mokkafs.model.events import NvLinkCommand, SetProcesses
+from mokkafs.profiles import load_profile
+from mokkafs.shm.layout import ffi
+from mokkafs.shm.publisher import Publisher
+
+SUCCESS, UNINITIALIZED, INVALID_ARGUMENT, NOT_SUPPORTED, NOT_FOUND, INSUFFICIENT_SIZE = 0, 1, 2, 3, 6, 7
+SMI_TABLE = bytes.fromhex("c4fe3e6cc98f6c4ea327ee696e12f7c4")
+SIZES = {"470.256.02": 0x6A8, "525.147.05": 0x770, "535.261.03": 0x7A8, "550.163.01": 0x7D8}
+
+
+class FieldValue(C.Structure):
+    _fields_ = [("fieldId", C.c_uint), ("scopeId", C.c_uint), ("timestamp", C.c_longlong),
+                ("latencyUsec", C.c_longlong), ("valueType", C.c_uint), ("nvmlReturn", C.c_uint),
+                ("value", C.c_ulonglong)]
+
+
+class Published:
+    def __init__(self, directory, profile: str, driver: str, gpus: int = 2) -> None:
+        self.node = Node(compose(load_profile(profile), gpus=gpus, driver_version=driver), time.time())
+        self.path = directory / "state"
+        self.publisher = Publisher(self.path)
+        self.publisher.open()
+        self.publisher.publish(self.node)
+
+    def apply(self, event) -> None:
+        notes = self.node.apply(event, time.time())
+        self.publisher(self.node, notes, [])
+
+
+@pytest.fixture
+def nvml():
+    lib = Nvml()
+    yield lib
+    while lib.nvmlShutdown() == SUCCESS:
+        pass
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    def make(profile: str = "h100", driver: str = "535.261.03") -> Published:
+        pub = Published(tmp_path, profile, driver)
+        monkeypatch.setenv("MOKKA_STATE", str(pub.path))
+        made.append(pub)
+        return pub
+
+    made: list[Published] = []
+    yield make
+    for pub in made:
+        pub.publisher.close()
+
+
+def table(nvml) -> C.Array:
+    p = C.c_void_p()
+    assert nvml.nvmlInternalGetExportTable(C.byref(p), SMI_TABLE) == SUCCESS
+    size = C.c_uint64.from_address(p.value).value
+    return (C.c_void_p * (size // 8)).from_address(p.value)
+
+
+def entry(words, index: int, *argtypes):
+    return C.CFUNCTYPE(C.c_int, *argtypes)(words[index])
+
+
+def handle(nvml, i: int) -> C.c_void_p:
+    h = C.c_void_p()
+    assert nvml.nvmlDeviceGetHandleByIndex_v2(i, C.byref(h)) == SUCCESS
+    return h
+
+
+@pytest.mark.parametrize("driver", sorted(SIZES))
+def test_the_table_is_sized_as_the_branch_s_own(nvml, node, driver):
+    node("h100", driver)
+    assert nvml.nvmlInit_v2() == SUCCESS
+    words = table(nvml)
+    assert words[0] == SIZES[driver]
+    # an entry nobody identified fails safely, whatever it is given
+    assert entry(words, 26, C.c_void_p, C.c_void_p)(None, None) == NOT_SUPPORTED
+
+
+def test_bad_requests(nvml, node):
+    p = C.c_void_p()
+    node("h100", "535.261.03")
+    assert nvml.nvmlInternalGetExportTable(C.byref(p), SMI_TABLE) == UNINITIALIZED
+    assert nvml.nvmlInit_v2() == SUCCESS
+    assert nvml.nvmlInternalGetExportTable(None, SMI_TABLE) == INVALID_ARGUMENT
+    assert nvml.nvmlInternalGetExportTable(C.byref(p), None) == INVALID_ARGUMENT
+    assert nvml.nvmlInternalGetExportTable(C.byref(p), bytes(16)) == NOT_SUPPORTED
+    assert nvml.nvmlInternalGetExportTable(C.byref(p), SMI_TABLE[:15] + b"\0") == NOT_SUPPORTED
+
+
+def test_an_untraced_branch_gets_no_table(nvml, node):
+    node("h100", "580.105.08")  # the table of 580 has not been traced: its binary prints a mismatch
+    assert nvml.nvmlInit_v2() == SUCCESS
+    p = C.c_void_p()
+    assert nvml.nvmlInternalGetExportTable(C.byref(p), SMI_TABLE) == NOT_SUPPORTED
+
+
+def test_identified_entries(nvml, node):
+    pub = node("h100", "550.163.01")
+    assert nvml.nvmlInit_v2() == SUCCESS
+    words = table(nvml)
+    h0 = handle(nvml, 0)
+    out = C.c_void_p()
+    by_index = entry(words, 81, C.c_uint, C.POINTER(C.c_void_p), C.c_uint)
+    assert by_index(1, C.byref(out), 0x22) == SUCCESS and out.value == handle(nvml, 1).value
+    assert by_index(2, C.byref(out), 0x22) == INVALID_ARGUMENT  # a 2-GPU node
+    a, b = C.c_uint(7), C.c_uint(7)
+    primary = entry(words, 20, C.c_void_p, C.POINTER(C.c_uint), C.POINTER(C.c_uint))
+    assert primary(h0, C.byref(a), C.byref(b)) == SUCCESS and (a.value, b.value) == (0, 0)
+    assert primary(C.c_void_p(h0.value + 1), C.byref(a), C.byref(b)) == INVALID_ARGUMENT
+    assert entry(words, 72, C.c_void_p, C.POINTER(C.c_uint))(h0, C.byref(a)) == SUCCESS and a.value == 1
+    assert entry(words, 108, C.c_void_p, C.POINTER(C.c_uint))(h0, C.byref(a)) == SUCCESS
+    assert a.value == pub.publisher._st.gpus[0].power_enforced_limit > 0
+    part = C.create_string_buffer(0x50)
+    assert entry(words, 231, C.c_void_p, C.c_char_p, C.c_uint)(h0, part, 0x50) == SUCCESS
+    assert part.value == ffi.string(pub.publisher._st.gpus[0].gpu_part_number) != b""
+    assert entry(words, 231, C.c_void_p, C.c_char_p, C.c_uint)(h0, part, 3) == INSUFFICIENT_SIZE
+    margin = C.c_int()
+    assert entry(words, 240, C.c_void_p, C.POINTER(C.c_int))(h0, C.byref(margin)) == SUCCESS
+    st = pub.publisher._st.gpus[0]
+    assert margin.value == st.temp_tlimit - st.temp_gpu
+    # 237 is the FRU part number in 550 (not identified: the model has none)
+    assert entry(words, 237, C.c_void_p, C.c_char_p, C.c_uint)(h0, part, 0x14) == NOT_SUPPORTED
+    # topo -m's cell: an HGX H100's GPUs reach each other through 18 NVLinks each (NV18 = 4 + 18)
+    topo = entry(words, 23, C.c_char_p, C.c_char_p, C.POINTER(C.c_uint))
+    bus = [ffi.string(pub.publisher._st.gpus[i].bus_id) for i in (0, 1)]
+    assert topo(bus[0], bus[1], C.byref(a)) == SUCCESS and a.value == 22
+    assert topo(bus[0], b"0000:99:00.0", C.byref(a)) == NOT_FOUND
+    assert topo(b"not a bus id", bus[1], C.byref(a)) == NOT_FOUND
+    assert topo(bus[0], bus[1], None) == INVALID_ARGUMENT
+    # with every link of GPU 0 down the pair falls back to the PCIe level
+    for link in range(18):
+        pub.apply(NvLinkCommand(gpu=0, link=link, action="down"))
+    assert topo(bus[0], bus[1], C.byref(a)) == SUCCESS and a.value <= 4
+
+
+def test_process_list_entries(nvml, node):
+    pub = node("h100", "535.261.03")
+    pub.apply(SetProcesses(gpu=1, processes=((os.getpid(), 3 << 30),)))
+    assert nvml.nvmlInit_v2() == SUCCESS
+    words = table(nvml)
+    compute = entry(words, 213, C.c_void_p, C.POINTER(C.c_uint), C.c_void_p)
+    graphics = entry(words, 214, C.c_void_p, C.POINTER(C.c_uint), C.c_void_p)
+    element = 32 + 4096  # 535's element: nvmlProcessDetail_v1_t's numbers, then the name
+    buf = (C.c_ubyte * (4 * element))()
+    n = C.c_uint(4)
+    assert compute(handle(nvml, 1), C.byref(n), buf) == SUCCESS and n.value == 1
+    pid, used = C.c_uint32.from_buffer(buf, 0).value, C.c_uint64.from_buffer(buf, 8).value
+    gi, ci = C.c_uint32.from_buffer(buf, 16).value, C.c_uint32.from_buffer(buf, 20).value
+    name = bytes(buf[32:32 + 4096]).split(b"\0")[0].decode()
+    assert (pid, used, gi, ci) == (os.getpid(), 3 << 30, 0xFFFFFFFF, 0xFFFFFFFF)
+    assert name == Path("/proc/self/cmdline").read_bytes().split(b"\0")[0].decode()
+    n = C.c_uint(0)
+    assert compute(handle(nvml, 1), C.byref(n), None) == INSUFFICIENT_SIZE and n.value == 1
+    n = C.c_uint(4)
+    assert compute(handle(nvml, 0), C.byref(n), buf) == SUCCESS and n.value == 0
+    assert graphics(handle(nvml, 1), C.byref(n), buf) == SUCCESS and n.value == 0
+    assert compute(handle(nvml, 1), None, buf) == INVALID_ARGUMENT
+
+
+def test_the_525_table_has_the_tlimit_margin_at_237(nvml, node):
+    pub = node("h100", "525.147.05")
+    assert nvml.nvmlInit_v2() == SUCCESS
+    margin = C.c_int()
+    words = table(nvml)
+    assert entry(words, 237, C.c_void_p, C.POINTER(C.c_int))(handle(nvml, 0), C.byref(margin)) == SUCCESS
+    st = pub.publisher._st.gpus[0]
+    assert margin.value == st.temp_tlimit - st.temp_gpu
+
+
+def test_the_525_process_element_has_no_protected_memory_word(nvml, node):
+    pub = node("h100", "525.147.05")
+    pub.apply(SetProcesses(gpu=0, processes=((os.getpid(), 5 << 20),)))
+    assert nvml.nvmlInit_v2() == SUCCESS
+    compute = entry(table(nvml), 213, C.c_void_p, C.POINTER(C.c_uint), C.c_void_p)
+    buf = (C.c_ubyte * (2 * (24 + 4096)))()
+    n = C.c_uint(2)
+    assert compute(handle(nvml, 0), C.byref(n), buf) == SUCCESS and n.value == 1
+    assert bytes(buf[24:28]) == Path("/proc/self/cmdline").read_bytes()[:4]
+
+
+def fields(nvml, h, *pairs) -> list[tuple[int, int]]:
+    values = (FieldValue * len(pairs))()
+    for v, (fid, scope) in zip(values, pairs):
+        v.fieldId, v.scopeId = fid, scope
+    assert nvml.nvmlDeviceGetFieldValues(h, len(pairs), values) == SUCCESS
+    return [(v.nvmlReturn, v.value) for v in values]
+
+
+def test_nvlink_fields_per_link(nvml, node):
+    pub = node("h100", "535.261.03")
+    pub.apply(NvLinkCommand(gpu=0, link=3, action="down"))
+    assert nvml.nvmlInit_v2() == SUCCESS
+    h = handle(nvml, 0)
+    state, speed, version, l0, l11, common, past = 165, 164, 166, 84, 137, 90, 18
+    assert fields(nvml, h, (state, 0), (state, 3), (state, past)) == [(SUCCESS, 1), (SUCCESS, 0), (NOT_SUPPORTED, 0)]
+    assert fields(nvml, h, (speed, 0), (speed, 3)) == [(SUCCESS, 26562), (SUCCESS, 0)]
+    assert fields(nvml, h, (version, 0)) == [(SUCCESS, 6)]  # NVML_NVLINK_VERSION_4_0
+    assert fields(nvml, h, (l0, 0), (l11, 0), (common, 0)) == [(SUCCESS, 26562)] * 3
+
+
+def test_nvlink_fields_without_nvlink(nvml, node):
+    node("l40s", "535.261.03")
+    assert nvml.nvmlInit_v2() == SUCCESS
+    assert fields(nvml, handle(nvml, 0), (165, 0), (84, 0), (90, 0)) == [(NOT_SUPPORTED, 0)] * 3
+
+
+def test_power_fields_by_scope(nvml, node):
+    pub = node("h100", "535.261.03")
+    assert nvml.nvmlInit_v2() == SUCCESS
+    h = handle(nvml, 0)
+    g = pub.publisher._st.gpus[0]
+    gpu, module, memory = 0, 1, 2
+    got = fields(nvml, h, (185, gpu), (186, gpu), (187, gpu), (188, gpu), (189, gpu), (190, gpu), (192, gpu))
+    assert got == [(SUCCESS, g.power_usage), (SUCCESS, g.power_usage), (SUCCESS, g.power_min_limit),
+                   (SUCCESS, g.power_max_limit), (SUCCESS, g.power_default_limit),
+                   (SUCCESS, g.power_enforced_limit), (SUCCESS, g.power_limit)]
+    assert [r for r, _ in fields(nvml, h, (186, module), (186, memory), (190, module))] == [NOT_SUPPORTED] * 3
+    assert fields(nvml, h, (95, 0), (226, 0), (227, 0)) == [(SUCCESS, 0)] * 3
+
+
+def test_no_average_power_before_ada(nvml, node):
+    node("a100", "535.261.03")
+    assert nvml.nvmlInit_v2() == SUCCESS
+    assert fields(nvml, handle(nvml, 0), (185, 0))[0][0] == NOT_SUPPORTED
