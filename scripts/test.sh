@@ -3,6 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --no-mount
+# NVIDIA's own nvidia-smi of each Debian-shipped branch, for tests/test_real_nvidia_smi.py
+# (cached in .cache/nvidia-smi; a failed download fails here rather than skipping those tests).
+scripts/fetch_nvidia_smi.sh
 # Generated code must match what its generator makes now (STYLE.md 7).
 for gen in shims/gen_*.py shims/*/gen_*.py scripts/gen_*.py; do
   [ -e "$gen" ] && .venv/bin/python "$gen" --check
