@@ -26,7 +26,7 @@ READY_TIMEOUT_S = 30
 # daemon's control socket (the state directory's, reached through the mount's driver/run/mokka);
 # the kinds are the GPU commands of model/commands.py (spelled out here so that parsing arguments
 # needs none of the model's imports).
-INJECT_KINDS = ("clocks", "compute_mode", "ecc", "locked_clocks", "lost", "memory_used", "nvlink", "persistence",
+INJECT_KINDS = ("clocks", "compute_mode", "ecc", "locked_clocks", "lost", "memory_used", "mig", "nvlink", "persistence",
                 "power", "power_limit", "reset", "temperature", "throttle", "utilization", "xid")
 
 

@@ -22,7 +22,11 @@ NOT_SUPPORTED = "not_supported"  # the board does not offer it
 GPU_IS_LOST = "gpu_is_lost"  # the GPU fell off the bus
 BUSY = "busy"  # the caller's uid has too many connections open
 ERROR = "error"  # the daemon failed (its log says why)
-STATUSES = (OK, NO_PERMISSION, INVALID_ARGUMENT, NOT_SUPPORTED, GPU_IS_LOST, BUSY, ERROR)
+INSUFFICIENT_RESOURCES = "insufficient_resources"  # no room for a MIG instance (docs/mig.md)
+IN_USE = "in_use"  # MIG instances or processes are on what the command would change
+NOT_FOUND = "not_found"  # no MIG instance of that id
+STATUSES = (OK, NO_PERMISSION, INVALID_ARGUMENT, NOT_SUPPORTED, GPU_IS_LOST, BUSY, ERROR, INSUFFICIENT_RESOURCES,
+            IN_USE, NOT_FOUND)
 
 
 def control_path(state: str | os.PathLike) -> Path:
@@ -33,7 +37,7 @@ def control_path(state: str | os.PathLike) -> Path:
 @dataclass(frozen=True)
 class Reply:
     status: str  # one of STATUSES
-    message: str = ""
+    message: str = ""  # a refusal's reason; on success, what the command made (a MIG create's new ids)
 
     @property
     def ok(self) -> bool:

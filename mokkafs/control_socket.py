@@ -23,9 +23,12 @@ from mokkafs.control_client import (
     BUSY,
     ERROR,
     GPU_IS_LOST,
+    IN_USE,
+    INSUFFICIENT_RESOURCES,
     INVALID_ARGUMENT,
     MAX_REQUEST,
     NO_PERMISSION,
+    NOT_FOUND,
     NOT_SUPPORTED,
     OK,
     TIMEOUT_S,
@@ -36,6 +39,7 @@ from mokkafs.controller import Controller
 from mokkafs.model import InvalidCommand
 from mokkafs.model.commands import parse_line
 from mokkafs.model.config import GpuIsLost, NotSupported
+from mokkafs.model.mig import InsufficientResources, InUse, MigEvent, NotFound
 from mokkafs.ratelimit import RateLimiter, RefusalLog, Summary
 from mokkafs.unix_listener import serve_unix
 
@@ -80,6 +84,12 @@ def status_of(e: InvalidCommand) -> str:
         return NOT_SUPPORTED
     if isinstance(e, GpuIsLost):
         return GPU_IS_LOST
+    if isinstance(e, InsufficientResources):
+        return INSUFFICIENT_RESOURCES
+    if isinstance(e, InUse):
+        return IN_USE
+    if isinstance(e, NotFound):
+        return NOT_FOUND
     return INVALID_ARGUMENT
 
 
@@ -128,7 +138,8 @@ class ControlSocket:
             if self._first((ERROR, caller.uid)):
                 log.exception("%s: internal error on %r", self.path.name, _printable(line))
             return self._count(Reply(ERROR, "internal error; see the daemon's log"))
-        return self._count(Reply(OK))
+        # A MIG create answers with what it made (docs/mig.md); other commands with nothing.
+        return self._count(Reply(OK, self.controller.node.reply if isinstance(command.event, MigEvent) else ""))
 
     def _count(self, reply: Reply) -> Reply:
         self.answered[reply.status] = self.answered.get(reply.status, 0) + 1

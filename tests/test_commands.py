@@ -58,7 +58,7 @@ GOOD = [
     ("gpu=3 locked_clocks default", Configure(3, "locked_clocks", None)),
 ]
 
-GPU_VERBS = ("clocks, compute_mode, ecc, locked_clocks, lost, memory_used, nvlink, persistence, power, power_limit, "
+GPU_VERBS = ("clocks, compute_mode, ecc, locked_clocks, lost, memory_used, mig, nvlink, persistence, power, power_limit, "
              "reset, temperature, throttle, utilization, xid")
 BAD = [
     ("", "empty command or control characters"),
@@ -168,6 +168,9 @@ SHARED = [
     ("gpu=1", "power_limit", "100"), ("gpu=1", "power_limit", "800"), ("gpu=1", "power_limit", "5e2"),
     ("gpu=0", "persistence", "2"), ("gpu=2", "compute_mode", "exclusive_thread"), ("gpu=2", "compute_mode", "turbo"),
     ("gpu=3", "locked_clocks", "100 1500"), ("gpu=3", "locked_clocks", "1500 1400"), ("gpu=3", "locked_clocks", "1500"),
+    # MIG: state-independent lines only (the socket applies what it accepts; disabling a disabled GPU changes nothing)
+    ("gpu=0", "mig", "disable"), ("gpu=0", "mig", "create_gi 19:9"), ("gpu=0", "mig", "explode"),
+    ("gpu=1", "mig", "create 5g.50gb"), ("gpu=1", "mig", "create_gi 3g.40gb:2"),
 ]
 
 

@@ -42,7 +42,7 @@ def test_tree_listing(mounted: MountedNode):
     assert sorted(os.listdir(mounted.path("gpu3"))) == sorted(
         [
             "info", "inject_xid", "inject_ecc", "temperature", "power", "utilization", "clocks",
-            "throttle", "memory_used", "lost", "nvlink", "reset", "events", "config",
+            "throttle", "memory_used", "lost", "nvlink", "reset", "events", "config", "mig",
         ]
     )
     assert {"profile", "driver_version", "cuda_version", "gpu_count", "events", "reset"} <= set(

@@ -13,6 +13,7 @@ agent's annotations and scenario steps are spellings of these commands and parse
     gpu=N      compute_mode default|exclusive_process|prohibited   (control socket)
     gpu=N      power_limit  W|default                          (control socket)
     gpu=N      locked_clocks MIN_MHZ MAX_MHZ|default           (control socket)
+    gpu=N      mig          enable|disable, create LIST, ...   (control socket; gpuN/mig shows it; docs/mig.md)
     node       reset        1                                  node/reset
     hca=N      port         up|down|errors [COUNTER] COUNT     ib/mlx5_N/port1
 
@@ -29,6 +30,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from mokkafs.model import mig
 from mokkafs.model.config import SETTINGS, parse_setting
 from mokkafs.model.events import (
     MAX_COUNT,
@@ -217,6 +219,7 @@ _VERBS = (
     Verb("nvlink", "gpu", "nvlink", "LINK up|down, LINK errors COUNT", _nvlink),
     Verb("reset", "gpu", "reset", "1", _reset, default="1"),
     *(Verb(s.name, "gpu", None, s.usage, parse_setting(s.name)) for s in SETTINGS.values()),
+    Verb("mig", "gpu", None, mig.USAGE, mig.parse),
     Verb("reset", "node", "reset", "1", _reset, default="1"),
     Verb("port", "hca", "port1", "up|down, errors [COUNTER] COUNT", _ib_port),
 )

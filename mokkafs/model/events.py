@@ -123,9 +123,11 @@ MAX_PROCESS_BYTES = 1 << 50
 @dataclass(frozen=True)
 class SetProcesses(Event):
     """The CUDA processes holding a context on one GPU, as the daemon read them from the
-    shims' process table: `(pid, used bytes)` pairs, unique pids. Replaces the GPU's list."""
+    shims' process table: `(pid, used bytes)` pairs, unique pids. Replaces the GPU's list.
+    `instances`: `(pid, GPU instance, compute instance)` of those that run on a MIG device."""
 
     processes: tuple = ()
+    instances: tuple = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -143,6 +145,15 @@ class SetProcesses(Event):
         if len({pid for pid, _ in procs}) != len(procs):
             raise InvalidCommand("a pid appears twice")
         object.__setattr__(self, "processes", tuple(sorted(procs)))
+        try:
+            placed = tuple((int(pid), int(gi), int(ci)) for pid, gi, ci in self.instances)
+        except (TypeError, ValueError):
+            raise InvalidCommand("instances must be (pid, GPU instance, compute instance) triples") from None
+        if any(not (0 <= gi <= 0xFF and 0 <= ci <= 0xFF) for _, gi, ci in placed):
+            raise InvalidCommand("bad instance id")
+        if len({pid for pid, _, _ in placed}) != len(placed):
+            raise InvalidCommand("a pid is on two instances")
+        object.__setattr__(self, "instances", tuple(sorted(placed)))
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,8 @@ from mokkafs.model.events import (
 from mokkafs.model.compute import ComputeLimits, compute_limits
 from mokkafs.model.config import SETTINGS, Configure, GpuIsLost
 from mokkafs.model.identity import GpuIdentity, NodeConfig, gpu_identities
+from mokkafs.model import mig
+from mokkafs.model.mig import GpuInstance, MigEvent, MigState
 from mokkafs.model.topology import Layout, pci_layout
 from mokkafs.model.xid import Remap, kernel_log_line, xid_rule
 
@@ -181,6 +183,7 @@ class GpuState:
     last_xid: int | None = None
     last_xid_time: float | None = None
     xid_counts: dict[str, int] = field(default_factory=dict)
+    mig: MigState = field(default_factory=MigState)  # MIG mode and instances (model/mig.py)
 
     def to_dict(self) -> dict:
         """A deep copy, JSON-ready: later changes to this state never show through it. Counter
@@ -196,6 +199,7 @@ class GpuState:
             str(link): {counter.spelling: n for counter, n in errs.items()} for link, errs in self.nvlink_errors.items()
         }
         data["xid_counts"] = dict(self.xid_counts)
+        data["mig"] = self.mig.to_dict()
         return data
 
     @classmethod
@@ -204,6 +208,8 @@ class GpuState:
         if not isinstance(data, dict):
             raise ValueError(f"a GPU record must be a mapping, got {type(data).__name__}")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        # MIG's record has its own reader; absent (a record from before MIG): MIG off.
+        mig_record = known.pop("mig", None)
         if isinstance(known.get("pins"), dict):  # JSON has no tuples
             known["pins"] = {k: tuple(v) if isinstance(v, list) else v for k, v in known["pins"].items()}
         if isinstance(known.get("locked_clocks"), list):
@@ -215,6 +221,8 @@ class GpuState:
         state = _validate(cls, _GPU_RECORD, known)
         _typed_counters(state)
         _check_ranges(state)
+        if mig_record is not None:
+            state.mig = MigState.from_dict(mig_record)
         return state
 
 
@@ -323,7 +331,7 @@ def _typed_counters(state: "GpuState") -> None:
     state.ecc, state.nvlink_errors = ecc, nvlink
 
 
-_GPU_RECORD = _strict_record(GpuState, ecc=dict[str, int], nvlink_errors=dict[str, dict[str, int]])
+_GPU_RECORD = _strict_record(GpuState, ecc=dict[str, int], nvlink_errors=dict[str, dict[str, int]], mig=object)
 
 
 @dataclass
@@ -370,6 +378,9 @@ class Node:
         # (pid, used bytes) of the CUDA processes on each GPU: live, never persisted (the
         # processes of a previous daemon's lifetime are read again from the process table).
         self.processes: list[tuple[tuple[int, int], ...]] = [() for _ in self.identities]
+        # Which MIG instance each of those processes runs on: pid -> (GPU instance, compute instance).
+        self.process_instances: list[dict[int, tuple[int, int]]] = [{} for _ in self.identities]
+        self.reply = ""  # what the last applied event answers its sender (a MIG create's new ids)
         self.log: deque[LogEntry] = deque(maxlen=LOG_LIMIT)
         self.generation = 0  # bumped on every applied event; caches key on it
         self.log_seq = 0  # log lines ever appended (the deque keeps the last LOG_LIMIT)
@@ -395,6 +406,21 @@ class Node:
                 raise GpuIsLost(f"gpu{event.gpu} has fallen off the bus")
             if event.value is not None:
                 SETTINGS[event.setting].check_board(self.profile, event.value)
+        if isinstance(event, MigEvent):
+            # What the board allows; what the GPU's MIG state allows is apply's to say (a
+            # scenario's `mig create` after its `mig enable` is checked at load, before either).
+            mig.check_board(self.profile, event)
+        if isinstance(event, SetProcesses):
+            pids = {pid for pid, _ in event.processes}
+            if any(pid not in pids for pid, _, _ in event.instances):
+                raise InvalidCommand("an instance names a pid that is not in the process list")
+
+    def _mig_outcome(self, event: MigEvent) -> mig.Outcome:
+        """What `event` would do to its GPU's MIG state now; raises with NVML's error."""
+        if self.gpus[event.gpu].lost:
+            raise GpuIsLost(f"gpu{event.gpu} has fallen off the bus")
+        return mig.apply(self.profile, self.gpus[event.gpu].mig, event, gpu_busy=bool(self.processes[event.gpu]),
+                         processes_on=self.process_instances[event.gpu])
 
     def _validate_pin(self, pin: Pin) -> None:
         p = self.profile
@@ -407,11 +433,15 @@ class Node:
 
     def apply(self, event: Event, now: float, note: str | None = None) -> list[Notification]:
         """Validate, then apply `event` in one step. Returns what subscribers must be told.
-        `note` (who sent it: `scenario NAME step K: COMMAND`) is logged first, on the event's GPU."""
+        `note` (who sent it: `scenario NAME step K: COMMAND`) is logged first, on the event's GPU.
+        A MIG event is also refused here, before anything changes, when the GPU's MIG state does
+        not allow it (model/mig.py)."""
         self.validate(event)
+        outcome = self._mig_outcome(event) if isinstance(event, MigEvent) else None
         if note is not None:
             self._log(now, event.gpu, note)
         self.saturated = []
+        self.reply = ""
         targets = range(len(self.gpus)) if event.gpu is None else [event.gpu]
         for i in targets:
             self._checkpoint(i, now)
@@ -438,6 +468,11 @@ class Node:
         elif isinstance(event, SetProcesses):
             # Bookkeeping, not a fault: neither logged nor counted as an injection.
             self.processes[event.gpu] = event.processes
+            self.process_instances[event.gpu] = {pid: (gi, ci) for pid, gi, ci in event.instances}
+        elif isinstance(event, MigEvent):
+            self.gpus[event.gpu].mig = outcome.state
+            self.reply = outcome.reply
+            self._log(now, event.gpu, f"mokka: gpu{event.gpu} {outcome.log}")
         else:  # pragma: no cover - every event class is handled above
             raise InvalidCommand(f"unknown event {event!r}")
         if not isinstance(event, SetProcesses):
@@ -454,6 +489,7 @@ class Node:
         return (
             tuple(g.lost for g in self.gpus),
             tuple((h.port_down, tuple(h.counters.values())) for h in self.hcas),
+            tuple(self.mig_instances(i) for i in range(len(self.gpus))),  # the MIG capability files
         )
 
     def _add(self, name: str, family: str, value: int, n: int) -> int:
@@ -610,6 +646,9 @@ class Node:
         g.nvlink_errors = {}
         g.last_xid = None
         g.last_xid_time = None
+        # A reset is the activation a pending MIG mode waits for; instances do not survive it.
+        if g.mig.instances or g.mig.pending != g.mig.enabled:
+            g.mig = MigState(g.mig.pending, g.mig.pending)
         self._log(now, i, f"mokka: gpu{i} reset")
 
     def _ib_port(self, e: IbPortCommand, now: float) -> None:
@@ -755,6 +794,37 @@ class Node:
 
     # --- queries ------------------------------------------------------------------------------
 
+    def mig_instances(self, i: int) -> tuple[GpuInstance, ...]:
+        """GPU `i`'s GPU instances as every surface lists them: none while the GPU is off the
+        bus (they come back with it)."""
+        g = self.gpus[i]
+        return () if g.lost or not g.mig.enabled else g.mig.instances
+
+    def mig_capacity(self, i: int) -> tuple[int, ...]:
+        """GPU instances of each profile of the board's table (in its order) that still fit on
+        GPU `i`; all zero while MIG is off or the GPU is lost."""
+        tables = self.profile.mig
+        if tables is None:
+            return ()
+        st = self.gpus[i].mig
+        if not st.enabled or self.gpus[i].lost:
+            return (0,) * len(tables.gpu_instance_profiles)
+        return tuple(mig.remaining_gpu_instances(tables, st, gp) for gp in tables.gpu_instance_profiles)
+
+    def mig_devices(self, i: int) -> tuple[tuple[mig.GpuInstanceView, ...], tuple[mig.MigDevice, ...]]:
+        """GPU `i`'s GPU instances and MIG devices with all their facts (model/mig.py), the
+        memory its processes use counted to the instance each runs on."""
+        instances = self.mig_instances(i)
+        if not instances:
+            return (), ()
+        used: dict[int, int] = {}
+        on = self.process_instances[i]
+        for pid, nbytes in self.processes[i]:
+            if pid in on:
+                used[on[pid][0]] = used.get(on[pid][0], 0) + nbytes
+        ident = self.identities[i]
+        return mig.describe(self.profile, ident.uuid, ident.minor, instances, used)
+
     def active_faults(self, i: int) -> list[str]:
         g = self.gpus[i]
         faults = []
@@ -789,7 +859,11 @@ class Node:
     def _check_profile_ranges(self, state: GpuState) -> None:
         """What only this node's profile can judge: the settings, through exactly the checks a
         `Configure` gets, and pins through exactly the checks a control write gets (its parser,
-        then `validate`)."""
+        then `validate`); MIG by re-placing every instance by the board's rules."""
+        if state.mig != MigState():
+            if self.profile.mig is None:
+                raise ValueError(f"mig: {self.profile.name} does not support MIG")
+            mig.check(self.profile.mig, state.mig)
         for s in SETTINGS.values():
             value = getattr(state, s.field)
             if value is not None:

@@ -55,6 +55,29 @@ def render_config(ctx: Ctx, i: int) -> str:
     return "".join(lines)
 
 
+def render_mig(ctx: Ctx, i: int) -> str:
+    """MIG mode and instances (docs/mig.md): `mode` and `pending`, then one `gi` line per GPU
+    instance (id, profile name and id, placement start:size, memory, SMs, capability minor), each
+    followed by its `ci` lines (id, profile name and id, placement, SMs, minor, MIG UUID, name).
+    None are listed while the GPU is off the bus."""
+    node = ctx.node
+    if node.profile.mig is None:
+        return "mode: not supported\n"
+    st = node.gpus[i].mig
+    lines = [f"mode: {'enabled' if st.enabled else 'disabled'}", f"pending: {'enabled' if st.pending else 'disabled'}"]
+    gis, devices = node.mig_devices(i)
+    for gi in gis:
+        p = gi.profile
+        lines.append(f"gi {gi.id} profile {p.name} id {p.id} placement {gi.start}:{gi.size} "
+                     f"memory_mib {p.memory_mib} sm {p.sm} minor {gi.minor}")
+        for d in devices:
+            if d.gi.id == gi.id:
+                lines.append(f"  ci {d.ci.id} profile {d.profile.name} id {d.profile.profile} "
+                             f"placement {d.ci.start}:{d.ci.size} sm {d.profile.sm} minor {d.minor} uuid {d.uuid} "
+                             f"name {d.name}")
+    return "".join(f"{line}\n" for line in lines)
+
+
 def render_xid(ctx: Ctx, i: int) -> str:
     g = ctx.node.gpus[i]
     if g.last_xid is None:
@@ -109,6 +132,7 @@ def gpu_dir(i: int) -> Dir:
     files: dict[str, File] = {
         "info": text(partial(render_info, i=i)),
         "config": text(partial(render_config, i=i)),
+        "mig": text(partial(render_mig, i=i)),
         "inject_xid": text(partial(render_xid, i=i), write=control_writer(target, "xid")),
         "inject_ecc": text(partial(render_ecc, i=i), write=control_writer(target, "ecc")),
         "lost": text(lambda ctx: "1\n" if ctx.node.gpus[i].lost else "0\n", write=control_writer(target, "lost")),

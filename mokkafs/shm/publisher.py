@@ -18,7 +18,19 @@ from mokkafs.model import Node, Notification
 from mokkafs.model.config import COMPUTE_MODES
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS
 from mokkafs.model.node import LogEntry, Readings
-from mokkafs.shm.layout import MAGIC, MAX_GPU_PROCS, MAX_GPUS, RETIRED, RING, STATE_SIZE, VERSION, fence, ffi, libc
+from mokkafs.shm.layout import (
+    MAGIC,
+    MAX_GPU_PROCS,
+    MAX_GPUS,
+    NO_MIG,
+    RETIRED,
+    RING,
+    STATE_SIZE,
+    VERSION,
+    fence,
+    ffi,
+    libc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -170,9 +182,70 @@ def fill_dynamic(g, node: Node, i: int, now: float) -> None:
     g.last_xid = st.last_xid or 0
     g.mem_used_pinned = int("memory_used" in st.pins)
     procs = node.processes[i][:MAX_GPU_PROCS]
+    on = node.process_instances[i]
     g.process_count = len(procs)
     for k, (pid, used) in enumerate(procs):
-        g.processes[k].pid, g.processes[k].used_memory = pid, used
+        rec = g.processes[k]
+        rec.pid, rec.used_memory = pid, used
+        rec.mig_gi, rec.mig_ci = on.get(pid, (NO_MIG, NO_MIG))
+    fill_mig(g, node, i)
+
+
+def fill_mig(g, node: Node, i: int) -> None:
+    """GPU `i`'s MIG mode, GPU instances and MIG devices, as the model describes them
+    (`Node.mig_devices`); `g`'s MIG section is zero, from `fill_static`."""
+    st = node.gpus[i].mig
+    g.mig_mode, g.mig_pending = int(st.enabled), int(st.pending)
+    gis, devices = node.mig_devices(i)
+    g.mig_gi_count, g.mig_device_count = len(gis), len(devices)
+    for k, n in enumerate(node.mig_capacity(i)):
+        g.mig_gi_remaining[k] = n
+    slot = {}
+    for k, v in enumerate(gis):
+        r, p = g.mig_gi[k], v.profile
+        slot[v.id] = k
+        r.id, r.profile, r.profile_id, r.start, r.size = v.id, p.profile, p.id, v.start, v.size
+        r.slice_count, r.multiprocessor_count = p.slices, p.sm
+        r.copy_engine_count, r.decoder_count, r.encoder_count = p.copy_engines, p.decoders, p.encoders
+        r.jpeg_count, r.ofa_count = p.jpegs, p.ofas
+        r.minor, r.ci_count = v.minor, len(v.compute)
+        for j, n in enumerate(v.remaining):
+            r.ci_remaining[j] = n
+        r.memory_total, r.memory_used = p.memory_mib << 20, v.memory_used_bytes
+        _put(r.profile_name, p.name)
+    for k, d in enumerate(devices):
+        r = g.mig_devices[k]
+        r.gi_slot, r.gi_id, r.ci_id, r.profile = slot[d.gi.id], d.gi.id, d.ci.id, d.profile.profile
+        r.start, r.size, r.multiprocessor_count, r.minor = d.ci.start, d.ci.size, d.profile.sm, d.minor
+        _put(r.name, d.name)
+        _put(r.uuid, d.uuid)
+        _put(r.profile_name, d.profile.name)
+
+
+def fill_mig_tables(st, node: Node) -> None:
+    """The board's MIG profile tables into the state's node-wide section (none: count 0)."""
+    mig = node.profile.mig
+    if mig is None:
+        st.mig_memory_slices = st.mig_compute_slices = st.mig_profile_count = 0
+        return
+    st.mig_memory_slices, st.mig_compute_slices = mig.memory_slices, mig.compute_slices
+    st.mig_profile_count = len(mig.gpu_instance_profiles)
+    for k, p in enumerate(mig.gpu_instance_profiles):
+        r = st.mig_profiles[k]
+        r.index, r.id, r.slice_count, r.instance_count = p.profile, p.id, p.slices, p.instances
+        r.multiprocessor_count, r.copy_engine_count = p.sm, p.copy_engines
+        r.decoder_count, r.encoder_count, r.jpeg_count, r.ofa_count = p.decoders, p.encoders, p.jpegs, p.ofas
+        r.p2p, r.placement_size, r.memory_mib = int(p.p2p), p.placement_size, p.memory_mib
+        r.placement_count = len(p.placements)
+        r.placements = list(p.placements) + [0] * (len(r.placements) - len(p.placements))
+        _put(r.name, p.name + "\0")
+        r.ci_profile_count = len(p.compute_profiles)
+        for j, c in enumerate(p.compute_profiles):
+            rc = r.ci_profiles[j]
+            rc.id, rc.slice_count, rc.instance_count, rc.multiprocessor_count = c.profile, c.slices, c.instances, c.sm
+            rc.placement_count = len(c.placements)
+            rc.placements = list(c.placements) + [0] * (len(rc.placements) - len(c.placements))
+            _put(rc.name, c.name + "\0")
 
 
 def fill_gpu(g, node: Node, i: int, now: float) -> None:
@@ -439,6 +512,8 @@ class Publisher:
             _put(st.driver_version, cfg.driver_version + "\0")
             _put(st.nvml_version, f"{cfg.cuda_version.split('.')[0]}.{cfg.driver_version}" + "\0")
             _put(st.hostname, cfg.hostname + "\0")
+            if only is None:  # static: every full publish (a new or repaired file gets one first)
+                fill_mig_tables(st, node)
         if len(whole) == count:
             ffi.memmove(ffi.addressof(st.gpus, 0), scratch, rec * count)
         else:

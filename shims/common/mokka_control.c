@@ -47,6 +47,9 @@ static const struct {
     {"gpu_is_lost", MOKKA_CTL_GPU_IS_LOST},
     {"busy", MOKKA_CTL_BUSY},
     {"error", MOKKA_CTL_ERROR},
+    {"insufficient_resources", MOKKA_CTL_INSUFFICIENT_RESOURCES},
+    {"in_use", MOKKA_CTL_IN_USE},
+    {"not_found", MOKKA_CTL_NOT_FOUND},
 };
 
 static enum mokka_ctl_status parse_reply(char *reply, char *reason, size_t reason_size)

@@ -29,11 +29,15 @@ enum mokka_ctl_status {
     MOKKA_CTL_BUSY,             /* "busy": too many connections from this uid */
     MOKKA_CTL_ERROR,            /* "error", or a reply no client knows */
     MOKKA_CTL_NO_DAEMON,        /* no socket, nobody listening, or no reply in time */
+    MOKKA_CTL_INSUFFICIENT_RESOURCES, /* "insufficient_resources": no room for a MIG instance */
+    MOKKA_CTL_IN_USE,           /* "in_use": MIG instances or processes are on it */
+    MOKKA_CTL_NOT_FOUND,        /* "not_found": no MIG instance of that id */
 };
 
 /* Send `line` (no newline) to the control socket beside the state file the shim mapped
    (mokka_path(); MOKKA_CTL_NO_DAEMON before one was mapped). `reason` (may be NULL) gets the
-   daemon's message, NUL-terminated. */
+   daemon's message, NUL-terminated: on success, what the command made (a MIG create's
+   `gi=ID[/ci=ID] ...`, a deferred MIG mode's `pending in_use`; docs/mig.md). */
 enum mokka_ctl_status mokka_control(const char *line, char *reason, size_t reason_size);
 
 #pragma GCC visibility pop

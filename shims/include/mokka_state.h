@@ -60,6 +60,13 @@
  * through /proc/<pid>/fd (start time checked) and hands the same record back
  * when the shim, having seen its connection close, reconnects.
  *
+ * MIG: the board's profile tables (mig_profiles) are written once; each GPU
+ * record carries its MIG mode (current, pending), its GPU instances (mig_gi, by
+ * id) and its MIG devices (mig_devices, one per compute instance, ordered by GPU
+ * instance id then compute instance id: index m is MIG handle m), each with its
+ * name, MIG- UUID, capability minor, SMs and memory as the model computed them.
+ * Shims change MIG only through the control socket (`gpu=N mig ...`, docs/mig.md).
+ *
  * Restart: a daemon that finds a valid file of this version rewrites it in
  * place and continues `event_head`/`event_wake`, so consumers that hold the
  * mapping across a daemon restart keep working.
@@ -89,7 +96,7 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/shm/layout.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 5
+#define MOKKA_STATE_VERSION 6
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_CPU_WORDS 16         /* 1024 CPUs, what NVML's CPU masks carry */
 #define MOKKA_MAX_NVLINKS 18
@@ -102,11 +109,88 @@
 #define MOKKA_PROCS_MAGIC 0x53434f5250414b4d
 #define MOKKA_PROCS_VERSION 4
 #define MOKKA_PROCS_PER_UID 64
+#define MOKKA_MAX_GPU_INSTANCES 8  /* per GPU */
+#define MOKKA_MAX_MIG_DEVICES 8    /* compute instances per GPU, all GPU instances together */
+#define MOKKA_MAX_MIG_PROFILES 16  /* GPU instance profiles in a board's table */
+#define MOKKA_MAX_CI_PROFILES 8    /* compute instance profiles of one GPU instance profile */
+#define MOKKA_MAX_MIG_PLACEMENTS 8
+#define MOKKA_NO_MIG 0xFFFF        /* mokka_gpu_process.mig_gi/mig_ci: not on a MIG device */
 
 struct mokka_gpu_process {
     uint32_t pid;
-    uint32_t pad0;
+    uint16_t mig_gi;           /* the GPU instance id it runs on; MOKKA_NO_MIG: none (version 6) */
+    uint16_t mig_ci;           /* the compute instance id; MOKKA_NO_MIG: none */
     uint64_t used_memory;      /* bytes */
+};
+
+/* MIG (version 6; docs/mig.md). The board's tables are node-wide (mokka_state.mig_profiles);
+   each GPU lists its GPU instances and its MIG devices (compute instances), every fact computed
+   by the model (mokkafs/model/mig.py). While a GPU is lost or MIG is off, it lists none. */
+struct mokka_mig_ci_profile {  /* nvmlComputeInstanceProfileInfo_v3_t; nvidia-smi mig -lcip */
+    uint32_t id;               /* NVML_COMPUTE_INSTANCE_PROFILE_*, also the id the driver reports */
+    uint32_t slice_count;
+    uint32_t instance_count;   /* in an empty GPU instance */
+    uint32_t multiprocessor_count;
+    uint32_t placement_count;
+    uint32_t placements[MOKKA_MAX_MIG_PLACEMENTS]; /* first compute slices; each takes slice_count */
+    char name[32];             /* "1c.3g.40gb"; the full-size one is named as its GPU instance */
+};
+
+struct mokka_mig_profile {     /* nvmlGpuInstanceProfileInfo_v3_t; nvidia-smi mig -lgip/-lgipp */
+    uint32_t index;            /* NVML_GPU_INSTANCE_PROFILE_*: what GetGpuInstanceProfileInfo takes */
+    uint32_t id;               /* the id the driver reports (19 for 1g.10gb on H100) */
+    uint32_t slice_count;      /* compute slices */
+    uint32_t instance_count;   /* on an empty GPU */
+    uint32_t multiprocessor_count;
+    uint32_t copy_engine_count;
+    uint32_t decoder_count;
+    uint32_t encoder_count;
+    uint32_t jpeg_count;
+    uint32_t ofa_count;
+    uint32_t p2p;
+    uint32_t placement_size;   /* memory slices one instance takes */
+    uint32_t placement_count;
+    uint32_t ci_profile_count;
+    uint64_t memory_mib;       /* memorySizeMB */
+    uint32_t placements[MOKKA_MAX_MIG_PLACEMENTS]; /* first memory slices */
+    char name[32];             /* "1g.10gb", without the "MIG " nvidia-smi prints */
+    struct mokka_mig_ci_profile ci_profiles[MOKKA_MAX_CI_PROFILES];
+};
+
+struct mokka_mig_gi {          /* a GPU instance */
+    uint32_t id;
+    uint32_t profile;          /* NVML_GPU_INSTANCE_PROFILE_* */
+    uint32_t profile_id;       /* the id the driver reports */
+    uint32_t start;            /* placement: first memory slice */
+    uint32_t size;             /* placement: memory slices */
+    uint32_t slice_count;      /* compute slices */
+    uint32_t multiprocessor_count;
+    uint32_t copy_engine_count;
+    uint32_t decoder_count;
+    uint32_t encoder_count;
+    uint32_t jpeg_count;
+    uint32_t ofa_count;
+    uint32_t minor;            /* nvidia-caps minor of gpu<gpu minor>/gi<id>/access */
+    uint32_t ci_count;         /* its compute instances (in mig_devices) */
+    uint64_t memory_total;     /* bytes: the profile's memory */
+    uint64_t memory_used;      /* bytes the processes on it use */
+    char profile_name[32];     /* "3g.40gb" */
+    uint32_t ci_remaining[MOKKA_MAX_CI_PROFILES]; /* compute instances of each of its profile's
+                                                     ci_profiles that still fit (table order) */
+};
+
+struct mokka_mig_device {      /* a compute instance: one MIG device */
+    uint32_t gi_slot;          /* its GPU instance: index into mokka_gpu.mig_gi */
+    uint32_t gi_id;
+    uint32_t ci_id;
+    uint32_t profile;          /* NVML_COMPUTE_INSTANCE_PROFILE_*, also the id reported */
+    uint32_t start;            /* placement: first compute slice in its GPU instance */
+    uint32_t size;             /* placement: compute slices */
+    uint32_t multiprocessor_count;
+    uint32_t minor;            /* nvidia-caps minor of gpu<gpu minor>/gi<gi>/ci<ci>/access */
+    char name[96];             /* NVML's name: "NVIDIA H100 80GB HBM3 MIG 1g.10gb" */
+    char uuid[48];             /* "MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+    char profile_name[32];     /* "1c.3g.40gb", or the GPU instance's for a full-size one */
 };
 
 struct mokka_nvlink {
@@ -237,6 +321,15 @@ struct mokka_gpu {
     uint32_t max_blocks_per_sm;
     uint32_t fp32_to_fp64_ratio;
     uint32_t pad2;
+    /* MIG (version 6) */
+    uint32_t mig_mode;         /* current: NVML_DEVICE_MIG_ENABLE (1) or DISABLE (0) */
+    uint32_t mig_pending;      /* the mode the next reset activates (equals mig_mode when none is due) */
+    uint32_t mig_gi_count;     /* GPU instances, by id */
+    uint32_t mig_device_count; /* MIG devices, by (GPU instance id, compute instance id): the MIG handle index */
+    uint32_t mig_gi_remaining[MOKKA_MAX_MIG_PROFILES]; /* GPU instances of each of mig_profiles that
+                                                          still fit (0 while MIG is off) */
+    struct mokka_mig_gi mig_gi[MOKKA_MAX_GPU_INSTANCES];
+    struct mokka_mig_device mig_devices[MOKKA_MAX_MIG_DEVICES];
 };
 
 struct mokka_event {
@@ -265,6 +358,12 @@ struct mokka_state {
     char hostname[64];
     struct mokka_event ring[MOKKA_EVENT_RING];
     struct mokka_gpu gpus[MOKKA_MAX_GPUS];
+    /* the board's MIG tables (version 6); mig_profile_count 0: the board has no MIG */
+    uint32_t mig_memory_slices;
+    uint32_t mig_compute_slices;
+    uint32_t mig_profile_count;
+    uint32_t pad1;
+    struct mokka_mig_profile mig_profiles[MOKKA_MAX_MIG_PROFILES];
 };
 
 /* One CUDA process's record (see above): written by that process, except `pid` and `others`. */
