@@ -1,7 +1,8 @@
-"""CUDA on MIG (docs/mig.md, "CUDA"): libcuda.so.1 enumerates MIG devices as the driver does,
-honours CUDA_VISIBLE_DEVICES=MIG-<uuid> (and the MIG-GPU-<uuid>/gi/ci form of drivers before
-R470), reports the slice's name, UUID, memory and SMs, and accounts allocations to the instance,
-so the process is listed on it. Real consumers: cuda-python, numba, pynvml."""
+"""Level 4 (shims loaded by real consumers on a real mount): CUDA on MIG (docs/mig.md, "CUDA").
+libcuda.so.1 enumerates MIG devices as the driver does, honours CUDA_VISIBLE_DEVICES=MIG-<uuid>
+(and the MIG-GPU-<uuid>/gi/ci form of drivers before R470), reports the slice's name, UUID, memory
+and SMs, and accounts allocations to the instance, so the process is listed on it. Consumers:
+cuda-python, numba, pynvml."""
 from __future__ import annotations
 
 import json

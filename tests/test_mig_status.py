@@ -1,4 +1,4 @@
-"""`mokka status` shows a GPU's MIG mode and layout where it is not the default (off)."""
+"""Level 3 (a real mount and the CLI): `mokka status` shows a GPU's MIG mode and layout where it is not the default (off)."""
 from __future__ import annotations
 
 from mokkafs.cli import _mig_summary
