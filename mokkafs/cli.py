@@ -223,7 +223,36 @@ def cmd_status(args) -> int:
             continue  # a daemon from before settings existed
         if changed:
             print(f"gpu{i} settings: " + "; ".join(changed))
+    # MIG, where it is not the default (off): mode, a pending change, and the layout.
+    for i in range(count):
+        try:
+            line = _mig_summary(_read(root, f"gpu{i}/mig"))
+        except OSError:
+            continue  # a daemon from before MIG
+        if line:
+            print(f"gpu{i} MIG: {line}")
     return 0
+
+
+def _mig_summary(text: str) -> str | None:
+    """One line from `gpuN/mig` (docs/mig.md): None when MIG is off with nothing pending, or the
+    board has none."""
+    fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line and not line.startswith(" "))
+    mode, pending = fields.get("mode"), fields.get("pending", fields.get("mode"))
+    if mode not in ("enabled", "disabled") or (mode == "disabled" and pending == "disabled"):
+        return None
+    gis: list[list[str]] = []
+    for line in text.splitlines():
+        words = line.split()
+        if line.startswith("gi "):
+            gis.append([f"gi{words[1]} {words[words.index('profile') + 1]}", 0])
+        elif line.startswith("  ci ") and gis:
+            gis[-1][1] += 1
+    out = mode + ("" if pending == mode else f" (pending {pending}: takes effect at the next GPU reset)")
+    if mode == "enabled":
+        listed = ", ".join(f"{name} ({n} ci)" for name, n in gis)
+        out += f", {len(gis)} GPU instance{'' if len(gis) == 1 else 's'}" + (f": {listed}" if gis else "")
+    return out
 
 
 def cmd_inject(args) -> int:

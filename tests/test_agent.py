@@ -498,6 +498,25 @@ def test_annotation_within_the_limits_applies_fully(start_agent):
     assert annotations(cluster)[decisions.ANNOTATION_APPLIED].endswith(f" {value}")
 
 
+def test_mig_annotation(start_agent, expect_log):
+    """`mig=` through the agent: the same vocabulary as `mokka inject`, checked whole against a
+    scratch node first (an over-full layout is refused before anything is written)."""
+    expect_log(r"rejected mokkafs.io/inject")
+    cluster, node, _ = start_agent("h100", 2)
+    wait_until(lambda: cluster.condition(decisions.CONDITION_TYPE), "the first health report")
+    cluster.annotate(decisions.ANNOTATION_INJECT, "gpu=0 mig=enable; gpu=0 mig=create 4g.40gb,4g.40gb")
+    (bad,) = wait_until(lambda: events(cluster, "InjectionRejected"), "the InjectionRejected event")
+    assert "4g.40gb" in bad["message"] and node.read("gpu0/mig").startswith("mode: disabled\n")
+    value = "gpu=all mig=enable; gpu=1 mig=create 3g.40gb,2g.20gb,1g.10gb,1g.10gb"
+    cluster.annotate(decisions.ANNOTATION_INJECT, value)
+    (ev,) = wait_until(lambda: events(cluster, "InjectionApplied"), "the InjectionApplied event")
+    assert ev["message"] == value
+    assert node.read("gpu0/mig").startswith("mode: enabled\n") and "\ngi " not in node.read("gpu0/mig")
+    shown = node.read("gpu1/mig")
+    assert [line.split()[1] for line in shown.splitlines() if line.startswith("gi ")] == ["2", "4", "7", "8"]
+    assert sorted(os.listdir(node.mnt / "proc/driver/nvidia/capabilities/gpu1/mig")) == ["gi2", "gi4", "gi7", "gi8"]
+
+
 class _StaleTree(watch.MountedTree):
     """A tree whose limits the agent reads as an H100's while the mount is an A100's: what a
     remount with another profile between the check and the writes would look like."""

@@ -162,3 +162,39 @@ def test_mokka_run_reads_the_mirror_and_sees_events_live(node_factory):
     assert proc.returncode == 0
     assert fstype != "fuseblk" and not fstype.startswith("fuse")  # the mirror, not the mount
     assert int(out) == before - 1
+
+
+def test_mig_capabilities_come_and_go_in_the_mirror(node_and_mirror):
+    from mokkafs.model.commands import parse_line
+
+    node, tree, mirror, ctl = node_and_mirror
+    mirror.start(node)
+    caps = mirror.path / "proc/driver/nvidia/capabilities"
+    for line in ("gpu=1 mig enable", "gpu=1 mig create 3g.40gb,1g.10gb"):
+        ctl.apply(parse_line(line).event)
+    assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
+    assert (caps / "gpu1/mig/gi2/ci0/access").read_text().startswith("DeviceFileMinor: 157\n")
+    assert os.stat(mirror.path / "dev/nvidia-caps/nvidia-cap157").st_rdev == os.makedev(506, 157)
+    ctl.apply(parse_line("gpu=1 mig clear").event)
+    assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
+    assert sorted(os.listdir(caps / "gpu1/mig")) == [] and sorted(os.listdir(mirror.path / "dev/nvidia-caps")) == [
+        "nvidia-cap1", "nvidia-cap2"]
+
+
+def test_mokka_run_sees_mig_instances_come_and_go(node_factory):
+    node = node_factory(gpus=2)
+    mirror = node.state_dir / "mirror" / "sys"
+    deadline = time.monotonic() + 10
+    while not mirror.is_dir() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    script = "ls /proc/driver/nvidia/capabilities; read go; ls /proc/driver/nvidia/capabilities/gpu1/mig; " \
+             "cat /proc/driver/nvidia/capabilities/gpu1/mig/gi2/ci0/access; ls /dev/nvidia-caps | tr '\\n' ' '"
+    proc = subprocess.Popen([*mokka_cmd(), "run", "--root", str(node.mnt), "--", "sh", "-c", script],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=node.env)
+    assert proc.stdout.readline().strip() == "mig"
+    for args in (("mig", "enable"), ("mig", "create", "3g.40gb")):
+        assert node.cli("inject", "--root", str(node.mnt), "1", *args).returncode == 0
+    out, _ = proc.communicate("go\n", timeout=30)
+    assert proc.returncode == 0
+    assert out.splitlines() == ["gi2", "DeviceFileMinor: 157", "DeviceFileMode: 292", "DeviceFileModify: 1",
+                                "nvidia-cap1 nvidia-cap156 nvidia-cap157 nvidia-cap2 "]

@@ -127,3 +127,67 @@ def test_node_without_hcas_or_nvswitch_ids():
     assert b"nvidia-nvswitch" not in read(node, "proc/devices")
     t4 = make_node("t4")
     assert "infiniband" not in listdir(t4, "dev") and b"infiniband" not in read(t4, "proc/devices")
+
+
+# --- MIG capabilities: created and removed with the instances (docs/mig.md) -------------------------
+
+
+def _mig(node, *lines: str) -> None:
+    from mokkafs.model.commands import parse_line
+
+    for line in lines:
+        node.apply(parse_line(line).event, 1.0)
+
+
+def _caps(node) -> dict[str, bytes]:
+    """Every file under capabilities/gpu*/, by path."""
+    out = {}
+
+    def walk(path: str) -> None:
+        e = entry(node, path)
+        if isinstance(e, CharDev):
+            return
+        if hasattr(e, "children"):
+            for name in listdir(node, path):
+                walk(f"{path}/{name}")
+        else:
+            out[path] = read(node, path)
+
+    for top in listdir(node, "proc/driver/nvidia/capabilities"):
+        if top.startswith("gpu"):
+            walk(f"proc/driver/nvidia/capabilities/{top}")
+    return out
+
+
+def test_mig_capability_files_and_nodes_come_and_go_with_the_instances():
+    node = make_node(gpus=4)
+    assert listdir(node, "proc/driver/nvidia/capabilities") == ["mig"]
+    assert listdir(node, "dev/nvidia-caps") == ["nvidia-cap1", "nvidia-cap2"]
+    _mig(node, "gpu=2 mig enable")
+    assert listdir(node, "proc/driver/nvidia/capabilities") == ["gpu2", "mig"]
+    assert listdir(node, "proc/driver/nvidia/capabilities/gpu2/mig") == []
+    _mig(node, "gpu=2 mig create 3g.40gb,1g.10gb", "gpu=2 mig create_gi 1g.10gb")
+    base = "proc/driver/nvidia/capabilities/gpu2/mig"
+    gis = sorted(int(n[2:]) for n in listdir(node, base))
+    assert len(gis) == 3
+    caps = _caps(node)
+    minors = []
+    for gi in gis:
+        has_ci = f"{base}/gi{gi}/ci0/access" in caps
+        want = 3 + 135 * 2 + 9 * gi
+        assert caps[f"{base}/gi{gi}/access"] == f"DeviceFileMinor: {want}\nDeviceFileMode: 292\nDeviceFileModify: 1\n".encode()
+        minors.append(want)
+        if has_ci:
+            assert caps[f"{base}/gi{gi}/ci0/access"].startswith(f"DeviceFileMinor: {want + 1}\n".encode())
+            minors.append(want + 1)
+    assert sum(f"{base}/gi{gi}/ci0/access" in caps for gi in gis) == 2  # create_gi made no compute instance
+    assert listdir(node, "dev/nvidia-caps") == sorted(["nvidia-cap1", "nvidia-cap2"] + [f"nvidia-cap{m}" for m in minors])
+    for m in minors:
+        dev = entry(node, f"dev/nvidia-caps/nvidia-cap{m}")
+        assert isinstance(dev, CharDev) and (dev.major, dev.minor, dev.mode) == (506, m, 0o444)
+    node.apply(InjectXid(2, 79), 2.0)  # off the bus: no instances on any surface
+    assert listdir(node, "proc/driver/nvidia/capabilities") == ["mig"]
+    assert listdir(node, "dev/nvidia-caps") == ["nvidia-cap1", "nvidia-cap2"]
+    node.apply(Reset(2), 3.0)  # a reset destroys the instances; MIG mode stays on
+    assert listdir(node, "proc/driver/nvidia/capabilities") == ["gpu2", "mig"]
+    assert listdir(node, f"{base}") == [] and listdir(node, "dev/nvidia-caps") == ["nvidia-cap1", "nvidia-cap2"]

@@ -422,3 +422,41 @@ def test_a_setting_is_a_step_applied_through_the_controller(tmp_path):
         "scenario power-cap step 1: gpu=0 power_limit 400", "scenario power-cap step 1: gpu=1 power_limit 400",
         "scenario power-cap step 2: gpu=0 power_limit default", "scenario power-cap step 2: gpu=1 power_limit default",
     ]  # fmt: skip
+
+
+MIG_SCENARIO = """\
+name: mig-layout
+description: partition gpu 1 as the issue asks, then take it apart
+source: docs/mig.md
+seed: 1
+end: keep
+steps:
+  - {at: 1s, gpu: 1, command: mig enable}
+  - {after: 1s, gpu: 1, command: 'mig create 3g.40gb,2g.20gb,1g.10gb,1g.10gb'}
+  - {after: 1s, gpu: 1, command: 'mig destroy_ci 8 all'}
+  - {after: 1s, gpu: 1, command: 'mig destroy_gi 8'}
+"""
+
+
+def test_a_scenario_s_mig_steps_run_in_the_daemon(tmp_path):
+    """Each `mig` step goes through the controller like any other command: the layout, its
+    capability files and the event log follow the timeline."""
+
+    async def main(mock):
+        async with daemon(tmp_path, mock, gpus=2) as d:
+            assert not await write(d.ops, "node/scenario", request_bytes(MIG_SCENARIO, file="mig.yaml"))
+            await trio.sleep(2.5)  # after the create, before the destroys
+            mid = await read(d.ops, "gpu1/mig")
+            caps_mid = await read(d.ops, "proc/driver/nvidia/capabilities/gpu1/mig/gi8/ci0/access")
+            status = await until_idle(d.ops)
+            return mid, caps_mid, await read(d.ops, "gpu1/mig"), status, await read(d.ops, "node/events")
+
+    mock = trio.testing.MockClock()
+    mid, caps_mid, end, status, events = trio.run(main, mock, clock=mock)
+    assert mid.startswith("mode: enabled\n") and mid.count("\ngi ") == 4 and mid.count("\n  ci ") == 4
+    assert caps_mid.startswith(f"DeviceFileMinor: {3 + 135 + 9 * 8 + 1}\n")
+    assert end.count("\ngi ") == 3 and "\ngi 8 " not in end
+    assert status.startswith("state: idle\nlast: mig-layout finished (4 commands)")
+    assert "mokka: gpu1 MIG created gi=2 3g.40gb at 4:4 with ci=0" in events
+    assert [line.split(" scenario ", 1)[1] for line in scenario_lines(events)][:2] == [
+        "mig-layout step 1: gpu=1 mig enable", "mig-layout step 2: gpu=1 mig create 3g.40gb,2g.20gb,1g.10gb,1g.10gb"]

@@ -5,6 +5,8 @@ what consumers that `stat` them (nvidia-ctk, the device plugin, Slurm) need.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from mokkafs.model.identity import NodeConfig, gpu_identities
 from mokkafs.model.topology import Layout
 from mokkafs.render.proc_nvidia import (
@@ -17,9 +19,10 @@ from mokkafs.render.proc_nvidia import (
     NVIDIACTL_MINOR,
     NVSWITCH_MAJOR,
     UVM_MAJOR,
+    live_mig_capabilities,
 )
 from mokkafs.render.infiniband import ISSM_MINOR_BASE, UVERBS_MINOR_BASE
-from mokkafs.vfs import CharDev, Dir, Entry, static_dir
+from mokkafs.vfs import CharDev, Ctx, Dir, Entry, static_dir
 
 NVSWITCHCTL_MINOR = 255
 
@@ -32,14 +35,18 @@ def dev_tree(config: NodeConfig, layout: Layout) -> Dir:
     top["nvidia-modeset"] = CharDev(NVIDIA_MAJOR, MODESET_MINOR)
     top["nvidia-uvm"] = CharDev(UVM_MAJOR, 0)
     top["nvidia-uvm-tools"] = CharDev(UVM_MAJOR, 1)
-    # Modes follow each capability's DeviceFileMode: config 0400, monitor 0444.
-    top["nvidia-caps"] = static_dir(
-        {
-            f"nvidia-cap{MIG_CONFIG_MINOR}": CharDev(CAPS_MAJOR, MIG_CONFIG_MINOR, 0o400),
-            f"nvidia-cap{MIG_MONITOR_MINOR}": CharDev(CAPS_MAJOR, MIG_MONITOR_MINOR, 0o444),
-        },
-        mode=0o755,
-    )
+    # Modes follow each capability's DeviceFileMode: config 0400, monitor 0444; the live MIG
+    # instances' nodes come and go with them.
+    fixed = {
+        f"nvidia-cap{MIG_CONFIG_MINOR}": CharDev(CAPS_MAJOR, MIG_CONFIG_MINOR, 0o400),
+        f"nvidia-cap{MIG_MONITOR_MINOR}": CharDev(CAPS_MAJOR, MIG_MONITOR_MINOR, 0o444),
+    }
+
+    def caps(ctx: Ctx) -> Mapping[str, Entry]:
+        _, live = live_mig_capabilities(ctx.node)
+        return {**fixed, **{f"nvidia-cap{c.minor}": CharDev(CAPS_MAJOR, c.minor, c.mode) for c in live}}
+
+    top["nvidia-caps"] = Dir(caps, mode=0o755)
     switches = [fn for fn in layout.functions if fn.kind == "nvswitch"]
     if switches:
         top["nvidia-nvswitchctl"] = CharDev(NVSWITCH_MAJOR, NVSWITCHCTL_MINOR)

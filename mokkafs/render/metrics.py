@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from mokkafs.model import Node, Readings
 from mokkafs.model.counters import EccKind, EccScope, NvLinkCounter, ecc_total
+from mokkafs.model.mig import GpuInstanceView
 from mokkafs.model.node import GpuState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -255,24 +256,49 @@ EXTRA_FIELDS: tuple[Field, ...] = (
 
 FIELDS: tuple[Field, ...] = DEFAULT_FIELDS + EXTRA_FIELDS
 
+# MIG (docs/metrics.md): dcgm-exporter's default `-d f` ("flex") watches each GPU instance of a
+# GPU that has any (DCGM entity group GPU_I) instead of the GPU, and labels its series with the
+# parent's labels plus GPU_I_PROFILE and GPU_I_ID. Framebuffer fields are the instance's own;
+# utilization, which NVML does not report on a MIG-enabled GPU, reads blank and is dropped; the
+# other fields are the parent's values.
+_MIG_OWN: dict[str, Callable[[GpuInstanceView], int]] = {
+    "DCGM_FI_DEV_FB_FREE": lambda v: v.profile.memory_mib - (v.memory_used_bytes >> 20),
+    "DCGM_FI_DEV_FB_USED": lambda v: v.memory_used_bytes >> 20,
+    "DCGM_FI_DEV_FB_RESERVED": lambda v: 0,
+}
+_MIG_BLANK = frozenset(
+    {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL"}
+)
+
 
 def _escape(value: str) -> str:
     """A label value as the text format wants it."""
     return value.replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n")
 
 
-def gpu_labels(node: Node, i: int, hostname: str, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> dict[str, str]:
-    """dcgm-exporter's labels for GPU `i`, in its order."""
+def gpu_labels(
+    node: Node,
+    i: int,
+    hostname: str,
+    hostname_label: str = DEFAULT_HOSTNAME_LABEL,
+    instance: GpuInstanceView | None = None,
+) -> dict[str, str]:
+    """dcgm-exporter's labels for GPU `i`, or for its GPU instance `instance`, in its order (the
+    MIG labels come after modelName, as its template puts them)."""
     ident = node.identities[i]
-    return {
+    labels = {
         "gpu": str(ident.index),
         "UUID": ident.uuid,
         "pci_bus_id": ident.bdf.nvml,
         "device": f"nvidia{ident.minor}",
         "modelName": node.profile.product_name,
-        hostname_label: hostname,
-        "DCGM_FI_DRIVER_VERSION": node.config.driver_version,
     }
+    if instance is not None:
+        labels["GPU_I_PROFILE"] = instance.profile.name
+        labels["GPU_I_ID"] = str(instance.id)
+    labels[hostname_label] = hostname
+    labels["DCGM_FI_DRIVER_VERSION"] = node.config.driver_version
+    return labels
 
 
 def _format(value: float, is_float: bool) -> str:
@@ -287,19 +313,25 @@ def render_dcgm(
     A lost GPU reads blank for every polled field, and dcgm-exporter drops blank values, so such
     a GPU keeps only the event-sourced DCGM_FI_DEV_XID_ERRORS (which is how Xid 79 is seen)."""
     host = node.config.hostname if hostname is None else hostname
-    prefixes: list[str] = []
-    samples: list[Sample] = []
+    series: list[tuple[str, Sample, GpuInstanceView | None]] = []  # one per GPU or GPU instance
     for i, g in enumerate(node.gpus):
-        labels = gpu_labels(node, i, host, hostname_label)
-        prefixes.append("{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "} ")
-        samples.append(Sample(node.readings(i, now), g, (node.ecc_enabled(i), node.setting(i, "ecc_mode"))))
+        sample = Sample(node.readings(i, now), g, (node.ecc_enabled(i), node.setting(i, "ecc_mode")))
+        for instance in node.mig_devices(i)[0] or (None,):
+            labels = gpu_labels(node, i, host, hostname_label, instance)
+            series.append(("{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "} ", sample, instance))
     out: list[str] = []
     for f in FIELDS:
         out.append(f"# HELP {f.name} {f.help}\n# TYPE {f.name} {f.kind}\n")
-        for prefix, s in zip(prefixes, samples):
+        for prefix, s, instance in series:
             if f.polled and s.g.lost:
                 continue
-            out.append(f"{f.name}{prefix}{_format(f.value(s), f.is_float)}\n")
+            if instance is None:
+                value = f.value(s)
+            elif f.name in _MIG_BLANK:
+                continue
+            else:
+                value = _MIG_OWN[f.name](instance) if f.name in _MIG_OWN else f.value(s)
+            out.append(f"{f.name}{prefix}{_format(value, f.is_float)}\n")
     return "".join(out)
 
 

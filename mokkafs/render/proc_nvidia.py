@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from mokkafs.model import Node
 from mokkafs.model.identity import NodeConfig
 from mokkafs.model.topology import Layout
 from mokkafs.vfs import Ctx, Dir, Entry, const, static_dir, text
@@ -155,18 +156,61 @@ class MigCapability:
 MIG_ACCESS_MODE = 0o444
 
 
-def mig_capabilities(instances: Iterable[tuple[int, int, int]]) -> list[MigCapability]:
+def mig_capabilities(instances: Iterable[tuple[int, int, int | None]]) -> list[MigCapability]:
     """The capability files and device nodes the driver creates for live MIG instances, given as
-    (GPU device minor, GPU instance id, compute instance id): one `gpuN/mig/giX/access` per GPU
-    instance and one `gpuN/mig/giX/ciY/access` per compute instance, sorted by minor. For the MIG
-    model to render `proc/driver/nvidia/capabilities/` and `dev/nvidia-caps/` from."""
+    (GPU device minor, GPU instance id, compute instance id; None for a GPU instance without
+    compute instances): one `gpuN/mig/giX/access` per GPU instance and one
+    `gpuN/mig/giX/ciY/access` per compute instance, sorted by minor. What
+    `proc/driver/nvidia/capabilities/` and `dev/nvidia-caps/` are rendered from."""
     caps: dict[int, MigCapability] = {}
     for gpu, gi, ci in instances:
         gi_minor = mig_minor(gpu, gi)
         caps[gi_minor] = MigCapability(f"gpu{gpu}/mig/gi{gi}/access", gi_minor, MIG_ACCESS_MODE)
+        if ci is None:
+            continue
         ci_minor = mig_minor(gpu, gi, ci)
         caps[ci_minor] = MigCapability(f"gpu{gpu}/mig/gi{gi}/ci{ci}/access", ci_minor, MIG_ACCESS_MODE)
     return [caps[m] for m in sorted(caps)]
+
+
+def live_mig_capabilities(node: Node) -> tuple[list[int], list[MigCapability]]:
+    """The GPU minors in MIG mode (each has `capabilities/gpuN/mig/`, its instances' files in
+    it), and the capabilities of the live instances. A GPU off the bus has neither."""
+    on, triples = [], []
+    for i, ident in enumerate(node.identities):
+        if node.gpus[i].lost or not node.gpus[i].mig.enabled:
+            continue
+        on.append(ident.minor)
+        for g in node.mig_instances(i):
+            triples += [(ident.minor, g.id, c.id) for c in g.compute] or [(ident.minor, g.id, None)]
+    return on, mig_capabilities(triples)
+
+
+def _capabilities(ctx: Ctx) -> Mapping[str, Entry]:
+    """`proc/driver/nvidia/capabilities`: mig/config and mig/monitor, and per GPU in MIG mode
+    `gpuN/mig/giX/access` and `giX/ciY/access` for its instances (NVIDIA's device plugin and
+    nvidia-container-toolkit read DeviceFileMinor there to find `dev/nvidia-caps/nvidia-capN`)."""
+    on, caps = live_mig_capabilities(ctx.node)
+    tree: dict = {f"gpu{m}": {"mig": {}} for m in on}
+    for cap in caps:
+        *dirs, name = cap.path.split("/")
+        here = tree
+        for d in dirs:
+            here = here.setdefault(d, {})
+        here[name] = const(capability(cap.minor, cap.mode), size=0, mode=cap.mode)
+
+    def build(d: dict) -> Dir:
+        return static_dir({k: build(v) if isinstance(v, dict) else v for k, v in d.items()})
+
+    return {"mig": _MIG_STATIC, **{k: build(v) for k, v in tree.items()}}
+
+
+_MIG_STATIC = static_dir(
+    {
+        "config": const(capability(MIG_CONFIG_MINOR, 256), size=0, mode=0o400),
+        "monitor": const(capability(MIG_MONITOR_MINOR, 292), size=0),
+    }
+)
 
 
 def render_devices(config: NodeConfig, nvswitches: bool) -> str:
@@ -211,16 +255,7 @@ def proc_tree(config: NodeConfig, layout: Layout, extra: Mapping[str, Entry] | N
             "params": const(render_params(), size=0),
             "registry": const('Binary: ""\n', size=0),
             "gpus": Dir(gpus),
-            "capabilities": static_dir(
-                {
-                    "mig": static_dir(
-                        {
-                            "config": const(capability(MIG_CONFIG_MINOR, 256), size=0, mode=0o400),
-                            "monitor": const(capability(MIG_MONITOR_MINOR, 292), size=0),
-                        }
-                    )
-                }
-            ),
+            "capabilities": Dir(_capabilities),
             "warnings": static_dir({}),
             "patches": static_dir({"README": const("", size=0)}),
             "suspend_depth": const("default\n", size=0),

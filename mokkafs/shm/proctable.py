@@ -49,6 +49,8 @@ MEMFD_NAME = "mokka-proc"
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 SO_PEERPIDFD = 77  # Linux 6.5+; older kernels: pidfd_open(pid), which a pid reuse could fool
 MAX_ID_FILE = 1 << 20
+ON_MIG = libc.MOKKA_PROC_ON_MIG  # mokka_proc_record.mig: the process is on a MIG device
+Mig = tuple[int, int] | None  # (GPU instance id, compute instance id) of a process on a MIG device
 
 
 def procs_path(state: str | os.PathLike) -> Path:
@@ -148,6 +150,7 @@ class ProcessTable:
         self._connections: dict[int, int] = {}  # per uid
         self._limits = _Limits()
         self._complaints: set[str] = set()
+        self.on_mig: list[dict[int, tuple[int, int]]] = []  # the last scan's, per GPU
 
     # -- records ---------------------------------------------------------------------------
 
@@ -283,32 +286,42 @@ class ProcessTable:
         if gone:
             self._write_id()
 
-    def usage(self, caps: list[int]) -> dict[int, list[int]]:
-        """Per live record's pid, the bytes on each GPU (-1: no context and nothing there).
-        Counters are the process's own untrusted input: each is clamped to its GPU's memory."""
+    def usage(self, caps: list[int]) -> tuple[dict[int, list[int]], dict[int, list[Mig]]]:
+        """Per live record's pid, the bytes on each GPU (-1: no context and nothing there), and
+        the MIG device it says it uses on each GPU ((GPU instance, compute instance), or None).
+        Both are the process's own untrusted input: each counter is clamped to its GPU's memory,
+        and an instance is only believed where the model has it (`fold`)."""
         gpus = min(len(caps), MAX_GPUS)
         out: dict[int, list[int]] = {}
+        migs: dict[int, list[Mig]] = {}
         for r in self.records.values():
             t = ffi.from_buffer("struct mokka_proc_record *", bytearray(os.pread(r.fd, RECORD_SIZE, 0)))
-            row = []
+            row, on = [], []
             for g in range(gpus):
                 used = min(t.mem[g], caps[g], MAX_PROCESS_BYTES)
                 row.append(used if used or t.contexts >> g & 1 else -1)
+                m = t.mig[g]
+                on.append((m >> 8 & 0xFF, m & 0xFF) if m & ON_MIG else None)
             out[r.pid] = row
-        return out
+            migs[r.pid] = on
+        return out, migs
 
     def scan(self, caps: list[int]) -> list[tuple[tuple[int, int], ...]]:
         """Reap, then, per GPU, the (pid, bytes) of every live process with a context or an
-        allocation there; and tell each record what counts against it."""
+        allocation there; and tell each record what counts against it. The MIG device each
+        listed process is on is left in `self.on_mig` (per GPU, pid -> (gi, ci))."""
         self.reap()
-        usage = self.usage(caps)
+        usage, migs = self.usage(caps)
         per_gpu: list[list[tuple[int, int]]] = [[] for _ in caps]
         for pid, row in usage.items():
             for g, used in enumerate(row):
                 if used >= 0:
                     per_gpu[g].append((pid, used))
-        self._tell_others(usage, caps)
-        return [tuple(sorted(self._fair(p))) for p in per_gpu]
+        self._tell_others(usage, migs, caps)
+        listed = [tuple(sorted(self._fair(p))) for p in per_gpu]
+        self.on_mig = [{pid: migs[pid][g] for pid, _ in procs if migs[pid][g] is not None}
+                       for g, procs in enumerate(listed)]
+        return listed
 
     def _fair(self, procs: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """At most MAX_GPU_PROCS of one GPU's processes (what the state file lists), chosen so
@@ -324,19 +337,28 @@ class ProcessTable:
             keyed.append(((uid != 0, rank[uid], pid), (pid, used)))
         return [p for _, p in sorted(keyed)[:MAX_GPU_PROCS]]
 
-    def _tell_others(self, usage: dict[int, list[int]], caps: list[int]) -> None:
-        """Write each record's `others`: its uid's other processes' and root's bytes per GPU.
+    def _tell_others(self, usage: dict[int, list[int]], migs: dict[int, list[Mig]], caps: list[int]) -> None:
+        """Write each record's `others`: its uid's other processes' and root's bytes per GPU,
+        or, for a process on a MIG device, on that GPU instance (its memory is the instance's).
         Other users' claims are listed but refuse nobody: a claim is not an allocation."""
         gpus = min(len(caps), MAX_GPUS)
-        by_uid: dict[int, list[int]] = {}
+        # (uid, GPU, GPU instance or None) -> bytes
+        by_uid: dict[tuple[int, int, int | None], int] = {}
         for r in self.records.values():
-            tot = by_uid.setdefault(r.uid, [0] * gpus)
             for g, used in enumerate(usage[r.pid]):
-                tot[g] += max(used, 0)
-        root = by_uid.get(0, [0] * gpus)
+                where = migs[r.pid][g]
+                key = (r.uid, g, None if where is None else where[0])
+                by_uid[key] = by_uid.get(key, 0) + max(used, 0)
         for r in self.records.values():
-            mine, same = usage[r.pid], by_uid[r.uid]
-            others = tuple(min(same[g] - max(mine[g], 0) + (root[g] if r.uid else 0), caps[g]) for g in range(gpus))
+            mine, on = usage[r.pid], migs[r.pid]
+
+            def other(g: int) -> int:
+                gi = None if on[g] is None else on[g][0]
+                same = by_uid.get((r.uid, g, gi), 0) - max(mine[g], 0)
+                root = by_uid.get((0, g, gi), 0) if r.uid else 0
+                return min(same + root, caps[g])
+
+            others = tuple(other(g) for g in range(gpus))
             if others != r.others:
                 os.pwrite(r.fd, struct.pack(f"<{gpus}Q", *others), _OTHERS)
                 r.others = others
@@ -346,10 +368,14 @@ class ProcessTable:
         node = controller.node
         cap = node.profile.memory.total_mib << 20
         for i, procs in enumerate(self.scan([cap] * len(node.gpus))):
-            if procs == node.processes[i]:
+            # Only an instance the GPU has: a record naming another lies about itself, and is
+            # listed on the parent GPU alone.
+            live = {(g.id, c.id) for g in node.mig_instances(i) for c in g.compute}
+            instances = tuple(sorted((pid, gi, ci) for pid, (gi, ci) in self.on_mig[i].items() if (gi, ci) in live))
+            if procs == node.processes[i] and dict(node.process_instances[i]) == {p: (g, c) for p, g, c in instances}:
                 continue
             try:
-                controller.apply(SetProcesses(i, procs))
+                controller.apply(SetProcesses(i, procs, instances))
                 self._limits.refused.pop(i, None)
             except InvalidCommand as e:
                 if self._limits.refused.get(i) != str(e):  # once per distinct reason, not every tick

@@ -42,7 +42,8 @@
  * counting the process's own memory. The shim refuses a record without the
  * seals, of the wrong size or with the wrong header.
  *
- * The process stores its contexts mask and its per-GPU bytes into its
+ * The process stores its contexts mask, its per-GPU bytes and, per GPU, the
+ * MIG device it uses (its GPU and compute instance ids) into its
  * record; the daemon folds every live record into the model (SetProcesses,
  * published in the GPU records) on a ~100 ms tick, clamping each counter to
  * the GPU's memory, and lists it under the peer pid (the daemon's pid
@@ -111,9 +112,10 @@
 #define MOKKA_MAX_RETIRED 64
 #define MOKKA_MAX_GPU_PROCS 64
 #define MOKKA_PROCS_MAGIC 0x53434f5250414b4d
-#define MOKKA_PROCS_VERSION 4
+#define MOKKA_PROCS_VERSION 5
 #define MOKKA_PROCS_PER_UID 64
 #define MOKKA_ACCOUNTING_RECORDS 4000 /* per GPU: the real driver's buffer */
+#define MOKKA_PROC_ON_MIG 0x10000    /* mokka_proc_record.mig: set when the process is on a MIG device */
 #define MOKKA_MAX_GPU_INSTANCES 8  /* per GPU */
 #define MOKKA_MAX_MIG_DEVICES 8    /* compute instances per GPU, all GPU instances together */
 #define MOKKA_MAX_MIG_PROFILES 16  /* GPU instance profiles in a board's table */
@@ -401,6 +403,8 @@ struct mokka_proc_record {
     uint64_t contexts;         /* bit i: the process holds a context on GPU index i */
     uint64_t mem[MOKKA_MAX_GPUS];    /* bytes allocated, by GPU index */
     uint64_t others[MOKKA_MAX_GPUS]; /* daemon: bytes that count against this process */
+    uint32_t mig[MOKKA_MAX_GPUS];    /* the MIG device it uses on each GPU index (version 5): 0 none,
+                                        else MOKKA_PROC_ON_MIG | gi id << 8 | ci id */
 };
 /* END CDEF */
 

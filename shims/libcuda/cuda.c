@@ -157,11 +157,33 @@ static inline int lost(CUdevice dev) { return (int)__atomic_load_n(&gpu_of(dev)-
             return CUDA_ERROR_UNKNOWN;                               \
     } while (0)
 
-/* ---- CUDA_VISIBLE_DEVICES -------------------------------------------------------------- */
+/* ---- CUDA_VISIBLE_DEVICES and MIG ------------------------------------------------------
 
-/* As the driver reads it: comma-separated indices or UUIDs ("GPU-" prefix optional, any unique
-   prefix of the UUID); the list ends at the first entry that names no device (or one already
-   listed); unset means every device. */
+   As the driver reads it: comma-separated entries; unset means every GPU in index order. An
+   entry is a GPU index, a GPU UUID ("GPU-" prefix optional, any unique prefix), a MIG device's
+   UUID ("MIG-" and any unique prefix of the rest) or, as drivers before R470 named MIG devices,
+   "MIG-GPU-<GPU UUID>/<GPU instance id>/<compute instance id>". The list ends at the first entry
+   that names nothing (or a GPU already listed).
+
+   MIG (NVIDIA's MIG user guide, docs/mig.md "CUDA"): a CUDA process sees its compute instance
+   and the GPU instance's memory as one device, and at most one MIG device: the first one the
+   list names. A GPU with MIG enabled is never a device itself: named by index or UUID (or by
+   default), it stands for its first MIG device, or for nothing when it has none; a second MIG
+   device is left out. What a MIG device is (name, UUID, SMs, memory) is taken once, here, as the
+   driver probes it at init. */
+
+struct mig_view {
+    uint32_t on;          /* the ordinal is a MIG device */
+    uint32_t gi, ci;      /* its GPU and compute instance ids */
+    uint32_t sm;
+    uint64_t mem_total;   /* bytes: its GPU instance's memory */
+    char name[96];
+    char uuid[48];
+};
+static struct mig_view g_mig[MOKKA_MAX_GPUS]; /* by CUdevice ordinal; written in cuInit only */
+static struct mig_view g_mig_of[MOKKA_MAX_GPUS]; /* the same by GPU index (a GPU is listed once) */
+static struct mokka_gpu g_scratch;            /* cuInit's copy of one GPU record (g_lock) */
+
 static int match_uuid(const char *want, size_t n, unsigned count)
 {
     if (n >= 4 && strncasecmp(want, "GPU-", 4) == 0) {
@@ -185,13 +207,118 @@ static int match_uuid(const char *want, size_t n, unsigned count)
     return found;
 }
 
+/* GPU index gpu's record, copied whole into g_scratch; 1 if it is in MIG mode. */
+static int mig_gpu(unsigned gpu)
+{
+    mokka_read_gpu(state(), gpu, &g_scratch);
+    return g_scratch.mig_mode == 1;
+}
+
+/* MIG device k of the GPU in g_scratch. */
+static void mig_take(unsigned k, struct mig_view *out)
+{
+    const struct mokka_mig_device *d = &g_scratch.mig_devices[k];
+    const struct mokka_mig_gi *g = &g_scratch.mig_gi[d->gi_slot < MOKKA_MAX_GPU_INSTANCES ? d->gi_slot : 0];
+    out->on = 1;
+    out->gi = d->gi_id;
+    out->ci = d->ci_id;
+    out->sm = d->multiprocessor_count;
+    out->mem_total = g->memory_total;
+    memcpy(out->name, d->name, sizeof(out->name));
+    out->name[sizeof(out->name) - 1] = '\0';
+    memcpy(out->uuid, d->uuid, sizeof(out->uuid));
+    out->uuid[sizeof(out->uuid) - 1] = '\0';
+}
+
+static unsigned mig_count(void)
+{
+    return g_scratch.mig_device_count < MOKKA_MAX_MIG_DEVICES ? g_scratch.mig_device_count : MOKKA_MAX_MIG_DEVICES;
+}
+
+/* "MIG-<uuid or unique prefix>": the GPU index, with *out filled; -1 if none or ambiguous. */
+static int match_mig_uuid(const char *want, size_t n, unsigned count, struct mig_view *out)
+{
+    want += 4;
+    n -= 4;
+    if (n == 0)
+        return -1;
+    int found = -1;
+    for (unsigned i = 0; i < count; i++) {
+        if (!mig_gpu(i))
+            continue;
+        for (unsigned k = 0; k < mig_count(); k++) {
+            const char *u = g_scratch.mig_devices[k].uuid;
+            size_t len = strnlen(u, sizeof(g_scratch.mig_devices[k].uuid));
+            if (len < 4 || len - 4 < n || strncasecmp(u + 4, want, n) != 0)
+                continue;
+            if (found >= 0)
+                return -1;
+            found = (int)i;
+            mig_take(k, out);
+        }
+    }
+    return found;
+}
+
+/* "MIG-GPU-<uuid>/<gi>/<ci>" (drivers before R470). */
+static int match_mig_legacy(const char *want, size_t n, unsigned count, struct mig_view *out)
+{
+    char buf[160];
+    if (n >= sizeof(buf))
+        return -1;
+    memcpy(buf, want + 4, n - 4);
+    buf[n - 4] = '\0';
+    char *s1 = strchr(buf, '/'), *s2 = s1 ? strchr(s1 + 1, '/') : NULL;
+    if (!s2 || strchr(s2 + 1, '/'))
+        return -1;
+    *s1 = *s2 = '\0';
+    char *end;
+    unsigned long gi = strtoul(s1 + 1, &end, 10);
+    if (!isdigit((unsigned char)s1[1]) || *end || gi > 0xFF)
+        return -1;
+    unsigned long ci = strtoul(s2 + 1, &end, 10);
+    if (!isdigit((unsigned char)s2[1]) || *end || ci > 0xFF)
+        return -1;
+    int gpu = match_uuid(buf, strlen(buf), count);
+    if (gpu < 0 || !mig_gpu((unsigned)gpu))
+        return -1;
+    for (unsigned k = 0; k < mig_count(); k++)
+        if (g_scratch.mig_devices[k].gi_id == gi && g_scratch.mig_devices[k].ci_id == ci) {
+            mig_take(k, out);
+            return gpu;
+        }
+    return -1;
+}
+
+/* Add GPU index idx (an entry named it, or the default list). A MIG device is added only when
+   the process has none yet; a GPU in MIG mode adds its first MIG device, if any. */
+static void add_device(unsigned idx, const struct mig_view *named, int *have_mig)
+{
+    struct mig_view v = {0};
+    if (named) {
+        v = *named;
+    } else if (mig_gpu(idx)) {
+        if (mig_count() == 0)
+            return;
+        mig_take(0, &v);
+    }
+    if (v.on) {
+        if (*have_mig)
+            return;
+        *have_mig = 1;
+    }
+    g_mig[g_count] = g_mig_of[idx] = v;
+    g_visible[g_count++] = idx;
+}
+
 static void parse_visible(unsigned count)
 {
     const char *env = getenv("CUDA_VISIBLE_DEVICES");
+    int have_mig = 0;
     g_count = 0;
     if (!env) {
         for (unsigned i = 0; i < count; i++)
-            g_visible[g_count++] = i;
+            add_device(i, NULL, &have_mig);
         return;
     }
     const char *p = env;
@@ -203,19 +330,30 @@ static void parse_visible(unsigned count)
         while (n && p[n - 1] == ' ')
             n--;
         int idx = -1;
+        struct mig_view named = {0};
         if (n && n < 10 && strspn(p, "0123456789") >= n) {
             idx = atoi(p);
             if (idx >= (int)count)
                 idx = -1;
+        } else if (n >= 8 && strncasecmp(p, "MIG-GPU-", 8) == 0) {
+            idx = match_mig_legacy(p, n, count, &named);
+        } else if (n >= 4 && strncasecmp(p, "MIG-", 4) == 0) {
+            idx = match_mig_uuid(p, n, count, &named);
         } else if (n) {
             idx = match_uuid(p, n, count);
+        }
+        if (idx >= 0 && named.on && have_mig) { /* a second MIG device: left out, the list goes on */
+            if (!end)
+                break;
+            p = end + 1;
+            continue;
         }
         for (int k = 0; idx >= 0 && k < g_count; k++)
             if (g_visible[k] == (unsigned)idx)
                 idx = -1;
         if (idx < 0)
             break;
-        g_visible[g_count++] = (unsigned)idx;
+        add_device((unsigned)idx, named.on ? &named : NULL, &have_mig);
         if (!end)
             break;
         p = end + 1;
@@ -408,7 +546,10 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
     ARG(len > 0);
     DEVICE(dev);
     char buf[96];
-    SNAP(gpu_of(dev)->name, buf);
+    if (g_mig[dev].on)
+        memcpy(buf, g_mig[dev].name, sizeof(buf));
+    else
+        SNAP(gpu_of(dev)->name, buf);
     buf[sizeof(buf) - 1] = '\0';
     snprintf(name, (size_t)len, "%s", buf);
     return CUDA_SUCCESS;
@@ -422,15 +563,20 @@ static int hexval(int c)
     return (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
 }
 
-static CUresult device_uuid(CUuuid *uuid, CUdevice dev)
+/* The GPU's UUID, or with mig the MIG device's (cuDeviceGetUuid_v2: "If the device is in MIG
+   mode, returns its MIG UUID"); the 16 bytes its hex digits spell. */
+static CUresult device_uuid(CUuuid *uuid, CUdevice dev, int mig)
 {
     ARG(uuid);
     DEVICE(dev);
     char buf[96];
-    SNAP(gpu_of(dev)->uuid, buf);
+    if (mig && g_mig[dev].on)
+        memcpy(buf, g_mig[dev].uuid, sizeof(g_mig[dev].uuid));
+    else
+        SNAP(gpu_of(dev)->uuid, buf);
     buf[sizeof(buf) - 1] = '\0';
     memset(uuid->bytes, 0, sizeof(uuid->bytes));
-    const char *p = strncmp(buf, "GPU-", 4) == 0 ? buf + 4 : buf;
+    const char *p = strncmp(buf, "GPU-", 4) == 0 ? buf + 4 : strncmp(buf, "MIG-", 4) == 0 ? buf + 4 : buf;
     for (int n = 0; *p && n < 32; p++) {
         int v = hexval((unsigned char)*p);
         if (v < 0)
@@ -441,16 +587,20 @@ static CUresult device_uuid(CUuuid *uuid, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev); }
-/* _v2 differs only under MIG (the MIG device's UUID); MIG is never enabled here. */
-CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev); }
+/* The first ABI answers the parent GPU's UUID on a MIG device; _v2 (what cuda.h names
+   cuDeviceGetUuid since CUDA 11.4) the MIG device's. */
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev, 0); }
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev, 1); }
 
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     ARG(bytes);
     DEVICE(dev);
     uint64_t total;
-    SNAP(gpu_of(dev)->mem_total, total);
+    if (g_mig[dev].on)
+        total = g_mig[dev].mem_total;
+    else
+        SNAP(gpu_of(dev)->mem_total, total);
     *bytes = total;
     return CUDA_SUCCESS;
 }
@@ -538,6 +688,8 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
         pci_ids[0] = g->pci_device_id, pci_ids[1] = g->pci_subsystem_id;
     }
     SNAP(g->multiprocessor_count, sm);
+    if (g_mig[dev].on)
+        sm = g_mig[dev].sm; /* the compute instance's SMs */
     SNAP(g->mem_bus_width, bus_width);
     SNAP(g->ecc_enabled, ecc);
     SNAP(g->compute_mode, compute_mode);
@@ -795,8 +947,11 @@ static void map_procs(void)
         goto refuse;
     }
     __atomic_store_n(&r->contexts, ctx_mask(), __ATOMIC_RELAXED);
-    for (int gi = 0; gi < MOKKA_MAX_GPUS; gi++)
+    for (int gi = 0; gi < MOKKA_MAX_GPUS; gi++) {
         __atomic_store_n(&r->mem[gi], g_mine[gi], __ATOMIC_RELAXED);
+        const struct mig_view *m = &g_mig_of[gi];
+        __atomic_store_n(&r->mig[gi], m->on ? MOKKA_PROC_ON_MIG | m->gi << 8 | m->ci : 0u, __ATOMIC_RELAXED);
+    }
     if (g_rec) /* only ever touched under g_acct_lock, which we hold */
         munmap(g_rec, sizeof(*g_rec));
     if (g_rec_fd >= 0 && still_ours(g_rec_fd, g_rec_dev, g_rec_ino))
@@ -917,6 +1072,11 @@ static uint64_t others_used(unsigned gi, uint64_t cap)
 /* Usable memory and what the pin (if any) says is used. */
 static void memory_limits(unsigned gi, uint64_t *total, uint64_t *usable, uint64_t *pinned)
 {
+    if (g_mig_of[gi].on) { /* a MIG device: its GPU instance's memory, all of it usable, no pin */
+        *total = *usable = g_mig_of[gi].mem_total;
+        *pinned = 0;
+        return;
+    }
     const struct mokka_gpu *g = &state()->gpus[gi];
     uint64_t t, reserved, used;
     uint32_t is_pinned;
