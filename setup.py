@@ -70,7 +70,7 @@ def build_smi(out: Path) -> None:
     cc = shlex.split(os.environ.get("CC", "cc"))
     (out / "bin").mkdir(parents=True, exist_ok=True)
     target = out / "bin" / "nvidia-smi"
-    cmd = [*cc, *CFLAGS, "-I", str(SHIMS / "include"), str(SHIMS / "nvidia-smi" / "nvidia-smi.c"), *CLIENT,
+    cmd = [*cc, *CFLAGS, "-I", str(SHIMS / "include"), str(SHIMS / "nvidia-smi" / "nvidia-smi.c"), *CLIENT, *CONTROL,
            "-Wl,--enable-new-dtags,-rpath,$ORIGIN/../lib64", "-pthread", "-ldl", "-o", str(target) + ".tmp"]
     print(" ".join(cmd))
     subprocess.run(cmd, check=True)

@@ -29,7 +29,8 @@ def smi_binary(tmp_factory) -> Path:
     out = tmp_factory.mktemp("smi") / "nvidia-smi"
     subprocess.run([cc, "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-I", str(REPO / "shims" / "include"),
                     "-I", str(REPO / "shims" / "common"), str(REPO / "shims" / "nvidia-smi" / "nvidia-smi.c"),
-                    str(REPO / "shims" / "common" / "mokka_client.c"), "-pthread", "-o", str(out)], check=True)
+                    str(REPO / "shims" / "common" / "mokka_client.c"), str(REPO / "shims" / "common" / "mokka_control.c"),
+                    "-pthread", "-o", str(out)], check=True)
     return out
 
 
