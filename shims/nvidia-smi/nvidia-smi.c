@@ -1654,11 +1654,11 @@ static void table(void)
         else
             snprintf(disp, sizeof(disp), "Off");
         struct mig_view mv;
-        int mig_on = mig_read(d->index, &mv) == 0 && mv.capable;
-        if (NV(nvmlDeviceGetEccMode, d->h, &e, &pend) == NVML_SUCCESS && e && mig_on && mv.mode)
+        int mig_capable = mig_read(d->index, &mv) == 0 && mv.capable;
+        int ecc_on = NV(nvmlDeviceGetEccMode, d->h, &e, &pend) == NVML_SUCCESS && e;
+        if (ecc_on && mig_capable && mv.mode)
             snprintf(ecc, sizeof(ecc), "On"); /* MIG mode: the counts are the MIG devices' */
-        else if (NV(nvmlDeviceGetEccMode, d->h, &e, &pend) == NVML_SUCCESS && e &&
-                 value(d, K_ecc_errors_uncorrected_volatile_total, v, sizeof(v)) == V_OK)
+        else if (ecc_on && value(d, K_ecc_errors_uncorrected_volatile_total, v, sizeof(v)) == V_OK)
             snprintf(ecc, sizeof(ecc), "%s", v);
         if (NV(nvmlDeviceGetFanSpeed, d->h, &u) == NVML_SUCCESS)
             snprintf(fan, sizeof(fan), "%u%%", u);
@@ -1674,7 +1674,7 @@ static void table(void)
             snprintf(mused, sizeof(mused), "%sMiB", v);
         if (value(d, K_memory_total, v, sizeof(v)) == V_OK)
             snprintf(mtot, sizeof(mtot), "%sMiB", v);
-        if (mig_on)
+        if (mig_capable)
             snprintf(mig, sizeof(mig), "%s", mv.mode ? "Enabled" : "Disabled");
         if (value(d, K_utilization_gpu, v, sizeof(v)) == V_OK) /* N/A in MIG mode */
             snprintf(util, sizeof(util), "%s%%", v);
