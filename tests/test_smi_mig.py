@@ -341,7 +341,12 @@ def test_a_process_on_a_mig_device_shows_its_gpu_and_compute_instance(tmp_path, 
     me = os.getpid()
     node.apply(SetProcesses(0, ((me, 1 << 30),), instances=((me, 7, 0),)))
     r = subprocess.run([str(smi_path)], env=consumer_env(node.path), capture_output=True, text=True, timeout=10)
+    # Without a daemon to answer (a state file alone), a change is the unexpected error, exit 255.
+    no_daemon = subprocess.run([str(smi_path), "-mig", "0"], env=consumer_env(node.path), capture_output=True,
+                               text=True, timeout=10)
     node.close()
+    assert (no_daemon.returncode, no_daemon.stdout) == (255, f"Unable to disable MIG Mode for GPU {GPU0}: Unknown "
+                                                             "Error\n" + TERMINATING)
     rows = [l for l in r.stdout.splitlines() if re.match(rf"\|    0 +\d+ +\d+ +{me} ", l)]
     assert len(rows) == 1 and re.fullmatch(rf"\|    0    7    0 {me:16}      C   .{{36}}   1024MiB \|", rows[0])
     assert "|  0    7   0   2  |            1024MiB /  9984MiB    | 16      0 |" in r.stdout

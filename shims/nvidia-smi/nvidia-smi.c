@@ -1052,8 +1052,7 @@ static nvmlReturn_t mig_ctl_error(enum mokka_ctl_status st)
     case MOKKA_CTL_INSUFFICIENT_RESOURCES: return NVML_ERROR_INSUFFICIENT_RESOURCES;
     case MOKKA_CTL_IN_USE: return NVML_ERROR_IN_USE;
     case MOKKA_CTL_NOT_FOUND: return NVML_ERROR_NOT_FOUND;
-    case MOKKA_CTL_NO_DAEMON: return NVML_ERROR_DRIVER_NOT_LOADED;
-    default: return NVML_ERROR_UNKNOWN;
+    default: return NVML_ERROR_UNKNOWN; /* no answer, as NVML's setters say it */
     }
 }
 
