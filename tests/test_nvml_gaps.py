@@ -240,3 +240,42 @@ def test_field_recovery_action_follows_a_reset_needing_xid(node_factory):
     assert node.write("gpu0/inject_xid", b"62\n") == 0
     out = run_py(consumer_env(node.state_dir / "state"), FIELDS_PROBE)
     assert out["recovery"] == [1, 1]  # NVML_GPU_RECOVERY_ACTION_GPU_RESET; reset required
+
+
+PROC_UTIL_PROBE = """
+    import json, sys, time, pynvml as p
+    p.nvmlInit()
+    h = p.nvmlDeviceGetHandleByIndex(1)
+    deadline = time.time() + 20
+    while not p.nvmlDeviceGetComputeRunningProcesses(h) and time.time() < deadline:
+        time.sleep(0.05)
+    def opt(f, *a):
+        try:
+            return [[s.pid, s.smUtil, s.memUtil, s.timeStamp] for s in f(*a)]
+        except p.NVMLError as e:
+            return e.value
+    first = opt(p.nvmlDeviceGetProcessUtilization, h, 0)
+    later = opt(p.nvmlDeviceGetProcessUtilization, h, first[0][3] + 10**9) if isinstance(first, list) else None
+    print(json.dumps(dict(first=first, later=later, idle_gpu=opt(p.nvmlDeviceGetProcessUtilization,
+                                                                 p.nvmlDeviceGetHandleByIndex(0), 0))))
+"""
+
+
+def test_process_utilization_follows_the_load(node_factory):
+    from test_cuda import start_holder
+
+    node = node_factory(profile="h100", gpus=2)
+    env_state = node.state_dir / "state"
+    holder = start_holder(env_state, 1, 1 << 30, 60)
+    try:
+        idle = run_py(consumer_env(env_state), PROC_UTIL_PROBE)
+        assert idle["first"] == 6  # NOT_FOUND: an idle GPU has no process with utilization
+        assert node.write("gpu1/utilization", b"90 40\n") == 0
+        out = run_py(consumer_env(env_state), PROC_UTIL_PROBE)
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    assert [row[:3] for row in out["first"]] == [[holder.pid, 90, 40]]
+    assert out["later"] == 6  # nothing newer than a timestamp in the future
+    assert out["idle_gpu"] == 6  # no process on GPU 0
