@@ -346,6 +346,9 @@ class GpuProfile(_Strict):
     vbios_version: str
     board_part_number: str
     gpu_part_number: str
+    # nvmlDeviceGetAddressingMode: how the GPU reaches system-allocated memory (the capture's
+    # addressing_mode): HMM on x86 hosts with HMM, ATS on Grace (C2C), None where neither is on
+    addressing_mode: Literal["None", "HMM", "ATS"]
     inforom: InfoRom
     nvlink: NvLink
     mig_capable: bool

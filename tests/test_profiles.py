@@ -111,6 +111,7 @@ def test_identity_matches_capture(pair):
     assert p.vbios_version == _text(g, "vbios_version")
     assert p.board_part_number == _text(g, "board_part_number")
     assert p.gpu_part_number == _text(g, "gpu_part_number")
+    assert p.addressing_mode == _text(g, "addressing_mode")
     assert p.inforom.image == _text(g, "inforom_version/img_version")
     assert p.inforom.oem == _text(g, "inforom_version/oem_object")
     assert p.inforom.ecc == _text(g, "inforom_version/ecc_object")

@@ -44,6 +44,7 @@ _INT_MAX = 0x7FFFFFFF
 BRANDS = {"Quadro": 1, "Tesla": 2, "NVS": 3, "GeForce": 5, "Titan": 6, "NVIDIA RTX": 13, "NVIDIA": 14}
 ARCHITECTURES = {"Turing": 6, "Ampere": 7, "Ada Lovelace": 8, "Hopper": 9, "Blackwell": 10}
 NVLINK_DEVICE_TYPES = {"gpu": 0, "switch": 2}  # nvmlIntNvLinkDeviceType_t
+ADDRESSING_MODES = {"None": 0, "HMM": 1, "ATS": 2}  # nvmlDeviceAddressingModeType_t
 CPU_WORD_BITS = 64
 
 
@@ -91,6 +92,7 @@ def fill_static(g, node: Node, i: int) -> None:
     g.has_fan = int(p.has_fan)
     g.fan_speed = p.fan_speed_pct or 0
     g.mig_capable = int(p.mig_capable)
+    g.addressing_mode = ADDRESSING_MODES[p.addressing_mode]
     g.has_row_remapper = int(node.has_row_remapper)
     g.has_fabric = int(p.fabric is not None)
     if p.fabric is not None:

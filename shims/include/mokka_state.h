@@ -72,6 +72,9 @@
  * name, MIG- UUID, capability minor, SMs and memory as the model computed them.
  * Shims change MIG only through the control socket (`gpu=N mig ...`, docs/mig.md).
  *
+ * Addressing mode (version 8): each GPU record carries the board's
+ * nvmlDeviceGetAddressingMode answer (the profile's addressing_mode).
+ *
  * Restart: a daemon that finds a valid file of this version rewrites it in
  * place and continues `event_head`/`event_wake`, so consumers that hold the
  * mapping across a daemon restart keep working.
@@ -101,7 +104,7 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/shm/layout.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 7
+#define MOKKA_STATE_VERSION 8
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_CPU_WORDS 16         /* 1024 CPUs, what NVML's CPU masks carry */
 #define MOKKA_MAX_NVLINKS 18
@@ -340,6 +343,9 @@ struct mokka_gpu {
                                                           still fit (0 while MIG is off) */
     struct mokka_mig_gi mig_gi[MOKKA_MAX_GPU_INSTANCES];
     struct mokka_mig_device mig_devices[MOKKA_MAX_MIG_DEVICES];
+    /* memory addressing (version 8) */
+    uint32_t addressing_mode;  /* nvmlDeviceAddressingModeType_t: 0 none, 1 HMM, 2 ATS (the profile's) */
+    uint32_t pad3;
 };
 
 /* One process's accounting on one GPU (nvmlAccountingStats_t), kept after it exits. */

@@ -162,3 +162,39 @@ nvmlReturn_t DECLDIR nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int
     *failureOccurred = v[3];
     return NVML_SUCCESS;
 }
+
+/* SRAM ECC status (Ampere and later), from the model's counters at NVML's SRAM location: the
+   corrected and uncorrected counts, volatile and aggregate; the model does not tell parity from
+   SEC-DED errors, so every uncorrected SRAM error is counted SEC-DED (what HBM-era SRAM uses).
+   The buckets split the aggregate uncorrected count by unit: L2 is the L2 cache's, SM the SM's
+   own memories (L1, register file, texture, shared memory); the model has no PCIe, microcontroller
+   or other SRAM counters, so those are 0. The field-diagnostic threshold is never exceeded. A
+   healthy board answers zeros, as real ones do. */
+nvmlReturn_t DECLDIR nvmlDeviceGetSramEccErrorStatus(nvmlDevice_t device, nvmlEccSramErrorStatus_t *status)
+{
+    DEV(device);
+    VERSIONED_ARG(status, nvmlEccSramErrorStatus_v1);
+    uint32_t arch, on;
+    uint64_t ecc[2][2][MOKKA_ECC_LOCATIONS];
+    MOKKA_CONSISTENT(s) {
+        arch = g->architecture;
+        on = g->ecc_enabled;
+        memcpy(ecc, g->ecc, sizeof(ecc));
+    }
+    if (arch < NVML_DEVICE_ARCH_AMPERE || !on)
+        return NVML_ERROR_NOT_SUPPORTED;
+    enum { VOL = NVML_VOLATILE_ECC, AGG = NVML_AGGREGATE_ECC, COR = NVML_MEMORY_ERROR_TYPE_CORRECTED,
+           UNC = NVML_MEMORY_ERROR_TYPE_UNCORRECTED };
+    const uint64_t *agg_unc = ecc[AGG][UNC];
+    memset((char *)status + sizeof(status->version), 0, sizeof(*status) - sizeof(status->version));
+    status->volatileCor = ecc[VOL][COR][NVML_MEMORY_LOCATION_SRAM];
+    status->volatileUncSecDed = ecc[VOL][UNC][NVML_MEMORY_LOCATION_SRAM];
+    status->aggregateCor = ecc[AGG][COR][NVML_MEMORY_LOCATION_SRAM];
+    status->aggregateUncSecDed = agg_unc[NVML_MEMORY_LOCATION_SRAM];
+    status->aggregateUncBucketL2 = agg_unc[NVML_MEMORY_LOCATION_L2_CACHE];
+    status->aggregateUncBucketSm = agg_unc[NVML_MEMORY_LOCATION_L1_CACHE] +
+                                   agg_unc[NVML_MEMORY_LOCATION_REGISTER_FILE] +
+                                   agg_unc[NVML_MEMORY_LOCATION_TEXTURE_MEMORY] +
+                                   agg_unc[NVML_MEMORY_LOCATION_TEXTURE_SHM];
+    return NVML_SUCCESS;
+}

@@ -81,8 +81,80 @@ static nvmlReturn_t power_field(const struct mokka_gpu *c, unsigned id, unsigned
     return NVML_SUCCESS;
 }
 
+/* The per-link NVLink error counter fields: L0-L5 and L6-L11 of each counter, by
+   nvmlNvLinkErrorCounter_t (replay, recovery, CRC flit, CRC data, as the state's errors[]). */
+static const struct { unsigned first_l0, first_l6, counter; } g_link_error_fields[] = {
+    {NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L0, NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L6, NVML_NVLINK_ERROR_DL_REPLAY},
+    {NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L0, NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L6, NVML_NVLINK_ERROR_DL_RECOVERY},
+    {NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0, NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L6, NVML_NVLINK_ERROR_DL_CRC_FLIT},
+    {NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L0, NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L6, NVML_NVLINK_ERROR_DL_CRC_DATA},
+};
+
+/* One link's error counter, as nvmlDeviceGetNvLinkErrorCounter answers it: NOT_SUPPORTED past
+   the GPU's links. */
+static nvmlReturn_t link_error(const struct mokka_gpu *c, unsigned link, unsigned counter, unsigned long long *v)
+{
+    if (link >= c->nvlink_count || link >= MOKKA_MAX_NVLINKS)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *v = c->nvlink[link].errors[counter];
+    return NVML_SUCCESS;
+}
+
+/* The thresholds relative to T.Limit (193-196, signed degrees; Ada and later, the boards whose
+   profile has a T.Limit): T.Limit minus the absolute threshold, as the captures print them
+   (H100: -8, -2, 0, 0). The memory's maximum is its own reference: every capture that reports
+   it reads 0. */
+static nvmlReturn_t tlimit_field(const struct mokka_gpu *c, unsigned id, int *v)
+{
+    if (c->temp_tlimit < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    int t;
+    switch (id) {
+    case NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT: t = c->temp_threshold[NVML_TEMPERATURE_THRESHOLD_SHUTDOWN]; break;
+    case NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT: t = c->temp_threshold[NVML_TEMPERATURE_THRESHOLD_SLOWDOWN]; break;
+    case NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT: t = c->temp_threshold[NVML_TEMPERATURE_THRESHOLD_GPU_MAX]; break;
+    default: /* NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT */
+        if (c->temp_threshold[NVML_TEMPERATURE_THRESHOLD_MEM_MAX] < 0)
+            return NVML_ERROR_NOT_SUPPORTED;
+        *v = 0;
+        return NVML_SUCCESS;
+    }
+    if (t < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *v = c->temp_tlimit - t;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t counter_field(const struct mokka_gpu *cp, unsigned id, unsigned scope, unsigned long long *v);
+
+/* One field of GPU g into *out (its value and valueType); the answer is the field's nvmlReturn. */
 static nvmlReturn_t field_value(const struct mokka_state *s, const struct mokka_gpu *g, unsigned id,
-                                unsigned scope, unsigned long long *v)
+                                unsigned scope, nvmlFieldValue_t *out)
+{
+    struct mokka_gpu c;
+    mokka_read_gpu(s, (unsigned)(g - s->gpus), &c);
+    nvmlReturn_t r;
+    switch (id) {
+    case NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT:
+    case NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT:
+    case NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT:
+    case NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT:
+        out->valueType = NVML_VALUE_TYPE_SIGNED_INT;
+        return tlimit_field(&c, id, &out->value.siVal);
+    case NVML_FI_DEV_GPU_TEMP: /* degrees as a double; the state keeps whole degrees */
+        out->valueType = NVML_VALUE_TYPE_DOUBLE;
+        out->value.dVal = c.temp_gpu;
+        return NVML_SUCCESS;
+    default:
+        out->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        out->value.ullVal = 0;
+        r = counter_field(&c, id, scope, &out->value.ullVal);
+        return r;
+    }
+}
+
+/* The unsigned fields, from one copy of the GPU's record. */
+static nvmlReturn_t counter_field(const struct mokka_gpu *cp, unsigned id, unsigned scope, unsigned long long *v)
 {
     static const struct { unsigned id; int type, counter, loc; } ecc_fields[] = {
         {NVML_FI_DEV_ECC_SBE_VOL_TOTAL, 0, 0, -1}, {NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 1, 0, -1},
@@ -100,8 +172,14 @@ static nvmlReturn_t field_value(const struct mokka_state *s, const struct mokka_
         {NVML_FI_DEV_ECC_SBE_AGG_TEX, 0, 1, 4}, {NVML_FI_DEV_ECC_DBE_AGG_TEX, 1, 1, 4},
         {NVML_FI_DEV_ECC_DBE_AGG_CBU, 1, 1, 6},
     };
-    struct mokka_gpu c;
-    mokka_read_gpu(s, (unsigned)(g - s->gpus), &c);
+    const struct mokka_gpu c = *cp;
+    for (size_t i = 0; i < sizeof(g_link_error_fields) / sizeof(g_link_error_fields[0]); i++) {
+        unsigned l0 = g_link_error_fields[i].first_l0, l6 = g_link_error_fields[i].first_l6;
+        if (id >= l0 && id < l0 + 6)
+            return link_error(&c, id - l0, g_link_error_fields[i].counter, v);
+        if (id >= l6 && id < l6 + 6)
+            return link_error(&c, id - l6 + 6, g_link_error_fields[i].counter, v);
+    }
     for (size_t i = 0; i < sizeof(ecc_fields) / sizeof(ecc_fields[0]); i++) {
         if (ecc_fields[i].id != id)
             continue;
@@ -132,8 +210,25 @@ static nvmlReturn_t field_value(const struct mokka_state *s, const struct mokka_
                 return nvlink_field(&c, id, l, v);
         return NVML_ERROR_NOT_SUPPORTED;
     }
-    case NVML_FI_DEV_ECC_CURRENT:
-    case NVML_FI_DEV_ECC_PENDING: *v = c.ecc_enabled; return NVML_SUCCESS;
+    case NVML_FI_DEV_ECC_CURRENT: *v = c.ecc_enabled; return NVML_SUCCESS;
+    case NVML_FI_DEV_ECC_PENDING: *v = c.ecc_pending; return NVML_SUCCESS; /* nvmlDeviceGetEccMode's pending */
+    /* the DL counters of the link in scopeId (CRC: the flit CRC, as nvidia-smi nvlink -e's) */
+    case NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: return link_error(&c, scope, NVML_NVLINK_ERROR_DL_REPLAY, v);
+    case NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: return link_error(&c, scope, NVML_NVLINK_ERROR_DL_RECOVERY, v);
+    case NVML_FI_DEV_NVLINK_ERROR_DL_CRC: return link_error(&c, scope, NVML_NVLINK_ERROR_DL_CRC_FLIT, v);
+    case NVML_FI_DEV_NVSWITCH_CONNECTED_LINK_COUNT: {
+        if (!c.nvlink_count)
+            return NVML_ERROR_NOT_SUPPORTED;
+        unsigned n = 0;
+        for (unsigned l = 0; l < c.nvlink_count && l < MOKKA_MAX_NVLINKS; l++)
+            n += c.nvlink[l].state && c.nvlink[l].remote_type == NVML_NVLINK_DEVICE_TYPE_SWITCH;
+        *v = n;
+        return NVML_SUCCESS;
+    }
+    /* what the driver recommends after a fault: a GPU reset where the model needs one (226) */
+    case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+        *v = c.needs_reset ? NVML_GPU_RECOVERY_ACTION_GPU_RESET : NVML_GPU_RECOVERY_ACTION_NONE;
+        return NVML_SUCCESS;
     case NVML_FI_DEV_RETIRED_SBE: *v = c.retired_sbe; return c.has_row_remapper ? NVML_ERROR_NOT_SUPPORTED : NVML_SUCCESS;
     case NVML_FI_DEV_RETIRED_DBE: *v = c.retired_dbe; return c.has_row_remapper ? NVML_ERROR_NOT_SUPPORTED : NVML_SUCCESS;
     case NVML_FI_DEV_RETIRED_PENDING: *v = c.retired_pending; return c.has_row_remapper ? NVML_ERROR_NOT_SUPPORTED : NVML_SUCCESS;
@@ -192,12 +287,9 @@ nvmlReturn_t DECLDIR nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCou
     clock_gettime(CLOCK_REALTIME, &ts);
     errno = saved;
     for (int i = 0; i < valuesCount; i++) {
-        unsigned long long v = 0;
-        values[i].nvmlReturn = field_value(s, g, values[i].fieldId, values[i].scopeId, &v);
+        values[i].nvmlReturn = field_value(s, g, values[i].fieldId, values[i].scopeId, &values[i]);
         values[i].timestamp = (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
         values[i].latencyUsec = 0;
-        values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
-        values[i].value.ullVal = v;
     }
     return NVML_SUCCESS;
 }

@@ -331,6 +331,18 @@ nvmlReturn_t DECLDIR nvmlDeviceGetDisplayActive(nvmlDevice_t device, nvmlEnableS
     return NVML_SUCCESS;
 }
 
+/* How the GPU reaches system-allocated memory: the board's (profile addressing_mode, from each
+   capture), HMM on x86 hosts, ATS on Grace. */
+nvmlReturn_t DECLDIR nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDeviceAddressingMode_t *mode)
+{
+    DEV(device);
+    VERSIONED_ARG(mode, nvmlDeviceAddressingMode_v1);
+    uint32_t v;
+    SNAP(s, g->addressing_mode, v);
+    mode->value = v;
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t DECLDIR nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode)
 {
     DEV(device);

@@ -4,6 +4,9 @@
  */
 #include "nvml_internal.h"
 
+#include <errno.h>
+#include <time.h>
+
 /* ---- processes ------------------------------------------------------------------------ */
 
 /* The compute processes the daemon published for this GPU (from the CUDA shim's process table,
@@ -58,15 +61,47 @@ PROCESS_LIST_GETTER(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_
 PROCESS_LIST_GETTER(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_v2_t, 1, NO_MIG)
 PROCESS_LIST_GETTER(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t, 1, NO_MIG)
 
+/* One sample per compute process, taken now, while the GPU is busy (the header: a sample per
+   process "that had some non-zero utilization during the last sample period"); none at idle or
+   at or before lastSeenTimeStamp: NOT_FOUND. The model has no per-process split, so each
+   process gets the GPU's SM and memory utilization, the rule its accounting records follow too
+   (docs/nvml.md); encoder and decoder are the GPU's. Count protocol (pynvml): utilization NULL
+   gives INSUFFICIENT_SIZE and the count, as does a buffer too small. */
 nvmlReturn_t DECLDIR nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
                                                      unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
 {
-    (void)utilization;
-    (void)lastSeenTimeStamp;
     DEV(device);
     ARG(processSamplesCount);
-    *processSamplesCount = 0;
-    return NVML_ERROR_NOT_FOUND; /* no samples newer than the timestamp, as the driver says */
+    struct mokka_gpu_process procs[MOKKA_MAX_GPU_PROCS];
+    unsigned int n = read_processes(s, g, procs);
+    uint32_t util[4];
+    MOKKA_CONSISTENT(s) {
+        util[0] = g->util_gpu;
+        util[1] = g->util_mem;
+        util[2] = g->util_enc;
+        util[3] = g->util_dec;
+    }
+    struct timespec ts;
+    int saved = errno;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    errno = saved;
+    unsigned long long now = (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
+    if (!(util[0] | util[1] | util[2] | util[3]) || now <= lastSeenTimeStamp)
+        n = 0;
+    if (!n) {
+        *processSamplesCount = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (!utilization || *processSamplesCount < n) {
+        *processSamplesCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        utilization[i] = (nvmlProcessUtilizationSample_t){.pid = procs[i].pid, .timeStamp = now, .smUtil = util[0],
+                                                          .memUtil = util[1], .encUtil = util[2], .decUtil = util[3]};
+    }
+    *processSamplesCount = n;
+    return NVML_SUCCESS;
 }
 
 /* ---- accounting ----------------------------------------------------------------------- */

@@ -21,7 +21,6 @@ nvmlReturn_t DECLDIR nvmlUnitGetFanSpeedInfo(nvmlUnit_t unit, nvmlUnitFanSpeeds_
 nvmlReturn_t DECLDIR nvmlUnitGetDevices(nvmlUnit_t unit, unsigned int *deviceCount, nvmlDevice_t *devices) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetHandleByUUIDV(const nvmlUUID_t *uuid, nvmlDevice_t *device) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetC2cModeInfoV(nvmlDevice_t device, nvmlC2cModeInfo_v1_t *c2cModeInfo) { return NVML_ERROR_NOT_SUPPORTED; }
-nvmlReturn_t DECLDIR nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDeviceAddressingMode_t *mode) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetRepairStatus(nvmlDevice_t device, nvmlRepairStatus_t *repairStatus) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetUnrepairableMemoryFlag_v1(nvmlDevice_t device, nvmlUnrepairableMemoryStatus_v1_t *unrepairableMemoryStatus) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, nvmlGpuP2PCapsIndex_t p2pIndex,nvmlGpuP2PStatus_t *p2pStatus) { return NVML_ERROR_NOT_SUPPORTED; }
@@ -94,7 +93,6 @@ nvmlReturn_t DECLDIR nvmlSystemSetConfComputeGpusReadyState(unsigned int isAccep
 nvmlReturn_t DECLDIR nvmlSystemSetConfComputeKeyRotationThresholdInfo(nvmlConfComputeSetKeyRotationThresholdInfo_t *pKeyRotationThrInfo) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlSystemGetConfComputeSettings(nvmlSystemConfComputeSettings_t *settings) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlSystemGetConfComputeSettings_v2(nvmlSystemConfComputeSettings_v2_t *settings) { return NVML_ERROR_NOT_SUPPORTED; }
-nvmlReturn_t DECLDIR nvmlDeviceGetSramEccErrorStatus(nvmlDevice_t device, nvmlEccSramErrorStatus_t *status) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetAccountingStats_v2(nvmlDevice_t device, nvmlAccountingStats_v2_t *stats) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetRowRemapperHistogram(nvmlDevice_t device, nvmlRowRemapperHistogramValues_t *values) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetClkMonStatus(nvmlDevice_t device, nvmlClkMonStatus_t *status) { return NVML_ERROR_NOT_SUPPORTED; }
@@ -264,12 +262,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned in
 nvmlReturn_t DECLDIR nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *migDevice) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device) { return NVML_ERROR_NOT_SUPPORTED; }
-nvmlReturn_t DECLDIR nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet) { return NVML_ERROR_NOT_SUPPORTED; }
-nvmlReturn_t DECLDIR nvmlGpmSampleFree(nvmlGpmSample_t gpmSample) { return NVML_ERROR_NOT_SUPPORTED; }
-nvmlReturn_t DECLDIR nvmlGpmSampleAlloc(nvmlGpmSample_t *gpmSample) { return NVML_ERROR_NOT_SUPPORTED; }
-nvmlReturn_t DECLDIR nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId, nvmlGpmSample_t gpmSample) { return NVML_ERROR_NOT_SUPPORTED; }
-nvmlReturn_t DECLDIR nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *gpmSupport) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlGpmQueryIfStreamingEnabled(nvmlDevice_t device, unsigned int *state) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlGpmSetStreamingEnabled(nvmlDevice_t device, unsigned int state) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetCapabilities(nvmlDevice_t device, nvmlDeviceCapabilities_t *caps) { return NVML_ERROR_NOT_SUPPORTED; }
