@@ -381,6 +381,9 @@ class Node:
         # Which MIG instance each of those processes runs on: pid -> (GPU instance, compute instance).
         self.process_instances: list[dict[int, tuple[int, int]]] = [{} for _ in self.identities]
         self.reply = ""  # what the last applied event answers its sender (a MIG create's new ids)
+        # Per GPU, the last MIG view computed and what it was computed from (the publisher and the
+        # renderers ask on every publish and read; the layout changes far less often).
+        self._mig_views: dict[int, tuple] = {}
         self.log: deque[LogEntry] = deque(maxlen=LOG_LIMIT)
         self.generation = 0  # bumped on every applied event; caches key on it
         self.log_seq = 0  # log lines ever appended (the deque keeps the last LOG_LIMIT)
@@ -489,7 +492,6 @@ class Node:
         return (
             tuple(g.lost for g in self.gpus),
             tuple((h.port_down, tuple(h.counters.values())) for h in self.hcas),
-            tuple(self.mig_instances(i) for i in range(len(self.gpus))),  # the MIG capability files
         )
 
     def _add(self, name: str, family: str, value: int, n: int) -> int:
@@ -809,7 +811,15 @@ class Node:
         st = self.gpus[i].mig
         if not st.enabled or self.gpus[i].lost:
             return (0,) * len(tables.gpu_instance_profiles)
-        return tuple(mig.remaining_gpu_instances(tables, st, gp) for gp in tables.gpu_instance_profiles)
+        return self._mig_view(i, ("capacity", st), lambda: tuple(
+            mig.remaining_gpu_instances(tables, st, gp) for gp in tables.gpu_instance_profiles))
+
+    def _mig_view(self, i: int, key: tuple, compute):
+        cached = self._mig_views.get((i, key[0]))
+        if cached is None or cached[0] != key:
+            cached = (key, compute())
+            self._mig_views[(i, key[0])] = cached
+        return cached[1]
 
     def mig_devices(self, i: int) -> tuple[tuple[mig.GpuInstanceView, ...], tuple[mig.MigDevice, ...]]:
         """GPU `i`'s GPU instances and MIG devices with all their facts (model/mig.py), the
@@ -823,7 +833,8 @@ class Node:
             if pid in on:
                 used[on[pid][0]] = used.get(on[pid][0], 0) + nbytes
         ident = self.identities[i]
-        return mig.describe(self.profile, ident.uuid, ident.minor, instances, used)
+        return self._mig_view(i, ("devices", instances, tuple(sorted(used.items()))),
+                              lambda: mig.describe(self.profile, ident.uuid, ident.minor, instances, used))
 
     def active_faults(self, i: int) -> list[str]:
         g = self.gpus[i]
