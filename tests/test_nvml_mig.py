@@ -335,3 +335,23 @@ def test_a_layout_made_through_nvml_survives_a_daemon_restart_and_a_kill(node_fa
     force_unmount(node.mnt)
     assert node.mount().returncode == 0
     assert run_py(env, read) == made
+
+
+def test_an_xid_naming_an_instance_reaches_nvml_events_and_the_kernel_log_with_it(node_factory):
+    node = node_factory(gpus=1)
+    assert node.cli("inject", "--root", str(node.mnt), "0", "mig", "enable").returncode == 0
+    assert node.cli("inject", "--root", str(node.mnt), "0", "mig", "create", "3g.40gb").returncode == 0
+    out = run_py(pynvml_env(node), mig_script(f"""
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        s = n.nvmlEventSetCreate()
+        n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, s)
+        with open({str(node.mnt / "gpu0/inject_xid")!r}, "w") as f:
+            f.write("31 gi=2 ci=0\\n")
+        e = n.nvmlEventSetWait_v2(s, 5000)
+        print(json.dumps([e.eventData, e.gpuInstanceId, e.computeInstanceId]))
+    """))
+    assert out == [31, 2, 0]
+    assert "NVRM: Xid (PCI:0000:18:00 GPU-I:02 GPU-CI:00): 31," in node.read("node/events")
+    bad = node.cli("inject", "--root", str(node.mnt), "0", "xid", "31", "gi=9", check=False)
+    assert bad.returncode == 2 and "No such file or directory" in bad.stderr  # ENOENT: no such instance
+    node.expect_warning(r"ENOENT write gpu0/inject_xid: b'31 gi=9\\n': gpu0 has no GPU instance 9")

@@ -113,6 +113,8 @@ class Notification:
     gpu: int
     event_type: int
     data: int
+    gi: int | None = None  # the MIG instance an Xid names (nvmlEventData_t.gpuInstanceId)
+    ci: int | None = None
 
 
 @dataclass(frozen=True)
@@ -441,6 +443,8 @@ class Node:
         not allow it (model/mig.py)."""
         self.validate(event)
         outcome = self._mig_outcome(event) if isinstance(event, MigEvent) else None
+        if isinstance(event, InjectXid) and event.gi is not None:
+            self._check_instance(event.gpu, event.gi, event.ci)
         if note is not None:
             self._log(now, event.gpu, note)
         self.saturated = []
@@ -450,7 +454,7 @@ class Node:
             self._checkpoint(i, now)
         notes: list[Notification] = []
         if isinstance(event, InjectXid):
-            notes = self._xid(event.gpu, event.code, now)
+            notes = self._xid(event.gpu, event.code, now, event.gi, event.ci)
         elif isinstance(event, InjectEcc):
             notes = self._ecc(event, now)
         elif isinstance(event, Pin):
@@ -511,11 +515,20 @@ class Node:
         self.log.append(LogEntry(now, gpu, text))
         self.log_seq += 1
 
-    def _xid(self, i: int, code: int, now: float) -> list[Notification]:
+    def _check_instance(self, i: int, gi: int, ci: int | None) -> None:
+        """An Xid names a MIG instance of GPU i that exists now (NotFound otherwise)."""
+        for g in self.mig_instances(i):
+            if g.id == gi:
+                if ci is not None:
+                    g.ci(ci)
+                return
+        raise mig.NotFound(f"gpu{i} has no GPU instance {gi}")
+
+    def _xid(self, i: int, code: int, now: float, gi: int | None = None, ci: int | None = None) -> list[Notification]:
         g, ident = self.gpus[i], self.identities[i]
         rule = xid_rule(code)  # what this Xid does: a row of the catalogue (model/xid.py)
         details: dict = {}
-        notes = [Notification(i, EVENT_XID, code)]
+        notes = [Notification(i, EVENT_XID, code, gi, ci)]
         if rule.ecc is not None:
             self._count_ecc(i, rule.ecc.kind, rule.ecc.location, rule.ecc.count)
             event = EVENT_DBE if rule.ecc.kind is EccKind.UNCORRECTED else EVENT_SBE
@@ -537,7 +550,7 @@ class Node:
             g.needs_reset = True
         g.last_xid, g.last_xid_time = code, now
         g.xid_counts[str(code)] = self._add(f"gpu{i} xid_counts.{code}", "xid_counts", g.xid_counts.get(str(code), 0), 1)
-        self._log(now, i, kernel_log_line(ident.bdf.xid, code, **details))
+        self._log(now, i, kernel_log_line(ident.bdf.xid, code, gi, ci, **details))
         return notes
 
     @property
