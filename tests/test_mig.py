@@ -478,3 +478,37 @@ def test_a_scenario_and_an_annotation_set_a_layout_through_the_same_vocabulary()
                                                   f"gpu=1 mig create {DONE_WHEN}"]
     with pytest.raises(InvalidCommand, match="1g.10gb: 0 compute slices left"):
         grammar.parse_injection(f"gpu=0 mig=enable; gpu=0 mig=create {DONE_WHEN},1g.10gb", node.config)
+
+
+# --- an Xid that names an instance -------------------------------------------------------------------
+
+
+def test_an_xid_can_name_a_mig_instance_as_the_driver_prints_it(tmp_path):
+    from mokkafs.shm.layout import NO_MIG
+    from mokkafs.shm.publisher import Publisher
+
+    node = h100()
+    run(node, "gpu=0 mig enable", "gpu=0 mig create 3g.40gb")
+    notes = node.apply(parse_line("gpu=0 xid 31 gi=2 ci=0").event, T0)
+    assert node.log[-1].text.startswith("NVRM: Xid (PCI:0000:18:00 GPU-I:02 GPU-CI:00): 31, pid='<unknown>'")
+    assert [(n.data, n.gi, n.ci) for n in notes] == [(31, 2, 0)]
+    node.apply(parse_line("gpu=0 xid 43 gi=2").event, T0)
+    assert node.log[-1].text.startswith("NVRM: Xid (PCI:0000:18:00 GPU-I:02): 43,")
+    for line, reason in (("gpu=0 xid 31 gi=5", "gpu0 has no GPU instance 5"),
+                         ("gpu=0 xid 31 gi=2 ci=3", "GPU instance 2 has no compute instance 3"),
+                         ("gpu=1 xid 31 gi=0", "gpu1 has no GPU instance 0")):  # MIG off there
+        with pytest.raises(NotFound, match=reason):
+            run(node, line)
+    with pytest.raises(InvalidCommand, match="Xid must be a decimal number"):
+        parse_line("gpu=0 xid 31 ci=0")
+
+    pub = Publisher(tmp_path / "state", clock=lambda: T0)
+    pub.open()
+    try:
+        pub.publish(node)
+        pub.append_events(notes + node.apply(parse_line("gpu=1 xid 13").event, T0))
+        st = pub._st
+        assert [(st.ring[k].data, st.ring[k].mig_gi, st.ring[k].mig_ci) for k in range(2)] == [
+            (31, 2, 0), (13, NO_MIG, NO_MIG)]
+    finally:
+        pub.close()

@@ -3,7 +3,7 @@ parsed strictly into one frozen event (model/events.py). Control files, `mokka i
 agent's annotations and scenario steps are spellings of these commands and parse through here.
 
     target     verb         arguments                          control file
-    gpu=N      xid          CODE                               gpuN/inject_xid
+    gpu=N      xid          CODE [gi=G [ci=C]]                 gpuN/inject_xid (gi, ci: the MIG instance it names)
     gpu=N      ecc          sbe|dbe COUNT [LOCATION]           gpuN/inject_ecc
     gpu=N      temperature  ... memory_used, throttle (pins)   gpuN/<verb>
     gpu=N      lost         0|1                                gpuN/lost
@@ -137,7 +137,13 @@ def _uint(word: str, what: str, high: int) -> int:
 
 
 def _xid(i: int, text: str) -> InjectXid:
-    return InjectXid(i, _uint(text, "Xid", MAX_XID))
+    """`79`, or an Xid a MIG instance caused: `31 gi=2`, `31 gi=2 ci=0`."""
+    m = re.fullmatch(r"(\S+)(?: gi=(\S+)(?: ci=(\S+))?)?", text)
+    if not m:  # anything but the instance words after the code: say what the code must be
+        return InjectXid(i, _uint(text, "Xid", MAX_XID))
+    code, gi, ci = m.groups()
+    return InjectXid(i, _uint(code, "Xid", MAX_XID), None if gi is None else _uint(gi, "gi", 0xFF),
+                     None if ci is None else _uint(ci, "ci", 0xFF))
 
 
 def _ecc(i: int, text: str) -> InjectEcc:
@@ -228,7 +234,7 @@ class Verb:
 
 
 _VERBS = (
-    Verb("xid", "gpu", "inject_xid", f"CODE (1..{MAX_XID})", _xid),
+    Verb("xid", "gpu", "inject_xid", f"CODE (1..{MAX_XID}) [gi=G [ci=C]]", _xid),
     Verb("ecc", "gpu", "inject_ecc", "sbe|dbe COUNT [LOCATION]", _ecc),
     Verb("temperature", "gpu", "temperature", "C|auto", _pin("temperature", 1, 200)),
     Verb("power", "gpu", "power", "W|auto", _pin("power", 1, 10_000)),

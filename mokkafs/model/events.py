@@ -50,11 +50,21 @@ class Event:
 @dataclass(frozen=True)
 class InjectXid(Event):
     code: int
+    # The MIG instance the driver attributes it to (docs/mig.md): a GPU instance id, and within
+    # it a compute instance id; the node checks that they exist.
+    gi: int | None = None
+    ci: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 1 <= self.code <= MAX_XID:
             raise InvalidCommand(f"Xid must be 1..{MAX_XID}, got {self.code}")
+        for name in ("gi", "ci"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 0xFF):
+                raise InvalidCommand(f"bad {name} {v!r}")
+        if self.ci is not None and self.gi is None:
+            raise InvalidCommand("a compute instance is named with its GPU instance (gi=G ci=C)")
 
 
 @dataclass(frozen=True)

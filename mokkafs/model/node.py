@@ -118,6 +118,8 @@ class Notification:
     gpu: int
     event_type: int
     data: int
+    gi: int | None = None  # the MIG instance an Xid names (nvmlEventData_t.gpuInstanceId)
+    ci: int | None = None
 
 
 @dataclass(frozen=True)
@@ -433,6 +435,9 @@ class Node:
         # Which MIG instance each of those processes runs on: pid -> (GPU instance, compute instance).
         self.process_instances: list[dict[int, tuple[int, int]]] = [{} for _ in self.identities]
         self.reply = ""  # what the last applied event answers its sender (a MIG create's new ids)
+        # Per GPU, the last MIG view computed and what it was computed from (the publisher and the
+        # renderers ask on every publish and read; the layout changes far less often).
+        self._mig_views: dict[int, tuple] = {}
         self.log: deque[LogEntry] = deque(maxlen=LOG_LIMIT)
         self.generation = 0  # bumped on every applied event; caches key on it
         self.log_seq = 0  # log lines ever appended (the deque keeps the last LOG_LIMIT)
@@ -495,6 +500,8 @@ class Node:
         not allow it (model/mig.py)."""
         self.validate(event)
         outcome = self._mig_outcome(event) if isinstance(event, MigEvent) else None
+        if isinstance(event, InjectXid) and event.gi is not None:
+            self._check_instance(event.gpu, event.gi, event.ci)
         if note is not None:
             self._log(now, event.gpu, note)
         self.saturated = []
@@ -504,7 +511,7 @@ class Node:
             self._checkpoint(i, now)
         notes: list[Notification] = []
         if isinstance(event, InjectXid):
-            notes = self._xid(event.gpu, event.code, now)
+            notes = self._xid(event.gpu, event.code, now, event.gi, event.ci)
         elif isinstance(event, InjectEcc):
             notes = self._ecc(event, now)
         elif isinstance(event, Pin):
@@ -545,13 +552,15 @@ class Node:
 
     def device_tree_state(self) -> tuple:
         """Everything the sys/, proc/ and dev/ renderers read from the mutable state: which GPUs
-        are on the bus and the HCA ports. Those trees are a function of this (and the fixed
+        are on the bus, the HCA ports, and each GPU's MIG instances (their capability files and
+        device nodes). Those trees are a function of this (and the fixed
         composition), never of time; the mirror re-renders only when it changes.
         tests/test_mirror.py checks the mirror against a fresh render after every event kind."""
         return (
             tuple(g.lost for g in self.gpus),
             tuple((h.port_down, tuple(h.counters.values())) for h in self.hcas),
-            tuple(self.mig_instances(i) for i in range(len(self.gpus))),  # the MIG capability files
+            tuple((g.mig.enabled, tuple((gi.id, tuple(ci.id for ci in gi.compute)) for gi in g.mig.instances))
+                  for g in self.gpus),
         )
 
     def _add(self, name: str, family: str, value: int, n: int) -> int:
@@ -571,11 +580,20 @@ class Node:
         self.log.append(LogEntry(now, gpu, text))
         self.log_seq += 1
 
-    def _xid(self, i: int, code: int, now: float) -> list[Notification]:
+    def _check_instance(self, i: int, gi: int, ci: int | None) -> None:
+        """An Xid names a MIG instance of GPU i that exists now (NotFound otherwise)."""
+        for g in self.mig_instances(i):
+            if g.id == gi:
+                if ci is not None:
+                    g.ci(ci)
+                return
+        raise mig.NotFound(f"gpu{i} has no GPU instance {gi}")
+
+    def _xid(self, i: int, code: int, now: float, gi: int | None = None, ci: int | None = None) -> list[Notification]:
         g, ident = self.gpus[i], self.identities[i]
         rule = xid_rule(code)  # what this Xid does: a row of the catalogue (model/xid.py)
         details: dict = {}
-        notes = [Notification(i, EVENT_XID, code)]
+        notes = [Notification(i, EVENT_XID, code, gi, ci)]
         if rule.ecc is not None:
             self._count_ecc(i, rule.ecc.kind, rule.ecc.location, rule.ecc.count)
             event = EVENT_DBE if rule.ecc.kind is EccKind.UNCORRECTED else EVENT_SBE
@@ -597,7 +615,7 @@ class Node:
             g.needs_reset = True
         g.last_xid, g.last_xid_time = code, now
         g.xid_counts[str(code)] = self._add(f"gpu{i} xid_counts.{code}", "xid_counts", g.xid_counts.get(str(code), 0), 1)
-        self._log(now, i, kernel_log_line(ident.bdf.xid, code, **details))
+        self._log(now, i, kernel_log_line(ident.bdf.xid, code, gi, ci, **details))
         return notes
 
     @property
@@ -954,7 +972,15 @@ class Node:
         st = self.gpus[i].mig
         if not st.enabled or self.gpus[i].lost:
             return (0,) * len(tables.gpu_instance_profiles)
-        return tuple(mig.remaining_gpu_instances(tables, st, gp) for gp in tables.gpu_instance_profiles)
+        return self._mig_view(i, ("capacity", st), lambda: tuple(
+            mig.remaining_gpu_instances(tables, st, gp) for gp in tables.gpu_instance_profiles))
+
+    def _mig_view(self, i: int, key: tuple, compute):
+        cached = self._mig_views.get((i, key[0]))
+        if cached is None or cached[0] != key:
+            cached = (key, compute())
+            self._mig_views[(i, key[0])] = cached
+        return cached[1]
 
     def mig_devices(self, i: int) -> tuple[tuple[mig.GpuInstanceView, ...], tuple[mig.MigDevice, ...]]:
         """GPU `i`'s GPU instances and MIG devices with all their facts (model/mig.py), the
@@ -968,7 +994,8 @@ class Node:
             if pid in on:
                 used[on[pid][0]] = used.get(on[pid][0], 0) + nbytes
         ident = self.identities[i]
-        return mig.describe(self.profile, ident.uuid, ident.minor, instances, used)
+        return self._mig_view(i, ("devices", instances, tuple(sorted(used.items()))),
+                              lambda: mig.describe(self.profile, ident.uuid, ident.minor, instances, used))
 
     def active_faults(self, i: int) -> list[str]:
         g = self.gpus[i]

@@ -117,6 +117,9 @@ def xid_message(code: int, **details: object) -> str:
     return template.format(**details) if details else template.replace("{link}", "0")
 
 
-def kernel_log_line(bdf_xid: str, code: int, **details: object) -> str:
-    """The driver's printk text, without the kmsg header: what gpud and NPD rules match."""
-    return f"NVRM: Xid (PCI:{bdf_xid}): {code}, pid='<unknown>', name=<unknown>, {xid_message(code, **details)}"
+def kernel_log_line(bdf_xid: str, code: int, gi: int | None = None, ci: int | None = None, **details: object) -> str:
+    """The driver's printk text, without the kmsg header: what gpud and NPD rules match. An Xid
+    the driver attributes to a MIG instance carries it in the parenthesis, as the open kernel
+    modules print it: `(PCI:0000:18:00 GPU-I:02 GPU-CI:00)`."""
+    where = f"PCI:{bdf_xid}" + ("" if gi is None else f" GPU-I:{gi:02d}") + ("" if ci is None else f" GPU-CI:{ci:02d}")
+    return f"NVRM: Xid ({where}): {code}, pid='<unknown>', name=<unknown>, {xid_message(code, **details)}"

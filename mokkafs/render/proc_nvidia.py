@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from mokkafs.model import Node
 from mokkafs.model.identity import NodeConfig
+from mokkafs.model.mig import caps_minor
 from mokkafs.model.topology import Layout
 from mokkafs.vfs import Ctx, Dir, Entry, const, static_dir, text
 
@@ -121,9 +122,6 @@ def capability(minor: int, mode: int) -> str:
 MIG_MAX_GPUS = 32
 MIG_MAX_GIS = 15
 MIG_MAX_CIS = 8
-_MIG_FIRST = 3
-_PER_GI = 1 + MIG_MAX_CIS
-_PER_GPU = MIG_MAX_GIS * _PER_GI
 
 
 def mig_minor(gpu: int, gi: int, ci: int | None = None) -> int:
@@ -131,8 +129,7 @@ def mig_minor(gpu: int, gi: int, ci: int | None = None) -> int:
     `gpu` is the GPU's device minor, as in the driver's paths."""
     if not (0 <= gpu < MIG_MAX_GPUS and 0 <= gi < MIG_MAX_GIS and (ci is None or 0 <= ci < MIG_MAX_CIS)):
         raise ValueError(f"no MIG capability for gpu{gpu}/gi{gi}" + ("" if ci is None else f"/ci{ci}"))
-    base = _MIG_FIRST + _PER_GPU * gpu + _PER_GI * gi
-    return base if ci is None else base + 1 + ci
+    return caps_minor(gpu, gi, ci)
 
 
 def render_mig_minors() -> str:

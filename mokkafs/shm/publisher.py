@@ -566,6 +566,8 @@ class Publisher:
             slot.seq = 0  # a reader that sees 0 (or another number) skips the slot as torn
             fence()
             slot.type, slot.data, slot.gpu, slot.time_ns = note.event_type, note.data, note.gpu, t_ns
+            slot.mig_gi = NO_MIG if note.gi is None else note.gi
+            slot.mig_ci = NO_MIG if note.ci is None else note.ci
             fence()
             slot.seq = n + 1
             fence()

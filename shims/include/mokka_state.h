@@ -370,7 +370,8 @@ struct mokka_event {
     uint64_t type;             /* nvmlEventType bits */
     uint64_t data;             /* Xid for XID_CRITICAL_ERROR, count for ECC */
     uint32_t gpu;              /* index */
-    uint32_t pad0;
+    uint16_t mig_gi;           /* the MIG instance an Xid names (docs/mig.md); MOKKA_NO_MIG: none */
+    uint16_t mig_ci;
     uint64_t time_ns;          /* CLOCK_REALTIME when published */
 };
 

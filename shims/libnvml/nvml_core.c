@@ -229,11 +229,34 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t
     return nvmlDeviceGetHandleByIndex_v2(index, device);
 }
 
+/* A GPU's UUID, or a MIG device's (`MIG-...`): its MIG device handle (docs/mig.md). */
 nvmlReturn_t DECLDIR nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
 {
     SYS();
     ARG(uuid);
     ARG(device);
+    if (strncmp(uuid, "MIG-", 4) == 0) {
+        for (unsigned i = 0; i < gpu_count(s); i++) {
+            const struct mokka_gpu *g = &s->gpus[i];
+            uint32_t n;
+            SNAP(s, g->mig_device_count, n);
+            for (uint32_t k = 0; k < n && k < MOKKA_MAX_MIG_DEVICES; k++) {
+                const struct mokka_mig_device *md = &g->mig_devices[k];
+                if (field_equals(s, md->uuid, sizeof(md->uuid), uuid)) {
+                    uint32_t ids[2];
+                    MOKKA_CONSISTENT(s) {
+                        ids[0] = md->gi_id;
+                        ids[1] = md->ci_id;
+                    }
+                    if (ids[0] >= MIG_GI_IDS || ids[1] >= MIG_CI_IDS)
+                        return NVML_ERROR_NOT_FOUND;
+                    *device = mig_handle(i, ids[0], ids[1]);
+                    return NVML_SUCCESS;
+                }
+            }
+        }
+        return NVML_ERROR_NOT_FOUND;
+    }
     for (unsigned i = 0; i < gpu_count(s); i++)
         if (field_equals(s, s->gpus[i].uuid, sizeof(s->gpus[i].uuid), uuid))
             return handle_for(s, i, device);
@@ -276,9 +299,9 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDev
 nvmlReturn_t DECLDIR nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
 {
     DEV_FLAGS(device, DEV_LOST_OK | DEV_MIG_OK);
+    (void)s;
     (void)g;
     ARG(isMigDevice);
-    unsigned int gpu, mig;
-    *isMigDevice = handle_resolve(device, &gpu, &mig) == HANDLE_MIG;
+    *isMigDevice = mig_dev != NULL;
     return NVML_SUCCESS;
 }

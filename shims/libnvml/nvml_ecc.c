@@ -6,9 +6,10 @@
 
 /* ---- ECC, retired pages, remapped rows ------------------------------------------------ */
 
+/* A MIG device's mode is its GPU's (its counters are NOT_SUPPORTED: the model counts per GPU). */
 nvmlReturn_t DECLDIR nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t *current, nvmlEnableState_t *pending)
 {
-    DEV(device);
+    DEV_FLAGS(device, DEV_MIG_OK);
     ARG(current);
     ARG(pending);
     uint32_t v[2];

@@ -173,8 +173,9 @@ static int take_event(const struct mokka_state *s, nvmlEventSet_t set, nvmlEvent
         out->device = gpu_handle(e.gpu);
         out->eventType = e.type;
         out->eventData = e.type == nvmlEventTypeXidCriticalError ? e.data : 0;
-        out->gpuInstanceId = 0xFFFFFFFFu;
-        out->computeInstanceId = 0xFFFFFFFFu;
+        /* the MIG instance an Xid names, 0xFFFFFFFF for none (nvml.h) */
+        out->gpuInstanceId = e.mig_gi == MOKKA_NO_MIG ? 0xFFFFFFFFu : e.mig_gi;
+        out->computeInstanceId = e.mig_ci == MOKKA_NO_MIG ? 0xFFFFFFFFu : e.mig_ci;
         found = 1;
     }
     pthread_mutex_unlock(&g_sets_lock);

@@ -1,7 +1,7 @@
 /*
  * libnvidia-ml: what a GPU is. Name, UUID, serial, board, VBIOS, inforom, brand, architecture,
  * compute capability, NUMA node, PCI (info, link generation and width, throughput), attributes
- * and the GSP firmware.
+ * and the GSP firmware. A MIG device handle has its own name, UUID and attributes (docs/mig.md).
  */
 #include "nvml_internal.h"
 
@@ -11,14 +11,14 @@
 
 nvmlReturn_t DECLDIR nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
-    DEV_STATIC(device);
-    return STRING(g->name, name, length);
+    DEV_FLAGS(device, DEV_LOST_OK | DEV_MIG_OK);
+    return mig_dev ? STRING(mig_dev->name, name, length) : STRING(g->name, name, length);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
-    DEV_STATIC(device);
-    return STRING(g->uuid, uuid, length);
+    DEV_FLAGS(device, DEV_LOST_OK | DEV_MIG_OK);
+    return mig_dev ? STRING(mig_dev->uuid, uuid, length) : STRING(g->uuid, uuid, length);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
@@ -209,10 +209,34 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pc
     return NVML_SUCCESS;
 }
 
+/* A MIG device's: its compute instance's SMs and slices, its GPU instance's engines (shared by
+   the compute instances in it), slices and memory. */
+static void mig_attributes(const struct mokka_state *s, const struct mokka_gpu *g, const struct mokka_mig_device *md,
+                           nvmlDeviceAttributes_t *a)
+{
+    const struct mokka_mig_gi *gi = mig_gi_of(g, md);
+    memset(a, 0, sizeof(*a));
+    MOKKA_CONSISTENT(s) {
+        a->multiprocessorCount = md->multiprocessor_count;
+        a->computeInstanceSliceCount = md->size;
+        a->sharedCopyEngineCount = gi->copy_engine_count;
+        a->sharedDecoderCount = gi->decoder_count;
+        a->sharedEncoderCount = gi->encoder_count;
+        a->sharedJpegCount = gi->jpeg_count;
+        a->sharedOfaCount = gi->ofa_count;
+        a->gpuInstanceSliceCount = gi->slice_count;
+        a->memorySizeMB = gi->memory_total >> 20;
+    }
+}
+
 nvmlReturn_t DECLDIR nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes)
 {
-    DEV(device);
+    DEV_FLAGS(device, DEV_MIG_OK);
     ARG(attributes);
+    if (mig_dev) {
+        mig_attributes(s, g, mig_dev, attributes);
+        return NVML_SUCCESS;
+    }
     uint32_t sms;
     uint64_t total;
     SNAP(s, g->multiprocessor_count, sms);

@@ -66,13 +66,18 @@ static inline unsigned int gpu_index(const struct mokka_state *s, const struct m
 
    Kinds:
    - GPU: g_gpu_handles[i] is GPU i of the state (nvmlDeviceGetHandleBy*, events, topology).
-   - MIG: g_mig_handles[i][m] will be MIG device m of GPU i. The state publishes no MIG devices
-     yet, so none is live (mig_device_live) and every address in that table is refused like any
-     other garbage, INVALID_ARGUMENT; once they exist, a function that does not take MIG
-     handles answers one with NOT_SUPPORTED, as the driver does (utilization, for one). */
+   - MIG: g_mig_handles[i][gi * MIG_CI_IDS + ci] is the MIG device (compute instance ci of GPU
+     instance gi) of GPU i, by ids, so a handle is the same instance for as long as it exists.
+     It is live while the state lists that device (mig_device_at); a handle of one that does not
+     exist (destroyed, never made, or its GPU lost) is refused like any other garbage,
+     INVALID_ARGUMENT. A function that does not take MIG handles answers a live one with
+     NOT_SUPPORTED, as the driver does (utilization, for one). GPU and compute instance handles
+     are nvml_mig.c's own, built the same way. */
 enum handle_kind { HANDLE_NONE = 0, HANDLE_GPU, HANDLE_MIG };
 
-#define MIG_SLOTS 8         /* MIG devices per GPU: at most 7 compute instances, rounded up */
+#define MIG_GI_IDS 16       /* GPU instance ids: 0..14 on a board of 8 memory slices (docs/mig.md) */
+#define MIG_CI_IDS 8        /* compute instance ids in one GPU instance */
+#define MIG_SLOTS (MIG_GI_IDS * MIG_CI_IDS) /* MIG device handles per GPU: one per id pair */
 #define NO_MIG_INDEX 0xFFFFFFFFu
 
 struct nvmlDevice_st { uint32_t unread; };
@@ -100,13 +105,41 @@ static inline enum handle_kind handle_resolve(nvmlDevice_t d, unsigned int *gpu,
     return HANDLE_NONE;
 }
 
-/* Does MIG device `mig` of GPU `gpu` exist now? mokka_state.h has no MIG records yet: never. */
+/* The record (in the mapping) of MIG device slot `mig` of GPU `gpu`, or NULL when the state lists
+   no such device now. A few compares over at most MOKKA_MAX_MIG_DEVICES records, by relaxed loads
+   outside the seqlock (it is on every MIG handle's path): a record caught mid-publish can only
+   look like another device, the same as a handle whose instance was just destroyed; what the
+   caller then copies from the record, it copies under the seqlock. */
+static inline const struct mokka_mig_device *mig_device_at(const struct mokka_state *s, unsigned int gpu,
+                                                           unsigned int mig)
+{
+    const struct mokka_gpu *g = &s->gpus[gpu];
+    uint32_t gi = mig / MIG_CI_IDS, ci = mig % MIG_CI_IDS;
+    uint32_t n = __atomic_load_n(&g->mig_device_count, __ATOMIC_RELAXED);
+    for (uint32_t k = 0; k < n && k < MOKKA_MAX_MIG_DEVICES; k++) {
+        const struct mokka_mig_device *md = &g->mig_devices[k];
+        if (__atomic_load_n(&md->gi_id, __ATOMIC_RELAXED) == gi && __atomic_load_n(&md->ci_id, __ATOMIC_RELAXED) == ci)
+            return md;
+    }
+    return NULL;
+}
+
 static inline int mig_device_live(const struct mokka_state *s, unsigned int gpu, unsigned int mig)
 {
-    (void)s;
-    (void)gpu;
-    (void)mig;
-    return 0;
+    return mig_device_at(s, gpu, mig) != NULL;
+}
+
+/* The handle of the MIG device (GPU instance gi, compute instance ci) of GPU i. */
+static inline nvmlDevice_t mig_handle(unsigned int i, unsigned int gi, unsigned int ci)
+{
+    return &g_mig_handles[i][gi * MIG_CI_IDS + ci];
+}
+
+/* The GPU instance record of MIG device record md (in its GPU's record g). */
+static inline const struct mokka_mig_gi *mig_gi_of(const struct mokka_gpu *g, const struct mokka_mig_device *md)
+{
+    uint32_t slot = __atomic_load_n(&md->gi_slot, __ATOMIC_RELAXED);
+    return &g->mig_gi[slot < MOKKA_MAX_GPU_INSTANCES ? slot : 0];
 }
 
 /* The handle of GPU i (i < MOKKA_MAX_GPUS). */
@@ -119,29 +152,32 @@ enum {
     DEV_MIG_OK = 2,  /* takes MIG device handles too (g is then the parent GPU's record) */
 };
 
-/* A handle that is not a GPU's: a live MIG device's, for a function that takes them, or refused.
-   Garbage and a MIG device that does not exist are INVALID_ARGUMENT; a live MIG device where the
-   function does not take one is NOT_SUPPORTED, as the driver answers. */
+/* A handle that is not a GPU's: a live MIG device's (its record in *md), for a function that
+   takes them, or refused. Garbage and a MIG device that does not exist are INVALID_ARGUMENT; a
+   live MIG device where the function does not take one is NOT_SUPPORTED, as the driver answers. */
 static inline nvmlReturn_t non_gpu_handle_check(const struct mokka_state *s, enum handle_kind kind,
-                                                unsigned int gpu, unsigned int mig, unsigned int flags)
+                                                unsigned int gpu, unsigned int mig, unsigned int flags,
+                                                const struct mokka_mig_device **md)
 {
-    if (kind != HANDLE_MIG || !s || gpu >= gpu_count(s) || !mig_device_live(s, gpu, mig))
+    if (kind != HANDLE_MIG || !s || gpu >= gpu_count(s) || !(*md = mig_device_at(s, gpu, mig)))
         return NVML_ERROR_INVALID_ARGUMENT;
     return (flags & DEV_MIG_OK) ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
 }
 
 /* Initialised, a live handle of a kind the function takes, and (unless DEV_LOST_OK) not lost.
-   On success *sp is the state and *gp the GPU's record (the parent's, for a MIG handle). */
+   On success *sp is the state and *gp the GPU's record (the parent's, for a MIG handle), and *mdp
+   (when given) the MIG device's record, or NULL for a GPU handle. */
 static inline nvmlReturn_t dev_check(nvmlDevice_t d, unsigned int flags, const struct mokka_state **sp,
-                                     const struct mokka_gpu **gp)
+                                     const struct mokka_gpu **gp, const struct mokka_mig_device **mdp)
 {
     if (!initialized())
         return NVML_ERROR_UNINITIALIZED;
     const struct mokka_state *s = state();
     unsigned int gpu, mig;
+    const struct mokka_mig_device *md = NULL;
     enum handle_kind kind = handle_resolve(d, &gpu, &mig);
     if (__builtin_expect(kind != HANDLE_GPU, 0)) {
-        nvmlReturn_t r = non_gpu_handle_check(s, kind, gpu, mig, flags);
+        nvmlReturn_t r = non_gpu_handle_check(s, kind, gpu, mig, flags, &md);
         if (r != NVML_SUCCESS)
             return r;
     } else if (!s || gpu >= gpu_count(s)) {
@@ -152,14 +188,19 @@ static inline nvmlReturn_t dev_check(nvmlDevice_t d, unsigned int flags, const s
         return NVML_ERROR_GPU_IS_LOST;
     *sp = s;
     *gp = g;
+    if (mdp)
+        *mdp = md;
     return NVML_SUCCESS;
 }
 
+/* The prologue: s, g and, for a function that takes MIG handles (DEV_MIG_OK), mig_dev: the MIG
+   device's record, NULL for a GPU handle. */
 #define DEV_FLAGS(d, flags)                                          \
     const struct mokka_state *s;                                     \
     const struct mokka_gpu *g;                                       \
+    const struct mokka_mig_device *mig_dev;                          \
     do {                                                             \
-        nvmlReturn_t r_ = dev_check((d), (flags), &s, &g);           \
+        nvmlReturn_t r_ = dev_check((d), (flags), &s, &g, &mig_dev); \
         if (r_ != NVML_SUCCESS)                                      \
             return r_;                                               \
     } while (0)
@@ -216,6 +257,9 @@ static inline nvmlReturn_t dev_check(nvmlDevice_t d, unsigned int flags, const s
         *out2 = (type)v[1];                                                       \
         return NVML_SUCCESS;                                                      \
     }
+
+/* The daemon's answer to a command (mokka_control.h) as NVML's error (nvml_setters.c). */
+nvmlReturn_t control_status(int status);
 
 /* A flag of the state as NVML's enable state. */
 #define ENABLE_STATE(v) ((v) ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED)

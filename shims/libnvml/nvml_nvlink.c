@@ -138,7 +138,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, n
     DEV(device1);
     const struct mokka_state *s2;
     const struct mokka_gpu *g2;
-    nvmlReturn_t r = dev_check(device2, 0, &s2, &g2);
+    nvmlReturn_t r = dev_check(device2, 0, &s2, &g2, NULL);
     if (r != NVML_SUCCESS)
         return r;
     ARG(pathInfo);

@@ -7,8 +7,8 @@
  * (docs/setters.md).
  *
  * The handle is checked through nvmlDeviceGetIndex, NVML's own answer to "is this a device of
- * an initialised library", so this file needs nothing of nvml_internal.h (a MIG handle, once
- * there are live ones, is to be checked there too).
+ * an initialised library" (a MIG device handle gets NOT_SUPPORTED there, as the driver refuses
+ * these setters on one), so this file needs nothing of nvml_internal.h.
  */
 #define _GNU_SOURCE
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
@@ -19,16 +19,20 @@
 
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
-/* The daemon's word, as NVML's. No answer (a dead or hung daemon, past the client's bounded
-   wait) is NVML_ERROR_UNKNOWN, the error every setter documents for "any unexpected error". */
-static nvmlReturn_t nvml_status(enum mokka_ctl_status s)
+/* The daemon's word, as NVML's (MIG's create and destroy, nvml_mig.c, use it too). No answer (a
+   dead or hung daemon, past the client's bounded wait) is NVML_ERROR_UNKNOWN, the error every
+   setter documents for "any unexpected error". */
+__attribute__((visibility("hidden"))) nvmlReturn_t control_status(int status)
 {
-    switch (s) {
+    switch ((enum mokka_ctl_status)status) {
     case MOKKA_CTL_OK: return NVML_SUCCESS;
     case MOKKA_CTL_NO_PERMISSION: return NVML_ERROR_NO_PERMISSION;
     case MOKKA_CTL_INVALID_ARGUMENT: return NVML_ERROR_INVALID_ARGUMENT;
     case MOKKA_CTL_NOT_SUPPORTED: return NVML_ERROR_NOT_SUPPORTED;
     case MOKKA_CTL_GPU_IS_LOST: return NVML_ERROR_GPU_IS_LOST;
+    case MOKKA_CTL_INSUFFICIENT_RESOURCES: return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    case MOKKA_CTL_IN_USE: return NVML_ERROR_IN_USE;
+    case MOKKA_CTL_NOT_FOUND: return NVML_ERROR_NOT_FOUND;
     default: return NVML_ERROR_UNKNOWN;
     }
 }
@@ -38,7 +42,7 @@ static nvmlReturn_t set(unsigned int index, const char *verb, const char *args)
 {
     char line[MOKKA_CONTROL_MAX];
     snprintf(line, sizeof(line), "gpu=%u %s %s", index, verb, args);
-    return nvml_status(mokka_control(line, NULL, 0));
+    return control_status(mokka_control(line, NULL, 0));
 }
 
 /* The first check of every setter, as NVML's: a device of an initialised library (then the
