@@ -88,7 +88,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPr
     DEV(device);
     ARG(processSamplesCount);
     struct mokka_gpu_process procs[MOKKA_MAX_GPU_PROCS];
-    unsigned int n = read_processes(s, g, procs);
+    unsigned int n = read_processes(s, g, NULL, procs);
     uint32_t util[4];
     MOKKA_CONSISTENT(s) {
         util[0] = g->util_gpu;
