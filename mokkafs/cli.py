@@ -430,7 +430,8 @@ def parser() -> argparse.ArgumentParser:
     pi.add_argument("captures", nargs="+", metavar="CAPTURE")
     pi.add_argument("-o", "--output", required=True, metavar="FILE")
     pi.add_argument("--name", help="the profile's name (default: FILE without .yaml)")
-    pi.add_argument("--fill-from", metavar="PROFILE", help="take what the captures lack from this board (same architecture)")
+    pi.add_argument("--fill-from", metavar="PROFILE",
+                    help="take what the captures lack from this board (same architecture)")
     pi.add_argument("--driver-version", help="the node's driver when the capture's branch is not modelled")
     pi.set_defaults(func=cmd_profile_import)
 

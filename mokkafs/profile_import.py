@@ -274,13 +274,13 @@ def parse_lspci(text: str, name: str, into: Captures) -> None:
     """`lspci -vvv -d 10de:` (`-nn` adds the ids): GPUs and their revision, NVSwitch bridges."""
     heads = [line for line in text.splitlines() if re.match(r"^[0-9a-fA-F:.]+ [^:]+: NVIDIA", line)]
     gpus = [h for h in heads if "VGA compatible controller" in h or "3D controller" in h]
-    switches = [h for h in heads if "Bridge" in h and "NVSwitch" in h or re.search(r"Bridge \[0680\]", h)]
+    switches = [h for h in heads if re.search(r" Bridge( \[0680\])?: ", h)]  # NVIDIA's bridges are NVSwitches
     rev = None
     if gpus and (m := re.search(r"\(rev ([0-9a-f]{2})\)", gpus[0])):
         rev = int(m.group(1), 16)
     sw_id = None
-    if switches and (m := re.search(r"\[10de:([0-9a-f]{4})\]", switches[0])):
-        sw_id = int(m.group(1), 16)
+    if switches and (m := re.search(r"\[10de:([0-9a-f]{4})\]|NVIDIA Corporation Device ([0-9a-f]{4})\b", switches[0])):
+        sw_id = int(m.group(1) or m.group(2), 16)
     into.lspci = {"gpus": len(gpus), "revision": rev, "nvswitches": len(switches), "nvswitch_device_id": sw_id,
                   "origin": f"{name}: lspci"}
 
@@ -491,9 +491,19 @@ def build(caps: Captures, driver_override: str | None = None) -> Imported:
     g = caps.gpus[0]
     gpu0 = f"GPU {g.bus_id}"
 
+    # Older layouts: 555 prints one <power_draw>, 525 and before a <power_readings> section.
+    for path in list(g.values):
+        if path.startswith("power_readings/"):
+            alias = "gpu_" + path
+            if alias not in g.values:
+                g.values[alias], g.origin[alias] = g.values[path], g.origin[path]
+    for alias in ("gpu_power_readings/average_power_draw", "gpu_power_readings/instant_power_draw"):
+        if alias not in g.values and "gpu_power_readings/power_draw" in g.values:
+            g.values[alias] = g.values["gpu_power_readings/power_draw"]
+            g.origin[alias] = g.origin["gpu_power_readings/power_draw"]
+
     def text(path: str) -> str | None:
-        v = g.get(path)
-        return None if v is None else v
+        return g.get(path)
 
     def take(key: str, path: str, conv=lambda v: v, when=lambda v: v not in (None, "N/A")) -> bool:
         v = text(path)
@@ -523,7 +533,8 @@ def build(caps: Captures, driver_override: str | None = None) -> Imported:
     out.put("pci.subsystem_device_id", sdev, g.origin["pci/pci_sub_system_id"] + " (high 16 bits)")
     base, sub = text("pci/pci_base_class"), text("pci/pci_sub_class")
     if base not in (None, "N/A") and sub not in (None, "N/A"):
-        out.put("pci.class_code", (int(base, 16) << 16) | (int(sub, 16) << 8), "-q -x <pci/pci_base_class>, <pci_sub_class>")
+        out.put("pci.class_code", (int(base, 16) << 16) | (int(sub, 16) << 8),
+                "-q -x <pci/pci_base_class>, <pci_sub_class>")
     if caps.lspci and caps.lspci["revision"] is not None:
         out.put("pci.revision", caps.lspci["revision"], caps.lspci["origin"] + " (rev)")
     take("pci.max_link_gen", "pci/pci_gpu_link_info/pcie_gen/max_link_gen", lambda v: int(_num(v)))
@@ -560,7 +571,8 @@ def build(caps: Captures, driver_override: str | None = None) -> Imported:
     if tl not in (None, "N/A") and text("temperature/gpu_temp") not in (None, "N/A"):
         t = int(_num(text("temperature/gpu_temp"))) + int(_num(tl))
         out.put("thermal.tlimit_c", t, "-q -x <temperature/gpu_temp> + <gpu_temp_tlimit>")
-        for key, path in (("shutdown_c", "gpu_temp_max_tlimit_threshold"), ("slowdown_c", "gpu_temp_slow_tlimit_threshold"),
+        for key, path in (("shutdown_c", "gpu_temp_max_tlimit_threshold"),
+                          ("slowdown_c", "gpu_temp_slow_tlimit_threshold"),
                           ("max_operating_c", "gpu_temp_max_gpu_tlimit_threshold")):
             v = text(f"temperature/{path}")
             if v not in (None, "N/A"):
@@ -692,19 +704,19 @@ def fill(imported: Imported, board: GpuProfile, board_name: str) -> None:
     for key in list(imported.missing) + list(imported.optional):
         if key == "mig":
             if board.product_name == imported.values.get("product_name") and board.mig is not None:
-                imported.put("mig", board.mig.model_dump(mode="python"), f"filled from {board_name} (the same product)")
+                imported.put("mig", board.mig.model_dump(mode="python"), f"FILLED from {board_name} (the same product)")
                 imported.filled.append("mig")
             else:
                 imported.notes.append(
                     f"mig: not filled: {board_name} is {board.product_name}, not {imported.values.get('product_name')}; "
                     f"its MIG tables would be another board's (mig_capable stays as captured, mig absent)")
             continue
-        if key == "node.hca":
-            value = src.get("node.hca")
+        if key == "node.hca":  # a section: taken whole
             value = board.node.hca.model_dump(mode="python") if board.node.hca else None
         else:
             value = src.get(key)
-        if key == "node.nvswitch_device_id" and imported.values.get("node.nvswitches") not in (None, board.node.nvswitches):
+        captured_switches = imported.values.get("node.nvswitches")
+        if key == "node.nvswitch_device_id" and captured_switches not in (None, board.node.nvswitches):
             continue  # a captured switch count of another kind: leave the id at null
         imported.put(key, value, f"FILLED from {board_name}")
         imported.filled.append(key)
@@ -743,7 +755,8 @@ def _schema_order() -> list[str]:
     def walk(model, prefix):
         for fname, f in model.model_fields.items():
             ann = f.annotation
-            sub = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and hasattr(a, "model_fields")), None)
+            models = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and hasattr(a, "model_fields")]
+            sub = models[0] if models else None
             key = f"{prefix}{fname}"
             if sub is not None and fname not in ("mig", "hca"):
                 keys.append(key)  # the section itself (null as a whole: fabric)

@@ -86,7 +86,7 @@ def test_each_value_is_traced_to_its_element(board):
     assert "<pci/pci_device_id>" in lines["device_id"] and "<fb_memory_usage/total>" in lines["total_mib"]
     assert lines["sm_count"] == f"FILLED from {board}"
     for key in imp.filled:
-        assert imp.origin[key].startswith("FILLED") or key == "mig"
+        assert imp.origin[key].startswith("FILLED")
     # the text loads as it is written, and equals the validated result
     assert GpuProfile.model_validate(yaml.safe_load(text)) == _profile
 
@@ -339,3 +339,54 @@ def test_profile_list_and_its_alias():
     a = subprocess.run([*mokka_cmd(), "profile", "list"], capture_output=True, text=True, check=True).stdout
     b = subprocess.run([*mokka_cmd(), "profiles"], capture_output=True, text=True, check=True).stdout
     assert a == b and a.splitlines()[0].startswith("a100 ")
+
+
+def test_node_captures_round_trip_through_a_mounted_node(tmp_path):
+    """topo -m, nvlink -s, --query-gpu compute_cap (our nvidia-smi) and Debian's lspci -vvv (under
+    `mokka run`) of a mounted h100 node, imported with the real H100 -q -x: the node's NUMA
+    nodes, NVSwitches, PCI revision, NVLinks and compute capability come back as the profile has them."""
+    node = MountedNode(tmp_path, "h100")
+    node.mount()
+    try:
+        env = consumer_env(node.state_dir / "state")
+        tool = str(node.path("driver/usr/bin/nvidia-smi"))
+        outs = {}
+        for name, args in (("topo.txt", ["topo", "-m"]), ("nvlink.txt", ["nvlink", "-s"]),
+                           ("cc.csv", ["--query-gpu=name,compute_cap", "--format=csv"])):
+            outs[name] = subprocess.run([tool, *args], env=env, capture_output=True, text=True, timeout=20,
+                                        check=True).stdout
+        for name, args in (("lspci-nn.txt", ["-vvv", "-nn", "-d", "10de:"]), ("lspci.txt", ["-vvv", "-d", "10de:"])):
+            outs[name] = subprocess.run([*mokka_cmd(), "run", "--root", str(node.mnt), "--", "lspci", *args],
+                                        env=node.env, capture_output=True, text=True, timeout=60, check=True).stdout
+    finally:
+        node.umount()
+        force_unmount(node.mnt)
+    shipped = load_profile("h100")
+    xml = ("h100.xml", xml_text("h100"))
+    for lspci in ("lspci-nn.txt", "lspci.txt"):
+        files = [xml, *((n, t) for n, t in outs.items() if not n.startswith("lspci")), (lspci, outs[lspci])]
+        imp, profile, _ = import_profile(files, "rt", ("h100", shipped))
+        for key in ("compute_capability", "pci.revision", "nvlink.links", "nvlink.link_speed_gbps",
+                    "node.numa_nodes", "node.nvswitches", "node.nvswitch_device_id", "node.hcas"):
+            assert key not in imp.filled, key
+        assert profile.compute_capability == shipped.compute_capability
+        assert profile.pci.revision == shipped.pci.revision
+        assert (profile.nvlink.links, profile.nvlink.link_speed_gbps) == (18, shipped.nvlink.link_speed_gbps)
+        assert (profile.node.numa_nodes, profile.node.nvswitches) == (shipped.node.numa_nodes, shipped.node.nvswitches)
+        assert profile.node.nvswitch_device_id == shipped.node.nvswitch_device_id
+        # our topo -m lists no NIC columns yet: the import counts the NICs the legend shows
+        assert profile.node.hcas == len(re.findall(r"^\s*NIC\d+:", outs["topo.txt"], re.M))
+    assert node.unexpected_log_lines() == []
+
+
+def test_an_older_layout_power_draw():
+    """555 prints one <power_draw>; 525 and before a <power_readings> section: both give idle_w and limits."""
+    text = xml_text("t4")
+    one = re.sub(r"<average_power_draw>.*?</average_power_draw>\s*<instant_power_draw>(.*?)</instant_power_draw>",
+                 r"<power_draw>\1</power_draw>", text)
+    assert one != text
+    _, profile, _ = import_profile([("c.xml", one)], "x", ("t4", load_profile("t4")))
+    assert profile.power.idle_w == load_profile("t4").power.idle_w
+    old = one.replace("gpu_power_readings>", "power_readings>")
+    _, profile, _ = import_profile([("c.xml", old)], "x", ("t4", load_profile("t4")))
+    assert profile.power == load_profile("t4").power
