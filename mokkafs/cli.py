@@ -307,6 +307,29 @@ def cmd_profiles(args) -> int:
     return 0
 
 
+def cmd_profile_import(args) -> int:
+    """Captures of a real node -> a profile file; refused (nothing written) when it would not load."""
+    from mokkafs.profile_import import ImportRefused, import_profile
+    from mokkafs.profiles import ProfileError, load_profile
+
+    try:
+        files = [(path, Path(path).read_text(errors="replace")) for path in args.captures]
+        board = (args.fill_from, load_profile(args.fill_from)) if args.fill_from else None
+        imported, profile, text = import_profile(files, args.name or Path(args.output).stem, board, args.driver_version)
+    except OSError as e:
+        return _fail(f"{e.filename}: {e.strerror}", 2)
+    except (ImportRefused, ProfileError) as e:
+        return _fail(str(e), 2)
+    Path(args.output).write_text(text)
+    for note in imported.notes:
+        print(f"note: {note}", file=sys.stderr)
+    for key, reason in imported.optional.items():
+        print(f"not captured, left at the default: {key} ({reason})", file=sys.stderr)
+    filled = f"; filled from {imported.fill_name}: {', '.join(imported.filled)}" if imported.filled else ""
+    print(f"mokka: wrote {args.output} ({profile.product_name}){filled}")
+    return 0
+
+
 def cmd_run(args) -> int:
     from mokkafs.run import run
 
@@ -427,8 +450,19 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--namespace", help="where scenario ConfigMaps are read (default: $POD_NAMESPACE, else mokkafs)")
     g.set_defaults(func=cmd_agent)
 
-    p = sub.add_parser("profiles", help="the shipped profiles, one line each")
+    p = sub.add_parser("profiles", help="the shipped profiles, one line each (as `profile list`)")
     p.set_defaults(func=cmd_profiles)
+    pr = sub.add_parser("profile", help="GPU profiles: list the shipped ones, import one from a real node's captures")
+    prs = pr.add_subparsers(dest="profile_command", required=True)
+    prs.add_parser("list", help="the shipped profiles, one line each").set_defaults(func=cmd_profiles)
+    pi = prs.add_parser("import", help="a profile from nvidia-smi -q -x (and -q, topo -m, nvlink -s, lspci) captures")
+    pi.add_argument("captures", nargs="+", metavar="CAPTURE")
+    pi.add_argument("-o", "--output", required=True, metavar="FILE")
+    pi.add_argument("--name", help="the profile's name (default: FILE without .yaml)")
+    pi.add_argument("--fill-from", metavar="PROFILE",
+                    help="take what the captures lack from this board (same architecture)")
+    pi.add_argument("--driver-version", help="the node's driver when the capture's branch is not modelled")
+    pi.set_defaults(func=cmd_profile_import)
 
     from mokkafs import scenario_cli
 
