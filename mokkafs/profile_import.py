@@ -608,6 +608,7 @@ def build(caps: Captures, driver_override: str | None = None) -> Imported:
             out.put("nvlink.link_speed_gbps", 0.0, caps.topo["origin"])
 
     take("mig_capable", "mig_mode/current_mig", lambda v: v != "N/A", when=lambda v: v is not None)
+    take("addressing_mode", "addressing_mode", when=lambda v: v in ("None", "HMM", "ATS"))
     state = text("fabric/state")
     if state is None or state == "N/A":
         out.put("fabric", None, "-q -x <fabric/state> N/A" if state else "no <fabric> in the capture")
@@ -675,7 +676,7 @@ def build(caps: Captures, driver_override: str | None = None) -> Imported:
                 "clocks.idle_video", "clocks.max_graphics", "clocks.max_sm", "clocks.max_mem", "clocks.max_video",
                 "thermal.idle_c", "thermal.slowdown_c", "thermal.shutdown_c", "thermal.max_operating_c",
                 "vbios_version", "board_part_number", "gpu_part_number", "inforom.image", "inforom.oem",
-                "inforom.ecc", "mig_capable", "has_fan", "node.cuda_version"):
+                "inforom.ecc", "mig_capable", "addressing_mode", "has_fan", "node.cuda_version"):
         if key not in out.values and key not in out.missing:
             out.missing[key] = "not in the captures (this driver's layout lacks it)"
     return out
