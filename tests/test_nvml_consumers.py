@@ -197,3 +197,27 @@ def test_a_consumer_survives_a_daemon_kill_and_sees_the_restarted_one(node_facto
         assert ask() == "77 NVIDIA H100 80GB HBM3"
         consumer.stdin.close()
         assert consumer.wait(timeout=30) == 0
+
+
+def test_nvitop_lists_mig_devices_with_their_memory_and_bar1(node_factory):
+    """nvitop formats a MIG device's BAR1 share, which real boards report on a MIG handle (an
+    unanswered BAR1 made nvitop 1.7 stop with a KeyError)."""
+    node = node_factory(profile="h100", gpus=2)
+    for args in (("mig", "enable"), ("mig", "create", "3g.40gb,2g.20gb,1g.10gb,1g.10gb")):
+        assert node.cli("inject", "--root", str(node.mnt), "1", *args).returncode == 0
+    env = consumer_env(node.state_dir / "state")
+    r = subprocess.run([tool("nvitop"), "-1"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if "@ GI/CI:" in line]
+    assert [row.split("│")[1].split() for row in rows] == [
+        ["1:0", "3g.40gb", "@", "GI/CI:", "2/0"], ["1:1", "2g.20gb", "@", "GI/CI:", "4/0"],
+        ["1:2", "1g.10gb", "@", "GI/CI:", "7/0"], ["1:3", "1g.10gb", "@", "GI/CI:", "8/0"]], r.stdout
+    assert "/ 39.50GiB" in rows[0] and "/  9984MiB" in rows[2] and all("BAR1:" in row for row in rows)
+    bar1 = run_py(env, """
+        import pynvml as n
+        n.nvmlInit()
+        m = n.nvmlDeviceGetMigDeviceHandleByIndex(n.nvmlDeviceGetHandleByIndex(1), 0)
+        b = n.nvmlDeviceGetBAR1MemoryInfo(m)
+        print(b.bar1Total >> 20, b.bar1Used)
+    """)
+    assert bar1.split() == [str(131072 * 4 // 8 - 1), "0"]  # the 3g.40gb's 4 of 8 memory slices

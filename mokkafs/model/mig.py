@@ -595,6 +595,7 @@ class GpuInstanceView:
     memory_used_bytes: int  # what the processes on it use
     compute: tuple[ComputeInstance, ...]
     remaining: tuple[int, ...]  # compute instances of each compute profile (table order) that still fit
+    bar1_bytes: int  # its BAR1 aperture (bar1_bytes below)
 
 
 @dataclass(frozen=True)
@@ -614,6 +615,14 @@ class MigDevice:
         return self.gi.profile.memory_mib << 20  # compute instances share their GPU instance's memory
 
 
+def bar1_bytes(profile: GpuProfile, size: int) -> int:
+    """A GPU instance's BAR1: the GPU's aperture in proportion to its memory slices, less the MiB the
+    driver keeps (A100 80GB's 65535 of 131072 MiB for 4 of 8 slices, 16383 for 1). The user
+    guide's H100 580 table shows 24740 MiB for a 3g.40gb, which this rule does not give."""
+    mib = profile.memory.bar1_mib * size // tables(profile).memory_slices
+    return max(mib - 1, 0) << 20
+
+
 def describe(profile: GpuProfile, gpu_uuid: str, gpu_minor: int, instances: tuple[GpuInstance, ...],
              used_by_gi: dict[int, int]) -> tuple[tuple[GpuInstanceView, ...], tuple[MigDevice, ...]]:
     """The GPU instances and MIG devices of `instances` (what `Node.mig_instances` lists), with
@@ -626,7 +635,7 @@ def describe(profile: GpuProfile, gpu_uuid: str, gpu_minor: int, instances: tupl
         gp = gi_profile_by_index(mig, g.profile)
         remaining = tuple(remaining_compute_instances(gp, g, cp) for cp in gp.compute_profiles)
         view = GpuInstanceView(g.id, gp, g.start, g.size, caps_minor(gpu_minor, g.id), used_by_gi.get(g.id, 0),
-                               g.compute, remaining)
+                               g.compute, remaining, bar1_bytes(profile, g.size))
         gis.append(view)
         for c in g.compute:
             cp = ci_profile(gp, c.profile)

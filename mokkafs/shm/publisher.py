@@ -217,7 +217,7 @@ def fill_mig(g, node: Node, i: int) -> None:
         r.minor, r.ci_count = v.minor, len(v.compute)
         for j, n in enumerate(v.remaining):
             r.ci_remaining[j] = n
-        r.memory_total, r.memory_used = p.memory_mib << 20, v.memory_used_bytes
+        r.memory_total, r.memory_used, r.bar1_total = p.memory_mib << 20, v.memory_used_bytes, v.bar1_bytes
         _put(r.profile_name, p.name)
     for k, d in enumerate(devices):
         r = g.mig_devices[k]

@@ -104,7 +104,7 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/shm/layout.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 8
+#define MOKKA_STATE_VERSION 9
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_CPU_WORDS 16         /* 1024 CPUs, what NVML's CPU masks carry */
 #define MOKKA_MAX_NVLINKS 18
@@ -184,6 +184,7 @@ struct mokka_mig_gi {          /* a GPU instance */
     uint32_t ci_count;         /* its compute instances (in mig_devices) */
     uint64_t memory_total;     /* bytes: the profile's memory */
     uint64_t memory_used;      /* bytes the processes on it use */
+    uint64_t bar1_total;       /* bytes of BAR1 aperture (version 9; model/mig.py bar1_bytes) */
     char profile_name[32];     /* "3g.40gb" */
     uint32_t ci_remaining[MOKKA_MAX_CI_PROFILES]; /* compute instances of each of its profile's
                                                      ci_profiles that still fit (table order) */

@@ -61,14 +61,20 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_
     return NVML_SUCCESS;
 }
 
+/* On a MIG device, its GPU instance's aperture (the model's share of the GPU's), none of it mapped. */
 nvmlReturn_t DECLDIR nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t *bar1Memory)
 {
-    DEV(device);
+    DEV_FLAGS(device, DEV_MIG_OK);
     ARG(bar1Memory);
     uint64_t b[2];
     MOKKA_CONSISTENT(s) {
-        b[0] = g->bar1_total;
-        b[1] = g->bar1_used;
+        if (mig_dev) {
+            b[0] = mig_gi_of(g, mig_dev)->bar1_total;
+            b[1] = 0;
+        } else {
+            b[0] = g->bar1_total;
+            b[1] = g->bar1_used;
+        }
     }
     bar1Memory->bar1Total = b[0];
     bar1Memory->bar1Used = b[1];

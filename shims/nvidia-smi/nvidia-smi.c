@@ -878,13 +878,11 @@ static void proc_name(unsigned pid, char *out, size_t n)
 
 /* ---- MIG devices in the listings (-L, the default table, -q, -q -x) ----------------------- */
 
-/* BAR1 of a GPU instance: the GPU's aperture in proportion to its memory slices, less the MiB
-   the driver keeps (A100 80GB: 65535 of 131072 MiB for 4 of 8 slices, 16383 for 1). */
+/* BAR1 of a GPU instance, as the model computed it (model/mig.py bar1_bytes). */
 static unsigned long long mig_bar1_mib(const struct mig_view *v, const struct mokka_mig_gi *g)
 {
-    unsigned slices = g_mig_memory_slices ? g_mig_memory_slices : 8;
-    unsigned long long mib = (v->bar1_total >> 20) * g->size / slices;
-    return mib ? mib - 1 : 0;
+    (void)v;
+    return g->bar1_total >> 20;
 }
 
 /* "  MIG 3g.40gb     Device  0: (UUID: MIG-...)" under each GPU of -L. */
