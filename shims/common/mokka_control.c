@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "mokka_control.h"
 #include "mokka_client.h"
+#include "nvml.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -134,4 +135,19 @@ enum mokka_ctl_status mokka_control(const char *line, char *reason, size_t reaso
     }
     errno = saved;
     return r;
+}
+
+int mokka_ctl_nvml_error(enum mokka_ctl_status status)
+{
+    switch (status) {
+    case MOKKA_CTL_OK: return NVML_SUCCESS;
+    case MOKKA_CTL_NO_PERMISSION: return NVML_ERROR_NO_PERMISSION;
+    case MOKKA_CTL_INVALID_ARGUMENT: return NVML_ERROR_INVALID_ARGUMENT;
+    case MOKKA_CTL_NOT_SUPPORTED: return NVML_ERROR_NOT_SUPPORTED;
+    case MOKKA_CTL_GPU_IS_LOST: return NVML_ERROR_GPU_IS_LOST;
+    case MOKKA_CTL_INSUFFICIENT_RESOURCES: return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    case MOKKA_CTL_IN_USE: return NVML_ERROR_IN_USE;
+    case MOKKA_CTL_NOT_FOUND: return NVML_ERROR_NOT_FOUND;
+    default: return NVML_ERROR_UNKNOWN;
+    }
 }

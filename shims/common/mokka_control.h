@@ -40,6 +40,11 @@ enum mokka_ctl_status {
    `gi=ID[/ci=ID] ...`, a deferred MIG mode's `pending in_use`; docs/mig.md). */
 enum mokka_ctl_status mokka_control(const char *line, char *reason, size_t reason_size);
 
+/* The daemon's answer as NVML's error (an nvmlReturn_t): one mapping for libnvidia-ml's setters
+   and MIG calls and nvidia-smi's MIG commands. No answer (a dead or hung daemon, past the bounded
+   wait) is NVML_ERROR_UNKNOWN, the error every setter documents for "any unexpected error". */
+int mokka_ctl_nvml_error(enum mokka_ctl_status status);
+
 #pragma GCC visibility pop
 
 #endif /* MOKKA_CONTROL_H */

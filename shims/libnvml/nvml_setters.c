@@ -19,22 +19,10 @@
 
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
-/* The daemon's word, as NVML's (MIG's create and destroy, nvml_mig.c, use it too). No answer (a
-   dead or hung daemon, past the client's bounded wait) is NVML_ERROR_UNKNOWN, the error every
-   setter documents for "any unexpected error". */
+/* The daemon's word, as NVML's (MIG's create and destroy, nvml_mig.c, use it too). */
 __attribute__((visibility("hidden"))) nvmlReturn_t control_status(int status)
 {
-    switch ((enum mokka_ctl_status)status) {
-    case MOKKA_CTL_OK: return NVML_SUCCESS;
-    case MOKKA_CTL_NO_PERMISSION: return NVML_ERROR_NO_PERMISSION;
-    case MOKKA_CTL_INVALID_ARGUMENT: return NVML_ERROR_INVALID_ARGUMENT;
-    case MOKKA_CTL_NOT_SUPPORTED: return NVML_ERROR_NOT_SUPPORTED;
-    case MOKKA_CTL_GPU_IS_LOST: return NVML_ERROR_GPU_IS_LOST;
-    case MOKKA_CTL_INSUFFICIENT_RESOURCES: return NVML_ERROR_INSUFFICIENT_RESOURCES;
-    case MOKKA_CTL_IN_USE: return NVML_ERROR_IN_USE;
-    case MOKKA_CTL_NOT_FOUND: return NVML_ERROR_NOT_FOUND;
-    default: return NVML_ERROR_UNKNOWN;
-    }
+    return (nvmlReturn_t)mokka_ctl_nvml_error((enum mokka_ctl_status)status);
 }
 
 /* "gpu=<index> <verb> <args>", sent; NVML's error for the outcome. */

@@ -1054,17 +1054,7 @@ static void mig_query_xml(unsigned index, int depth)
    what nvidia-smi prints, where nvmlErrorString says more). */
 static nvmlReturn_t mig_ctl_error(enum mokka_ctl_status st)
 {
-    switch (st) {
-    case MOKKA_CTL_OK: return NVML_SUCCESS;
-    case MOKKA_CTL_NO_PERMISSION: return NVML_ERROR_NO_PERMISSION;
-    case MOKKA_CTL_INVALID_ARGUMENT: return NVML_ERROR_INVALID_ARGUMENT;
-    case MOKKA_CTL_NOT_SUPPORTED: return NVML_ERROR_NOT_SUPPORTED;
-    case MOKKA_CTL_GPU_IS_LOST: return NVML_ERROR_GPU_IS_LOST;
-    case MOKKA_CTL_INSUFFICIENT_RESOURCES: return NVML_ERROR_INSUFFICIENT_RESOURCES;
-    case MOKKA_CTL_IN_USE: return NVML_ERROR_IN_USE;
-    case MOKKA_CTL_NOT_FOUND: return NVML_ERROR_NOT_FOUND;
-    default: return NVML_ERROR_UNKNOWN; /* no answer, as NVML's setters say it */
-    }
+    return (nvmlReturn_t)mokka_ctl_nvml_error(st);
 }
 
 static const char *mig_error(nvmlReturn_t r)
