@@ -4,12 +4,14 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from helpers_nvml import Published, consumer_env, nvml_path
+from mokkafs.model.events import SetProcesses
 from helpers_smi import (CAPTURES, TEXT_H100, TEXT_L40S, XML_PROFILES, capture_section, element_paths, shape,
                          smi_binary)
 
@@ -83,6 +85,34 @@ def test_default_table_columns(smi, node):
     assert re.fullmatch(r"\| N/A +\d+C +P0 +\d+W /  700W \| +\d+MiB /  81559MiB \| +\d+% +Default \|",
                         out[out.index(rows[0]) + 1])
     assert all(len(l) == 91 for l in out[1:] if l)
+
+
+@pytest.mark.parametrize("node", [("h100", 1), ("h200", 1)], indirect=True, ids=["590", "550"])
+def test_process_rows_are_the_frame_wide_and_named_by_argv0(smi, node, tmp_path):
+    """A process row is as wide as the frame (91), and names the process by argv[0] as it was
+    started ("/root/tools/memhog", "./gpu_burn" in the captures), not by its comm ("sleep"); a
+    name longer than its column keeps its tail behind "..."."""
+    long_name = "/opt/training/checkpoints/run-2026-12-03/bin/trainer"
+    procs = [subprocess.Popen(["/bin/sleep", "30"]),
+             subprocess.Popen(["bash", "-c", f"exec -a {long_name} sleep 30"])]
+    try:
+        deadline = time.monotonic() + 5  # until bash has exec'd: its argv[0] is the long name
+        while Path(f"/proc/{procs[1].pid}/cmdline").read_bytes().split(b"\0")[0] != long_name.encode():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        node.apply(SetProcesses(0, tuple((p.pid, (100 + k) << 20) for k, p in enumerate(procs))))
+        out = run(smi, node).stdout.splitlines()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    rows = {p.pid: next(l for l in out if re.match(rf"\|    0 +N/A +N/A +{p.pid} ", l)) for p in procs}
+    assert [l for l in out if l[:1] and l[:1] in "|+" and len(l) != 91] == []
+    width = 36 if "Process name                        GPU" in "".join(out) else 42
+    assert rows[procs[0].pid].split()[6] == "/bin/sleep"
+    name = rows[procs[1].pid][-(width + 12):-12]
+    assert name == "..." + long_name[-(width - 3):]
+    assert "sleep" not in "".join(rows.values()).replace("/bin/sleep", "")
 
 
 @pytest.mark.parametrize("node", [("h200", 1)], indirect=True)
@@ -239,6 +269,10 @@ IDENTITY = ["product_name", "product_brand", "product_architecture", "vbios_vers
             "fabric/health/partition_assigned"]
 
 
+THRESHOLDS = [f"temperature/gpu_temp_{t}_threshold" for t in
+              ("max", "slow", "max_gpu", "max_mem", "max_tlimit", "slow_tlimit", "max_gpu_tlimit", "max_mem_tlimit")]
+
+
 @pytest.mark.parametrize("node", [(p, 1) for p in XML_PROFILES], indirect=True, ids=XML_PROFILES)
 def test_xml_matches_the_capture(smi, node, request):
     profile = request.node.callspec.params["node"][0]
@@ -254,6 +288,11 @@ def test_xml_matches_the_capture(smi, node, request):
     assert element_paths(og) == element_paths(rg)
     for path in IDENTITY:
         assert og.findtext(path) == rg.findtext(path), path
+    # the board's thresholds, absolute (A100, T4) or relative to T.Limit (Ada and later), and how
+    # it addresses system memory: fixed per board, so equal to the capture's
+    for path in THRESHOLDS + ["addressing_mode"]:
+        if rg.find(path) is not None:
+            assert og.findtext(path) == rg.findtext(path), path
     assert text.endswith("\t</gpu>\n\n</nvidia_smi_log>\n")
 
 
@@ -276,6 +315,49 @@ def test_query_text_matches_the_capture_layout(smi, node, capture):
     for want in ["    Product Name                                       : NVIDIA ",
                  "        Total                                          : "]:
         assert any(l.startswith(want) for l in ours)
+
+
+def _q_values(lines: list[str], section: str) -> dict[str, str]:
+    """label -> value of the `-q` lines directly under one top-level header of the first GPU."""
+    i = lines.index(f"    {section}")
+    out = {}
+    for l in lines[i + 1:]:
+        if not l.startswith("        ") or l.startswith("            "):
+            break
+        out[l[:55].strip()] = l[57:]
+    return out
+
+
+@pytest.mark.parametrize("node,capture", [(("h100", 1), TEXT_H100), (("l40s", 1), TEXT_L40S)],
+                         indirect=["node"], ids=["590", "595"])
+def test_query_text_thresholds_and_addressing_mode(smi, node, capture):
+    """The T.Limit-relative thresholds the captures print (H100 -8/-2/0, memory 0; L40S -5/-2/0, no
+    memory T.Limit), and the board's addressing mode (its -q -x capture: HMM on both)."""
+    ours = run(smi, node, "-q").stdout.splitlines()
+    real = capture_section(capture, "idle :: query (-q)")
+    varying = {"GPU Current Temp", "GPU T.Limit Temp", "Memory Current Temp"}
+    want = {k: v for k, v in _q_values(real, "Temperature").items() if k not in varying}
+    got = _q_values(ours, "Temperature")
+    assert {k: got[k] for k in want} == want
+    mode = next(l for l in ours if l.startswith("    Addressing Mode "))
+    assert mode == f"    {'Addressing Mode':51}: HMM"
+
+
+@pytest.mark.parametrize("node", [("a100", 1), ("t4", 1)], indirect=True, ids=["a100", "t4"])
+def test_query_text_absolute_thresholds_before_ada(smi, node, request):
+    """A board without a T.Limit prints its absolute thresholds where the T.Limit ones would be,
+    the values its -q -x capture has."""
+    profile = request.node.callspec.params["node"][0]
+    got = _q_values(run(smi, node, "-q").stdout.splitlines(), "Temperature")
+    cap = ET.parse(CAPTURES / f"nvidia-smi-q-x.{profile}.xml").getroot().find("gpu/temperature")
+    assert list(got) == ["GPU Current Temp", "GPU T.Limit Temp", "GPU Shutdown Temp", "GPU Slowdown Temp",
+                         "GPU Max Operating Temp", "GPU Target Temperature", "Memory Current Temp",
+                         "Memory Max Operating Temp"]
+    assert got["GPU T.Limit Temp"] == "N/A"
+    for label, tag in [("GPU Shutdown Temp", "gpu_temp_max_threshold"), ("GPU Slowdown Temp", "gpu_temp_slow_threshold"),
+                       ("GPU Max Operating Temp", "gpu_temp_max_gpu_threshold"),
+                       ("Memory Max Operating Temp", "gpu_temp_max_mem_threshold")]:
+        assert got[label] == cap.findtext(tag), label
 
 
 def test_query_display_sections(smi, node):

@@ -240,14 +240,11 @@ KNOWN_XML = {
     "drain_and_reset_recommended": (None, "ours does not read field 227"),
     "sram_correctable": (None, "ours prints an SRAM counter NVIDIA's leaves N/A"),
     "sram_uncorrectable": (None, "ours prints N/A where NVML answers (T4)"),
-    # NVML answers these now (nvmlDeviceGetSramEccErrorStatus, fields 193-196); our own
-    # nvidia-smi reading them is its per-branch work
+    # NVML answers these now (nvmlDeviceGetSramEccErrorStatus); our own nvidia-smi reading them
+    # is its per-branch work
     **{name: (None, "ours prints N/A where nvmlDeviceGetSramEccErrorStatus answers")
        for name in ("sram_uncorrectable_parity", "sram_uncorrectable_secded", "sram_threshold_exceeded",
                     "sram_l2", "sram_sm", "sram_microcontroller", "sram_pcie", "sram_other")},
-    **{name: (None, "ours prints N/A where fields 193-196 answer")
-       for name in ("gpu_temp_max_tlimit_threshold", "gpu_temp_slow_tlimit_threshold",
-                    "gpu_temp_max_gpu_tlimit_threshold", "gpu_temp_max_mem_tlimit_threshold")},
     "retired_pagelist": (None, "ours prints N/A for an empty list (T4)"),
     "pending_blacklist": (None, "ours prints N/A where NVML answers (T4)"),
     "average_power_draw": (None, "ours prints the instant power where NVML answers N/A (before Ada)"),

@@ -35,7 +35,7 @@ EXTRA_KEYS = [
 XML_MAP = {
     "product_name": "name", "product_brand": "x.product_brand",
     "product_architecture": "x.product_architecture", "persistence_mode": "persistence_mode",
-    "accounting_mode": "accounting.mode", "accounting_mode_buffer_size": "accounting.buffer_size",
+    "addressing_mode": "addressing_mode", "accounting_mode": "accounting.mode", "accounting_mode_buffer_size": "accounting.buffer_size",
     "mig_mode/current_mig": "mig.mode.current", "mig_mode/pending_mig": "mig.mode.pending",
     "serial": "serial", "uuid": "uuid", "minor_number": "x.minor_number",
     "vbios_version": "vbios_version", "multigpu_board": "x.multigpu_board", "board_id": "x.board_id",
@@ -133,6 +133,7 @@ XML_MAP = {
 TEXT_MAP = {
     "Product Name": "name", "Product Brand": "x.product_brand",
     "Product Architecture": "x.product_architecture", "Persistence Mode": "persistence_mode",
+    "Addressing Mode": "addressing_mode",
     "Accounting Mode": "accounting.mode", "Accounting Mode Buffer Size": "accounting.buffer_size",
     "MIG Mode/Current": "mig.mode.current", "MIG Mode/Pending": "mig.mode.pending",
     "Serial Number": "serial", "GPU UUID": "uuid", "Minor Number": "x.minor_number",

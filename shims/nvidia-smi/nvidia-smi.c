@@ -80,7 +80,7 @@
     X(nvmlDeviceClearAccountingPids) X(nvmlDeviceGetAccountingPids) X(nvmlDeviceGetAccountingMode)       \
     X(nvmlDeviceGetAccountingBufferSize)                          \
     X(nvmlDeviceGetAccountingStats) X(nvmlDeviceSetDefaultAutoBoostedClocksEnabled)          \
-    X(nvmlDeviceSetGpuOperationMode)
+    X(nvmlDeviceSetGpuOperationMode) X(nvmlDeviceGetAddressingMode)
 
 #define DECLARE(f) static __typeof__(f) *p_##f;
 NVML_FUNCS(DECLARE)
@@ -470,6 +470,21 @@ static enum vr temp_threshold(const struct dev *d, nvmlTemperatureThresholds_t t
     return with_unit ? PUT("%d C", (int)v) : PUT("%d", (int)v);
 }
 
+/* A threshold relative to T.Limit (fields 193-196, signed degrees), as boards from Ada on report
+   them (H100: -8, -2, 0, 0 C); NOT_SUPPORTED where the board has no T.Limit. */
+static enum vr temp_tlimit(const struct dev *d, unsigned field, char *out, size_t n)
+{
+    nvmlFieldValue_t fv;
+    memset(&fv, 0, sizeof(fv));
+    fv.fieldId = field;
+    nvmlReturn_t r = NV(nvmlDeviceGetFieldValues, d->h, 1, &fv);
+    if (r == NVML_SUCCESS)
+        r = fv.nvmlReturn;
+    if (r != NVML_SUCCESS)
+        return from(r);
+    return PUT("%d C", fv.valueType == NVML_VALUE_TYPE_SIGNED_INT ? fv.value.siVal : (int)fv.value.uiVal);
+}
+
 static enum vr retired(const struct dev *d, nvmlPageRetirementCause_t cause, char *out, size_t n)
 {
     unsigned count = 0;
@@ -724,6 +739,22 @@ static enum vr value(const struct dev *d, int key, char *out, size_t n)
     case K_x_temp_max_gpu: return temp_threshold(d, NVML_TEMPERATURE_THRESHOLD_GPU_MAX, 1, out, n);
     case K_x_temp_max_mem: return temp_threshold(d, NVML_TEMPERATURE_THRESHOLD_MEM_MAX, 1, out, n);
     case K_x_temp_target: return temp_threshold(d, NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_CURR, 1, out, n);
+    case K_x_temp_shutdown_tlimit: return temp_tlimit(d, NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT, out, n);
+    case K_x_temp_slowdown_tlimit: return temp_tlimit(d, NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT, out, n);
+    case K_x_temp_max_gpu_tlimit: return temp_tlimit(d, NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT, out, n);
+    case K_x_temp_max_mem_tlimit: return temp_tlimit(d, NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT, out, n);
+    case K_addressing_mode: {
+        /* 535 and 550 print N/A (their binaries ask NVML nothing here); 570 answers (A100
+           capture) */
+        if (g_branch < 570)
+            return V_NA;
+        nvmlDeviceAddressingMode_t am = {.version = nvmlDeviceAddressingMode_v1};
+        r = NV(nvmlDeviceGetAddressingMode, h, &am);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        static const char *const MODES[] = {"None", "HMM", "ATS"};
+        return am.value < 3 ? PUT("%s", MODES[am.value]) : V_NA;
+    }
     case K_power_draw: case K_power_draw_average: case K_power_draw_instant:
         return watts(NV(nvmlDeviceGetPowerUsage, h, &u), &u, out, n);
     case K_power_limit: return watts(NV(nvmlDeviceGetPowerManagementLimit, h, &u), &u, out, n);
@@ -870,8 +901,21 @@ static unsigned get_procs(const struct dev *d, struct proc *out, unsigned cap)
     return total;
 }
 
+/* The name the real tool shows: argv[0] as the process was started ("/root/tools/memhog",
+   "./gpu_burn" in the captures), not its 15-byte comm; NVML's answer where /proc has no command
+   line (a kernel thread, a process gone). */
 static void proc_name(unsigned pid, char *out, size_t n)
 {
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%u/cmdline", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t got = fd >= 0 ? read(fd, out, n - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (got > 0 && out[0]) {
+        out[got] = '\0';  /* argv[0] ends at its own NUL */
+        return;
+    }
     if (NV(nvmlSystemGetProcessName, pid, out, (unsigned)n) != NVML_SUCCESS)
         snprintf(out, n, "N/A");
 }
@@ -953,6 +997,26 @@ static int mig_table(void)
 }
 
 /* -q's "MIG Device" blocks, after "MIG Mode" (labels of a real 610 -q; 580+ say "Shared"). */
+/* The text skeletons come from boards that report their thresholds relative to T.Limit; a board
+   without a T.Limit (before Ada: A100, T4) gets the absolute ones in the same places, as its -q -x
+   capture has them (gpu_temp_max_threshold ...) and the tool's text names them. */
+static const struct skel *absolute_threshold(const struct skel *s)
+{
+    static const struct skel ABS[] = {
+        {1, 1, K_x_temp_shutdown, "GPU Shutdown Temp", ""},
+        {1, 1, K_x_temp_slowdown, "GPU Slowdown Temp", ""},
+        {1, 1, K_x_temp_max_gpu, "GPU Max Operating Temp", ""},
+        {1, 1, K_x_temp_max_mem, "Memory Max Operating Temp", ""},
+    };
+    switch (s->key) {
+    case K_x_temp_shutdown_tlimit: return &ABS[0];
+    case K_x_temp_slowdown_tlimit: return &ABS[1];
+    case K_x_temp_max_gpu_tlimit: return &ABS[2];
+    case K_x_temp_max_mem_tlimit: return &ABS[3];
+    default: return s;
+    }
+}
+
 static void q_line(int depth, const char *label, const char *val);
 static void tabs(int n);
 static const char *opt_value(int argc, char **argv, int *i, const char *longname, const char *shortname);
@@ -1723,10 +1787,10 @@ static void table(void)
                            ps[j].type, name, mem);
             } else if (g_branch >= 570) {
                 fit(name, 36, 1);
-                printf("|%5u %5s%5s %16u %6s   %-36s%10s |\n", g_devs[i].index, gi, ci, ps[j].pid, ps[j].type, name, mem);
+                printf("|%5u %5s%5s%16u %6s   %-36s%10s |\n", g_devs[i].index, gi, ci, ps[j].pid, ps[j].type, name, mem);
             } else {
                 fit(name, 42, 1);
-                printf("|%5u %5s%5s %10u %6s   %-42s%10s |\n", g_devs[i].index, gi, ci, ps[j].pid, ps[j].type, name, mem);
+                printf("|%5u %5s%5s%10u %6s   %-42s%10s |\n", g_devs[i].index, gi, ci, ps[j].pid, ps[j].type, name, mem);
             }
             any = 1;
         }
@@ -2207,6 +2271,8 @@ static int cmd_query(void)
         value(d, K_pci_bus_id, bus, sizeof(bus));
         printf("GPU %s\n", bus);
         int skipping = 0;
+        char tl[32];
+        int tlimit_board = value(d, K_temperature_gpu_tlimit, tl, sizeof(tl)) == V_OK;
         for (const struct skel *s = skel; s->kind != 9; s++) {
             if (s->depth == 0)
                 skipping = !top_selected(s->tag, 0);
@@ -2236,8 +2302,11 @@ static int cmd_query(void)
                     q_line(s->depth + 1, "Used GPU Memory", num);
                 }
             } else {
-                value_text(d, s->key, s->suffix, v, sizeof(v));
-                q_line(s->depth, s->tag, v);
+                const struct skel *row = s;
+                if (!tlimit_board)
+                    row = absolute_threshold(s);
+                value_text(d, row->key, row->suffix, v, sizeof(v));
+                q_line(s->depth, row->tag, v);
                 if (s->key == K_mig_mode_pending)
                     mig_query_text(d->index);
             }
