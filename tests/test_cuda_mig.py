@@ -133,6 +133,12 @@ def test_an_allocation_on_a_mig_device_is_accounted_to_its_instance(mig_node):
         # NVML lists it on the parent, and the GPU instance's memory used counts it
         assert nvml_parent_procs(env, 1) == [[proc.pid, GIB]]
         assert mig_gi_used(mig_node, 7) == GIB and mig_gi_used(mig_node, 2) == 0
+        # and nvidia-smi's processes table shows it on that instance: GPU 1, GI 7, CI 0, 1024MiB
+        smi = subprocess.run([str(mig_node.mnt / "driver/usr/bin/nvidia-smi")], env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert smi.returncode == 0, smi.stderr
+        row = next(line for line in smi.stdout.splitlines() if f" {proc.pid} " in line)
+        assert row.split()[1:4] == ["1", "7", "0"] and "1024MiB" in row, smi.stdout
     assert _wait_for(lambda: proc.pid not in mig_processes(mig_node))
 
 
