@@ -159,17 +159,21 @@ def force_unmount(mnt: Path) -> None:
     subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
 
 
-def world_readable_node(profile: str = "h100", gpus: int = 2):
+def world_readable_node(profile: str = "h100", gpus: int = 2, extra: tuple[str, ...] = (),
+                        runtime_dir: bool = False):
     """A mounted node under a directory every user may enter (pytest's tmp_path is 0700), for
-    tests that act as another user: yields the node once, unmounts it and fails on unexpected
-    log lines after."""
+    tests that act as another user or outlive one test (module fixtures): yields the node once,
+    unmounts it and fails on unexpected log lines after. `extra`: more `mokka mount` arguments;
+    `runtime_dir`: the node's own MOKKA_RUNTIME_DIR under that directory."""
     import shutil
     import tempfile
 
     base = Path(tempfile.mkdtemp(prefix="mokka-"))
     base.chmod(0o755)
     node = MountedNode(base, profile, gpus)
-    node.mount()
+    if runtime_dir:
+        node.env["MOKKA_RUNTIME_DIR"] = str(base / "run")
+    node.mount(extra)
     try:
         yield node
     finally:

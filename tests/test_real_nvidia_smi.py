@@ -5,21 +5,20 @@ equals what our own nvidia-smi and pynvml show."""
 from __future__ import annotations
 
 import csv
+import datetime
 import io
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, MountedNode, force_unmount
+from conftest import REPO, MountedNode, world_readable_node
 from mokkafs.profiles import load_profile
 
 CACHE = Path(os.environ.get("MOKKA_NVIDIA_SMI_CACHE", REPO / ".cache" / "nvidia-smi"))
@@ -92,19 +91,8 @@ class Node:
 @pytest.fixture(scope="module", params=COMBOS, ids=[f"{b}-{p}" for b, p in COMBOS])
 def node(request):
     branch, profile = request.param
-    version = driver_version(branch)
-    base = Path(tempfile.mkdtemp(prefix="mokka-realsmi-"))
-    mounted = MountedNode(base, profile, 2)
-    mounted.env["MOKKA_RUNTIME_DIR"] = str(base / "run")
-    mounted.mount(("--driver-version", version))
-    try:
+    for mounted in world_readable_node(profile, 2, ("--driver-version", driver_version(branch)), runtime_dir=True):
         yield Node(mounted, branch)
-    finally:
-        mounted.umount()
-        force_unmount(mounted.mnt)
-        problems = mounted.unexpected_log_lines()
-        shutil.rmtree(base, ignore_errors=True)
-        assert not problems, problems
 
 
 def ok(result: subprocess.CompletedProcess) -> str:
@@ -273,7 +261,6 @@ def xml_leaves(text: str) -> dict[str, str]:
 
 
 def _seconds_apart(a: str, b: str) -> float:
-    import datetime
     try:
         ta, tb = (datetime.datetime.strptime(" ".join(t.split()), "%a %b %d %H:%M:%S %Y") for t in (a, b))
     except ValueError:
@@ -394,20 +381,9 @@ def test_topology_matrix_with_nics_under_mokka_run(tmp_path):
     from mokkafs.model.topology import pci_layout, topology_level
 
     binary = real_smi(535)
-    base = Path(tempfile.mkdtemp(prefix="mokka-realsmi-run-"))
-    base.chmod(0o755)
-    node = MountedNode(base, "h100", 8)
-    node.env["MOKKA_RUNTIME_DIR"] = str(base / "run")
-    node.mount(("--driver-version", driver_version(535)))
-    try:
+    for node in world_readable_node("h100", 8, ("--driver-version", driver_version(535)), runtime_dir=True):
         res = subprocess.run([sys.executable, "-m", "mokkafs.cli", "run", "--root", str(node.mnt), "--",
                               str(binary), "topo", "-m"], capture_output=True, text=True, env=node.env, timeout=60)
-    finally:
-        node.umount()
-        force_unmount(node.mnt)
-        problems = node.unexpected_log_lines()
-        shutil.rmtree(base, ignore_errors=True)
-    assert not problems, problems
     lines = ok(res).splitlines()
     header = lines[0].replace("\x1b[4m", "").replace("\x1b[0m", "").split("\t")[1:]
     nics = {f"NIC{m[1]}": int(m[2]) for m in re.finditer(r"NIC(\d+): mlx5_(\d+)", res.stdout)}
