@@ -275,6 +275,18 @@ class ServedInThread:
 
 
 @pytest.fixture
+def nvml():
+    """The built libnvidia-ml loaded into this process (ctypes), shut down as often as the test
+    initialised it."""
+    from helpers_nvml import SUCCESS, Nvml
+
+    lib = Nvml()
+    yield lib
+    while lib.nvmlShutdown() == SUCCESS:
+        pass
+
+
+@pytest.fixture
 def pub(tmp_path):
     """An h100 x 4 node's state published at tmp_path/state, and the daemon's process table
     with its descriptor service."""

@@ -31,8 +31,9 @@ def consumer_env(state: Path) -> dict[str, str]:
 class Published:
     """A node published into `<dir>/state` by an in-process Publisher (no FUSE)."""
 
-    def __init__(self, directory: Path, profile: str = "h100", gpus: int | None = None) -> None:
-        self.node = Node(compose(load_profile(profile), gpus=gpus), time.time())
+    def __init__(self, directory: Path, profile: str = "h100", gpus: int | None = None,
+                 driver_version: str | None = None) -> None:
+        self.node = Node(compose(load_profile(profile), gpus=gpus, driver_version=driver_version), time.time())
         self.path = directory / "state"
         self.publisher = Publisher(self.path)
         self.publisher.open()
@@ -44,6 +45,9 @@ class Published:
 
     def close(self) -> None:
         self.publisher.close()
+
+
+SUCCESS, UNINITIALIZED, INVALID_ARGUMENT, NOT_SUPPORTED, NOT_FOUND, INSUFFICIENT_SIZE = 0, 1, 2, 3, 6, 7
 
 
 class Nvml:

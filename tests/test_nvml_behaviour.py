@@ -9,11 +9,10 @@ import time
 
 import pytest
 
-from helpers_nvml import Nvml, Published
+from helpers_nvml import INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, SUCCESS, UNINITIALIZED, Published
 from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin
 from mokkafs.shm.layout import STATE_SIZE
 
-SUCCESS, UNINITIALIZED, INVALID_ARGUMENT, NOT_SUPPORTED, NOT_FOUND, INSUFFICIENT_SIZE = 0, 1, 2, 3, 6, 7
 DRIVER_NOT_LOADED, TIMEOUT, GPU_IS_LOST, RM_MISMATCH, VERSION_MISMATCH = 9, 10, 15, 18, 25
 
 
@@ -30,14 +29,6 @@ class MemoryV2(C.Structure):
 class EventData(C.Structure):
     _fields_ = [("device", C.c_void_p), ("eventType", C.c_ulonglong), ("eventData", C.c_ulonglong),
                 ("gpuInstanceId", C.c_uint), ("computeInstanceId", C.c_uint)]
-
-
-@pytest.fixture
-def nvml():
-    lib = Nvml()
-    yield lib
-    while lib.nvmlShutdown() == SUCCESS:
-        pass
 
 
 @pytest.fixture

@@ -6,19 +6,14 @@ from __future__ import annotations
 
 import ctypes as C
 import os
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers_nvml import Nvml
-from mokkafs.model import Node, compose
+from helpers_nvml import INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, SUCCESS, UNINITIALIZED, Published
 from mokkafs.model.events import NvLinkCommand, SetProcesses
-from mokkafs.profiles import load_profile
 from mokkafs.shm.layout import ffi
-from mokkafs.shm.publisher import Publisher
 
-SUCCESS, UNINITIALIZED, INVALID_ARGUMENT, NOT_SUPPORTED, NOT_FOUND, INSUFFICIENT_SIZE = 0, 1, 2, 3, 6, 7
 SMI_TABLE = bytes.fromhex("c4fe3e6cc98f6c4ea327ee696e12f7c4")
 SIZES = {"470.256.02": 0x6A8, "525.147.05": 0x770, "535.261.03": 0x7A8, "550.163.01": 0x7D8}
 
@@ -29,31 +24,10 @@ class FieldValue(C.Structure):
                 ("value", C.c_ulonglong)]
 
 
-class Published:
-    def __init__(self, directory, profile: str, driver: str, gpus: int = 2) -> None:
-        self.node = Node(compose(load_profile(profile), gpus=gpus, driver_version=driver), time.time())
-        self.path = directory / "state"
-        self.publisher = Publisher(self.path)
-        self.publisher.open()
-        self.publisher.publish(self.node)
-
-    def apply(self, event) -> None:
-        notes = self.node.apply(event, time.time())
-        self.publisher(self.node, notes, [])
-
-
-@pytest.fixture
-def nvml():
-    lib = Nvml()
-    yield lib
-    while lib.nvmlShutdown() == SUCCESS:
-        pass
-
-
 @pytest.fixture
 def node(tmp_path, monkeypatch):
     def make(profile: str = "h100", driver: str = "535.261.03") -> Published:
-        pub = Published(tmp_path, profile, driver)
+        pub = Published(tmp_path, profile, gpus=2, driver_version=driver)
         monkeypatch.setenv("MOKKA_STATE", str(pub.path))
         made.append(pub)
         return pub
