@@ -474,7 +474,8 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profiles", help="the shipped profiles, one line each (as `profile list`)")
     p.set_defaults(func=cmd_profiles)
-    pr = sub.add_parser("profile", help="GPU profiles: list the shipped ones, import one from a real node's captures, record this node")
+    pr = sub.add_parser("profile", help="GPU profiles: list the shipped ones, import one from a real node's "
+                                        "captures, record this node")
     prs = pr.add_subparsers(dest="profile_command", required=True)
     prs.add_parser("list", help="the shipped profiles, one line each").set_defaults(func=cmd_profiles)
     pi = prs.add_parser("import", help="a profile from nvidia-smi -q -x (and -q, topo -m, nvlink -s, lspci) captures")
@@ -485,11 +486,11 @@ def parser() -> argparse.ArgumentParser:
                     help="take what the captures lack from this board (same architecture)")
     pi.add_argument("--driver-version", help="the node's driver when the capture's branch is not modelled")
     pi.set_defaults(func=cmd_profile_import)
-    prr = prs.add_parser("record", help="a profile of this node, read live through NVML, nvidia-smi and sysfs (read-only)")
+    prr = prs.add_parser("record", help="a profile of this node, read live (NVML, nvidia-smi, CUDA, sysfs); read-only")
     prr.add_argument("-o", "--output", required=True, metavar="FILE")
     prr.add_argument("--name", help="the profile's name (default: FILE without .yaml)")
     prr.add_argument("--fill-from", metavar="PROFILE",
-                     help="take what the node cannot show (e.g. thermal.max_load_c) from this board (same architecture)")
+                     help="take what the node cannot show (thermal.max_load_c...) from this board (same architecture)")
     prr.set_defaults(func=cmd_profile_record)
 
     from mokkafs import scenario_cli

@@ -186,7 +186,8 @@ def node_values(facts: NodeFacts) -> list[tuple[str, Any, str]]:
     if facts.gpus:
         out.append(("node.numa_nodes", len(facts.numa_nodes),
                     facts.origin["numa"] + f" (GPUs on NUMA nodes {','.join(map(str, facts.numa_nodes))})"))
-        out.append(("node.pci_domain", int(facts.gpus[0].bus_id.split(":")[0], 16), facts.origin["gpus"] + " (GPU 0's domain)"))
+        out.append(("node.pci_domain", int(facts.gpus[0].bus_id.split(":")[0], 16),
+                    facts.origin["gpus"] + " (GPU 0's domain)"))
     out.append(("node.nvswitches", len(facts.nvswitches), facts.origin["nvswitches"]))
     ids = sorted({d for _, d in facts.nvswitches})
     out.append(("node.nvswitch_device_id", ids[0] if ids else None, facts.origin["nvswitches"] + " device"))
@@ -399,6 +400,12 @@ class Recording:
     sources: list[str]
 
 
+def sysfs_bus_id(nvml_bus_id: str) -> str:
+    """NVML's "00000000:18:00.0" as sysfs and CUDA spell it: "0000:18:00.0"."""
+    domain, rest = nvml_bus_id.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         return a is not None and b is not None and abs(a - b) < 0.01
@@ -407,7 +414,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def overlay(out: imp.Imported, key: str, value: Any, origin: str) -> None:
     """A live value over the -q -x one: NVML's (or sysfs') origin, the capture's agreement or not."""
-    if key in out.values and not _same(out.values[key], value):
+    if key in out.values and out.values[key] is not None and not _same(out.values[key], value):
         out.notes.append(f"{key}: {origin} says {value!r}, {out.origin[key]} {out.values[key]!r}: took {origin}'s")
         out.put(key, value, origin)
     elif key in out.values:
@@ -447,7 +454,7 @@ def record(name: str, fill_board: tuple[str, GpuProfile] | None = None, sys_root
             raise RecordRefused(f"nvidia-smi -q -x shows {len(caps.gpus)} GPUs, NVML {count}")
         h = N.nvmlDeviceGetHandleByIndex(0)
         bus_id = N.nvmlDeviceGetPciInfo_v3(h).busId
-        bus_id = bus_id.decode() if isinstance(bus_id, bytes) else bus_id
+        bus_id = sysfs_bus_id(bus_id.decode() if isinstance(bus_id, bytes) else bus_id)
         for key, value, origin in nvml_values(N, h):
             overlay(out, key, value, origin)
         try:
@@ -468,7 +475,7 @@ def record(name: str, fill_board: tuple[str, GpuProfile] | None = None, sys_root
         N.nvmlShutdown()
     for key, (value, origin) in cuda_attributes(bus_id).items():
         overlay(out, key, value, origin)
-    gpu0 = Path(sys_root) / "bus" / "pci" / "devices" / node.gpus[0].bus_id
+    gpu0 = Path(sys_root) / "bus" / "pci" / "devices" / bus_id
     for key, attr, conv in (("pci.class_code", "class", lambda v: v & 0xFFFF00), ("pci.revision", "revision", None)):
         v = _hex(_read(gpu0 / attr))
         if v is not None:
