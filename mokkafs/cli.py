@@ -330,6 +330,28 @@ def cmd_profile_import(args) -> int:
     return 0
 
 
+def cmd_profile_record(args) -> int:
+    """This node, read live (NVML, nvidia-smi, sysfs) -> a profile file; nothing written on refusal."""
+    from mokkafs.profile_record import RecordRefused, record, write_atomically
+    from mokkafs.profiles import ProfileError, load_profile
+
+    try:
+        board = (args.fill_from, load_profile(args.fill_from)) if args.fill_from else None
+        rec = record(args.name or Path(args.output).stem, board)
+        write_atomically(args.output, rec.text)
+    except (RecordRefused, ProfileError) as e:
+        return _fail(f"profile record: {e}", 2)
+    except OSError as e:
+        return _fail(f"{e.filename or args.output}: {e.strerror}", 2)
+    for note in rec.imported.notes:
+        print(f"note: {note}", file=sys.stderr)
+    for key, reason in rec.imported.optional.items():
+        print(f"not read, left at the default: {key} ({reason})", file=sys.stderr)
+    filled = f"; filled from {rec.imported.fill_name}: {', '.join(rec.imported.filled)}" if rec.imported.filled else ""
+    print(f"mokka: wrote {args.output} ({len(rec.node.gpus)} x {rec.profile.product_name}){filled}")
+    return 0
+
+
 def cmd_run(args) -> int:
     from mokkafs.run import run
 
@@ -452,7 +474,8 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profiles", help="the shipped profiles, one line each (as `profile list`)")
     p.set_defaults(func=cmd_profiles)
-    pr = sub.add_parser("profile", help="GPU profiles: list the shipped ones, import one from a real node's captures")
+    pr = sub.add_parser("profile", help="GPU profiles: list the shipped ones, import one from a real node's "
+                                        "captures, record this node")
     prs = pr.add_subparsers(dest="profile_command", required=True)
     prs.add_parser("list", help="the shipped profiles, one line each").set_defaults(func=cmd_profiles)
     pi = prs.add_parser("import", help="a profile from nvidia-smi -q -x (and -q, topo -m, nvlink -s, lspci) captures")
@@ -463,6 +486,12 @@ def parser() -> argparse.ArgumentParser:
                     help="take what the captures lack from this board (same architecture)")
     pi.add_argument("--driver-version", help="the node's driver when the capture's branch is not modelled")
     pi.set_defaults(func=cmd_profile_import)
+    prr = prs.add_parser("record", help="a profile of this node, read live (NVML, nvidia-smi, CUDA, sysfs); read-only")
+    prr.add_argument("-o", "--output", required=True, metavar="FILE")
+    prr.add_argument("--name", help="the profile's name (default: FILE without .yaml)")
+    prr.add_argument("--fill-from", metavar="PROFILE",
+                     help="take what the node cannot show (thermal.max_load_c...) from this board (same architecture)")
+    prr.set_defaults(func=cmd_profile_record)
 
     from mokkafs import scenario_cli
 

@@ -2433,12 +2433,12 @@ static int cmd_topo(void)
 
 static const char *link_speed(unsigned version)
 {
-    /* per-link unidirectional rate the driver prints for each NVLink generation */
+    /* per-link unidirectional rate the driver prints for each NVLink version (nvmlNvlinkVersion_t) */
     switch (version) {
-    case 1: return "20 GB/s";
-    case 2: return "25.781 GB/s";
-    case 3: return "25 GB/s";
-    case 4: return "26.562 GB/s";
+    case NVML_NVLINK_VERSION_1_0: return "20 GB/s";
+    case NVML_NVLINK_VERSION_2_0: case NVML_NVLINK_VERSION_2_2: return "25.781 GB/s";
+    case NVML_NVLINK_VERSION_3_0: case NVML_NVLINK_VERSION_3_1: return "25 GB/s";
+    case NVML_NVLINK_VERSION_4_0: return "26.562 GB/s";
     default: return "53.125 GB/s";
     }
 }
