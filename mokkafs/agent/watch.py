@@ -37,6 +37,7 @@ from mokkafs.agent.decisions import (
     decide_scenario,
     failure_patch,
     health_condition,
+    node_composition,
     node_event,
     node_settings,
     parse_info,
@@ -486,6 +487,7 @@ def main(args) -> int:
     node = json.loads(api.read_node(node_name, _preload_content=False).data)
     try:
         profile, gpus = node_settings(node, args.profile or os.environ.get("MOKKA_PROFILE"), args.gpus or os.environ.get("MOKKA_GPUS"))
+        composition = node_composition(node, getattr(args, "node", None) or os.environ.get("MOKKA_NODE"))
     except ValueError as e:
         print(f"mokka: agent: {e}", file=sys.stderr)
         return 2
@@ -493,6 +495,8 @@ def main(args) -> int:
     if not args.no_mount:
         cmd = [sys.executable, "-m", "mokkafs.cli", "mount", args.mountpoint, "--profile", profile,
                "--state-dir", args.state_dir, "--hostname", node_name]  # fmt: skip
+        if composition is not None:
+            cmd += ["--node", composition]
         if gpus is not None:
             cmd += ["--gpus", str(gpus)]
         if args.kmsg:
