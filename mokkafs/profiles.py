@@ -236,7 +236,7 @@ class NodeDefaults(_Strict):
 
 
 MAX_CPUS = 1024  # what NVML's CPU masks carry ("currently supports up to 1024 processors")
-_HCA_BUSES_FROM = 0xD8  # the platform complex (NVSwitches, HCAs beside no GPU) takes buses from here
+PLATFORM_ROOT_BUS = 0xD8  # the platform complex (NVSwitches, HCAs beside no GPU) takes buses from here
 
 
 class CpuSpec(_Strict):
@@ -260,7 +260,7 @@ class GpuSlot(_Strict):
     """Where one GPU sits: its bus (device 00.0) behind its own root port and PCIe switch, the
     NUMA node of that root complex, and the HCA (index) that shares the switch, if any."""
 
-    bus: Annotated[int, Field(ge=3, lt=_HCA_BUSES_FROM - 1)]  # the root bus is bus - 3
+    bus: Annotated[int, Field(ge=3, lt=PLATFORM_ROOT_BUS - 1)]  # the root bus is bus - 3
     domain: Annotated[int, Field(ge=0, le=0xFFFF)] | None = None  # null: the composition's pci_domain
     numa: Annotated[int, Field(ge=0, le=7)]
     hca: Annotated[int, Field(ge=0, lt=MAX_GPUS)] | None = None
@@ -293,8 +293,6 @@ class Composition(_Strict):
     def _consistent(self) -> "Composition":
         if self.hcas and self.hca is None:
             raise ValueError("hcas > 0 needs an hca model")
-        if self.nvswitch_device_id is not None and not self.nvswitches:
-            raise ValueError("nvswitch_device_id is given only with nvswitches > 0")
         if self.slots is None:
             return self
         if len(self.slots) != self.gpus:
@@ -564,6 +562,14 @@ class GpuProfile(_Strict):
                 raise ValueError(f"mig profile {g.name} has more SMs than the board")
             if g.memory_mib > self.memory.total_mib:
                 raise ValueError(f"mig profile {g.name} has more memory than the board")
+        return self
+
+    @model_validator(mode="after")
+    def _fits_its_composition(self) -> "GpuProfile":
+        try:
+            check_fits(self, self.default_composition())
+        except ProfileError as e:
+            raise ValueError(str(e)) from None
         return self
 
     @property

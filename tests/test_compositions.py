@@ -375,3 +375,44 @@ def test_agent_takes_the_composition_from_the_label_then_the_configmap():
     assert node_composition({"metadata": {}}, "") is None  # MOKKA_NODE empty: the profile's own
     with pytest.raises(ValueError, match=r"bad node composition '../x' \(label mokkafs.io/node or MOKKA_NODE\)"):
         node_composition({"metadata": {"labels": {LABEL_NODE: "../x"}}}, None)
+
+
+def test_a_state_directory_belongs_to_its_composition(tmp_path):
+    """State saved by a node of the profile's own composition (or before compositions: the key
+    has no `node` then) is not restored into another composition of the same count."""
+    from mokkafs.persist import StateDir, StateError
+
+    p = load_profile("h100")
+    own = Node(compose(p, hostname="h"), digests.BORN)
+    assert own.config.key == {"profile": "h100", "gpus": 8, "hostname": "h"}
+    assert StateDir(tmp_path).open(own) is False
+    assert StateDir(tmp_path).open(Node(compose(p, hostname="h"), digests.BORN)) is True
+    other = Node(compose(p, node="pcie-8", hostname="h"), digests.BORN)
+    with pytest.raises(StateError, match=r"'node': 'pcie-8'"):
+        StateDir(tmp_path).open(other)
+
+
+def test_agent_checks_injections_against_the_mounted_composition(tmp_path):
+    """The agent's scratch node (what an annotation is validated on) has the HCAs of the
+    composition it mounted, not of the profile's own."""
+    from mokkafs.agent.watch import MountedTree
+
+    (tmp_path / "node").mkdir()
+    (tmp_path / "node" / "profile").write_text("l40s\n")
+    (tmp_path / "node" / "gpu_count").write_text("8\n")
+    assert MountedTree(str(tmp_path), "pcie-8").node_config().hcas == 4
+    assert MountedTree(str(tmp_path)).node_config().hcas == 0
+    with pytest.raises(ProfileError, match="unknown composition 'nope'"):
+        MountedTree(str(tmp_path), "nope").node_config()
+
+
+def test_a_profile_that_does_not_fit_its_own_composition_does_not_load(tmp_path):
+    data = yaml.safe_load((ROOT / "profiles" / "l40s.yaml").read_text())
+    data["composition"] = "hgx-8"
+    with pytest.raises(ProfileError, match=r"l40s.yaml: invalid profile\n  \(top level\): Value error, composition "
+                                           r"hgx-8 has 4 NVSwitches, but l40s \(NVIDIA L40S\) has no NVLink"):
+        load_profile_file(Path(write(tmp_path, "l40s", data)))
+    data = yaml.safe_load((NODE_SECTION_PROFILES / "t4.yaml").read_text())
+    data["node"]["nvswitches"] = 2  # the node: format is held to the same rules
+    with pytest.raises(ProfileError, match=r"composition t4-node has 2 NVSwitches, but t4"):
+        load_profile_file(Path(write(tmp_path, "t4", data)))

@@ -94,8 +94,12 @@ class NodeConfig:
 
     @property
     def key(self) -> dict:
-        """What must match for a saved state to belong to this node."""
-        return {"profile": self.profile.name, "gpus": self.gpus, "hostname": self.hostname}
+        """What must match for a saved state to belong to this node. The composition counts
+        only where it is not the profile's own, so that state saved before compositions matches."""
+        key = {"profile": self.profile.name, "gpus": self.gpus, "hostname": self.hostname}
+        if self.composition.name != self.profile.default_composition().name:
+            key["node"] = self.composition.name
+        return key
 
 
 def compose(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from mokkafs.model.identity import Bdf, NodeConfig, gpu_identities
+from mokkafs.profiles import MAX_CPUS, PLATFORM_ROOT_BUS
 
 MIB = 1 << 20
 
@@ -28,9 +29,9 @@ ENDPOINT, ROOT_PORT, UPSTREAM, DOWNSTREAM = 0x0, 0x4, 0x5, 0x6
 
 # Each GPU has its own root complex: root bus B-3, root port (B-3):01.0, switch upstream port
 # (B-2):00.0, downstream ports (B-1):00.0 (to the GPU, bus B) and (B-1):01.0 (to its HCA, bus
-# B+1). Bus numbers from 0xd8 in every domain are free for the "platform" complex that holds the
+# B+1); a composition's slots say where B is and which HCA sits beside the GPU. Bus numbers from
+# 0xd8 (PLATFORM_ROOT_BUS) in every domain are free for the "platform" complex that holds the
 # NVSwitches and the HCAs that have no GPU beside them.
-_PLATFORM_ROOT_BUS = 0xD8
 _PLATFORM_SLOTS = 32  # downstream ports (device numbers 0..31) per platform complex
 _GPU_MMIO32 = 0x8000_0000
 _PLATFORM_MMIO32 = 0xC000_0000
@@ -107,8 +108,6 @@ class PciFunction:
 # nvmlGpuTopologyLevel_t: how far apart two GPUs are on the PCI tree (nvidia-smi topo -m).
 TOPOLOGY_INTERNAL, TOPOLOGY_SINGLE, TOPOLOGY_MULTIPLE, TOPOLOGY_HOSTBRIDGE, TOPOLOGY_NODE, TOPOLOGY_SYSTEM = (
     0, 10, 20, 30, 40, 50)
-
-MAX_CPUS = 1024  # what NVML's CPU masks carry ("currently supports up to 1024 processors")
 
 
 @dataclass(frozen=True)
@@ -300,7 +299,7 @@ def pci_layout(config: NodeConfig) -> Layout:
         members = platform[chunk : chunk + _PLATFORM_SLOTS]
         c = chunk // _PLATFORM_SLOTS
         domain = base_domain + c
-        rb = _PLATFORM_ROOT_BUS
+        rb = PLATFORM_ROOT_BUS
         rp, up = Bdf(domain, rb, 1, 0), Bdf(domain, rb + 1, 0, 0)
         last_bus = rb + 3 + len(members) - 1
         w64 = _PLATFORM_MMIO64 + c * _TIB
