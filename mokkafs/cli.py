@@ -114,6 +114,7 @@ def cmd_mount(args) -> int:
     opts = Options(
         mountpoint=args.mountpoint,
         profile=args.profile,
+        node=args.node,
         gpus=args.gpus,
         state_dir=args.state_dir,
         kmsg=args.kmsg,
@@ -303,7 +304,24 @@ def cmd_profiles(args) -> int:
         print(
             f"{name:<7} {p.product_name:<24} {p.architecture:<12} {p.memory.total_mib:>7} MiB "
             f"{p.power.default_limit_w:>6.0f} W  {p.node.gpus} GPUs, driver {p.node.driver_version}"
+            f"{f', node {p.composition.name}' if p.composition else ''}"
         )
+    return 0
+
+
+def cmd_nodes(args) -> int:
+    from mokkafs.profiles import ProfileError, available_compositions, load_composition
+
+    for name in available_compositions():
+        try:
+            c = load_composition(name)
+        except ProfileError as e:
+            print(f"{name:<14} INVALID: {e}")
+            continue
+        switches = f"{c.nvswitches} NVSwitches" if c.nvswitches else "no NVSwitch"
+        hcas = f"{c.hcas} x {c.hca.model}" if c.hca and c.hcas else "no HCA"
+        print(f"{name:<14} {c.gpus:>2} GPUs  {c.cpu.numa_nodes} x {c.cpu.arch:<7}  {switches:<13}  {hcas:<16} "
+              f"driver {c.driver_version}")
     return 0
 
 
@@ -407,7 +425,10 @@ def parser() -> argparse.ArgumentParser:
     m = sub.add_parser("mount", help="mount a simulated node; returns once the tree is ready")
     m.add_argument("mountpoint", nargs="?", default=DEFAULT_MOUNTPOINT)
     m.add_argument("--profile", default="h100", help="a shipped profile name or a YAML file")
-    m.add_argument("--gpus", type=int, help="GPU count (default: the profile's node)")
+    m.add_argument("--node", metavar="COMPOSITION",
+                   help="how the boards sit in the machine: a shipped composition (mokka profile nodes) or a YAML "
+                        "file (default: the profile's composition)")
+    m.add_argument("--gpus", type=int, help="GPU count (default: the composition's)")
     m.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
     m.add_argument("--hostname", help="seeds UUIDs and serials (default: this host's name)")
     m.add_argument("--driver-version")
@@ -464,6 +485,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--state-dir", help="default: /var/lib/mokkafs/state (mokkafs.agent)")
     g.add_argument("--profile", help="default: label mokkafs.io/profile, else $MOKKA_PROFILE, else h100")
     g.add_argument("--gpus", help="default: label mokkafs.io/gpus, else $MOKKA_GPUS, else the profile's")
+    g.add_argument("--node", help="a shipped composition (default: label mokkafs.io/node, else $MOKKA_NODE, "
+                                  "else the profile's)")
     g.add_argument("--no-mount", action="store_true", help="use a node already mounted at --mountpoint")
     g.add_argument("--kmsg", action="store_true", help="also write Xid lines to /dev/kmsg")
     g.add_argument("--cdi-spec", help="'' to skip (default: /var/run/cdi/nvidia.yaml)")
@@ -478,6 +501,7 @@ def parser() -> argparse.ArgumentParser:
                                         "captures, record this node")
     prs = pr.add_subparsers(dest="profile_command", required=True)
     prs.add_parser("list", help="the shipped profiles, one line each").set_defaults(func=cmd_profiles)
+    prs.add_parser("nodes", help="the shipped node compositions, one line each").set_defaults(func=cmd_nodes)
     pi = prs.add_parser("import", help="a profile from nvidia-smi -q -x (and -q, topo -m, nvlink -s, lspci) captures")
     pi.add_argument("captures", nargs="+", metavar="CAPTURE")
     pi.add_argument("-o", "--output", required=True, metavar="FILE")

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 class Options:
     mountpoint: str = DEFAULT_MOUNTPOINT
     profile: str = "h100"
+    node: str | None = None  # a composition: a shipped name or a YAML file (default: the profile's)
     gpus: int | None = None
     state_dir: str = DEFAULT_STATE_DIR
     hostname: str = field(default_factory=socket.gethostname)
@@ -80,6 +81,7 @@ def build(
     """The node, its restored state and its tree; no mounting. Raises ProfileError/StateError."""
     config = compose(
         load_profile(opts.profile),
+        node=opts.node,
         gpus=opts.gpus,
         driver_version=opts.driver_version,
         cuda_version=opts.cuda_version,

@@ -481,6 +481,7 @@ OPTIONAL_REASONS = {
     "thermal.memory_max_operating_c": "the board prints only a T.Limit margin for memory, whose reference is not printed",
     "node.nvswitch_device_id": "lspci -nn prints the NVSwitch device id",
     "mig": "MIG tables come from nvidia-smi mig -lgip/-lgipp/-lcip, which this command does not read",
+    "max_gpus_per_node": "a form-factor fact (an HGX baseboard's 8, a compute tray's 4) that no capture prints",
 }
 
 

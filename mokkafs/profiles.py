@@ -1,11 +1,14 @@
-"""GPU profiles (facts a real board reports) and node compositions (how many, where, which driver).
+"""GPU profiles (facts a real board reports) and node compositions (how boards sit in a machine:
+how many, on which buses and NUMA nodes, beside which switches, HCAs and CPUs, which driver).
 
-Profiles are data: `profiles/<name>.yaml`, validated by the pydantic models below. Every number
-in a profile should be traceable to a real capture (`docs/profiles.md` says which).
+Both are data: `profiles/<name>.yaml` and `compositions/<name>.yaml`, validated by the pydantic
+models below. Every number in a profile should be traceable to a real capture, every choice in a
+composition to a public description of such a machine (`docs/profiles.md` says which).
 """
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -15,6 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 PROFILE_DIRS = [
     Path(__file__).resolve().parent.parent / "profiles",  # a source checkout or editable install
     Path(__file__).resolve().parent / "profiles_data",  # a wheel (package-dir mapping)
+]
+COMPOSITION_DIRS = [
+    Path(__file__).resolve().parent.parent / "compositions",
+    Path(__file__).resolve().parent / "compositions_data",
 ]
 
 MAX_GPUS = 64
@@ -194,6 +201,15 @@ class Hca(_Strict):
     rate_gbps: Literal[100, 200, 400, 800]
 
 
+def _version(v: str | None, info) -> str | None:
+    """A driver version (580.105.08) or a CUDA version (13.0), as the driver reports them."""
+    pattern, example = {"driver_version": (r"\d+\.\d+(\.\d+)?", "580.105.08"),
+                        "cuda_version": (r"\d+\.\d+", "13.0")}[info.field_name]
+    if v is not None and not re.fullmatch(pattern, v):
+        raise ValueError(f"{info.field_name} must look like {example}")
+    return v
+
+
 class NodeDefaults(_Strict):
     """The composition a real node with this board usually has; every field is overridable."""
 
@@ -207,25 +223,147 @@ class NodeDefaults(_Strict):
     hca: Hca | None = None
     pci_domain: Annotated[int, Field(ge=0, le=0xFFFF)] = 0
 
-    @field_validator("driver_version")
+    @field_validator("driver_version", "cuda_version")
     @classmethod
-    def _driver_version(cls, v: str) -> str:
-        if not re.fullmatch(r"\d+\.\d+(\.\d+)?", v):
-            raise ValueError("driver_version must look like 580.105.08")
-        return v
-
-    @field_validator("cuda_version")
-    @classmethod
-    def _cuda_version(cls, v: str) -> str:
-        if not re.fullmatch(r"\d+\.\d+", v):
-            raise ValueError("cuda_version must look like 13.0")
-        return v
+    def _versions(cls, v: str | None, info) -> str | None:
+        return _version(v, info)
 
     @model_validator(mode="after")
     def _hca_model(self) -> "NodeDefaults":
         if self.hcas and self.hca is None:
             raise ValueError("hcas > 0 needs an hca model")
         return self
+
+
+MAX_CPUS = 1024  # what NVML's CPU masks carry ("currently supports up to 1024 processors")
+PLATFORM_ROOT_BUS = 0xD8  # the platform complex (NVSwitches, HCAs beside no GPU) takes buses from here
+
+
+class CpuSpec(_Strict):
+    """The host's CPUs as Linux numbers them: one NUMA node per socket (or per Grace CPU)."""
+
+    arch: Literal["x86_64", "aarch64"]  # aarch64: Grace (the GPUs reach it over NVLink-C2C)
+    model: str = ""  # what the machine carries, for the reader ("2 x Intel Xeon Platinum 8480+")
+    numa_nodes: Annotated[int, Field(ge=1, le=8)]
+    cores_per_numa_node: Annotated[int, Field(ge=1, le=256)]
+    threads_per_core: Literal[1, 2, 4]
+
+    @model_validator(mode="after")
+    def _masks(self) -> "CpuSpec":
+        total = self.numa_nodes * self.cores_per_numa_node * self.threads_per_core
+        if total > MAX_CPUS:
+            raise ValueError(f"{total} CPUs: NVML's CPU masks carry at most {MAX_CPUS}")
+        return self
+
+
+class GpuSlot(_Strict):
+    """Where one GPU sits: its bus (device 00.0) behind its own root port and PCIe switch, the
+    NUMA node of that root complex, and the HCA (index) that shares the switch, if any."""
+
+    bus: Annotated[int, Field(ge=3, lt=PLATFORM_ROOT_BUS - 1)]  # the root bus is bus - 3
+    domain: Annotated[int, Field(ge=0, le=0xFFFF)] | None = None  # null: the composition's pci_domain
+    numa: Annotated[int, Field(ge=0, le=7)]
+    hca: Annotated[int, Field(ge=0, lt=MAX_GPUS)] | None = None
+
+
+class Composition(_Strict):
+    """A node composition: how boards of some profile sit in one machine (docs/profiles.md,
+    "Node compositions"). Which board is the profile's business; a composition names none."""
+
+    name: str
+    description: str = ""
+    gpus: Annotated[int, Field(ge=1, le=MAX_GPUS)]
+    driver_version: str
+    cuda_version: str
+    cpu: CpuSpec
+    pci_domain: Annotated[int, Field(ge=0, le=0xFFFF)] = 0
+    # One per GPU, in index order; null: the default layout (`default_slots`).
+    slots: tuple[GpuSlot, ...] | None = None
+    nvswitches: Annotated[int, Field(ge=0, le=18)] = 0
+    nvswitch_device_id: Hex16 | None = None  # null: the host enumerates no NVSwitch PCI function
+    hcas: Annotated[int, Field(ge=0, le=MAX_GPUS)] = 0
+    hca: Hca | None = None
+
+    @field_validator("driver_version", "cuda_version")
+    @classmethod
+    def _versions(cls, v: str | None, info) -> str | None:
+        return _version(v, info)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Composition":
+        if self.hcas and self.hca is None:
+            raise ValueError("hcas > 0 needs an hca model")
+        if self.slots is None:
+            return self
+        if len(self.slots) != self.gpus:
+            raise ValueError(f"slots lists {len(self.slots)} GPUs, gpus is {self.gpus}")
+        taken: dict[tuple[int, int], int] = {}
+        hcas: set[int] = set()
+        for i, s in enumerate(self.slots):
+            if s.numa >= self.cpu.numa_nodes:
+                raise ValueError(f"slots.{i}.numa: {s.numa}, but cpu.numa_nodes is {self.cpu.numa_nodes}")
+            if s.hca is not None:
+                if s.hca >= self.hcas:
+                    raise ValueError(f"slots.{i}.hca: HCA {s.hca}, but hcas is {self.hcas}")
+                if s.hca in hcas:
+                    raise ValueError(f"slots.{i}.hca: HCA {s.hca} already sits beside another GPU")
+                hcas.add(s.hca)
+            domain = self.pci_domain if s.domain is None else s.domain
+            # The GPU's root complex takes bus-3 .. bus (bus+1 with an HCA beside it).
+            for bus in range(s.bus - 3, s.bus + (2 if s.hca is not None else 1)):
+                if (domain, bus) in taken:
+                    raise ValueError(
+                        f"slots.{i}.bus: 0x{s.bus:02x} needs buses 0x{s.bus - 3:02x}-0x{s.bus:02x} (and the next "
+                        f"for an HCA); bus 0x{bus:02x} is GPU {taken[(domain, bus)]}'s")
+                taken[(domain, bus)] = i
+        return self
+
+    def layout(self) -> tuple[GpuSlot, ...]:
+        """Every GPU's slot: the listed ones, or the default layout."""
+        if self.slots is not None:
+            return tuple(s if s.domain is not None else s.model_copy(update={"domain": self.pci_domain})
+                         for s in self.slots)
+        return default_slots(self.gpus, self.cpu.numa_nodes, self.hcas, self.pci_domain)
+
+    @property
+    def grace(self) -> bool:
+        return self.cpu.arch == "aarch64"
+
+
+# The default layout: GPU i on bus 0x18 + 6 i (each root complex takes six bus numbers: root
+# port, switch upstream and downstream, the GPU, the HCA beside it and one spare), 32 to a PCI
+# domain before the next domain; spread evenly over the NUMA nodes; HCA i beside GPU i.
+_GPUS_PER_DOMAIN = 32
+_BUS_BASE = 0x18
+_BUS_STEP = 6
+
+
+def default_slots(gpus: int, numa_nodes: int, hcas: int, pci_domain: int) -> tuple[GpuSlot, ...]:
+    numa = min(numa_nodes, gpus)
+    return tuple(
+        GpuSlot(bus=_BUS_BASE + (i % _GPUS_PER_DOMAIN) * _BUS_STEP, domain=pci_domain + i // _GPUS_PER_DOMAIN,
+                numa=i * numa // gpus, hca=i if i < hcas else None)
+        for i in range(gpus)
+    )
+
+
+class CompositionRef(_Strict):
+    """A profile's default composition: a shipped one by name, with the driver of the board's
+    capture where it differs from the composition's."""
+
+    name: str
+    driver_version: str | None = None
+    cuda_version: str | None = None
+
+    def resolve(self) -> Composition:
+        c = load_composition(self.name, shipped_only=True)
+        pins = {k: v for k, v in (("driver_version", self.driver_version), ("cuda_version", self.cuda_version)) if v}
+        return c.model_copy(update=pins) if pins else c
+
+    @field_validator("driver_version", "cuda_version")
+    @classmethod
+    def _versions(cls, v: str | None, info) -> str | None:
+        return _version(v, info)
 
 
 MigPlacements = Annotated[tuple[Annotated[int, Field(ge=0)], ...], Field(min_length=1)]
@@ -356,7 +494,49 @@ class GpuProfile(_Strict):
     fabric: Fabric | None  # null: no fabric info (N/A), as on PCIe boards and before Hopper
     has_fan: bool
     fan_speed_pct: Annotated[int, Field(ge=0, le=100)] | None = None  # the idle board's fan speed; only with has_fan
+    # At most this many boards in one node, where the form factor makes it a fact (an HGX
+    # baseboard carries 8 SXM modules, a GB200 compute tray 4 GPUs); null: no such limit.
+    max_gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS)] | None = None
+    # The node a board of this profile sits in by default: a shipped composition (by name, with
+    # the capture's driver where it differs), or, in profiles written before compositions, the
+    # `node:` section the composition is derived from. Loaded, `node` is always there: with a
+    # `composition`, it is that composition's view in the `node:` keys (for older callers).
+    composition: CompositionRef | None = None
     node: NodeDefaults
+
+    @model_validator(mode="before")
+    @classmethod
+    def _node_of_composition(cls, data):
+        """Fill `node` from `composition`. Given both (a dumped profile whose `node` was then
+        edited), an edited `node` wins: the profile is then one without a composition."""
+        if not isinstance(data, dict) or data.get("composition") is None:
+            return data
+        try:
+            view = legacy_node(CompositionRef.model_validate(_ref_mapping(data["composition"])).resolve())
+        except (ValidationError, ProfileError):
+            return data  # the composition field's own validation says what is wrong
+        if data.get("node") is None:
+            return {**data, "node": view}
+        try:
+            given = NodeDefaults.model_validate(data["node"]).model_dump()
+        except ValidationError:
+            return data  # the node field's own validation says what is wrong
+        return data if given == view else {**data, "composition": None}
+
+    @field_validator("composition", mode="before")
+    @classmethod
+    def _composition_name(cls, v):
+        return _ref_mapping(v)
+
+    @field_validator("composition")
+    @classmethod
+    def _composition_exists(cls, v: CompositionRef | None) -> CompositionRef | None:
+        if v is not None:
+            try:
+                v.resolve()
+            except ProfileError as e:
+                raise ValueError(str(e)) from None
+        return v
 
     @field_validator("compute_capability")
     @classmethod
@@ -384,11 +564,26 @@ class GpuProfile(_Strict):
                 raise ValueError(f"mig profile {g.name} has more memory than the board")
         return self
 
+    @model_validator(mode="after")
+    def _fits_its_composition(self) -> "GpuProfile":
+        try:
+            check_fits(self, self.default_composition())
+        except ProfileError as e:
+            raise ValueError(str(e)) from None
+        return self
+
     @property
     def grace(self) -> bool:
-        """Grace-hosted trays: of the shipped profiles, exactly those in a multi-node NVLink
-        domain (GB200/GB300 NVL), whose host is a 72-core Arm Grace CPU per GPU pair."""
-        return self.fabric is not None and self.fabric.multi_node
+        """A Grace superchip's GPU: it reaches system memory through ATS over NVLink-C2C, or it
+        sits in a multi-node NVLink domain (GB200/GB300 NVL); its host is a 72-core Arm Grace
+        CPU, never an x86 server."""
+        return self.addressing_mode == "ATS" or (self.fabric is not None and self.fabric.multi_node)
+
+    def default_composition(self) -> Composition:
+        """The node this board sits in unless told otherwise."""
+        if self.composition is not None:
+            return self.composition.resolve()
+        return derived_composition(self)
 
 
 def profile_dirs() -> list[Path]:
@@ -402,41 +597,52 @@ def available_profiles() -> list[str]:
     return sorted(names)
 
 
-def _format_validation_error(path: Path, err: ValidationError) -> str:
-    lines = [f"{path}: invalid profile"]
+def _format_validation_error(path: Path, err: ValidationError, schema: type[BaseModel] | None = None) -> str:
+    schema = schema or GpuProfile
+    lines = [f"{path}: invalid {'profile' if schema is GpuProfile else 'composition'}"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            allowed = _allowed_keys(e["loc"][:-1])
+            allowed = _allowed_keys(schema, e["loc"][:-1])
             msg = f"unknown key; allowed keys here: {', '.join(allowed)}"
         lines.append(f"  {key}: {msg}")
     return "\n".join(lines)
 
 
-def _allowed_keys(loc: tuple) -> list[str]:
-    model: type[BaseModel] = GpuProfile
+def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     for part in loc:
         field = model.model_fields.get(str(part))
         if field is None:
             break
         ann = field.annotation
-        for cand in getattr(ann, "__args__", (ann,)):
-            if isinstance(cand, type) and issubclass(cand, BaseModel):
-                model = cand
-                break
+        for cand in _models_in(ann):
+            model = cand
+            break
     return sorted(model.model_fields)
 
 
-def load_profile_file(path: Path) -> GpuProfile:
+def _models_in(ann) -> list[type[BaseModel]]:
+    """The pydantic models an annotation names, through unions and tuples."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return [ann]
+    return [m for arg in getattr(ann, "__args__", ()) for m in _models_in(arg)]
+
+
+def _read_mapping(path: Path, what: str) -> dict:
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as e:
-        raise ProfileError(f"{path}: cannot read profile: {e.strerror}") from None
+        raise ProfileError(f"{path}: cannot read {what}: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ProfileError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
-        raise ProfileError(f"{path}: a profile must be a mapping of keys, got {type(raw).__name__}")
+        raise ProfileError(f"{path}: a {what} must be a mapping of keys, got {type(raw).__name__}")
+    return raw
+
+
+def load_profile_file(path: Path) -> GpuProfile:
+    raw = _read_mapping(path, "profile")
     try:
         return GpuProfile.model_validate(raw)
     except ValidationError as e:
@@ -454,4 +660,102 @@ def load_profile(name_or_path: str) -> GpuProfile:
             return load_profile_file(path)
     raise ProfileError(
         f"unknown profile {name_or_path!r}; shipped profiles: {', '.join(available_profiles())}"
+    )
+
+
+# --- node compositions ---------------------------------------------------------------------------
+
+
+def _ref_mapping(v):
+    """`composition: hgx-8` is short for `composition: {name: hgx-8}`."""
+    return {"name": v} if isinstance(v, str) else v
+
+
+def legacy_node(c: Composition) -> dict:
+    """A composition in the `node:` keys of profiles written before compositions."""
+    return NodeDefaults(
+        gpus=c.gpus, driver_version=c.driver_version, cuda_version=c.cuda_version, numa_nodes=c.cpu.numa_nodes,
+        nvswitches=c.nvswitches, nvswitch_device_id=c.nvswitch_device_id, hcas=c.hcas, hca=c.hca,
+        pci_domain=c.pci_domain,
+    ).model_dump()
+
+
+# What the derived composition of a profile without one assumes of its host: Grace trays have
+# 72 Arm cores per CPU and no SMT; x86 hosts two 56-core Xeons with hyper-threading.
+_GRACE_CPU = {"arch": "aarch64", "model": "NVIDIA Grace", "cores_per_numa_node": 72, "threads_per_core": 1}
+_X86_CPU = {"arch": "x86_64", "model": "Intel Xeon Platinum 8480+", "cores_per_numa_node": 56, "threads_per_core": 2}
+
+
+def derived_composition(profile: GpuProfile) -> Composition:
+    """The composition a profile's `node:` section describes, laid out by the default rule."""
+    d = profile.node
+    return Composition(
+        name=f"{profile.name}-node", description=f"the node: section of profile {profile.name}",
+        gpus=d.gpus, driver_version=d.driver_version, cuda_version=d.cuda_version,
+        cpu=CpuSpec(numa_nodes=d.numa_nodes, **(_GRACE_CPU if profile.grace else _X86_CPU)),
+        pci_domain=d.pci_domain, nvswitches=d.nvswitches, nvswitch_device_id=d.nvswitch_device_id,
+        hcas=d.hcas, hca=d.hca,
+    )
+
+
+def check_fits(profile: GpuProfile, c: Composition) -> None:
+    """Refuse a board in a node it cannot sit in, saying why."""
+    if profile.grace and not c.grace:
+        raise ProfileError(
+            f"{profile.name} ({profile.product_name}) is a Grace superchip's GPU; composition {c.name} has "
+            f"{c.cpu.arch} CPUs (use a Grace composition such as gb200-nvl4)")
+    if c.grace and not profile.grace:
+        raise ProfileError(
+            f"composition {c.name} is a Grace (aarch64) tray; {profile.name} ({profile.product_name}) "
+            f"is a board for x86 hosts")
+    if c.nvswitches and not profile.nvlink.links:
+        raise ProfileError(
+            f"composition {c.name} has {c.nvswitches} NVSwitches, but {profile.name} ({profile.product_name}) "
+            f"has no NVLink: a PCIe-only board sits in a node without NVSwitches (pcie-4, pcie-8, workstation-1)")
+    if profile.max_gpus_per_node is not None and c.gpus > profile.max_gpus_per_node:
+        raise ProfileError(
+            f"composition {c.name} has {c.gpus} GPUs, but {profile.name} boards sit at most "
+            f"{profile.max_gpus_per_node} to a node")
+
+
+def composition_dirs() -> list[Path]:
+    return [d for d in COMPOSITION_DIRS if d.is_dir()]
+
+
+def available_compositions() -> list[str]:
+    names: set[str] = set()
+    for d in composition_dirs():
+        names.update(p.stem for p in d.glob("*.yaml"))
+    return sorted(names)
+
+
+def load_composition_file(path: Path) -> Composition:
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read composition: {e.strerror}") from None
+    return _load_composition_file(path, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=64)
+def _load_composition_file(path: Path, mtime_ns: int, size: int) -> Composition:
+    raw = _read_mapping(path, "composition")
+    try:
+        return Composition.model_validate(raw)
+    except ValidationError as e:
+        raise ProfileError(_format_validation_error(path, e, Composition)) from None
+
+
+def load_composition(name_or_path: str, shipped_only: bool = False) -> Composition:
+    """A shipped composition by name (`hgx-8`) or, unless `shipped_only`, a YAML file by path."""
+    candidate = Path(name_or_path)
+    if not shipped_only and (candidate.suffix in (".yaml", ".yml") or "/" in name_or_path):
+        return load_composition_file(candidate)
+    if re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", name_or_path):
+        for d in composition_dirs():
+            path = d / f"{name_or_path}.yaml"
+            if path.is_file():
+                return load_composition_file(path)
+    raise ProfileError(
+        f"unknown composition {name_or_path!r}; shipped compositions: {', '.join(available_compositions())}"
     )

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mokkafs.profiles import load_profile
+
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 PROFILES = sorted(p.stem for p in (REPO / "profiles").glob("*.yaml"))
@@ -80,7 +82,7 @@ def test_overlay_renders_into_the_client_models(overlay):
     if overlay != "kind":
         (cm,) = [o for o in objects if o["kind"] == "ConfigMap"]
         assert cm["data"]["MOKKA_PROFILE"] == overlay
-        assert cm["data"]["MOKKA_GPUS"] == str(yaml.safe_load((REPO / "profiles" / f"{overlay}.yaml").read_text())["node"]["gpus"])
+        assert cm["data"]["MOKKA_GPUS"] == str(load_profile(overlay).node.gpus)  # its composition's count
 
 
 def test_every_profile_has_an_overlay():

@@ -17,6 +17,7 @@ ANNOTATION_APPLIED = "mokkafs.io/applied"
 ANNOTATION_REJECTED = "mokkafs.io/rejected"
 LABEL_PROFILE = "mokkafs.io/profile"
 LABEL_GPUS = "mokkafs.io/gpus"
+LABEL_NODE = "mokkafs.io/node"
 CONDITION_TYPE = "MokkaGPUHealthy"
 COMPONENT = "mokkafs-agent"
 MAX_GPUS = 64
@@ -177,6 +178,16 @@ def node_settings(node: dict, env_profile: str | None, env_gpus: str | None) -> 
     if not re.fullmatch(r"[1-9][0-9]{0,1}", gpus_text) or int(gpus_text) > MAX_GPUS:
         raise ValueError(f"bad GPU count {gpus_text!r} (label {LABEL_GPUS} or MOKKA_GPUS): 1..{MAX_GPUS}")
     return profile, int(gpus_text)
+
+
+def node_composition(node: dict, env_node: str | None) -> str | None:
+    """The node composition (a shipped one's name), the Node's label winning over the ConfigMap;
+    None: the profile's own."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    name = labels.get(LABEL_NODE) or env_node or None
+    if name is not None and not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", name):
+        raise ValueError(f"bad node composition {name!r} (label {LABEL_NODE} or MOKKA_NODE)")
+    return name
 
 
 # --- scenarios: mokkafs.io/scenario, the MokkaScenario condition and its Events ------------------

@@ -37,6 +37,7 @@ from mokkafs.agent.decisions import (
     decide_scenario,
     failure_patch,
     health_condition,
+    node_composition,
     node_event,
     node_settings,
     parse_info,
@@ -75,8 +76,9 @@ def write_atomically(path: str, text: str) -> None:
 
 
 class MountedTree:
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, composition: str | None = None) -> None:
         self.root = Path(root)
+        self.composition = composition  # the node composition it was mounted with; None: the profile's
 
     def read(self, rel: str) -> str:
         return (self.root / rel).read_text()
@@ -86,10 +88,11 @@ class MountedTree:
 
     def node_config(self) -> NodeConfig:
         """The mounted node's composition as far as an injection's limits depend on it: its
-        profile (by the name in node/profile) and GPU count. Raises ProfileError for a profile
-        this install cannot load (the daemon was given a profile file the agent does not have)."""
+        profile (by the name in node/profile), composition (HCA count) and GPU count. Raises
+        ProfileError for a profile or composition this install cannot load (the daemon was given
+        a file the agent does not have)."""
         profile = _profile(self.read("node/profile").strip())
-        return compose(profile, gpus=self.gpu_count(), hostname="scratch")
+        return compose(profile, node=self.composition, gpus=self.gpu_count(), hostname="scratch")
 
     def healths(self) -> list[GpuHealth]:
         out = []
@@ -486,6 +489,7 @@ def main(args) -> int:
     node = json.loads(api.read_node(node_name, _preload_content=False).data)
     try:
         profile, gpus = node_settings(node, args.profile or os.environ.get("MOKKA_PROFILE"), args.gpus or os.environ.get("MOKKA_GPUS"))
+        composition = node_composition(node, getattr(args, "node", None) or os.environ.get("MOKKA_NODE"))
     except ValueError as e:
         print(f"mokka: agent: {e}", file=sys.stderr)
         return 2
@@ -493,6 +497,8 @@ def main(args) -> int:
     if not args.no_mount:
         cmd = [sys.executable, "-m", "mokkafs.cli", "mount", args.mountpoint, "--profile", profile,
                "--state-dir", args.state_dir, "--hostname", node_name]  # fmt: skip
+        if composition is not None:
+            cmd += ["--node", composition]
         if gpus is not None:
             cmd += ["--gpus", str(gpus)]
         if args.kmsg:
@@ -501,7 +507,7 @@ def main(args) -> int:
         if res.returncode != 0:
             return res.returncode
         mounted_here = True
-    tree = MountedTree(args.mountpoint)
+    tree = MountedTree(args.mountpoint, composition)
     namespace = getattr(args, "namespace", None) or os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE
     agent = Agent(api, node_name, tree, resync_s=args.resync, namespace=namespace)
 

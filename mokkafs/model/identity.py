@@ -1,23 +1,19 @@
-"""The composition of a node: which GPUs it has and where they sit (BDF, NUMA, minor, UUID).
+"""A node: a board (the profile) in a composition, and where each GPU sits (BDF, NUMA, minor, UUID).
 
-Everything here is a pure, deterministic function of the profile, the counts and the hostname,
-so two daemons started with the same arguments describe the same node, byte for byte.
+Everything here is a pure, deterministic function of the profile, the composition, the counts and
+the hostname, so two daemons started with the same arguments describe the same node, byte for byte.
 """
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
 
-from mokkafs.profiles import MAX_GPUS, GpuProfile, ProfileError
+from mokkafs.profiles import (
+    MAX_GPUS, Composition, GpuProfile, GpuSlot, ProfileError, check_fits, default_slots, load_composition,
+)
 
 # A fixed namespace so UUIDs are stable across runs and machines for the same hostname/index.
 _UUID_NAMESPACE = uuid.UUID("6d6f6b6b-6166-7300-8000-000000000001")
-
-# GPUs per PCI domain before the layout spills into the next domain (each GPU takes
-# six bus numbers: root port, switch upstream/downstream and the GPU, with room to spare).
-_GPUS_PER_DOMAIN = 32
-_BUS_BASE = 0x18
-_BUS_STEP = 6
 
 
 @dataclass(frozen=True)
@@ -62,23 +58,54 @@ class GpuIdentity:
 @dataclass(frozen=True)
 class NodeConfig:
     profile: GpuProfile
-    gpus: int
-    driver_version: str
-    cuda_version: str
-    numa_nodes: int
-    nvswitches: int
-    hcas: int
+    # The node's composition as resolved: every GPU's slot listed, count and version overrides
+    # applied (`compose`).
+    composition: Composition
     hostname: str
 
     @property
+    def gpus(self) -> int:
+        return self.composition.gpus
+
+    @property
+    def driver_version(self) -> str:
+        return self.composition.driver_version
+
+    @property
+    def cuda_version(self) -> str:
+        return self.composition.cuda_version
+
+    @property
+    def numa_nodes(self) -> int:
+        return self.composition.cpu.numa_nodes
+
+    @property
+    def nvswitches(self) -> int:
+        return self.composition.nvswitches
+
+    @property
+    def hcas(self) -> int:
+        return self.composition.hcas
+
+    @property
+    def slots(self) -> tuple[GpuSlot, ...]:
+        assert self.composition.slots is not None  # compose lists them all
+        return self.composition.slots
+
+    @property
     def key(self) -> dict:
-        """What must match for a saved state to belong to this node."""
-        return {"profile": self.profile.name, "gpus": self.gpus, "hostname": self.hostname}
+        """What must match for a saved state to belong to this node. The composition counts
+        only where it is not the profile's own, so that state saved before compositions matches."""
+        key = {"profile": self.profile.name, "gpus": self.gpus, "hostname": self.hostname}
+        if self.composition.name != self.profile.default_composition().name:
+            key["node"] = self.composition.name
+        return key
 
 
 def compose(
     profile: GpuProfile,
     *,
+    node: Composition | str | None = None,
     gpus: int | None = None,
     driver_version: str | None = None,
     cuda_version: str | None = None,
@@ -86,35 +113,38 @@ def compose(
     hcas: int | None = None,
     hostname: str = "mokka-node",
 ) -> NodeConfig:
-    """A node of `profile` with the profile's usual composition, each part overridable."""
-    d = profile.node
-    count = d.gpus if gpus is None else gpus
+    """A node of `profile` in composition `node` (a Composition, a shipped name or a file; by
+    default the profile's own), each part overridable. A count override (GPUs, NUMA nodes, HCAs)
+    lays the GPUs out by the default rule: a composition's slots describe its own counts."""
+    base = profile.default_composition() if node is None else node if isinstance(node, Composition) else (
+        load_composition(node))
+    check_fits(profile, base)
+    count = base.gpus if gpus is None else gpus
     if not 1 <= count <= MAX_GPUS:
         raise ProfileError(f"gpus must be between 1 and {MAX_GPUS}, got {count}")
-    numa = d.numa_nodes if numa_nodes is None else numa_nodes
+    numa = base.cpu.numa_nodes if numa_nodes is None else numa_nodes
     if not 1 <= numa <= 8:
         raise ProfileError(f"numa_nodes must be between 1 and 8, got {numa}")
-    hca_count = d.hcas if hcas is None else hcas
-    if hca_count and profile.node.hca is None:
-        raise ProfileError(f"profile {profile.name} has no HCA model; pass hcas=0")
-    return NodeConfig(
-        profile=profile,
-        gpus=count,
-        driver_version=driver_version or d.driver_version,
-        cuda_version=cuda_version or d.cuda_version,
-        numa_nodes=min(numa, count),
-        # NVSwitches serve the whole baseboard; a node of fewer GPUs keeps them all.
-        nvswitches=d.nvswitches,
-        hcas=hca_count,
-        hostname=hostname,
-    )
+    hca_count = base.hcas if hcas is None else hcas
+    if hca_count and base.hca is None:
+        raise ProfileError(f"profile {profile.name} in composition {base.name} has no HCA model; pass hcas=0")
+    if base.slots is not None and (count, numa, hca_count) == (base.gpus, base.cpu.numa_nodes, base.hcas):
+        slots = base.layout()
+    else:
+        numa = min(numa, count)
+        slots = default_slots(count, numa, hca_count, base.pci_domain)
+    # NVSwitches serve the whole baseboard; a node of fewer GPUs keeps them all.
+    resolved = base.model_copy(update={
+        "gpus": count, "driver_version": driver_version or base.driver_version,
+        "cuda_version": cuda_version or base.cuda_version, "cpu": base.cpu.model_copy(update={"numa_nodes": numa}),
+        "hcas": hca_count, "slots": slots,
+    })
+    return NodeConfig(profile=profile, composition=resolved, hostname=hostname)
 
 
 def gpu_identities(config: NodeConfig) -> list[GpuIdentity]:
     out = []
-    for i in range(config.gpus):
-        domain = config.profile.node.pci_domain + i // _GPUS_PER_DOMAIN
-        bus = _BUS_BASE + (i % _GPUS_PER_DOMAIN) * _BUS_STEP
+    for i, slot in enumerate(config.slots):
         u = uuid.uuid5(_UUID_NAMESPACE, f"{config.hostname}/{config.profile.name}/gpu{i}")
         out.append(
             GpuIdentity(
@@ -122,8 +152,8 @@ def gpu_identities(config: NodeConfig) -> list[GpuIdentity]:
                 # The driver numbers minors in probe (PCI) order, which is also NVML's default
                 # index order; they are separate fields because consumers must not conflate them.
                 minor=i,
-                bdf=Bdf(domain, bus),
-                numa_node=i * config.numa_nodes // config.gpus,
+                bdf=Bdf(slot.domain, slot.bus),
+                numa_node=slot.numa,
                 uuid=f"GPU-{u}",
                 serial=f"{1650000000000 + (u.int % 10**9) * 100 + i}",
                 module_id=i + 1,

@@ -1,7 +1,8 @@
 """Where every PCI function of the node sits: the GPUs, the switch and root ports above them, the
 InfiniBand HCAs and NVSwitches, with their ids, BARs, links, NUMA nodes and IRQs.
 
-A pure, deterministic function of the node's composition, shared by the sysfs, InfiniBand and
+A pure, deterministic function of the node's composition (its slots say where each GPU and the
+HCA beside it sit), shared by the sysfs, InfiniBand and
 /proc renderers so that they agree on every address. See docs/sysfs.md for the layout.
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from mokkafs.model.identity import Bdf, NodeConfig, gpu_identities
+from mokkafs.profiles import MAX_CPUS, PLATFORM_ROOT_BUS
 
 MIB = 1 << 20
 
@@ -27,9 +29,9 @@ ENDPOINT, ROOT_PORT, UPSTREAM, DOWNSTREAM = 0x0, 0x4, 0x5, 0x6
 
 # Each GPU has its own root complex: root bus B-3, root port (B-3):01.0, switch upstream port
 # (B-2):00.0, downstream ports (B-1):00.0 (to the GPU, bus B) and (B-1):01.0 (to its HCA, bus
-# B+1). Bus numbers from 0xd8 in every domain are free for the "platform" complex that holds the
+# B+1); a composition's slots say where B is and which HCA sits beside the GPU. Bus numbers from
+# 0xd8 (PLATFORM_ROOT_BUS) in every domain are free for the "platform" complex that holds the
 # NVSwitches and the HCAs that have no GPU beside them.
-_PLATFORM_ROOT_BUS = 0xD8
 _PLATFORM_SLOTS = 32  # downstream ports (device numbers 0..31) per platform complex
 _GPU_MMIO32 = 0x8000_0000
 _PLATFORM_MMIO32 = 0xC000_0000
@@ -107,8 +109,6 @@ class PciFunction:
 TOPOLOGY_INTERNAL, TOPOLOGY_SINGLE, TOPOLOGY_MULTIPLE, TOPOLOGY_HOSTBRIDGE, TOPOLOGY_NODE, TOPOLOGY_SYSTEM = (
     0, 10, 20, 30, 40, 50)
 
-MAX_CPUS = 1024  # what NVML's CPU masks carry ("currently supports up to 1024 processors")
-
 
 @dataclass(frozen=True)
 class CpuLayout:
@@ -134,11 +134,8 @@ class CpuLayout:
 
 
 def cpu_layout(config: NodeConfig) -> CpuLayout:
-    # Grace-based trays (GB200/GB300 NVL) have 72 Arm cores per CPU and no SMT; the x86 HGX hosts
-    # two 56-core Xeons with hyper-threading.
-    if config.profile.grace:
-        return CpuLayout(config.numa_nodes, 72, 1)
-    return CpuLayout(config.numa_nodes, 56, 2)
+    cpu = config.composition.cpu
+    return CpuLayout(cpu.numa_nodes, cpu.cores_per_numa_node, cpu.threads_per_core)
 
 
 def _pow2(n: int) -> int:
@@ -237,7 +234,8 @@ def pci_layout(config: NodeConfig) -> Layout:
     p = config.profile
     fns: list[PciFunction] = []
     switch_ids = SWITCH_GEN5_IDS if p.pci.max_link_gen >= 5 else SWITCH_GEN4_IDS
-    hca = p.node.hca
+    node = config.composition
+    hca = node.hca
     hca_gen = hca_link(hca.rate_gbps) if hca else 0
 
     def bridge(bdf, kind, index, parent, ids, ptype, gen, width, port, numa, sec, sub, mem, pref, root_bus, serves=None):
@@ -250,10 +248,10 @@ def pci_layout(config: NodeConfig) -> Layout:
         )
 
     bar1 = _pow2(p.memory.bar1_mib * MIB)
-    for ident in gpu_identities(config):
+    for ident, slot in zip(gpu_identities(config), config.slots):
         i, b = ident.index, ident.bdf
         root_bus = b.bus - 3
-        has_hca = hca is not None and i < config.hcas
+        has_hca = hca is not None and slot.hca is not None
         numa = ident.numa_node
         w32 = _GPU_MMIO32 + (i % 32) * 32 * MIB
         w64 = _MMIO64 + i * _TIB
@@ -275,7 +273,7 @@ def pci_layout(config: NodeConfig) -> Layout:
         if has_hca:
             fns.append(bridge(Bdf(b.domain, b.bus - 1, 1, 0), "switch_down", i, up, switch_ids, DOWNSTREAM,
                               hca_gen, 16, 1, numa, b.bus + 1, b.bus + 1, NO_WINDOW, hca_pref, root_bus,
-                              serves=("hca", i)))
+                              serves=("hca", slot.hca)))
         fns.append(PciFunction(
             bdf=b, kind="gpu", index=i, parent=down, vendor=p.pci.vendor_id, device=p.pci.device_id,
             subsystem_vendor=p.pci.subsystem_vendor_id, subsystem_device=p.pci.subsystem_device_id,
@@ -286,21 +284,22 @@ def pci_layout(config: NodeConfig) -> Layout:
             root_bus=root_bus,
         ))
         if has_hca:
-            fns.append(_hca(config, i, Bdf(b.domain, b.bus + 1), Bdf(b.domain, b.bus - 1, 1, 0),
+            fns.append(_hca(config, slot.hca, Bdf(b.domain, b.bus + 1), Bdf(b.domain, b.bus - 1, 1, 0),
                             hca_pref.start, hca_gen, numa, root_bus))
 
-    # The platform complex(es): NVSwitches, then HCAs beyond the GPU count.
+    # The platform complex(es): NVSwitches, then the HCAs beside no GPU.
     platform: list[tuple[str, int]] = []
-    if p.node.nvswitch_device_id is not None:
+    if node.nvswitch_device_id is not None:
         platform += [("nvswitch", k) for k in range(config.nvswitches)]
     if hca is not None:
-        platform += [("hca", j) for j in range(config.gpus, config.hcas)]
-    base_domain = p.node.pci_domain
+        beside = {slot.hca for slot in config.slots}
+        platform += [("hca", j) for j in range(config.hcas) if j not in beside]
+    base_domain = node.pci_domain
     for chunk in range(0, len(platform), _PLATFORM_SLOTS):
         members = platform[chunk : chunk + _PLATFORM_SLOTS]
         c = chunk // _PLATFORM_SLOTS
         domain = base_domain + c
-        rb = _PLATFORM_ROOT_BUS
+        rb = PLATFORM_ROOT_BUS
         rp, up = Bdf(domain, rb, 1, 0), Bdf(domain, rb + 1, 0, 0)
         last_bus = rb + 3 + len(members) - 1
         w64 = _PLATFORM_MMIO64 + c * _TIB
@@ -324,8 +323,8 @@ def pci_layout(config: NodeConfig) -> Layout:
                                   serves=(kind, index)))
                 fns.append(PciFunction(
                     bdf=Bdf(domain, bus), kind="nvswitch", index=index, parent=down, vendor=0x10DE,
-                    device=p.node.nvswitch_device_id, subsystem_vendor=0x10DE,
-                    subsystem_device=p.node.nvswitch_device_id, class_code=NVSWITCH_CLASS, revision=0xA1,
+                    device=node.nvswitch_device_id, subsystem_vendor=0x10DE,
+                    subsystem_device=node.nvswitch_device_id, class_code=NVSWITCH_CLASS, revision=0xA1,
                     port_type=ENDPOINT, link_gen=nv_gen, link_width=2, port_number=0, numa_node=0, irq=0,
                     driver="nvidia-nvswitch", bars=(Bar(0, start, 32 * MIB, False, False),), root_bus=rb,
                 ))
@@ -346,7 +345,7 @@ def pci_layout(config: NodeConfig) -> Layout:
 
 
 def _hca(config: NodeConfig, index: int, bdf: Bdf, parent: Bdf, start: int, gen: int, numa: int, root_bus: int):
-    hca = config.profile.node.hca
+    hca = config.composition.hca
     assert hca is not None
     return PciFunction(
         bdf=bdf, kind="hca", index=index, parent=parent, vendor=0x15B3, device=hca.pci_device_id,

@@ -66,7 +66,7 @@ def rate(ctx: Ctx, j: int) -> str:
     # A disabled port reports the slowest rate, as mlx5 does for a link that is not trained.
     if ctx.node.hcas[j].port_down:
         return "10 Gb/sec (4X SDR)"
-    gbps = ctx.node.profile.node.hca.rate_gbps
+    gbps = ctx.node.config.composition.hca.rate_gbps
     return f"{gbps} Gb/sec (4X {RATE_NAMES[gbps]})"
 
 
@@ -105,7 +105,7 @@ def port_dir(config: NodeConfig, j: int) -> Dir:
 
 def hca_dir(config: NodeConfig, j: int, bdf: str) -> Dir:
     """`.../<hca bdf>/infiniband/mlx5_N`, what `sys/class/infiniband/mlx5_N` points at."""
-    hca = config.profile.node.hca
+    hca = config.composition.hca
     guid = guid_groups(node_guid(config, j))
     return static_dir(
         {

@@ -68,7 +68,7 @@ def nvidia_modules(config: NodeConfig) -> list[KernelModule]:
     direct_drm = branch >= 580
     nvidia_holders = ("nvidia_uvm",) + (("nvidia_peermem",) if peermem else ()) \
         + (("nvidia_drm",) if direct_drm else ()) + ("nvidia_modeset",)
-    hmm_off = "Y" if config.profile.grace else "N"  # HMM stays off by default on aarch64
+    hmm_off = "Y" if config.composition.grace else "N"  # HMM stays off by default on aarch64
     uvm_params = tuple((k, v, 0o444) for k, v in {**_UVM_PARAMS, "uvm_disable_hmm": hmm_off}.items())
     mods = [
         KernelModule("nvidia_uvm", sizes["nvidia_uvm"], 0, (), uvm_params),

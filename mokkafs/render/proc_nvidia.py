@@ -64,7 +64,7 @@ GCC = "gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04) "
 
 
 def _arch(config: NodeConfig) -> str:
-    return "aarch64" if config.profile.grace else "x86_64"
+    return config.composition.cpu.arch
 
 
 def render_version(config: NodeConfig) -> str:
