@@ -31,7 +31,8 @@ NOW = BORN + 3600.0  # an hour in: drifted readings, energy, counters
 HOSTNAME = "digest-host"
 # The shipped profiles when the fixture was first written; a profile added later has no "before".
 PROFILES = ("a100", "b200", "gb200", "gb300", "h100", "h200", "l40s", "t4")
-# The built shims' bytes depend on the C build, not on the node: only their presence counts.
+# The built shims' bytes and sizes depend on the C build, not on the node: only their presence
+# and mode count.
 BUILT = ("driver/usr/lib64/", "driver/usr/bin/")
 
 
@@ -55,8 +56,10 @@ def tree_digests(node: Node, now: float = NOW) -> dict[str, str]:
         elif isinstance(entry, CharDev):
             out[path] = _digest(f"c {entry.major} {entry.minor} {entry.mode:o}".encode())
         elif isinstance(entry, File):
-            body = b"built" if path.startswith(BUILT) else entry.read(ctx)
-            out[path] = _digest(f"f {entry.perm:o} {entry.size} ".encode() + body)
+            if path.startswith(BUILT):
+                out[path] = _digest(f"f {entry.perm:o} built".encode())
+            else:
+                out[path] = _digest(f"f {entry.perm:o} {entry.size} ".encode() + entry.read(ctx))
         else:
             raise TypeError(f"{path}: {entry!r}")
 
