@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from mokkafs.profiles import MAX_GPUS, GpuProfile, ProfileError
+from mokkafs.profiles import MAX_GPUS, GpuProfile, ProfileError, check_driver_drives
 
 # A fixed namespace so UUIDs are stable across runs and machines for the same hostname/index.
 _UUID_NAMESPACE = uuid.UUID("6d6f6b6b-6166-7300-8000-000000000001")
@@ -97,10 +97,12 @@ def compose(
     hca_count = d.hcas if hcas is None else hcas
     if hca_count and profile.node.hca is None:
         raise ProfileError(f"profile {profile.name} has no HCA model; pass hcas=0")
+    driver = driver_version or d.driver_version
+    check_driver_drives(profile, driver)
     return NodeConfig(
         profile=profile,
         gpus=count,
-        driver_version=driver_version or d.driver_version,
+        driver_version=driver,
         cuda_version=cuda_version or d.cuda_version,
         numa_nodes=min(numa, count),
         # NVSwitches serve the whole baseboard; a node of fewer GPUs keeps them all.
