@@ -307,33 +307,6 @@ struct smi_process_head {
 #define SMI_HEAD_525 offsetof(struct smi_process_head, used_cc_protected_memory)
 #define SMI_HEAD_535 sizeof(struct smi_process_head)
 
-/* argv[0] of pid, as the driver names a process (comm is only 15 characters). */
-static void process_name(uint32_t pid, char *out, size_t n)
-{
-    int saved = errno;
-    char path[64];
-    out[0] = '\0';
-    snprintf(path, sizeof(path), "/proc/%u/cmdline", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        ssize_t got = read(fd, out, n - 1);
-        close(fd);
-        out[got > 0 ? got : 0] = '\0';
-    }
-    if (!out[0]) {
-        snprintf(path, sizeof(path), "/proc/%u/comm", pid);
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            ssize_t got = read(fd, out, n - 1);
-            close(fd);
-            while (got > 0 && out[got - 1] == '\n')
-                got--;
-            out[got > 0 ? got : 0] = '\0';
-        }
-    }
-    errno = saved;
-}
-
 /* (device, unsigned *count, element *list): *count is the list's capacity in and the number
    of processes out; a list too short gets INSUFFICIENT_SIZE and the number needed, as the
    public process lists answer. head is the size of an element's numbers (the branch's). */
@@ -367,7 +340,11 @@ static nvmlReturn_t process_list(nvmlDevice_t device, unsigned int *count, unsig
             .compute_instance_id = 0xFFFFFFFFu,
         };
         memcpy(e, &h, head);
-        process_name(procs[k].pid, (char *)e + head, SMI_PROCESS_NAME);
+        /* the name as nvmlSystemGetProcessName gives it (the real library's one reader);
+           none (the process is gone): empty */
+        char *name = (char *)e + head;
+        if (nvml_process_name(procs[k].pid, name, SMI_PROCESS_NAME) != NVML_SUCCESS)
+            name[0] = '\0';
     }
     *count = n;
     return NVML_SUCCESS;

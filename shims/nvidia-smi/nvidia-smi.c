@@ -901,21 +901,10 @@ static unsigned get_procs(const struct dev *d, struct proc *out, unsigned cap)
     return total;
 }
 
-/* The name the real tool shows: argv[0] as the process was started ("/root/tools/memhog",
-   "./gpu_burn" in the captures), not its 15-byte comm; NVML's answer where /proc has no command
-   line (a kernel thread, a process gone). */
+/* The name the real tool shows: NVML's (argv[0] as the process was started, "/root/tools/memhog",
+   "./gpu_burn" in the captures, not its 15-byte comm); N/A where NVML has none. */
 static void proc_name(unsigned pid, char *out, size_t n)
 {
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%u/cmdline", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    ssize_t got = fd >= 0 ? read(fd, out, n - 1) : -1;
-    if (fd >= 0)
-        close(fd);
-    if (got > 0 && out[0]) {
-        out[got] = '\0';  /* argv[0] ends at its own NUL */
-        return;
-    }
     if (NV(nvmlSystemGetProcessName, pid, out, (unsigned)n) != NVML_SUCCESS)
         snprintf(out, n, "N/A");
 }
