@@ -76,6 +76,9 @@ class Memory(_Strict):
     bar1_used_mib: Annotated[int, Field(ge=0)] = 0  # what the idle board's driver maps (bar1_memory_usage/used)
     bus_width_bits: Annotated[int, Field(gt=0)]
     ecc: bool
+    # the DRAM banks the row remapper keeps spare rows in (-q -x row_remapper_histogram_max of
+    # the idle board, every bank at full availability); null: no row remapper, or not known
+    row_remap_banks: Annotated[int, Field(gt=0)] | None = None
 
     @model_validator(mode="after")
     def _reserved_fits(self) -> "Memory":

@@ -57,6 +57,9 @@ class GpuIdentity:
     uuid: str
     serial: str
     module_id: int
+    # nvmlDeviceGetPdi's per-GPU identifier (-q "GPU PDI", 64 bits; a real board's is random
+    # looking, 0xd52bae2e458244e2 in the 590 capture): bits of the UUID the serial does not use
+    pdi: int = 0
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,7 @@ def gpu_identities(config: NodeConfig) -> list[GpuIdentity]:
                 uuid=f"GPU-{u}",
                 serial=f"{1650000000000 + (u.int % 10**9) * 100 + i}",
                 module_id=i + 1,
+                pdi=(u.int >> 64) & 0xFFFF_FFFF_FFFF_FFFF,
             )
         )
     return out
