@@ -221,20 +221,8 @@ def test_query_gpu_values_equal_ours(node):
 # nvidia-smi's per-branch fidelity (separate work of issue 16), or an entry of the 525 table not
 # identified yet. Element name -> (branches, reason); None: every branch.
 KNOWN_XML = {
-    "display_mode": (None, "ours prints N/A where NVML answers"),
-    "display_active": (None, "ours prints N/A where NVML answers"),
-    "replay_rollover_counter": (None, "ours does not read field 95"),
-    "reset_required": (None, "ours does not read field 226"),
-    "drain_and_reset_recommended": (None, "ours does not read field 227"),
     "sram_correctable": (None, "ours prints an SRAM counter NVIDIA's leaves N/A"),
-    "sram_uncorrectable": (None, "ours prints N/A where NVML answers (T4)"),
-    # NVML answers these now (nvmlDeviceGetSramEccErrorStatus); our own nvidia-smi reading them
-    # is its per-branch work
-    **{name: (None, "ours prints N/A where nvmlDeviceGetSramEccErrorStatus answers")
-       for name in ("sram_uncorrectable_parity", "sram_uncorrectable_secded", "sram_threshold_exceeded",
-                    "sram_l2", "sram_sm", "sram_microcontroller", "sram_pcie", "sram_other")},
     "retired_pagelist": (None, "ours prints N/A for an empty list (T4)"),
-    "pending_blacklist": (None, "ours prints N/A where NVML answers (T4)"),
     "average_power_draw": (None, "ours prints the instant power where NVML answers N/A (before Ada)"),
     "power_state": (None, "ours prints N/A under module_power_readings"),
     "accounted_processes": (None, "ours prints an empty element"),
