@@ -482,6 +482,7 @@ OPTIONAL_REASONS = {
     "node.nvswitch_device_id": "lspci -nn prints the NVSwitch device id",
     "mig": "MIG tables come from nvidia-smi mig -lgip/-lgipp/-lcip, which this command does not read",
     "max_gpus_per_node": "a form-factor fact (an HGX baseboard's 8, a compute tray's 4) that no capture prints",
+    "memory.row_remap_banks": "the capture has no row remapper histogram (no row remapper, or an older driver)",
 }
 
 
@@ -546,6 +547,12 @@ def build(caps: Captures, driver_override: str | None = None) -> Imported:
     take("memory.bar1_mib", "bar1_memory_usage/total", lambda v: int(_num(v)))
     take("memory.bar1_used_mib", "bar1_memory_usage/used", lambda v: int(_num(v)))
     take("memory.ecc", "ecc_mode/current_ecc", lambda v: v == "Enabled", when=lambda v: v is not None)
+    # every bank is in one bucket of the row remapper's histogram: their sum is the bank count
+    buckets = [text(f"remapped_rows/row_remapper_histogram/row_remapper_histogram_{x}")
+               for x in ("max", "high", "partial", "low", "none")]
+    if all(v not in (None, "N/A") for v in buckets):
+        out.put("memory.row_remap_banks", sum(int(_num(v)) for v in buckets),
+                g.origin["remapped_rows/row_remapper_histogram/row_remapper_histogram_max"] + " (all five buckets)")
 
     if not take("power.idle_w", "gpu_power_readings/average_power_draw", lambda v: round(_num(v), 2)):
         take("power.idle_w", "gpu_power_readings/instant_power_draw", lambda v: round(_num(v), 2))

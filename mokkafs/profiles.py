@@ -31,6 +31,33 @@ class ProfileError(ValueError):
     """A profile that is missing, unreadable or invalid; the message names the file and key."""
 
 
+# The first driver branch that drives each architecture's data-center boards, from NVIDIA's
+# releases: Turing (T4) R410 (its launch driver, 410.79); Ampere (A100) R450 (the A100 launch
+# driver, 450.36.06); Hopper (H100) R520 (NVIDIA AI Enterprise 2.3 added H100 with 520.61.05);
+# Ada Lovelace (L40, L40S) R525 (the first data-center branch listing Ada; the 520 GeForce
+# release is not a data-center driver); Blackwell (B200, GB200, GB300) R570 (the GPU Operator's
+# platform notes: HGX B200 and GB200 NVL from 570.124.06, B200 needing 570.133.20). A node
+# whose driver is older is refused: that driver cannot drive the board.
+FIRST_BRANCH = {"Turing": 410, "Ampere": 450, "Hopper": 520, "Ada Lovelace": 525, "Blackwell": 570}
+
+
+def driver_branch(version: str) -> int:
+    """The branch of a driver version ("535.261.03" -> 535)."""
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", version):
+        raise ProfileError(f"driver version {version!r} does not look like 580.105.08")
+    return int(version.split(".", 1)[0])
+
+
+def check_driver_drives(profile: "GpuProfile", driver_version: str) -> None:
+    """Refuse a driver branch older than the first that drives the profile's architecture."""
+    first = FIRST_BRANCH[profile.architecture]
+    if driver_branch(driver_version) < first:
+        raise ProfileError(
+            f"driver {driver_version} cannot drive {profile.product_name} ({profile.architecture}): "
+            f"the first driver branch that can is R{first}; give a --driver-version of branch {first} or later"
+        )
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -56,6 +83,9 @@ class Memory(_Strict):
     bar1_used_mib: Annotated[int, Field(ge=0)] = 0  # what the idle board's driver maps (bar1_memory_usage/used)
     bus_width_bits: Annotated[int, Field(gt=0)]
     ecc: bool
+    # the DRAM banks the row remapper keeps spare rows in (-q -x row_remapper_histogram_max of
+    # the idle board, every bank at full availability); null: no row remapper, or not known
+    row_remap_banks: Annotated[int, Field(gt=0)] | None = None
 
     @model_validator(mode="after")
     def _reserved_fits(self) -> "Memory":
@@ -549,6 +579,14 @@ class GpuProfile(_Strict):
     def _fan(self) -> "GpuProfile":
         if self.has_fan != (self.fan_speed_pct is not None):
             raise ValueError("fan_speed_pct is given exactly when has_fan is true (the speed the board reports)")
+        return self
+
+    @model_validator(mode="after")
+    def _driver_drives_board(self) -> "GpuProfile":
+        first = FIRST_BRANCH[self.architecture]
+        if driver_branch(self.node.driver_version) < first:
+            raise ValueError(f"node.driver_version {self.node.driver_version} cannot drive a {self.architecture} "
+                             f"board: the first driver branch that can is R{first}")
         return self
 
     @model_validator(mode="after")

@@ -165,6 +165,17 @@ def test_bad_profile_and_state_are_clear_errors(tmp_path, node_factory):
     assert not os.path.ismount(node.mnt)
 
 
+def test_a_driver_branch_that_cannot_drive_the_board_is_refused(tmp_path, node_factory):
+    """A B200 at 550 (Blackwell needs R570): the mount is refused with the first branch that can."""
+    node = node_factory(mount=False)
+    node.expect_warning(" ERROR ")
+    out = node.cli("mount", str(node.mnt), "--profile", "b200", "--driver-version", "550.163.01",
+                   "--state-dir", str(tmp_path / "b200-state"), check=False)
+    assert out.returncode == 1, out
+    assert "driver 550.163.01 cannot drive NVIDIA B200" in out.stderr and "R570" in out.stderr, out.stderr
+    assert not os.path.ismount(node.mnt)
+
+
 def test_profiles_command_lists_all_eight(node_factory):
     node = node_factory(mount=False)
     lines = node.cli("profiles").stdout.splitlines()

@@ -6,6 +6,7 @@ import ctypes as C
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,7 @@ from helpers_nvml import INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, NOT_SUP
 from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin
 from mokkafs.shm.layout import STATE_SIZE
 
-DRIVER_NOT_LOADED, TIMEOUT, GPU_IS_LOST, RM_MISMATCH, VERSION_MISMATCH = 9, 10, 15, 18, 25
+DRIVER_NOT_LOADED, TIMEOUT, GPU_IS_LOST, RM_MISMATCH, NO_DATA, VERSION_MISMATCH = 9, 10, 15, 18, 21, 25
 
 
 class PciInfo(C.Structure):
@@ -95,6 +96,39 @@ def test_init_refcount_counts_and_handles(nvml, published):
     assert nvml.nvmlDeviceGetName(C.c_void_p(12345), C.create_string_buffer(96), 96) == INVALID_ARGUMENT
     assert nvml.nvmlShutdown() == SUCCESS
     assert nvml.nvmlDeviceGetCount_v2(C.byref(count)) == UNINITIALIZED
+
+
+def test_process_name_is_argv0_as_the_driver_reads_it(nvml, published):
+    """nvmlSystemGetProcessName reads /proc/<pid>/cmdline as the real library does (one reader
+    for it and nvidia-smi's lists, traced in 535's libnvidia-ml): argv[0] as started, not the
+    15-byte comm; cropped to the buffer; NOT_FOUND for no process, NO_DATA for a zombie."""
+    import subprocess
+
+    argv0 = "/opt/jobs/a-training-job-with-a-long-name"
+    child = subprocess.Popen(["bash", "-c", f"exec -a {argv0} sleep 30"])
+    zombie = subprocess.Popen(["true"])
+    try:
+        assert nvml.nvmlInit_v2() == SUCCESS
+        buf = C.create_string_buffer(256)
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{child.pid}/comm").read_text() != "sleep\n" and time.monotonic() < deadline:
+            time.sleep(0.01)  # until bash has exec'd
+        assert nvml.nvmlSystemGetProcessName(child.pid, buf, 256) == SUCCESS
+        assert buf.value == argv0.encode()  # comm would be "sleep"; the arguments follow the NUL
+        small = C.create_string_buffer(b"x" * 12)
+        assert nvml.nvmlSystemGetProcessName(child.pid, small, 8) == SUCCESS and small.value == argv0[:7].encode()
+        assert nvml.nvmlSystemGetProcessName(child.pid, buf, 0) == INVALID_ARGUMENT
+        assert nvml.nvmlSystemGetProcessName(child.pid, None, 256) == INVALID_ARGUMENT
+        assert nvml.nvmlSystemGetProcessName(0x3FFFFFF0, buf, 256) == NOT_FOUND
+        while not Path(f"/proc/{zombie.pid}/stat").read_text().split(") ")[1].startswith("Z"):
+            time.sleep(0.01)
+        assert nvml.nvmlSystemGetProcessName(zombie.pid, buf, 256) == NO_DATA
+        assert nvml.nvmlShutdown() == SUCCESS
+        assert nvml.nvmlSystemGetProcessName(child.pid, buf, 256) == UNINITIALIZED
+    finally:
+        child.kill()
+        child.wait()
+        zombie.wait()
 
 
 def test_getters_return_the_profile(nvml, published):

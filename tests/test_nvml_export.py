@@ -57,7 +57,7 @@ def handle(nvml, i: int) -> C.c_void_p:
 
 @pytest.mark.parametrize("driver", sorted(SIZES))
 def test_the_table_is_sized_as_the_branch_s_own(nvml, node, driver):
-    node("h100", driver)
+    node("a100", driver)  # 470 cannot drive Hopper (docs/profiles.md)
     assert nvml.nvmlInit_v2() == SUCCESS
     words = table(nvml)
     assert words[0] == SIZES[driver]
@@ -211,3 +211,43 @@ def test_no_average_power_before_ada(nvml, node):
     node("a100", "535.261.03")
     assert nvml.nvmlInit_v2() == SUCCESS
     assert fields(nvml, handle(nvml, 0), (185, 0))[0][0] == NOT_SUPPORTED
+
+
+@pytest.mark.parametrize("driver, engines", [("535.261.03", 4), ("550.163.01", 6)])
+def test_process_utilization_entry(nvml, node, driver, engines):
+    """Entry 145 (pmon): one element per process, an 8-byte head and a 0x50-byte block per engine
+    with the percentage at +0 and the pid at +8; idle: NOT_FOUND (the tool prints `-`)."""
+    from mokkafs.model.events import Pin
+
+    pub = node("h100", driver)
+    pub.apply(SetProcesses(gpu=1, processes=((os.getpid(), 1 << 30),)))
+    assert nvml.nvmlInit_v2() == SUCCESS
+    util = entry(table(nvml), 145, C.c_void_p, C.c_ulonglong, C.POINTER(C.c_uint), C.POINTER(C.c_uint), C.c_void_p)
+    stride = 8 + engines * 0x50
+    buf, x, n = (C.c_ubyte * (100 * stride))(), C.c_uint(), C.c_uint(100)
+    assert util(handle(nvml, 1), 0, C.byref(x), C.byref(n), buf) == NOT_FOUND and n.value == 0
+    pub.apply(Pin(1, "utilization", (70, 30)))
+    n = C.c_uint(100)
+    assert util(handle(nvml, 1), 0, C.byref(x), C.byref(n), buf) == SUCCESS and n.value == 1
+    blocks = [(C.c_uint32.from_buffer(buf, 8 + b * 0x50).value, C.c_uint32.from_buffer(buf, 16 + b * 0x50).value)
+              for b in range(engines)]
+    assert blocks == [(70, os.getpid()), (30, os.getpid())] + [(0, os.getpid())] * (engines - 2)
+    n = C.c_uint(0)
+    assert util(handle(nvml, 1), 0, C.byref(x), C.byref(n), buf) == INSUFFICIENT_SIZE and n.value == 1
+
+
+def test_reset_entries(nvml, node):
+    """Entry 169 (fabric state) answers 0; entry 168 (the reset) refuses a GPU with a process on
+    it (IN_USE, nothing sent) and a handle that is not a GPU's, each in its result slot."""
+    pub = node("h100", "535.261.03")
+    pub.apply(SetProcesses(gpu=1, processes=((os.getpid(), 1 << 30),)))
+    assert nvml.nvmlInit_v2() == SUCCESS
+    words = table(nvml)
+    state = C.c_uint(7)
+    assert entry(words, 169, C.POINTER(C.c_uint))(C.byref(state)) == SUCCESS and state.value == 0
+    reset = entry(words, 168, C.c_uint, C.POINTER(C.c_void_p), C.POINTER(C.c_int))
+    devices = (C.c_void_p * 2)(handle(nvml, 1).value, 12345)
+    results = (C.c_int * 2)(-1, -1)
+    assert reset(2, devices, results) == 19  # NVML_ERROR_IN_USE
+    assert list(results) == [19, INVALID_ARGUMENT]
+    assert reset(1, None, results) == INVALID_ARGUMENT

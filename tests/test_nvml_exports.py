@@ -44,7 +44,7 @@ def test_every_header_function_is_exported():
 
 def test_unimplemented_functions_say_not_supported():
     lib = ctypes.CDLL(str(nvml_path()))
-    assert lib.nvmlDeviceGetPdi() == 3
+    assert lib.nvmlDeviceGetNvLinkInfo() == 3
     lib.nvmlErrorString.restype = ctypes.c_char_p
     assert lib.nvmlErrorString(3) == b"Not Supported"
     assert lib.nvmlErrorString(15) == b"GPU is lost"

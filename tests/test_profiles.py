@@ -345,3 +345,52 @@ def test_board_facts_the_publisher_used_to_make_up_are_checked(tmp_path, old, ne
     with pytest.raises(ProfileError) as e:
         load_profile(str(path))
     assert f"  {key}: " in str(e.value) and why in str(e.value), str(e.value)
+
+
+# ---- the driver branch a board needs ----------------------------------------------------------
+
+# (profile, an older branch that cannot drive it, the first that can)
+TOO_OLD = [("b200", "550.163.01", 570), ("gb200", "535.261.03", 570), ("gb300", "550.163.01", 570),
+           ("h100", "470.256.02", 520), ("h200", "470.256.02", 520), ("l40s", "470.256.02", 525)]
+
+
+@pytest.mark.parametrize("name, driver, first", TOO_OLD, ids=[f"{p}-{d}" for p, d, _ in TOO_OLD])
+def test_a_node_refuses_a_driver_branch_that_cannot_drive_its_board(name, driver, first):
+    from mokkafs.model import compose
+
+    profile = load_profile(name)
+    with pytest.raises(ProfileError) as e:
+        compose(profile, driver_version=driver)
+    assert f"driver {driver} cannot drive {profile.product_name}" in str(e.value)
+    assert f"the first driver branch that can is R{first}" in str(e.value)
+    # the first branch that can, and the profile's own driver, mount
+    assert compose(profile, driver_version=f"{first}.0.1").driver_version == f"{first}.0.1"
+    assert compose(profile).driver_version == profile.node.driver_version
+
+
+def test_every_board_mounts_at_every_branch_from_its_first():
+    from mokkafs.model import compose
+    from mokkafs.profiles import FIRST_BRANCH
+
+    for name in SHIPPED:
+        p = load_profile(name)
+        first = FIRST_BRANCH[p.architecture]
+        compose(p, driver_version=f"{first}.10.01")
+        with pytest.raises(ProfileError):
+            compose(p, driver_version=f"{first - 1}.10.01")
+
+
+def test_a_profile_whose_own_driver_cannot_drive_it_is_refused(tmp_path):
+    text = (Path(__file__).resolve().parents[1] / "profiles" / "b200.yaml").read_text()
+    default = load_profile("b200").node.driver_version
+    path = _write(tmp_path, text.replace(f"driver_version: {default}", "driver_version: 535.261.03", 1))
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    assert "node.driver_version 535.261.03 cannot drive a Blackwell board" in str(e.value) and "R570" in str(e.value)
+
+
+def test_a_driver_version_that_is_not_one_is_refused():
+    from mokkafs.model import compose
+
+    with pytest.raises(ProfileError, match="does not look like 580.105.08"):
+        compose(load_profile("t4"), driver_version="latest")

@@ -168,14 +168,16 @@ def test_dmon_and_pmon(node):
     assert [line.split()[0] for line in pmon] == ["0", "1"]
 
 
-def test_reset_gets_past_the_primary_gpu_check(node):
-    """`-r` asks entry 20 whether the GPU drives the console; the reset itself needs entries not
-    yet identified (docs/nvml.md), so the tool stops later, at the fabric and reset groups."""
+def test_reset_resets_through_the_controller(node):
+    """`-r` (as root) asks entries 20, 169, 182-184 (65 in 470 and 525) and resets through entry
+    168, which sends the node's reset: the GPU's reset shows in the node's event log."""
+    events = node.mounted.state_dir / "events.log"
+    before = events.read_text().count("mokka: gpu0 reset")
     result = node.real("-r", "-i", "0")
-    text = result.stdout + result.stderr
-    assert "Mismatch in versions" not in text and "GPU Reset couldn't run because" in text, text
-    assert "could not be determined if GPU" not in text, text
-    assert "is the primary GPU" not in text, text
+    bus = node.real("--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "0").stdout.strip()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [f"GPU {bus} was successfully reset.", "All done."], result.stdout
+    assert events.read_text().count("mokka: gpu0 reset") == before + 1
 
 
 # ---- same values as ours and pynvml's -------------------------------------------------------
@@ -221,20 +223,8 @@ def test_query_gpu_values_equal_ours(node):
 # nvidia-smi's per-branch fidelity (separate work of issue 16), or an entry of the 525 table not
 # identified yet. Element name -> (branches, reason); None: every branch.
 KNOWN_XML = {
-    "display_mode": (None, "ours prints N/A where NVML answers"),
-    "display_active": (None, "ours prints N/A where NVML answers"),
-    "replay_rollover_counter": (None, "ours does not read field 95"),
-    "reset_required": (None, "ours does not read field 226"),
-    "drain_and_reset_recommended": (None, "ours does not read field 227"),
     "sram_correctable": (None, "ours prints an SRAM counter NVIDIA's leaves N/A"),
-    "sram_uncorrectable": (None, "ours prints N/A where NVML answers (T4)"),
-    # NVML answers these now (nvmlDeviceGetSramEccErrorStatus); our own nvidia-smi reading them
-    # is its per-branch work
-    **{name: (None, "ours prints N/A where nvmlDeviceGetSramEccErrorStatus answers")
-       for name in ("sram_uncorrectable_parity", "sram_uncorrectable_secded", "sram_threshold_exceeded",
-                    "sram_l2", "sram_sm", "sram_microcontroller", "sram_pcie", "sram_other")},
     "retired_pagelist": (None, "ours prints N/A for an empty list (T4)"),
-    "pending_blacklist": (None, "ours prints N/A where NVML answers (T4)"),
     "average_power_draw": (None, "ours prints the instant power where NVML answers N/A (before Ada)"),
     "power_state": (None, "ours prints N/A under module_power_readings"),
     "accounted_processes": (None, "ours prints an empty element"),
@@ -358,8 +348,18 @@ def test_cuda_process_listed(node):
         q = ok(node.real("-q", "-i", "1"))
         assert re.search(rf"Process ID\s+: {holder.pid}\n\s+Type\s+: C\n\s+Name\s+: {re.escape(sys.executable)}", q) or \
             re.search(rf"Process ID\s+: {holder.pid}\n\s+Type\s+: C\n\s+Name\s+: \S*python", q), q[-1500:]
+        # entry 145: the process's utilization (the GPU's, as nvmlDeviceGetProcessUtilization)
+        node.mounted.path("gpu1/utilization").write_text("70 30\n")
         pmon = ok(node.real("pmon", "-c", "1"))
-        assert re.search(rf"^\s+1\s+{holder.pid}\s+C\b", pmon, re.M), pmon
+        assert re.search(rf"^\s+1\s+{holder.pid}\s+C\s+70\s+30\s+0\s+0\b", pmon, re.M), pmon
+        # a GPU in use is not reset: the driver's IN_USE, as the real tool prints it
+        events = node.mounted.state_dir / "events.log"
+        resets = events.read_text().count("mokka: gpu1 reset")
+        refused = node.real("-r", "-i", "1")
+        assert refused.returncode == 19, refused.stdout + refused.stderr
+        assert "GPU reset unavailable: In use by another client" in refused.stdout + refused.stderr
+        assert events.read_text().count("mokka: gpu1 reset") == resets
+        node.mounted.path("gpu1/utilization").write_text("auto\n")
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)

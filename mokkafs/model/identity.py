@@ -9,7 +9,8 @@ import uuid
 from dataclasses import dataclass
 
 from mokkafs.profiles import (
-    MAX_GPUS, Composition, GpuProfile, GpuSlot, ProfileError, check_fits, default_slots, load_composition,
+    MAX_GPUS, Composition, GpuProfile, GpuSlot, ProfileError, check_driver_drives, check_fits, default_slots,
+    load_composition,
 )
 
 # A fixed namespace so UUIDs are stable across runs and machines for the same hostname/index.
@@ -53,6 +54,9 @@ class GpuIdentity:
     uuid: str
     serial: str
     module_id: int
+    # nvmlDeviceGetPdi's per-GPU identifier (-q "GPU PDI", 64 bits; a real board's is random
+    # looking, 0xd52bae2e458244e2 in the 590 capture): bits of the UUID the serial does not use
+    pdi: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,9 +137,11 @@ def compose(
     else:
         numa = min(numa, count)
         slots = default_slots(count, numa, hca_count, base.pci_domain)
+    driver = driver_version or base.driver_version
+    check_driver_drives(profile, driver)
     # NVSwitches serve the whole baseboard; a node of fewer GPUs keeps them all.
     resolved = base.model_copy(update={
-        "gpus": count, "driver_version": driver_version or base.driver_version,
+        "gpus": count, "driver_version": driver,
         "cuda_version": cuda_version or base.cuda_version, "cpu": base.cpu.model_copy(update={"numa_nodes": numa}),
         "hcas": hca_count, "slots": slots,
     })
@@ -157,6 +163,7 @@ def gpu_identities(config: NodeConfig) -> list[GpuIdentity]:
                 uuid=f"GPU-{u}",
                 serial=f"{1650000000000 + (u.int % 10**9) * 100 + i}",
                 module_id=i + 1,
+                pdi=(u.int >> 64) & 0xFFFF_FFFF_FFFF_FFFF,
             )
         )
     return out

@@ -148,6 +148,9 @@ class Readings:
     memory_total_mib: int
     memory_reserved_mib: int
     memory_used_mib: int
+    # nanoseconds each of EVENT_COUNTERS' reasons has held the clocks down since the daemon
+    # started (nvidia-smi's "Clocks Event Reasons Counters"; NVML fields 244/245/269-271)
+    event_ns: tuple[int, ...] = (0, 0, 0, 0, 0)
 
     @property
     def memory_free_mib(self) -> int:
@@ -192,6 +195,11 @@ class AccountingRecord:
         """What NVML reports as `time`: the process's life in ms once it exited, 0 while it runs
         (real drivers fill it in at exit)."""
         return 0 if self.end is None else int(round((self.end - self.start) * 1000))
+
+# The reasons whose time the driver counts, in NVML's field order: SW power cap (244), sync
+# boost (245), SW thermal (269), HW thermal (270), HW power brake (271).
+EVENT_COUNTERS = ("sw_power_cap", "sync_boost", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                  "hw_power_brake_slowdown")
 
 
 @dataclass
@@ -422,6 +430,9 @@ class Node:
             GpuState(t0=now, temp0=float(self.profile.thermal.idle_c)) for _ in self.identities
         ]
         self.hcas: list[HcaState] = [HcaState() for _ in range(config.hcas)]
+        # The event-reason counters at each GPU's last checkpoint (EVENT_COUNTERS order, ns):
+        # live, never persisted, as the driver's own restart from zero at a driver load.
+        self._event0_ns: list[tuple[int, ...]] = [(0,) * len(EVENT_COUNTERS) for _ in self.identities]
         # (pid, used bytes) of the CUDA processes on each GPU: live, never persisted (the
         # processes of a previous daemon's lifetime are read again from the process table).
         self.processes: list[tuple[tuple[int, int], ...]] = [() for _ in self.identities]
@@ -847,6 +858,7 @@ class Node:
             return
         r = self.readings(i, now)
         g.energy0_mj, g.temp0, g.t0 = r.energy_mj, r.temperature_c, now
+        self._event0_ns[i] = r.event_ns
 
     def power_limit(self, i: int) -> float:
         return self.gpus[i].power_limit_w or self.profile.power.default_limit_w
@@ -925,6 +937,10 @@ class Node:
             memory_total_mib=p.memory.total_mib,
             memory_reserved_mib=p.memory.reserved_mib,
             memory_used_mib=used_mib,
+            # a reason counts the time since the checkpoint when it holds now (the mask is
+            # constant between checkpoints but for a temperature crossing a threshold)
+            event_ns=tuple(base + (int(dt * 1e9) if mask & THROTTLE_REASONS[name] else 0)
+                           for base, name in zip(self._event0_ns[i], EVENT_COUNTERS)),
         )
 
     def _throttle_mask(self, g: GpuState, util: int, demand: float, limit: float, temp: float) -> int:

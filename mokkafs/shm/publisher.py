@@ -93,6 +93,10 @@ def fill_static(g, node: Node, i: int) -> None:
     g.fan_speed = p.fan_speed_pct or 0
     g.mig_capable = int(p.mig_capable)
     g.addressing_mode = ADDRESSING_MODES[p.addressing_mode]
+    g.pdi = ident.pdi
+    # Hopper and later have the C2C interface; it is up where a Grace CPU hosts the GPU
+    g.c2c_mode = 0 if p.architecture not in ("Hopper", "Blackwell") else 2 if p.grace else 1
+    g.row_remap_banks = p.memory.row_remap_banks or 0
     g.has_row_remapper = int(node.has_row_remapper)
     g.has_fabric = int(p.fabric is not None)
     if p.fabric is not None:
@@ -158,6 +162,7 @@ def fill_readings(g, r: Readings) -> None:
     g.temp_mem = -1 if r.memory_temperature_c is None else int(round(r.memory_temperature_c))
     g.util_gpu, g.util_mem = r.util_gpu, r.util_mem
     g.throttle_mask = r.throttle_mask
+    g.event_ns = list(r.event_ns)
 
 
 def fill_dynamic(g, node: Node, i: int, now: float) -> None:

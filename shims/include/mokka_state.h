@@ -104,10 +104,11 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/shm/layout.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 9
+#define MOKKA_STATE_VERSION 10
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_CPU_WORDS 16         /* 1024 CPUs, what NVML's CPU masks carry */
 #define MOKKA_MAX_NVLINKS 18
+#define MOKKA_EVENT_COUNTERS 5     /* clocks event reasons whose time the driver counts */
 #define MOKKA_EVENT_RING 256
 #define MOKKA_STATE_RETIRED 0x4452544552414b4d
 #define MOKKA_ECC_LOCATIONS 8
@@ -347,6 +348,12 @@ struct mokka_gpu {
     /* memory addressing (version 8) */
     uint32_t addressing_mode;  /* nvmlDeviceAddressingModeType_t: 0 none, 1 HMM, 2 ATS (the profile's) */
     uint32_t pad3;
+    /* values of -q the captures have (version 10) */
+    uint64_t pdi;              /* nvmlDeviceGetPdi (the model's, from the UUID) */
+    uint64_t event_ns[MOKKA_EVENT_COUNTERS]; /* ns each reason held the clocks: SW power cap,
+                                                sync boost, SW thermal, HW thermal, HW power brake */
+    uint32_t c2c_mode;         /* 0: no C2C link (before Hopper), 1: disabled, 2: enabled (Grace) */
+    uint32_t row_remap_banks;  /* DRAM banks with spare rows (the histogram's); 0: not known */
 };
 
 /* One process's accounting on one GPU (nvmlAccountingStats_t), kept after it exits. */

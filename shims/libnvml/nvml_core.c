@@ -167,29 +167,53 @@ nvmlReturn_t DECLDIR nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
     return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
 }
 
+/* A process's name as the driver's library gives it (traced in 535.261.03's libnvidia-ml: one
+   reader serves nvmlSystemGetProcessName and nvidia-smi's process lists): /proc/<pid>/cmdline
+   read into the caller's buffer, at most `length` bytes, so the C string is argv[0] as the
+   process was started ("/usr/bin/python3", "./gpu_burn"), not its 15-byte comm; a name as long
+   as the buffer is cropped (its last byte becomes NUL), a trailing newline dropped. No such
+   process: NOT_FOUND; an empty command line (a kernel thread, a zombie): NO_DATA. */
+nvmlReturn_t nvml_process_name(unsigned int pid, char *name, unsigned int length)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%u/cmdline", pid);
+    int saved = errno;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        errno = saved;
+        return e == ENOENT || e == ESRCH ? NVML_ERROR_NOT_FOUND
+               : e == EACCES || e == EPERM ? NVML_ERROR_NO_PERMISSION
+                                           : NVML_ERROR_UNKNOWN;
+    }
+    size_t got = 0;
+    while (got < length) {
+        ssize_t r = read(fd, name + got, length - got);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    errno = saved;
+    if (got == 0)
+        return NVML_ERROR_NO_DATA;
+    if (got == length) {
+        name[length - 1] = '\0';
+        return NVML_SUCCESS;
+    }
+    name[got] = '\0';
+    if (name[got - 1] == '\n')
+        name[got - 1] = '\0';
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t DECLDIR nvmlSystemGetProcessName(unsigned int pid, char *name, unsigned int length)
 {
     if (!initialized())
         return NVML_ERROR_UNINITIALIZED;
     if (!name || length == 0)
         return NVML_ERROR_INVALID_ARGUMENT;
-    int saved = errno;
-    char path[64], buf[256];
-    snprintf(path, sizeof(path), "/proc/%u/comm", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
-    if (fd >= 0)
-        close(fd);
-    errno = saved;
-    if (n <= 0)
-        return NVML_ERROR_NOT_FOUND;
-    while (n > 0 && buf[n - 1] == '\n')
-        n--;
-    buf[n] = '\0';
-    if ((size_t)length < (size_t)n + 1)
-        return NVML_ERROR_INSUFFICIENT_SIZE;
-    memcpy(name, buf, (size_t)n + 1);
-    return NVML_SUCCESS;
+    return nvml_process_name(pid, name, length);
 }
 
 /* ---- enumeration and handles ---------------------------------------------------------- */

@@ -199,3 +199,72 @@ nvmlReturn_t DECLDIR nvmlDeviceGetSramEccErrorStatus(nvmlDevice_t device, nvmlEc
                                    agg_unc[NVML_MEMORY_LOCATION_TEXTURE_SHM];
     return NVML_SUCCESS;
 }
+
+/* How many DRAM banks still have their spare rows (the profile's bank count, from each board's
+   capture): every remapped row uses a spare row of its own bank, so a bank with one leaves the
+   "max" bucket for "high"; the model does not remap enough rows into one bank to empty it. */
+nvmlReturn_t DECLDIR nvmlDeviceGetRowRemapperHistogram(nvmlDevice_t device, nvmlRowRemapperHistogramValues_t *values)
+{
+    DEV(device);
+    ARG(values);
+    uint32_t remapper, banks, rows;
+    MOKKA_CONSISTENT(s) {
+        remapper = g->has_row_remapper;
+        banks = g->row_remap_banks;
+        rows = g->remapped_corr + g->remapped_unc;
+    }
+    if (!remapper || !banks)
+        return NVML_ERROR_NOT_SUPPORTED;
+    uint32_t used = rows < banks ? rows : banks;
+    memset(values, 0, sizeof(*values));
+    values->max = banks - used;
+    values->high = used;
+    return NVML_SUCCESS;
+}
+
+/* Pending channel and TPC repairs (Ada and later, as the captures have them): the model has no
+   repair flow, and a healthy board has none pending. */
+nvmlReturn_t DECLDIR nvmlDeviceGetRepairStatus(nvmlDevice_t device, nvmlRepairStatus_t *repairStatus)
+{
+    DEV(device);
+    VERSIONED_ARG(repairStatus, nvmlRepairStatus_v1);
+    uint32_t arch;
+    SNAP(s, g->architecture, arch);
+    if (arch < NVML_DEVICE_ARCH_ADA)
+        return NVML_ERROR_NOT_SUPPORTED;
+    repairStatus->bChannelRepairPending = 0;
+    repairStatus->bTpcRepairPending = 0;
+    return NVML_SUCCESS;
+}
+
+/* The remapped rows with those no longer in effect (595's "Inactive" lines): the model never
+   deactivates a remapping, so none is inactive. */
+nvmlReturn_t DECLDIR nvmlDeviceGetRemappedRows_v2(nvmlDevice_t device, nvmlRemappedRowsInfo_v2_t *info)
+{
+    ARG(info);
+    unsigned corr, unc, pending, failure;
+    nvmlReturn_t r = nvmlDeviceGetRemappedRows(device, &corr, &unc, &pending, &failure);
+    if (r != NVML_SUCCESS)
+        return r;
+    info->corrActiveRemaps = corr;
+    info->corrInactiveRemaps = 0;
+    info->uncActiveRemaps = unc;
+    info->uncInactiveRemaps = 0;
+    info->bPending = pending;
+    info->bFailureOccurred = failure;
+    return NVML_SUCCESS;
+}
+
+/* Memory the board cannot repair (Hopper and later): the model has none. */
+nvmlReturn_t DECLDIR nvmlDeviceGetUnrepairableMemoryFlag_v1(nvmlDevice_t device,
+                                                          nvmlUnrepairableMemoryStatus_v1_t *unrepairableMemoryStatus)
+{
+    DEV(device);
+    ARG(unrepairableMemoryStatus);
+    uint32_t arch;
+    SNAP(s, g->architecture, arch);
+    if (arch < NVML_DEVICE_ARCH_HOPPER)
+        return NVML_ERROR_NOT_SUPPORTED;
+    unrepairableMemoryStatus->bUnrepairableMemory = 0;
+    return NVML_SUCCESS;
+}

@@ -12,6 +12,7 @@
  * nvidia-smi shows as N/A or works around; the identified ones answer from the state.
  */
 #include "nvml_internal.h"
+#include "mokka_control.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,6 +28,13 @@ static const unsigned char SMI_TABLE_ID[16] = {0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8
 /* Entry numbers (word index, byte offset / 8). */
 enum {
     E_IS_PRIMARY = 20,        /* 0x0a0 */
+    E_ARCHITECTURE = 65,      /* 0x208, 470 and 525 (`-r`) */
+    E_PROCESS_UTIL = 145,     /* 0x488 */
+    E_RESET = 168,            /* 0x540 */
+    E_FABRIC_STATE = 169,     /* 0x548 */
+    E_RESET_GROUP = 182,      /* 0x5b0 */
+    E_RESET_GROUP_MEMBERS = 183, /* 0x5b8 */
+    E_RESET_GROUP_DONE = 184, /* 0x5c0 */
     E_TOPO_PATH = 23,         /* 0x0b8 */
     E_MONITOR_SUPPORTED = 72, /* 0x240 */
     E_HANDLE_BY_INDEX = 81,   /* 0x288 */
@@ -64,6 +72,134 @@ static nvmlReturn_t entry_monitor_supported(nvmlDevice_t device, unsigned int *s
     ARG(supported);
     *supported = 1;
     return NVML_SUCCESS;
+}
+
+/* ---- -r: a GPU reset (traced on every Debian branch: docs/nvml.md) ------------------------- */
+
+/* (device, unsigned *arch): 470 and 525 ask it before a reset ("Cannot detect chip architecture"
+   without it); the public getter's answer. */
+static nvmlReturn_t entry_architecture(nvmlDevice_t device, nvmlDeviceArchitecture_t *arch)
+{
+    return nvmlDeviceGetArchitecture(device, arch);
+}
+
+/* (unsigned *state): the NVSwitch fabric's state, asked first ("fabric state could not be
+   determined"); 1 takes the tool through its NVLink-group checks (entries 32 and 197), which
+   are not identified. 0: the reset goes ahead GPU by GPU. */
+static nvmlReturn_t entry_fabric_state(unsigned int *state)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    ARG(state);
+    *state = 0;
+    return NVML_SUCCESS;
+}
+
+/* 182 (group *, nvmlDevice_t *devices, unsigned count, ...), 183 and 184: the group of devices to
+   reset together ("failed to allocate group of reset devices", "Failed to get group of reset
+   devices"). Each GPU of a simulated node resets alone (the node's `reset` takes one GPU): the
+   group is the devices the tool asked for, which it already holds, so nothing is written. */
+static nvmlReturn_t entry_reset_group(void)
+{
+    return initialized() ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+}
+
+/* The GPU's index of a handle, or -1. */
+static int handle_gpu(nvmlDevice_t device)
+{
+    unsigned int gpu, mig;
+    return handle_resolve(device, &gpu, &mig) == HANDLE_GPU && gpu < gpu_count(state()) ? (int)gpu : -1;
+}
+
+/* (unsigned count, nvmlDevice_t *devices, nvmlReturn_t *results, ...): the reset of each
+   device, through the node's `reset` command (the controller, as our own nvidia-smi sends it),
+   each one's result in results[k]. A GPU with a process on it is not reset: IN_USE, as the
+   driver refuses while a client holds the GPU (the tool then prints "The following GPUs could not
+   be reset"). */
+static nvmlReturn_t entry_reset(unsigned int count, nvmlDevice_t *devices, nvmlReturn_t *results)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (count && !devices)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct mokka_state *s = state();
+    nvmlReturn_t first = NVML_SUCCESS;
+    for (unsigned int k = 0; k < count; k++) {
+        int i = handle_gpu(devices[k]);
+        nvmlReturn_t r;
+        uint32_t busy = 0;
+        if (i >= 0)
+            SNAP(s, s->gpus[i].process_count, busy);
+        if (i < 0)
+            r = NVML_ERROR_INVALID_ARGUMENT;
+        else if (busy)
+            r = NVML_ERROR_IN_USE;
+        else {
+            char line[48];
+            snprintf(line, sizeof(line), "gpu=%d reset 1", i);
+            r = control_status(mokka_control(line, NULL, 0));
+        }
+        if (results)
+            results[k] = r;
+        if (first == NVML_SUCCESS)
+            first = r;
+    }
+    return first;
+}
+
+/* ---- pmon: per-process utilization ------------------------------------------------------- */
+
+/* (device, unsigned long long lastSeen, unsigned *, unsigned *count, element *list): `pmon`'s
+   sm, mem, enc, dec (and from 550 jpg, ofa) columns. *count is the list's capacity in (100) and
+   the number of samples out. An element is an 8-byte head, then one 0x50-byte block per engine,
+   each with the percentage at +0 and the pid at +8 (0xFFFFFFFF: no sample): 4 blocks (0x148
+   bytes) up to 535, 6 (0x1e8) in 550, the strides of the binaries' loops. The samples are
+   nvmlDeviceGetProcessUtilization's (each process the GPU's utilization, while it is busy);
+   none: NOT_FOUND, which the tool shows as `-`. */
+#define UTIL_BLOCK 0x50
+static nvmlReturn_t process_util(nvmlDevice_t device, unsigned int *count, unsigned char *list, unsigned engines)
+{
+    ARG(count);
+    nvmlProcessUtilizationSample_t samples[MOKKA_MAX_GPU_PROCS];
+    unsigned int n = MOKKA_MAX_GPU_PROCS;
+    nvmlReturn_t r = nvmlDeviceGetProcessUtilization(device, samples, &n, 0);
+    if (r != NVML_SUCCESS) {
+        *count = 0;
+        return r;
+    }
+    if (*count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    ARG(list);
+    size_t stride = 8 + (size_t)engines * UTIL_BLOCK;
+    for (unsigned int k = 0; k < n; k++) {
+        unsigned char *e = list + k * stride;
+        memset(e, 0, stride);
+        const unsigned int util[6] = {samples[k].smUtil, samples[k].memUtil, samples[k].encUtil, samples[k].decUtil, 0, 0};
+        for (unsigned b = 0; b < engines; b++) {
+            memcpy(e + 8 + b * UTIL_BLOCK, &util[b], 4);
+            memcpy(e + 8 + b * UTIL_BLOCK + 8, &samples[k].pid, 4);
+        }
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t entry_process_util_4(nvmlDevice_t d, unsigned long long last, unsigned *x, unsigned *count,
+                                         unsigned char *list)
+{
+    (void)last;
+    (void)x;
+    return process_util(d, count, list, 4);
+}
+
+static nvmlReturn_t entry_process_util_6(nvmlDevice_t d, unsigned long long last, unsigned *x, unsigned *count,
+                                         unsigned char *list)
+{
+    (void)last;
+    (void)x;
+    return process_util(d, count, list, 6);
 }
 
 /* (unsigned index, nvmlDevice_t *out, unsigned flags): the handle nvidia-smi uses everywhere;
@@ -307,33 +443,6 @@ struct smi_process_head {
 #define SMI_HEAD_525 offsetof(struct smi_process_head, used_cc_protected_memory)
 #define SMI_HEAD_535 sizeof(struct smi_process_head)
 
-/* argv[0] of pid, as the driver names a process (comm is only 15 characters). */
-static void process_name(uint32_t pid, char *out, size_t n)
-{
-    int saved = errno;
-    char path[64];
-    out[0] = '\0';
-    snprintf(path, sizeof(path), "/proc/%u/cmdline", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        ssize_t got = read(fd, out, n - 1);
-        close(fd);
-        out[got > 0 ? got : 0] = '\0';
-    }
-    if (!out[0]) {
-        snprintf(path, sizeof(path), "/proc/%u/comm", pid);
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            ssize_t got = read(fd, out, n - 1);
-            close(fd);
-            while (got > 0 && out[got - 1] == '\n')
-                got--;
-            out[got > 0 ? got : 0] = '\0';
-        }
-    }
-    errno = saved;
-}
-
 /* (device, unsigned *count, element *list): *count is the list's capacity in and the number
    of processes out; a list too short gets INSUFFICIENT_SIZE and the number needed, as the
    public process lists answer. head is the size of an element's numbers (the branch's). */
@@ -367,7 +476,11 @@ static nvmlReturn_t process_list(nvmlDevice_t device, unsigned int *count, unsig
             .compute_instance_id = 0xFFFFFFFFu,
         };
         memcpy(e, &h, head);
-        process_name(procs[k].pid, (char *)e + head, SMI_PROCESS_NAME);
+        /* the name as nvmlSystemGetProcessName gives it (the real library's one reader);
+           none (the process is gone): empty */
+        char *name = (char *)e + head;
+        if (nvml_process_name(procs[k].pid, name, SMI_PROCESS_NAME) != NVML_SUCCESS)
+            name[0] = '\0';
     }
     *count = n;
     return NVML_SUCCESS;
@@ -401,11 +514,12 @@ static const struct {
     uintptr_t size;
     void *procs_compute; /* entry 213's element layout; 470 ends before it (public lists) */
     unsigned tlimit;     /* the T.Limit margin's entry */
+    void *process_util;  /* entry 145's element layout (engines per sample) */
 } BRANCH_SIZES[] = {
-    {470, 0x6a8, NULL, 0},
-    {525, 0x770, (void *)entry_procs_compute_525, 237},
-    {535, 0x7a8, (void *)entry_procs_compute_535, 240},
-    {550, 0x7d8, (void *)entry_procs_compute_535, 240},
+    {470, 0x6a8, NULL, 0, (void *)entry_process_util_4},
+    {525, 0x770, (void *)entry_procs_compute_525, 237, (void *)entry_process_util_4},
+    {535, 0x7a8, (void *)entry_procs_compute_535, 240, (void *)entry_process_util_4},
+    {550, 0x7d8, (void *)entry_procs_compute_535, 240, (void *)entry_process_util_6},
 };
 #define MAX_WORDS (0x7d8 / 8)
 
@@ -432,6 +546,13 @@ static void fill_tables(void)
         w[E_PROCS_GRAPHICS] = U(entry_procs_none);
         w[E_PROCS_MPS] = U(entry_procs_none);
         w[E_GPU_PART_NUMBER] = U(entry_gpu_part_number);
+        w[E_ARCHITECTURE] = U(entry_architecture);
+        w[E_PROCESS_UTIL] = U(BRANCH_SIZES[t].process_util);
+        w[E_RESET] = U(entry_reset);
+        w[E_FABRIC_STATE] = U(entry_fabric_state);
+        w[E_RESET_GROUP] = U(entry_reset_group);
+        w[E_RESET_GROUP_MEMBERS] = U(entry_reset_group);
+        w[E_RESET_GROUP_DONE] = U(entry_reset_group);
         if (BRANCH_SIZES[t].tlimit)
             w[BRANCH_SIZES[t].tlimit] = U(entry_tlimit_margin);
         __atomic_store_n(&w[0], BRANCH_SIZES[t].size, __ATOMIC_RELEASE);

@@ -235,6 +235,9 @@ static nvmlReturn_t counter_field(const struct mokka_gpu *cp, unsigned id, unsig
     case NVML_FI_DEV_REMAPPED_COR: *v = c.remapped_corr; return c.has_row_remapper ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
     case NVML_FI_DEV_REMAPPED_UNC: *v = c.remapped_unc; return c.has_row_remapper ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
     case NVML_FI_DEV_REMAPPED_PENDING: *v = c.remap_pending; return c.has_row_remapper ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+    /* remappings no longer in effect: the model never deactivates one */
+    case NVML_FI_DEV_REMAPPED_ROWS_COR_INACTIVE:
+    case NVML_FI_DEV_REMAPPED_ROWS_UNC_INACTIVE: *v = 0; return c.has_row_remapper ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
     case NVML_FI_DEV_REMAPPED_FAILURE: *v = c.remap_failure; return c.has_row_remapper ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
     case NVML_FI_DEV_MEMORY_TEMP:
         if (c.temp_mem < 0)
@@ -250,6 +253,25 @@ static nvmlReturn_t counter_field(const struct mokka_gpu *cp, unsigned id, unsig
     case NVML_FI_DEV_POWER_DEFAULT_LIMIT:
     case NVML_FI_DEV_POWER_CURRENT_LIMIT:
     case NVML_FI_DEV_POWER_REQUESTED_LIMIT: return power_field(&c, id, scope, v);
+    /* the time each clocks event reason held the clocks (ns; every captured board, T4
+       included): the model's counters (model/node.py EVENT_COUNTERS) */
+    case NVML_FI_DEV_PERF_POLICY_POWER:
+    case NVML_FI_DEV_PERF_POLICY_SYNC_BOOST:
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN:
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN:
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: {
+        unsigned k = id == NVML_FI_DEV_PERF_POLICY_POWER ? 0 : id == NVML_FI_DEV_PERF_POLICY_SYNC_BOOST ? 1
+                     : 2 + (id - NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN);
+        *v = c.event_ns[k];
+        return NVML_SUCCESS;
+    }
+    /* the EDPp multiplier, percent (Hopper and later): no EDPp override is set, 100 % as the
+       590 capture shows */
+    case NVML_FI_DEV_EDPP_MULTIPLIER:
+        if (c.architecture < NVML_DEVICE_ARCH_HOPPER)
+            return NVML_ERROR_NOT_SUPPORTED;
+        *v = 100;
+        return NVML_SUCCESS;
     /* the replay counter never wraps in a simulated node's life */
     case NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER: *v = 0; return NVML_SUCCESS;
     /* nvidia-smi -q's "GPU Reset Status": a reset required after an Xid that needs one (the

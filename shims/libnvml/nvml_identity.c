@@ -254,3 +254,51 @@ nvmlReturn_t DECLDIR nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttr
 {
     return nvmlDeviceGetAttributes_v2(device, attributes);
 }
+
+/* The GPU's PDI (-q "GPU PDI"; the captures of 580 and later have it on every board, T4
+   included): the model's, derived from the UUID (model/identity.py). */
+nvmlReturn_t DECLDIR nvmlDeviceGetPdi(nvmlDevice_t device, nvmlPdi_t *pdi)
+{
+    DEV_STATIC(device);
+    VERSIONED_ARG(pdi, nvmlPdi_v1);
+    uint64_t v;
+    SNAP(s, g->pdi, v);
+    pdi->value = v;
+    return NVML_SUCCESS;
+}
+
+/* The C2C link to the CPU (Hopper and later): up where a Grace CPU hosts the GPU (GB200 and
+   GB300 "Enabled", H100 and B200 behind PCIe "Disabled", as their captures say). */
+nvmlReturn_t DECLDIR nvmlDeviceGetC2cModeInfoV(nvmlDevice_t device, nvmlC2cModeInfo_v1_t *c2cModeInfo)
+{
+    DEV(device);
+    ARG(c2cModeInfo);
+    uint32_t mode;
+    SNAP(s, g->c2c_mode, mode);
+    if (!mode)
+        return NVML_ERROR_NOT_SUPPORTED;
+    c2cModeInfo->isC2cEnabled = mode == 2;
+    return NVML_SUCCESS;
+}
+
+/* A simulated node is bare metal: no hypervisor passes the GPU through (the captures, taken in
+   cloud VMs, say Pass-Through; GB300's, on bare metal, None). */
+nvmlReturn_t DECLDIR nvmlDeviceGetVirtualizationMode(nvmlDevice_t device, nvmlGpuVirtualizationMode_t *pVirtualMode)
+{
+    DEV(device);
+    (void)g;
+    ARG(pVirtualMode);
+    *pVirtualMode = NVML_GPU_VIRTUALIZATION_MODE_NONE;
+    return NVML_SUCCESS;
+}
+
+/* Device capabilities: EGM (extended GPU memory, Grace's memory mapped to the GPU) is off on
+   every captured board, and the model has none. */
+nvmlReturn_t DECLDIR nvmlDeviceGetCapabilities(nvmlDevice_t device, nvmlDeviceCapabilities_t *caps)
+{
+    DEV(device);
+    (void)g;
+    VERSIONED_ARG(caps, nvmlDeviceCapabilities_v1);
+    caps->capMask = 0;
+    return NVML_SUCCESS;
+}

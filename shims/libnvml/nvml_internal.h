@@ -273,6 +273,10 @@ nvmlReturn_t copy_string(const struct mokka_state *s, const char *field, size_t 
 
 #define STRING(field, out, length) copy_string(s, (field), sizeof(field), (out), (length))
 
+/* A process's name as nvmlSystemGetProcessName gives it (argv[0] from /proc/<pid>/cmdline,
+   cropped to length); the one reader of the export table's process lists too. */
+nvmlReturn_t nvml_process_name(unsigned int pid, char *name, unsigned int length);
+
 /* Is the char array field (of size len) exactly the string want? */
 int field_equals(const struct mokka_state *s, const char *field, size_t len, const char *want);
 

@@ -365,3 +365,72 @@ nvmlReturn_t DECLDIR nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDevice
     mode->value = v;
     return NVML_SUCCESS;
 }
+
+/* The JPEG and optical-flow engines, the encoder's sessions and frame capture: a simulated
+   node runs CUDA work only (docs/cuda.md), so they are idle, as on the captured boards: 0 %,
+   no sessions. */
+static nvmlReturn_t idle_engine(nvmlDevice_t device, unsigned int *utilization, unsigned int *samplingPeriodUs)
+{
+    DEV(device);
+    (void)g;
+    ARG(utilization);
+    ARG(samplingPeriodUs);
+    *utilization = 0;
+    *samplingPeriodUs = 167000;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetJpgUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                 unsigned int *samplingPeriodUs)
+{
+    return idle_engine(device, utilization, samplingPeriodUs);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetOfaUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                 unsigned int *samplingPeriodUs)
+{
+    return idle_engine(device, utilization, samplingPeriodUs);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetEncoderStats(nvmlDevice_t device, unsigned int *sessionCount, unsigned int *averageFps,
+                                               unsigned int *averageLatency)
+{
+    DEV(device);
+    (void)g;
+    ARG(sessionCount);
+    ARG(averageFps);
+    ARG(averageLatency);
+    *sessionCount = *averageFps = *averageLatency = 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetFBCStats(nvmlDevice_t device, nvmlFBCStats_t *fbcStats)
+{
+    DEV(device);
+    (void)g;
+    ARG(fbcStats);
+    memset(fbcStats, 0, sizeof(*fbcStats));
+    return NVML_SUCCESS;
+}
+
+/* Confidential computing is off on a simulated node: no protected memory (every capture shows
+   0 MiB), all of it unprotected. */
+nvmlReturn_t DECLDIR nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t device, nvmlConfComputeMemSizeInfo_t *memInfo)
+{
+    DEV(device);
+    ARG(memInfo);
+    uint64_t total;
+    SNAP(s, g->mem_total, total);
+    memInfo->protectedMemSizeKib = 0;
+    memInfo->unprotectedMemSizeKib = total >> 10;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetConfComputeProtectedMemoryUsage(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    DEV(device);
+    (void)g;
+    ARG(memory);
+    memset(memory, 0, sizeof(*memory));
+    return NVML_SUCCESS;
+}

@@ -29,7 +29,78 @@ EXTRA_KEYS = [
     "x.ecc.dram.unc.vol", "x.ecc.dram.corr.agg", "x.ecc.dram.unc.agg", "x.ecc.sram.corr.vol",
     "x.ecc.sram.corr.agg", "x.supported_mem_clock", "x.supported_graphics_clock",
     "x.cuda_version", "x.display_clock_setting",
+    # values the captures have beyond --query-gpu's fields (issue 16's N/A count)
+    "x.pdi", "x.virtualization_mode", "x.pcie.replay_rollover", "x.reset_required", "x.drain_and_reset",
+    "x.fbc.sessions", "x.fbc.fps", "x.fbc.latency", "x.repair.channel", "x.repair.tpc", "x.egm",
+    "x.module_power_state", "x.remap.corr_inactive", "x.remap.unc_inactive", "x.unrepairable",
 ]
+
+# The same -q -x leaves of both tables below and their keys: what the captures print and NVML
+# answers (tests/test_smi_na.py counts the N/A left).
+_COUNTERS = {"sw_power_cap": "sw_power_cap", "sync_boost": "sync_boost", "sw_therm_slowdown": "sw_thermal_slowdown",
+             "hw_therm_slowdown": "hw_thermal_slowdown", "hw_power_brake": "hw_power_brake_slowdown"}
+_HISTOGRAM = ("max", "high", "partial", "low", "none")
+_SRAM_SOURCES = {"l2": "l2", "sm": "sm", "microcontroller": "mcu", "pcie": "pcie", "other": "other"}
+XML_VALUES = {
+    "display_mode": "display_mode", "display_active": "display_active", "pdi": "x.pdi", "c2c_mode": "c2c.mode",
+    "gpu_virtualization_mode/virtualization_mode": "x.virtualization_mode",
+    "gpu_reset_status/reset_required": "x.reset_required",
+    "gpu_reset_status/drain_and_reset_recommended": "x.drain_and_reset",
+    "gpu_recovery_action": "gpu_recovery_action", "pci/replay_rollover_counter": "x.pcie.replay_rollover",
+    **{f"clocks_event_reasons_counters/clocks_event_reasons_counters_{x}": f"clocks_event_reasons_counters.{k}"
+       for x, k in _COUNTERS.items()},
+    **{f"cc_protected_memory_usage/{x}": f"protected_memory.{x}" for x in ("total", "used", "free")},
+    "utilization/jpeg_util": "utilization.jpeg", "utilization/ofa_util": "utilization.ofa",
+    "encoder_stats/session_count": "encoder.stats.sessionCount", "encoder_stats/average_fps": "encoder.stats.averageFps",
+    "encoder_stats/average_latency": "encoder.stats.averageLatency",
+    "fbc_stats/session_count": "x.fbc.sessions", "fbc_stats/average_fps": "x.fbc.fps",
+    "fbc_stats/average_latency": "x.fbc.latency",
+    "ecc_errors/volatile/sram_uncorrectable": "ecc.errors.uncorrected.volatile.sram",
+    "ecc_errors/aggregate/sram_uncorrectable": "ecc.errors.uncorrected.aggregate.sram",
+    **{f"ecc_errors/{scope}/sram_uncorrectable_{x}": f"ecc.errors.uncorrected.{scope}.sram.{x}"
+       for scope in ("volatile", "aggregate") for x in ("parity", "secded")},
+    "ecc_errors/aggregate/sram_threshold_exceeded": "ecc.errors.uncorrected.aggregate.sram.thresholdExceeded",
+    **{f"ecc_errors/aggregate_uncorrectable_sram_sources/sram_{x}": f"ecc.errors.uncorrected.aggregate.sram.{k}"
+       for x, k in _SRAM_SOURCES.items()},
+    "ecc_errors/channel_repair_pending": "x.repair.channel", "ecc_errors/tpc_repair_pending": "x.repair.tpc",
+    **{f"remapped_rows/row_remapper_histogram/row_remapper_histogram_{x}": (f"remapped_rows.histogram.{x}", " bank(s)")
+       for x in _HISTOGRAM},
+    "retired_pages/pending_blacklist": "retired_pages.pending",
+    "module_power_readings/power_state": "x.module_power_state",
+    "edpp_multiplier": "edpp_multiplier", "capabilities/egm": "x.egm",
+    "remapped_rows/remapped_row_corr_inactive": "x.remap.corr_inactive",
+    "remapped_rows/remapped_row_unc_inactive": "x.remap.unc_inactive",
+    "ecc_errors/unrepairable_memory": "x.unrepairable",
+}
+TEXT_VALUES = {
+    "Display Mode": "display_mode", "Display Active": "display_active", "GPU PDI": "x.pdi", "GPU C2C Mode": "c2c.mode",
+    "GPU Virtualization Mode/Virtualization Mode": "x.virtualization_mode",
+    "GPU Reset Status/Reset Required": "x.reset_required",
+    "GPU Reset Status/Drain and Reset Recommended": "x.drain_and_reset",
+    "GPU Recovery Action": "gpu_recovery_action", "PCI/Replay Number Rollovers": "x.pcie.replay_rollover",
+    **{f"Clocks Event Reasons Counters/{label}": f"clocks_event_reasons_counters.{k}"
+       for label, k in (("SW Power Capping", "sw_power_cap"), ("Sync Boost", "sync_boost"),
+                        ("SW Thermal Slowdown", "sw_thermal_slowdown"), ("HW Thermal Slowdown", "hw_thermal_slowdown"),
+                        ("HW Power Braking", "hw_power_brake_slowdown"))},
+    **{f"Conf Compute Protected Memory Usage/{x.title()}": f"protected_memory.{x}" for x in ("total", "used", "free")},
+    "Utilization/JPEG": "utilization.jpeg", "Utilization/OFA": "utilization.ofa",
+    "Encoder Stats/Active Sessions": "encoder.stats.sessionCount", "Encoder Stats/Average FPS": "encoder.stats.averageFps",
+    "Encoder Stats/Average Latency": "encoder.stats.averageLatency",
+    "FBC Stats/Active Sessions": "x.fbc.sessions", "FBC Stats/Average FPS": "x.fbc.fps",
+    "FBC Stats/Average Latency": "x.fbc.latency",
+    **{f"ECC Errors/{scope.title()}/SRAM Uncorrectable {label}": f"ecc.errors.uncorrected.{scope}.sram.{x}"
+       for scope in ("volatile", "aggregate") for label, x in (("Parity", "parity"), ("SEC-DED", "secded"))},
+    "ECC Errors/Aggregate/SRAM Threshold Exceeded": "ecc.errors.uncorrected.aggregate.sram.thresholdExceeded",
+    **{f"ECC Errors/Aggregate Uncorrectable SRAM Sources/SRAM {label}": f"ecc.errors.uncorrected.aggregate.sram.{k}"
+       for label, k in (("L2", "l2"), ("SM", "sm"), ("Microcontroller", "mcu"), ("PCIE", "pcie"), ("Other", "other"))},
+    "ECC Errors/Channel Repair Pending": "x.repair.channel", "ECC Errors/TPC Repair Pending": "x.repair.tpc",
+    **{f"Remapped Rows/Bank Remap Availability Histogram/{x.title()}": (f"remapped_rows.histogram.{x}", " bank(s)")
+       for x in _HISTOGRAM},
+    "EDPp Multiplier": "edpp_multiplier", "Capabilities/EGM": "x.egm",
+    "Remapped Rows/Inactive Correctable Error": "x.remap.corr_inactive",
+    "Remapped Rows/Inactive Uncorrectable Error": "x.remap.unc_inactive",
+    "ECC Errors/Unrepairable Memory": "x.unrepairable",
+}
 
 # -q -x leaf path -> (value key, suffix appended to a value that is available)
 XML_MAP = {
@@ -127,6 +198,7 @@ XML_MAP = {
     "fabric/health/incorrect_configuration": "fabric.health.incorrect_configuration",
     "supported_clocks/supported_mem_clock/value": "x.supported_mem_clock",
     "supported_clocks/supported_mem_clock/supported_graphics_clock": "x.supported_graphics_clock",
+    **XML_VALUES,
 }
 
 # -q text label path -> value key (same values, the text spelling of the same data)
@@ -218,6 +290,7 @@ TEXT_MAP = {
     "Fabric/Health/Route Unhealthy": "fabric.health.route_unhealthy",
     "Fabric/Health/Access Timeout Recovery": "fabric.health.access_timeout_recovery",
     "Fabric/Health/Incorrect Configuration": "fabric.health.incorrect_configuration",
+    **TEXT_VALUES,
 }
 
 # Leaves whose structure is rebuilt at run time (lists): their subtree is not copied.

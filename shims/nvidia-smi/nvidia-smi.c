@@ -80,7 +80,17 @@
     X(nvmlDeviceClearAccountingPids) X(nvmlDeviceGetAccountingPids) X(nvmlDeviceGetAccountingMode)       \
     X(nvmlDeviceGetAccountingBufferSize)                          \
     X(nvmlDeviceGetAccountingStats) X(nvmlDeviceSetDefaultAutoBoostedClocksEnabled)          \
-    X(nvmlDeviceSetGpuOperationMode) X(nvmlDeviceGetAddressingMode)
+    X(nvmlDeviceSetGpuOperationMode) X(nvmlDeviceGetAddressingMode)                          \
+    NVML_FUNCS_CAPTURED(X)
+
+/* The getters of the values the captures have beyond --query-gpu's basics (captured_value). */
+#define NVML_FUNCS_CAPTURED(X)                                                                \
+    X(nvmlDeviceGetPdi) X(nvmlDeviceGetC2cModeInfoV) X(nvmlDeviceGetVirtualizationMode)      \
+    X(nvmlDeviceGetJpgUtilization) X(nvmlDeviceGetOfaUtilization) X(nvmlDeviceGetEncoderStats) \
+    X(nvmlDeviceGetFBCStats) X(nvmlDeviceGetConfComputeProtectedMemoryUsage)                 \
+    X(nvmlDeviceGetSramEccErrorStatus) X(nvmlDeviceGetRowRemapperHistogram)                  \
+    X(nvmlDeviceGetRepairStatus) X(nvmlDeviceGetCapabilities) X(nvmlDeviceGetRemappedRows_v2)  \
+    X(nvmlDeviceGetUnrepairableMemoryFlag_v1)
 
 #define DECLARE(f) static __typeof__(f) *p_##f;
 NVML_FUNCS(DECLARE)
@@ -509,6 +519,172 @@ static void timestamp(char *out, size_t n, int csv)
     }
 }
 
+/* One unsigned field value (nvmlDeviceGetFieldValues), or its error. */
+static nvmlReturn_t field_u64(const struct dev *d, unsigned id, unsigned long long *v)
+{
+    nvmlFieldValue_t fv;
+    memset(&fv, 0, sizeof(fv));
+    fv.fieldId = id;
+    nvmlReturn_t r = NV(nvmlDeviceGetFieldValues, d->h, 1, &fv);
+    if (r == NVML_SUCCESS)
+        r = fv.nvmlReturn;
+    if (r == NVML_SUCCESS)
+        *v = fv.valueType == NVML_VALUE_TYPE_UNSIGNED_INT ? fv.value.uiVal : fv.value.ullVal;
+    return r;
+}
+
+static enum vr yes_no(nvmlReturn_t r, unsigned v, char *out, size_t n)
+{
+    return r == NVML_SUCCESS ? PUT("%s", v ? "Yes" : "No") : from(r);
+}
+
+/* The values the captures print beyond --query-gpu's basics (issue 16's N/A count,
+   tests/test_smi_na.py), each from its NVML getter. */
+static enum vr captured_value(const struct dev *d, int key, char *out, size_t n)
+{
+    nvmlDevice_t h = d->h;
+    nvmlReturn_t r;
+    unsigned u = 0, u2 = 0, u3 = 0;
+    unsigned long long v = 0;
+    switch (key) {
+    case K_x_pdi: {
+        nvmlPdi_t pdi = {.version = nvmlPdi_v1};
+        r = NV(nvmlDeviceGetPdi, h, &pdi);
+        return r == NVML_SUCCESS ? PUT("0x%016llx", pdi.value) : from(r);
+    }
+    case K_c2c_mode: {
+        nvmlC2cModeInfo_v1_t c = {0};
+        r = NV(nvmlDeviceGetC2cModeInfoV, h, &c);
+        return r == NVML_SUCCESS ? PUT("%s", c.isC2cEnabled ? "Enabled" : "Disabled") : from(r);
+    }
+    case K_x_virtualization_mode: {
+        static const char *const MODES[] = {"None", "Pass-Through", "VGPU", "Host VGPU", "Host VSGA"};
+        nvmlGpuVirtualizationMode_t m = NVML_GPU_VIRTUALIZATION_MODE_NONE;
+        r = NV(nvmlDeviceGetVirtualizationMode, h, &m);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        return (unsigned)m < sizeof(MODES) / sizeof(MODES[0]) ? PUT("%s", MODES[m]) : V_NA;
+    }
+    /* fields 226 and 227, which the tool stopped printing in 570 ("GPU Recovery Action" took
+       their place, as the 570 capture shows) */
+    case K_x_reset_required: case K_x_drain_and_reset:
+        if (g_branch >= 570)
+            return V_DEPRECATED;
+        r = field_u64(d, key == K_x_reset_required ? NVML_FI_DEV_RESET_STATUS : NVML_FI_DEV_DRAIN_AND_RESET_STATUS, &v);
+        return yes_no(r, (unsigned)v, out, n);
+    case K_gpu_recovery_action: {
+        static const char *const ACTIONS[] = {"None", "Reset", "Reboot", "Drain P2P", "Drain and Reset"};
+        r = field_u64(d, NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, &v);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        return v < sizeof(ACTIONS) / sizeof(ACTIONS[0]) ? PUT("%s", ACTIONS[v]) : V_NA;
+    }
+    case K_x_pcie_replay_rollover:
+        r = field_u64(d, NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER, &v);
+        return r == NVML_SUCCESS ? PUT("%llu", v) : from(r);
+    case K_clocks_event_reasons_counters_sw_power_cap: case K_clocks_event_reasons_counters_sync_boost:
+    case K_clocks_event_reasons_counters_sw_thermal_slowdown: case K_clocks_event_reasons_counters_hw_thermal_slowdown:
+    case K_clocks_event_reasons_counters_hw_power_brake_slowdown: {
+        unsigned id = key == K_clocks_event_reasons_counters_sw_power_cap ? NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP
+                    : key == K_clocks_event_reasons_counters_sync_boost ? NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST
+                    : key == K_clocks_event_reasons_counters_sw_thermal_slowdown
+                        ? NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN
+                    : key == K_clocks_event_reasons_counters_hw_thermal_slowdown
+                        ? NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN
+                        : NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN;
+        r = field_u64(d, id, &v);
+        return r == NVML_SUCCESS ? PUT("%llu", v / 1000) : from(r); /* ns, printed in us */
+    }
+    case K_edpp_multiplier:
+        r = field_u64(d, NVML_FI_DEV_EDPP_MULTIPLIER, &v);
+        return r == NVML_SUCCESS ? PUT("%llu.00", v) : from(r);
+    case K_protected_memory_total: case K_protected_memory_used: case K_protected_memory_free: {
+        nvmlMemory_t m;
+        r = NV(nvmlDeviceGetConfComputeProtectedMemoryUsage, h, &m);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        return PUT("%llu", (key == K_protected_memory_total ? m.total : key == K_protected_memory_used ? m.used : m.free) >> 20);
+    }
+    case K_utilization_jpeg:
+        return u32v(NV(nvmlDeviceGetJpgUtilization, h, &u, &u2), &u, out, n);
+    case K_utilization_ofa:
+        return u32v(NV(nvmlDeviceGetOfaUtilization, h, &u, &u2), &u, out, n);
+    case K_encoder_stats_sessionCount: case K_encoder_stats_averageFps: case K_encoder_stats_averageLatency:
+        r = NV(nvmlDeviceGetEncoderStats, h, &u, &u2, &u3);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        return PUT("%u", key == K_encoder_stats_sessionCount ? u : key == K_encoder_stats_averageFps ? u2 : u3);
+    case K_x_fbc_sessions: case K_x_fbc_fps: case K_x_fbc_latency: {
+        nvmlFBCStats_t f;
+        r = NV(nvmlDeviceGetFBCStats, h, &f);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        return PUT("%u", key == K_x_fbc_sessions ? f.sessionsCount : key == K_x_fbc_fps ? f.averageFPS : f.averageLatency);
+    }
+    case K_ecc_errors_uncorrected_volatile_sram_parity: case K_ecc_errors_uncorrected_volatile_sram_secded:
+    case K_ecc_errors_uncorrected_aggregate_sram_parity: case K_ecc_errors_uncorrected_aggregate_sram_secded:
+    case K_ecc_errors_uncorrected_aggregate_sram_thresholdExceeded: case K_ecc_errors_uncorrected_aggregate_sram_l2:
+    case K_ecc_errors_uncorrected_aggregate_sram_sm: case K_ecc_errors_uncorrected_aggregate_sram_mcu:
+    case K_ecc_errors_uncorrected_aggregate_sram_pcie: case K_ecc_errors_uncorrected_aggregate_sram_other: {
+        nvmlEccSramErrorStatus_t e;
+        memset(&e, 0, sizeof(e));
+        e.version = nvmlEccSramErrorStatus_v1;
+        r = NV(nvmlDeviceGetSramEccErrorStatus, h, &e);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        if (key == K_ecc_errors_uncorrected_aggregate_sram_thresholdExceeded)
+            return PUT("%s", e.bThresholdExceeded ? "Yes" : "No");
+        v = key == K_ecc_errors_uncorrected_volatile_sram_parity ? e.volatileUncParity
+          : key == K_ecc_errors_uncorrected_volatile_sram_secded ? e.volatileUncSecDed
+          : key == K_ecc_errors_uncorrected_aggregate_sram_parity ? e.aggregateUncParity
+          : key == K_ecc_errors_uncorrected_aggregate_sram_secded ? e.aggregateUncSecDed
+          : key == K_ecc_errors_uncorrected_aggregate_sram_l2 ? e.aggregateUncBucketL2
+          : key == K_ecc_errors_uncorrected_aggregate_sram_sm ? e.aggregateUncBucketSm
+          : key == K_ecc_errors_uncorrected_aggregate_sram_mcu ? e.aggregateUncBucketMcu
+          : key == K_ecc_errors_uncorrected_aggregate_sram_pcie ? e.aggregateUncBucketPcie
+                                                                 : e.aggregateUncBucketOther;
+        return PUT("%llu", v);
+    }
+    case K_x_repair_channel: case K_x_repair_tpc: {
+        nvmlRepairStatus_t rs = {.version = nvmlRepairStatus_v1};
+        r = NV(nvmlDeviceGetRepairStatus, h, &rs);
+        return yes_no(r, key == K_x_repair_channel ? rs.bChannelRepairPending : rs.bTpcRepairPending, out, n);
+    }
+    case K_remapped_rows_histogram_max: case K_remapped_rows_histogram_high: case K_remapped_rows_histogram_partial:
+    case K_remapped_rows_histogram_low: case K_remapped_rows_histogram_none: {
+        nvmlRowRemapperHistogramValues_t hv;
+        r = NV(nvmlDeviceGetRowRemapperHistogram, h, &hv);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        return PUT("%u", key == K_remapped_rows_histogram_max ? hv.max : key == K_remapped_rows_histogram_high ? hv.high
+                         : key == K_remapped_rows_histogram_partial ? hv.partial
+                         : key == K_remapped_rows_histogram_low ? hv.low : hv.none);
+    }
+    case K_x_egm: {
+        nvmlDeviceCapabilities_t c = {.version = nvmlDeviceCapabilities_v1};
+        r = NV(nvmlDeviceGetCapabilities, h, &c);
+        return r == NVML_SUCCESS ? PUT("%s", c.capMask & NVML_DEV_CAP_EGM ? "enabled" : "disabled") : from(r);
+    }
+    case K_x_remap_corr_inactive: case K_x_remap_unc_inactive: {
+        nvmlRemappedRowsInfo_v2_t ri;
+        r = NV(nvmlDeviceGetRemappedRows_v2, h, &ri);
+        if (r != NVML_SUCCESS)
+            return from(r);
+        return PUT("%u", key == K_x_remap_corr_inactive ? ri.corrInactiveRemaps : ri.uncInactiveRemaps);
+    }
+    case K_x_unrepairable: {
+        nvmlUnrepairableMemoryStatus_v1_t um;
+        r = NV(nvmlDeviceGetUnrepairableMemoryFlag_v1, h, &um);
+        return yes_no(r, um.bUnrepairableMemory, out, n);
+    }
+    /* the module's performance state: printed deprecated by every branch captured (570 on) */
+    case K_x_module_power_state:
+        return g_branch >= 570 ? V_DEPRECATED : V_NA;
+    default:
+        return V_NA;
+    }
+}
+
 /* One value, without its unit. V_NA / V_DEPRECATED leave `out` unspecified. */
 static enum vr value(const struct dev *d, int key, char *out, size_t n)
 {
@@ -828,7 +1004,7 @@ static enum vr value(const struct dev *d, int key, char *out, size_t n)
         return PUT("%s", v == 1 ? "True" : "False");
     }
     default:
-        return V_NA;
+        return captured_value(d, key, out, n);
     }
 }
 
@@ -901,21 +1077,10 @@ static unsigned get_procs(const struct dev *d, struct proc *out, unsigned cap)
     return total;
 }
 
-/* The name the real tool shows: argv[0] as the process was started ("/root/tools/memhog",
-   "./gpu_burn" in the captures), not its 15-byte comm; NVML's answer where /proc has no command
-   line (a kernel thread, a process gone). */
+/* The name the real tool shows: NVML's (argv[0] as the process was started, "/root/tools/memhog",
+   "./gpu_burn" in the captures, not its 15-byte comm); N/A where NVML has none. */
 static void proc_name(unsigned pid, char *out, size_t n)
 {
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%u/cmdline", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    ssize_t got = fd >= 0 ? read(fd, out, n - 1) : -1;
-    if (fd >= 0)
-        close(fd);
-    if (got > 0 && out[0]) {
-        out[got] = '\0';  /* argv[0] ends at its own NUL */
-        return;
-    }
     if (NV(nvmlSystemGetProcessName, pid, out, (unsigned)n) != NVML_SUCCESS)
         snprintf(out, n, "N/A");
 }
