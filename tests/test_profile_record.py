@@ -123,14 +123,18 @@ def test_recording_a_node_and_mounting_it_gives_the_node_back(board, tmp_path):
 
     shipped = load_profile(board)
     filled = set(re.search(r"filled from \S+: (.*)", r.stdout).group(1).split(", "))
-    # What no live surface shows: the temperature under full load, the MIG tables (reading the
-    # compute-instance profiles needs a GPU instance, which only a write could create), and the
-    # count of NVSwitches that are not on this host's PCI bus (HGX B200's).
-    assert filled == {"thermal.max_load_c"} | ({"mig"} if shipped.mig else set()) | \
+    # What no live surface shows: the temperature under full load, how many boards fit one node
+    # (a form-factor fact), the MIG tables (reading the compute-instance profiles needs a GPU
+    # instance, which only a write could create), the count of NVSwitches that are not on this
+    # host's PCI bus (HGX B200's), and the bank count of a board without a row remapper.
+    assert filled == {"thermal.max_load_c", "max_gpus_per_node"} | ({"mig"} if shipped.mig else set()) | \
+        ({"memory.row_remap_banks"} if shipped.memory.row_remap_banks is None else set()) | \
         ({"node.nvswitches"} if shipped.node.nvswitches and shipped.node.nvswitch_device_id is None else set())
     recorded = load_profile(str(out))
-    assert recorded.model_dump(exclude={"thermal": {"max_load_c"}, "mig": True}) == \
-        shipped.model_dump(exclude={"thermal": {"max_load_c"}, "mig": True})
+    # A recording writes the node it saw as a `node:` section; the shipped profile names its
+    # composition instead, which resolves to the same `node`.
+    skip = {"thermal": {"max_load_c"}, "mig": True, "composition": True}
+    assert recorded.model_dump(exclude=skip) == shipped.model_dump(exclude=skip)
     text = out.read_text()
     assert "nvmlDeviceGetMaxClockInfo(NVML_CLOCK_GRAPHICS)" in text
     assert ("/sys/class/infiniband/mlx5_0/{hca_type" in text) == bool(shipped.node.hcas)
@@ -268,5 +272,6 @@ def test_recording_through_nvidias_own_nvidia_smi(tmp_path):
     recorded, shipped = load_profile(str(out)).model_dump(), load_profile("h100").model_dump()
     assert recorded["node"].pop("driver_version") == driver and recorded["node"].pop("gpus") == 2
     del shipped["node"]["driver_version"], shipped["node"]["gpus"]
+    del shipped["composition"], recorded["composition"]  # a `node:` section against a named composition
     assert recorded == shipped
     assert "gpu_part_number: 2330-885-A1" in out.read_text() and "# -q -x <gpu_part_number>" in out.read_text()

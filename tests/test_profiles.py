@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mokkafs.profiles import GpuProfile, ProfileError, available_profiles, load_profile
+from mokkafs.profiles import GpuProfile, ProfileError, available_profiles, load_profile, load_profile_file
 
 SHIPPED = ["a100", "b200", "gb200", "gb300", "h100", "h200", "l40s", "t4"]
 WITH_CAPTURE = ["a100", "b200", "gb200", "gb300", "h100", "l40s", "t4"]
@@ -381,12 +381,20 @@ def test_every_board_mounts_at_every_branch_from_its_first():
 
 
 def test_a_profile_whose_own_driver_cannot_drive_it_is_refused(tmp_path):
+    """Both ways a profile names its driver: a pinned driver on its composition, and the
+    `node:` section of a profile written before compositions."""
     text = (Path(__file__).resolve().parents[1] / "profiles" / "b200.yaml").read_text()
-    default = load_profile("b200").node.driver_version
-    path = _write(tmp_path, text.replace(f"driver_version: {default}", "driver_version: 535.261.03", 1))
-    with pytest.raises(ProfileError) as e:
-        load_profile(str(path))
-    assert "node.driver_version 535.261.03 cannot drive a Blackwell board" in str(e.value) and "R570" in str(e.value)
+    pinned = text.replace("composition: hgx-b200-8", "composition:\n  name: hgx-b200-8\n  driver_version: 535.261.03\n#", 1)
+    old = (Path(__file__).resolve().parent / "fixtures" / "node_section_profiles" / "b200.yaml").read_text()
+    default = load_profile_file(Path(__file__).resolve().parent / "fixtures" / "node_section_profiles" / "b200.yaml")
+    old = old.replace(f"driver_version: {default.node.driver_version}", "driver_version: 535.261.03", 1)
+    for name, body in (("pinned", pinned), ("node-section", old)):
+        assert "535.261.03" in body
+        (tmp_path / name).mkdir()
+        path = _write(tmp_path / name, body)
+        with pytest.raises(ProfileError) as e:
+            load_profile(str(path))
+        assert "driver_version 535.261.03 cannot drive a Blackwell board" in str(e.value) and "R570" in str(e.value)
 
 
 def test_a_driver_version_that_is_not_one_is_refused():
