@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +99,31 @@ def go_nvlib_visit_mig_devices(n, h) -> list:
     return migs
 
 
+def gi_profiles(n, h):
+    """(index, nvmlDeviceGetGpuInstanceProfileInfo) for every GPU instance profile index below
+    NVML_GPU_INSTANCE_PROFILE_COUNT the GPU answers: go-nvlib, mig-parted and the DRA driver
+    each loop this way, skipping NOT_SUPPORTED and INVALID_ARGUMENT and stopping at any other
+    error."""
+    for i in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            yield i, n.nvmlDeviceGetGpuInstanceProfileInfo(h, i)
+        except n.NVMLError as e:
+            if e.value not in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_INVALID_ARGUMENT):
+                raise
+
+
+def ci_profiles(n, gi):
+    """(j, k, nvmlGpuInstanceGetComputeInstanceProfileInfo) for every compute profile j and
+    engine profile k of GPU instance gi, skipped and stopped the same way."""
+    for j in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+        for k in range(n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT):
+            try:
+                yield j, k, n.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, j, k)
+            except n.NVMLError as e:
+                if e.value not in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_INVALID_ARGUMENT):
+                    raise
+
+
 # NVIDIA/go-nvlib pkg/nvlib/device/mig_profile.go, NewMigProfile: slices by profile id ("+me" for REV1).
 GI_SLICES = {0: 1, 7: 1, 9: 1, 1: 2, 8: 2, 2: 3, 3: 4, 6: 6, 4: 7, 5: 8}
 CI_SLICES = {0: 1, 7: 1, 1: 2, 2: 3, 3: 4, 6: 6, 4: 7, 5: 8}
@@ -132,25 +156,12 @@ def go_nvlib_mig_profile_of(n, m) -> dict:
     gi = n.nvmlDeviceGetGpuInstanceById(parent, n.nvmlDeviceGetGpuInstanceId(m))
     ci = n.nvmlGpuInstanceGetComputeInstanceById(gi, n.nvmlDeviceGetComputeInstanceId(m))
     gi_info, ci_info = n.nvmlGpuInstanceGetInfo(gi), n.nvmlComputeInstanceGetInfo(ci)
-    for i in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT):
-        try:
-            gi_profile = n.nvmlDeviceGetGpuInstanceProfileInfo(parent, i)
-        except n.NVMLError as e:
-            if e.value in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_INVALID_ARGUMENT):
-                continue
-            raise
+    for i, gi_profile in gi_profiles(n, parent):
         if gi_profile.id != gi_info.profileId:
             continue
-        for j in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-            for k in range(n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT):
-                try:
-                    ci_profile = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, j, k)
-                except n.NVMLError as e:
-                    if e.value in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_INVALID_ARGUMENT):
-                        continue
-                    raise
-                if ci_profile.id == ci_info.profileId:
-                    return go_nvlib_profile(i, j, attributes.memorySizeMB, total)
+        for j, _k, ci_profile in ci_profiles(n, gi):
+            if ci_profile.id == ci_info.profileId:
+                return go_nvlib_profile(i, j, attributes.memorySizeMB, total)
     raise AssertionError("no matching profile IDs found")
 
 
@@ -161,13 +172,7 @@ def go_nvlib_visit_mig_profiles(n, h) -> list[dict]:
         return []
     total = n.nvmlDeviceGetMemoryInfo(h).total
     out = []
-    for i in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT):
-        try:
-            info = n.nvmlDeviceGetGpuInstanceProfileInfo(h, i)
-        except n.NVMLError as e:
-            if e.value in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_INVALID_ARGUMENT):
-                continue
-            raise
+    for i, info in gi_profiles(n, h):
         for j in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             p = go_nvlib_profile(i, j, info.memorySizeMB, total) if j in CI_SLICES else None
             if p is None or p["C"] > p["G"] or (p["C"] < p["G"] and p["C"] * 2 > p["G"] + 1):
@@ -407,30 +412,17 @@ def mig_parted_walk(n, h, visit) -> None:
     every GPU instance profile index (nvmlDeviceGetGpuInstanceProfileInfo, skipping NOT_SUPPORTED
     and INVALID_ARGUMENT), its instances (nvmlDeviceGetGpuInstances, a buffer of the profile's
     instanceCount), and in each every compute profile (j, k) and its compute instances."""
-    for i in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT):
-        try:
-            gi_profile = n.nvmlDeviceGetGpuInstanceProfileInfo(h, i)
-        except n.NVMLError as e:
-            if e.value in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_INVALID_ARGUMENT):
-                continue
-            raise
+    for i, gi_profile in gi_profiles(n, h):
         buf = (n.c_nvmlGpuInstance_t * gi_profile.instanceCount)()
         count = n.c_uint(gi_profile.instanceCount)
         n.nvmlDeviceGetGpuInstances(h, gi_profile.id, buf, n.byref(count))
         for gi in list(buf[:count.value]):
             cis = []
-            for j in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-                for k in range(n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT):
-                    try:
-                        ci_profile = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, j, k)
-                    except n.NVMLError as e:
-                        if e.value in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_INVALID_ARGUMENT):
-                            continue
-                        raise
-                    cbuf = (n.c_nvmlComputeInstance_t * ci_profile.instanceCount)()
-                    ccount = n.c_uint(ci_profile.instanceCount)
-                    n.nvmlGpuInstanceGetComputeInstances(gi, ci_profile.id, cbuf, n.byref(ccount))
-                    cis += [(ci, j, k, ci_profile) for ci in cbuf[:ccount.value]]
+            for j, k, ci_profile in ci_profiles(n, gi):
+                cbuf = (n.c_nvmlComputeInstance_t * ci_profile.instanceCount)()
+                ccount = n.c_uint(ci_profile.instanceCount)
+                n.nvmlGpuInstanceGetComputeInstances(gi, ci_profile.id, cbuf, n.byref(ccount))
+                cis += [(ci, j, k, ci_profile) for ci in cbuf[:ccount.value]]
             visit(gi, i, gi_profile, cis)
 
 
@@ -544,9 +536,8 @@ def dra_driver() -> dict:
     for index, h in enumerate(gpus(n)):
         total = n.nvmlDeviceGetMemoryInfo(h).total
         profiles = []
-        for i in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        for i, info in gi_profiles(n, h):
             try:
-                info = n.nvmlDeviceGetGpuInstanceProfileInfo(h, i)
                 count = n.c_uint(0)
                 n.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, None, n.byref(count))
                 buf = (n.c_nvmlGpuInstancePlacement_t * count.value)()
