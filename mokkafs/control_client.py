@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mokkafs.unix_path import unix_address
+
 SUFFIX = ".ctl.sock"
 MAX_REQUEST = 512  # bytes of one request line, its newline included
 MAX_REPLY = 512
@@ -61,7 +63,8 @@ def send(path: str | os.PathLike, line: str, timeout: float = TIMEOUT_S) -> Repl
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         try:
             s.settimeout(timeout)
-            s.connect(os.fspath(path))
+            with unix_address(path) as address:  # a node mounted under a long path, too
+                s.connect(address)
             s.sendall(request)
             data = b""
             while not data.endswith(b"\n") and len(data) < MAX_REPLY:

@@ -168,8 +168,8 @@ class ControlSocket:
     async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Keep the socket bound and give each connection a task (`unix_listener`). Anyone may
         connect: a caller who may not write gets NO_PERMISSION, as from the real driver, rather
-        than a refused connection. Without a socket (a path too long for sun_path), setters fail
-        with an error and the daemon runs on."""
+        than a refused connection. Without a socket (a directory it cannot bind in, say), setters
+        fail with an error and the daemon runs on."""
         await serve_unix(self.path, self._connection, self.clock, "setters will fail",
                          on_idle=self.flush_refusals, task_status=task_status)
 

@@ -1,6 +1,6 @@
 """The daemon's unix-socket listeners (the process table's and the control socket): bound where
-clients look for them, any user may connect (the server decides what a caller may do), and bound
-again when someone removes or replaces the socket file."""
+clients look for them, at any path length (unix_path), any user may connect (the server decides
+what a caller may do), and bound again when someone removes or replaces the socket file."""
 from __future__ import annotations
 
 import logging
@@ -12,6 +12,7 @@ from pathlib import Path
 import trio
 
 from mokkafs.clock import Clock
+from mokkafs.unix_path import unix_address
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,8 @@ async def serve_unix(
             with listener:
                 try:
                     path.unlink(missing_ok=True)
-                    await listener.bind(os.fspath(path))
+                    with unix_address(path) as address:  # a path past sun_path, through its directory
+                        await listener.bind(address)
                     os.chmod(path, 0o666)
                     listener.listen(64)
                     bound = os.stat(path).st_ino

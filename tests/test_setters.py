@@ -562,6 +562,44 @@ def test_a_power_limit_one_process_sets_is_what_every_surface_reports_when_the_c
     assert "mokka: gpu1 power_limit 500\n" in node.read("gpu1/events")
 
 
+def test_a_unix_address_is_the_path_or_its_directory_s_descriptor(tmp_path):
+    from mokkafs.unix_path import unix_address
+
+    with unix_address(tmp_path / "s.sock") as short:
+        assert short == str(tmp_path / "s.sock")
+    deep = tmp_path / ("d" * 200)
+    deep.mkdir()
+    with unix_address(deep / "s.sock") as address, socket.socket(socket.AF_UNIX) as server:
+        assert re.fullmatch(r"/proc/self/fd/\d+/s\.sock", address)
+        server.bind(address)
+        server.listen(1)
+        with unix_address(deep / "s.sock") as again, socket.socket(socket.AF_UNIX) as client:
+            client.connect(again)
+    assert (deep / "s.sock").is_socket()
+    with pytest.raises(OSError, match="AF_UNIX path too long"), unix_address(deep / ("s" * 100)):
+        pass
+
+
+def test_a_node_mounted_under_a_path_past_sun_path_has_its_setters(node_factory):
+    """sun_path holds 108 bytes; the socket beside a long state path is bound and reached through
+    its directory's descriptor (/proc/self/fd/N/state.ctl.sock), by the daemon, the shims and
+    the Python client alike (mokkafs/unix_path.py, mokka_control.c)."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    node = node_factory(gpus=2, name="n" * 120)
+    socket_path = control_path(node.state_dir / "state")
+    assert len(os.fsencode(socket_path)) > 108 and socket_path.exists()
+    out = run_py(pynvml_env(node), script("""
+        h = n.nvmlDeviceGetHandleByIndex(1)
+        n.nvmlDeviceSetPowerManagementLimit(h, 500000)
+        print(json.dumps(config(1)))
+    """))
+    assert out == [1, 0, 500000, 500000]
+    assert send(socket_path, "gpu=1 power_limit 600").ok  # the Python client: mokka inject, the agent
+    assert node.cli("inject", "--root", str(node.mnt), "0", "power_limit", "400").returncode == 0
+    assert "power_limit: 600 (default 700)" in node.read("gpu1/config")
+    assert "power_limit: 400 (default 700)" in node.read("gpu0/config")
+
+
 def test_every_setting_is_refused_or_taken_as_nvml_says_and_a_refusal_changes_nothing(node_factory):
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     node = node_factory(gpus=2)

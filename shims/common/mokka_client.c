@@ -281,6 +281,74 @@ void mokka_read_string(const struct mokka_state *s, const char *field, size_t n,
     out[n - 1] = '\0';
 }
 
+/* ---- MIG ---------------------------------------------------------------------------------- */
+
+#define TERMINATE(field) ((field)[sizeof(field) - 1] = '\0')
+#define CLAMP(n, max) ((n) = (n) > (max) ? (max) : (n))
+
+void mokka_read_mig(const struct mokka_state *s, unsigned index, struct mokka_mig_snapshot *out, unsigned flags)
+{
+    const struct mokka_gpu *g = &s->gpus[index];
+    int with_procs = (flags & MOKKA_MIG_WITH_PROCESSES) != 0;
+    MOKKA_CONSISTENT(s) {
+        out->capable = g->mig_capable;
+        out->mode = g->mig_mode;
+        out->pending = g->mig_pending;
+        out->gi_count = g->mig_gi_count;
+        out->dev_count = g->mig_device_count;
+        out->bar1_total = g->bar1_total;
+        memcpy(out->remaining, g->mig_gi_remaining, sizeof(out->remaining));
+        memcpy(out->gi, g->mig_gi, sizeof(out->gi));
+        memcpy(out->dev, g->mig_devices, sizeof(out->dev));
+        out->proc_count = with_procs ? g->process_count : 0;
+        if (with_procs)
+            memcpy(out->procs, g->processes, sizeof(out->procs));
+    }
+    CLAMP(out->gi_count, MOKKA_MAX_GPU_INSTANCES);
+    CLAMP(out->dev_count, MOKKA_MAX_MIG_DEVICES);
+    CLAMP(out->proc_count, MOKKA_MAX_GPU_PROCS);
+    for (unsigned k = 0; k < out->gi_count; k++)
+        TERMINATE(out->gi[k].profile_name);
+    for (unsigned k = 0; k < out->dev_count; k++) {
+        struct mokka_mig_device *d = &out->dev[k];
+        TERMINATE(d->name);
+        TERMINATE(d->uuid);
+        TERMINATE(d->profile_name);
+        if (d->gi_slot >= out->gi_count)
+            d->gi_slot = 0;
+    }
+}
+
+unsigned mokka_mig_profile_count(const struct mokka_state *s)
+{
+    uint32_t n;
+    MOKKA_SNAP(s, s->mig_profile_count, n);
+    return n > MOKKA_MAX_MIG_PROFILES ? MOKKA_MAX_MIG_PROFILES : n;
+}
+
+void mokka_read_mig_profile(const struct mokka_state *s, unsigned k, struct mokka_mig_profile *out)
+{
+    mokka_read(s, &s->mig_profiles[k], out, sizeof(*out));
+    TERMINATE(out->name);
+    CLAMP(out->placement_count, MOKKA_MAX_MIG_PLACEMENTS);
+    CLAMP(out->ci_profile_count, MOKKA_MAX_CI_PROFILES);
+    for (unsigned j = 0; j < out->ci_profile_count; j++) {
+        TERMINATE(out->ci_profiles[j].name);
+        CLAMP(out->ci_profiles[j].placement_count, MOKKA_MAX_MIG_PLACEMENTS);
+    }
+}
+
+int mokka_find_mig_profile(const struct mokka_state *s, unsigned key, int by_index, struct mokka_mig_profile *out)
+{
+    unsigned n = mokka_mig_profile_count(s);
+    for (unsigned k = 0; k < n; k++) {
+        mokka_read_mig_profile(s, k, out);
+        if ((by_index ? out->index : out->id) == key)
+            return (int)k;
+    }
+    return -1;
+}
+
 /* ---- PCI bus ids -------------------------------------------------------------------------- */
 
 /* Up to `max` hex digits at *p, then `end` (a separator, or '\0'); advances *p past both. */

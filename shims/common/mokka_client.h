@@ -14,6 +14,7 @@
  *     later call, and so is one whose generation stopped moving (a copy someone put in place;
  *     mokka_state_checked); a new valid file there is mapped and used from then on;
  *   - the seqlock read (bounded retries; a writer that died mid-publish costs one wait);
+ *   - the one snapshot of a GPU's MIG section and the board's MIG tables, made safe to index;
  *   - PCI bus id parsing.
  *
  * The fast path (mokka_state, mokka_read, MOKKA_CONSISTENT) is inline: no call, no syscall.
@@ -132,6 +133,35 @@ static inline void mokka_read_gpu(const struct mokka_state *s, unsigned index, s
 
 /* A NUL-terminated copy of a char array field (n: the field's size, at most `room`). */
 void mokka_read_string(const struct mokka_state *s, const char *field, size_t n, char *out, size_t room);
+
+/* ---- MIG (docs/mig.md) ------------------------------------------------------------------ */
+
+/* One GPU's MIG section from one publish, made safe to index: counts clamped to their arrays,
+   strings terminated, every gi_slot naming a listed GPU instance (a torn or hostile record
+   never reads past an array). The same names as the GPU record's fields, less the mig_ prefix. */
+struct mokka_mig_snapshot {
+    uint32_t capable, mode, pending;                     /* pending: the mode the next reset activates */
+    uint32_t gi_count, dev_count, proc_count;
+    uint64_t bar1_total;                                 /* bytes, the whole GPU's */
+    uint32_t remaining[MOKKA_MAX_MIG_PROFILES];          /* mig_gi_remaining */
+    struct mokka_mig_gi gi[MOKKA_MAX_GPU_INSTANCES];     /* by id */
+    struct mokka_mig_device dev[MOKKA_MAX_MIG_DEVICES];  /* MIG device order */
+    struct mokka_gpu_process procs[MOKKA_MAX_GPU_PROCS]; /* only with MOKKA_MIG_WITH_PROCESSES */
+};
+
+#define MOKKA_MIG_WITH_PROCESSES 1u /* also the GPU's process list, from the same publish */
+
+/* GPU `index`'s MIG section (index < mokka_gpu_count(s)); flags: MOKKA_MIG_WITH_PROCESSES. */
+void mokka_read_mig(const struct mokka_state *s, unsigned index, struct mokka_mig_snapshot *out, unsigned flags);
+
+/* The board's GPU instance profiles: how many (at most MOKKA_MAX_MIG_PROFILES; 0 without MIG),
+   and profile k of them, made safe like a snapshot. The tables never change while a daemon runs. */
+unsigned mokka_mig_profile_count(const struct mokka_state *s);
+void mokka_read_mig_profile(const struct mokka_state *s, unsigned k, struct mokka_mig_profile *out);
+
+/* The board's profile whose NVML_GPU_INSTANCE_PROFILE_* (by_index) or reported id is `key`:
+   its position in the table (what mig_gi_remaining is indexed by) and *out, or -1. */
+int mokka_find_mig_profile(const struct mokka_state *s, unsigned key, int by_index, struct mokka_mig_profile *out);
 
 /* ---- PCI bus ids ----------------------------------------------------------------------- */
 

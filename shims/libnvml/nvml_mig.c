@@ -10,6 +10,10 @@
  * &g_ci_handles[gpu][gi][ci], by id, never dereferenced (as device handles, nvml_internal.h): a
  * handle stays the same instance for as long as that instance exists, and is refused
  * (INVALID_ARGUMENT) once it does not. Boards without MIG answer NOT_SUPPORTED.
+ *
+ * A GPU's MIG section is read as one snapshot (mokka_read_mig, the one client's); the board's
+ * tables through mokka_find_mig_profile. The GPU instance and compute instance families share
+ * their placements, remaining capacity, list and by-id code (k_family below says how they differ).
  */
 #include "nvml_internal.h"
 #include "mokka_control.h"
@@ -26,33 +30,7 @@ static struct nvmlComputeInstance_st g_ci_handles[MOKKA_MAX_GPUS][MIG_GI_IDS][MI
 
 /* ---- reading ------------------------------------------------------------------------- */
 
-/* One GPU's MIG section, from one publish. */
-struct mig_snap {
-    uint32_t capable, mode, pending, gi_count, dev_count;
-    uint32_t remaining[MOKKA_MAX_MIG_PROFILES];
-    struct mokka_mig_gi gi[MOKKA_MAX_GPU_INSTANCES];
-    struct mokka_mig_device dev[MOKKA_MAX_MIG_DEVICES];
-};
-
-static void read_mig(const struct mokka_state *s, const struct mokka_gpu *g, struct mig_snap *m)
-{
-    MOKKA_CONSISTENT(s) {
-        m->capable = g->mig_capable;
-        m->mode = g->mig_mode;
-        m->pending = g->mig_pending;
-        m->gi_count = g->mig_gi_count;
-        m->dev_count = g->mig_device_count;
-        memcpy(m->remaining, g->mig_gi_remaining, sizeof(m->remaining));
-        memcpy(m->gi, g->mig_gi, sizeof(m->gi));
-        memcpy(m->dev, g->mig_devices, sizeof(m->dev));
-    }
-    if (m->gi_count > MOKKA_MAX_GPU_INSTANCES)
-        m->gi_count = MOKKA_MAX_GPU_INSTANCES;
-    if (m->dev_count > MOKKA_MAX_MIG_DEVICES)
-        m->dev_count = MOKKA_MAX_MIG_DEVICES;
-}
-
-static const struct mokka_mig_gi *snap_gi(const struct mig_snap *m, unsigned int id)
+static const struct mokka_mig_gi *snap_gi(const struct mokka_mig_snapshot *m, unsigned int id)
 {
     for (unsigned int k = 0; k < m->gi_count; k++)
         if (m->gi[k].id == id)
@@ -60,7 +38,7 @@ static const struct mokka_mig_gi *snap_gi(const struct mig_snap *m, unsigned int
     return NULL;
 }
 
-static const struct mokka_mig_device *snap_dev(const struct mig_snap *m, unsigned int gi, unsigned int ci)
+static const struct mokka_mig_device *snap_dev(const struct mokka_mig_snapshot *m, unsigned int gi, unsigned int ci)
 {
     for (unsigned int k = 0; k < m->dev_count; k++)
         if (m->dev[k].gi_id == gi && m->dev[k].ci_id == ci)
@@ -68,35 +46,13 @@ static const struct mokka_mig_device *snap_dev(const struct mig_snap *m, unsigne
     return NULL;
 }
 
-/* The board's GPU instance profile whose NVML_GPU_INSTANCE_PROFILE_* (by_index) or reported id
-   is `key`: its position in the table, or -1. The tables never change while a daemon runs. */
-static int find_profile(const struct mokka_state *s, unsigned int key, int by_index, struct mokka_mig_profile *out)
-{
-    uint32_t n;
-    SNAP(s, s->mig_profile_count, n);
-    if (n > MOKKA_MAX_MIG_PROFILES)
-        n = MOKKA_MAX_MIG_PROFILES;
-    for (uint32_t k = 0; k < n; k++) {
-        snap(s, &s->mig_profiles[k], out, sizeof(*out));
-        if ((by_index ? out->index : out->id) == key)
-            return (int)k;
-    }
-    return -1;
-}
-
 /* The compute instance profile `id` of GPU instance profile p, or NULL. */
 static const struct mokka_mig_ci_profile *find_ci_profile(const struct mokka_mig_profile *p, unsigned int id)
 {
-    unsigned int n = p->ci_profile_count > MOKKA_MAX_CI_PROFILES ? MOKKA_MAX_CI_PROFILES : p->ci_profile_count;
-    for (unsigned int k = 0; k < n; k++)
+    for (unsigned int k = 0; k < p->ci_profile_count; k++)
         if (p->ci_profiles[k].id == id)
             return &p->ci_profiles[k];
     return NULL;
-}
-
-static unsigned int ci_profile_slot(const struct mokka_mig_profile *p, const struct mokka_mig_ci_profile *c)
-{
-    return (unsigned int)(c - p->ci_profiles);
 }
 
 /* ---- handles ------------------------------------------------------------------------- */
@@ -108,35 +64,47 @@ static nvmlComputeInstance_t ci_handle(unsigned int gpu, unsigned int gi, unsign
     return &g_ci_handles[gpu][gi][ci];
 }
 
-/* GPU instance handle h: its GPU and id, checked against the state. On success *sp, *gp, *m
-   (the GPU's MIG section) and *gi (the instance's record, in *m). */
-static nvmlReturn_t gi_check(nvmlGpuInstance_t h, const struct mokka_state **sp, unsigned int *gpu,
-                             struct mig_snap *m, const struct mokka_mig_gi **gi)
+/* A GPU or compute instance handle h, the address of element k of a table of per_gpu bytes per
+   GPU and elements of elem bytes (the handle layer's rule: position is identity): its GPU,
+   checked against the state, and k; then that GPU's MIG snapshot. */
+static nvmlReturn_t instance_handle(const void *h, const void *table, size_t table_size, size_t per_gpu, size_t elem,
+                                    const struct mokka_state **sp, unsigned int *gpu, unsigned int *k,
+                                    struct mokka_mig_snapshot *m)
 {
     if (!initialized())
         return NVML_ERROR_UNINITIALIZED;
-    uintptr_t off = (uintptr_t)h - (uintptr_t)g_gi_handles;
-    if (off >= sizeof(g_gi_handles) || off % sizeof(g_gi_handles[0][0]))
+    uintptr_t off = (uintptr_t)h - (uintptr_t)table;
+    if (off >= table_size || off % elem)
         return NVML_ERROR_INVALID_ARGUMENT;
     const struct mokka_state *s = state();
-    *gpu = (unsigned int)(off / sizeof(g_gi_handles[0]));
-    unsigned int id = (unsigned int)(off % sizeof(g_gi_handles[0]) / sizeof(g_gi_handles[0][0]));
+    *gpu = (unsigned int)(off / per_gpu);
+    *k = (unsigned int)(off % per_gpu / elem);
     if (!s || *gpu >= gpu_count(s))
         return NVML_ERROR_INVALID_ARGUMENT;
-    const struct mokka_gpu *g = &s->gpus[*gpu];
-    if (__atomic_load_n(&g->lost, __ATOMIC_RELAXED))
+    if (__atomic_load_n(&s->gpus[*gpu].lost, __ATOMIC_RELAXED))
         return NVML_ERROR_GPU_IS_LOST;
-    read_mig(s, g, m);
-    if (!(*gi = snap_gi(m, id)))
-        return NVML_ERROR_INVALID_ARGUMENT; /* destroyed, reset, or never made */
+    mokka_read_mig(s, *gpu, m, 0);
     *sp = s;
     return NVML_SUCCESS;
+}
+
+/* GPU instance handle h: on success *sp, *gpu, *m (the GPU's MIG section) and *gi (the
+   instance's record, in *m). */
+static nvmlReturn_t gi_check(nvmlGpuInstance_t h, const struct mokka_state **sp, unsigned int *gpu,
+                             struct mokka_mig_snapshot *m, const struct mokka_mig_gi **gi)
+{
+    unsigned int id;
+    nvmlReturn_t r = instance_handle(h, g_gi_handles, sizeof(g_gi_handles), sizeof(g_gi_handles[0]),
+                                     sizeof(g_gi_handles[0][0]), sp, gpu, &id, m);
+    if (r != NVML_SUCCESS)
+        return r;
+    return (*gi = snap_gi(m, id)) ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT; /* destroyed, reset, or never made */
 }
 
 #define GI(h)                                                                  \
     const struct mokka_state *s;                                               \
     unsigned int gpu;                                                          \
-    struct mig_snap m;                                                         \
+    struct mokka_mig_snapshot m;                                               \
     const struct mokka_mig_gi *gi;                                             \
     do {                                                                       \
         nvmlReturn_t r_ = gi_check((h), &s, &gpu, &m, &gi);                    \
@@ -144,38 +112,144 @@ static nvmlReturn_t gi_check(nvmlGpuInstance_t h, const struct mokka_state **sp,
             return r_;                                                         \
     } while (0)
 
-static nvmlReturn_t ci_check(nvmlComputeInstance_t h, unsigned int *gpu, struct mig_snap *m,
+static nvmlReturn_t ci_check(nvmlComputeInstance_t h, unsigned int *gpu, struct mokka_mig_snapshot *m,
                              const struct mokka_mig_device **dev)
 {
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    uintptr_t off = (uintptr_t)h - (uintptr_t)g_ci_handles;
-    if (off >= sizeof(g_ci_handles) || off % sizeof(g_ci_handles[0][0][0]))
-        return NVML_ERROR_INVALID_ARGUMENT;
-    const struct mokka_state *s = state();
-    size_t k = off / sizeof(g_ci_handles[0][0][0]);
-    *gpu = (unsigned int)(k / (MIG_GI_IDS * MIG_CI_IDS));
-    unsigned int gi = (unsigned int)(k / MIG_CI_IDS % MIG_GI_IDS), ci = (unsigned int)(k % MIG_CI_IDS);
-    if (!s || *gpu >= gpu_count(s))
-        return NVML_ERROR_INVALID_ARGUMENT;
-    const struct mokka_gpu *g = &s->gpus[*gpu];
-    if (__atomic_load_n(&g->lost, __ATOMIC_RELAXED))
-        return NVML_ERROR_GPU_IS_LOST;
-    read_mig(s, g, m);
-    if (!(*dev = snap_dev(m, gi, ci)))
-        return NVML_ERROR_INVALID_ARGUMENT;
-    return NVML_SUCCESS;
+    const struct mokka_state *s;
+    unsigned int k;
+    nvmlReturn_t r = instance_handle(h, g_ci_handles, sizeof(g_ci_handles), sizeof(g_ci_handles[0]),
+                                     sizeof(g_ci_handles[0][0][0]), &s, gpu, &k, m);
+    if (r != NVML_SUCCESS)
+        return r;
+    return (*dev = snap_dev(m, k / MIG_CI_IDS, k % MIG_CI_IDS)) ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
 }
 
 #define CI(h)                                                                  \
     unsigned int gpu;                                                          \
-    struct mig_snap m;                                                         \
+    struct mokka_mig_snapshot m;                                               \
     const struct mokka_mig_device *dev;                                        \
     do {                                                                       \
         nvmlReturn_t r_ = ci_check((h), &gpu, &m, &dev);                       \
         if (r_ != NVML_SUCCESS)                                                \
             return r_;                                                         \
     } while (0)
+
+/* ---- the two families ------------------------------------------------------------------ */
+
+/* GPU instances live in a GPU, compute instances in a GPU instance. Their profile placements,
+   remaining capacity, list and by-id calls are the same code over a scope (where the family's
+   instances live) and a family_profile (one profile in the terms those calls use); what differs
+   between the families is the table below. */
+enum family { GPU_INSTANCES, COMPUTE_INSTANCES };
+
+static const struct family_rules {
+    unsigned int ids;             /* instance ids (the extent of the family's handle table) */
+    nvmlReturn_t unknown_profile; /* a profile id the board (or the GPU instance) lacks */
+} k_family[] = {
+    [GPU_INSTANCES] = {MIG_GI_IDS, NVML_ERROR_INVALID_ARGUMENT},
+    [COMPUTE_INSTANCES] = {MIG_CI_IDS, NVML_ERROR_NOT_SUPPORTED},
+};
+
+struct scope {
+    enum family family;
+    unsigned int gpu;
+    const struct mokka_mig_gi *gi;       /* COMPUTE_INSTANCES: the GPU instance (in m) */
+    const struct mokka_mig_snapshot *m;  /* the GPU's MIG section */
+};
+
+struct family_profile {
+    unsigned int id;                     /* the id reported, which the instances carry */
+    unsigned int instance_count;         /* on an empty GPU (GPU instance) */
+    unsigned int remaining;              /* instances of it that still fit, each where the driver would put it */
+    unsigned int placement_size, placement_count;
+    const uint32_t *placements;          /* starts, into the caller's profile copy */
+};
+
+/* Entry k of the scope's instance records: its profile id and instance id; 0 when it is not
+   one of the scope's (a compute instance of another GPU instance). */
+static int instance_at(const struct scope *sc, unsigned int k, unsigned int *profile_id, unsigned int *id)
+{
+    if (sc->family == GPU_INSTANCES) {
+        *profile_id = sc->m->gi[k].profile_id;
+        *id = sc->m->gi[k].id;
+        return 1;
+    }
+    const struct mokka_mig_device *d = &sc->m->dev[k];
+    *profile_id = d->profile;
+    *id = d->ci_id;
+    return d->gi_id == sc->gi->id;
+}
+
+static unsigned int instance_records(const struct scope *sc)
+{
+    return sc->family == GPU_INSTANCES ? sc->m->gi_count : sc->m->dev_count;
+}
+
+/* The ids of the scope's instances of profile f, at most its instanceCount (the caller's
+   buffer holds that many, nvml.h; there are never more). */
+static unsigned int list_instances(const struct scope *sc, const struct family_profile *f, unsigned int ids[])
+{
+    unsigned int n = 0, profile_id, id;
+    for (unsigned int k = 0; k < instance_records(sc) && n < f->instance_count; k++)
+        if (instance_at(sc, k, &profile_id, &id) && profile_id == f->id)
+            ids[n++] = id;
+    return n;
+}
+
+/* Is there an instance `id` in the scope? An id past the family's is INVALID_ARGUMENT. */
+static nvmlReturn_t find_instance(const struct scope *sc, unsigned int id)
+{
+    if (id >= k_family[sc->family].ids)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int profile_id, have;
+    for (unsigned int k = 0; k < instance_records(sc); k++)
+        if (instance_at(sc, k, &profile_id, &have) && have == id)
+            return NVML_SUCCESS;
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* Both placement types are {start, size} (nvml.h); one writer fills either. */
+_Static_assert(sizeof(nvmlGpuInstancePlacement_t) == 2 * sizeof(unsigned int) &&
+                   offsetof(nvmlGpuInstancePlacement_t, start) == 0 && offsetof(nvmlGpuInstancePlacement_t, size) == sizeof(unsigned int),
+               "nvmlGpuInstancePlacement_t is {start, size}");
+_Static_assert(sizeof(nvmlComputeInstancePlacement_t) == 2 * sizeof(unsigned int) &&
+                   offsetof(nvmlComputeInstancePlacement_t, start) == 0 && offsetof(nvmlComputeInstancePlacement_t, size) == sizeof(unsigned int),
+               "nvmlComputeInstancePlacement_t is {start, size}");
+
+/* Every placement of profile f, whether it is free or not. NULL placements: the count; a
+   buffer too small: INSUFFICIENT_SIZE and the count needed. */
+static nvmlReturn_t list_placements(const struct family_profile *f, void *placements, unsigned int *count)
+{
+    unsigned int n = f->placement_count;
+    if (placements) {
+        if (*count < n) {
+            *count = n;
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        for (unsigned int k = 0; k < n; k++) {
+            unsigned int pair[2] = {f->placements[k], f->placement_size};
+            memcpy((char *)placements + k * sizeof(pair), pair, sizeof(pair));
+        }
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+/* A versioned profile info struct of either family: zeroed but for its version, which must be
+   v2 or v3 (nvml.h). 2 or 3; 0 for another version. */
+static int versioned_info(void *info, unsigned int v2, size_t v2_size, unsigned int v3, size_t v3_size)
+{
+    unsigned int version;
+    memcpy(&version, info, sizeof(version));
+    if (version != v2 && version != v3)
+        return 0;
+    memset(info, 0, version == v2 ? v2_size : v3_size);
+    memcpy(info, &version, sizeof(version));
+    return version == v2 ? 2 : 3;
+}
+
+#define VERSIONED_INFO(info, family)                                                                   \
+    versioned_info((info), family##_v2, sizeof(family##_v2_t), family##_v3, sizeof(family##_v3_t))
 
 /* ---- commands ------------------------------------------------------------------------ */
 
@@ -285,41 +359,80 @@ static nvmlReturn_t mig_enabled(const struct mokka_state *s, const struct mokka_
 
 #define MIG_NAME(out, name) snprintf((out), sizeof(out), "MIG %s", (name))
 
-static void gi_info_fields(const struct mokka_mig_profile *p, unsigned int *id, unsigned int *slices,
-                           unsigned int *instances, unsigned int *sms, unsigned int *ce, unsigned int *dec,
-                           unsigned int *enc, unsigned int *jpeg, unsigned int *ofa, unsigned long long *mib)
+/* Any version of nvmlGpuInstanceProfileInfo: the fields they share. */
+#define FILL_GI_INFO(info, p)                                                   \
+    do {                                                                        \
+        (info)->id = (p)->id;                                                   \
+        (info)->sliceCount = (p)->slice_count;                                  \
+        (info)->instanceCount = (p)->instance_count;                            \
+        (info)->multiprocessorCount = (p)->multiprocessor_count;                \
+        (info)->copyEngineCount = (p)->copy_engine_count;                       \
+        (info)->decoderCount = (p)->decoder_count;                              \
+        (info)->encoderCount = (p)->encoder_count;                              \
+        (info)->jpegCount = (p)->jpeg_count;                                    \
+        (info)->ofaCount = (p)->ofa_count;                                      \
+        (info)->memorySizeMB = (p)->memory_mib;                                 \
+    } while (0)
+
+/* The board's profile by NVML_GPU_INSTANCE_PROFILE_* (by_index) or reported id, in the family's
+   terms: 0, or -1 when the board has no such profile. */
+static int gi_family(const struct mokka_state *s, const struct mokka_gpu *g, unsigned int key, int by_index,
+                     struct mokka_mig_profile *p, struct family_profile *f)
 {
-    *id = p->id;
-    *slices = p->slice_count;
-    *instances = p->instance_count;
-    *sms = p->multiprocessor_count;
-    *ce = p->copy_engine_count;
-    *dec = p->decoder_count;
-    *enc = p->encoder_count;
-    *jpeg = p->jpeg_count;
-    *ofa = p->ofa_count;
-    *mib = p->memory_mib;
+    int k = mokka_find_mig_profile(s, key, by_index, p);
+    if (k < 0)
+        return -1;
+    uint32_t remaining;
+    SNAP(s, g->mig_gi_remaining[k], remaining);
+    *f = (struct family_profile){p->id, p->instance_count, remaining, p->placement_size, p->placement_count,
+                                 p->placements};
+    return 0;
 }
 
-#define FILL_GI_INFO(info, p)                                                                          \
-    gi_info_fields(&(p), &(info)->id, &(info)->sliceCount, &(info)->instanceCount,                     \
-                   &(info)->multiprocessorCount, &(info)->copyEngineCount, &(info)->decoderCount,      \
-                   &(info)->encoderCount, &(info)->jpegCount, &(info)->ofaCount, &(info)->memorySizeMB)
-
-/* The profile by NVML_GPU_INSTANCE_PROFILE_* (by_index) or reported id, for the info queries:
-   an index past NVML's list is INVALID_ARGUMENT, one the board lacks NOT_SUPPORTED (how
-   callers enumerate profiles); an unknown id is INVALID_ARGUMENT. */
-static nvmlReturn_t profile_for_info(const struct mokka_state *s, const struct mokka_gpu *g, unsigned int key,
-                                     int by_index, struct mokka_mig_profile *p)
+/* The same, for the queries that need MIG on (info, capacity, list): an index past NVML's list
+   is INVALID_ARGUMENT, one the board lacks NOT_SUPPORTED (how callers enumerate profiles); an
+   unknown id is the family's unknown profile. */
+static nvmlReturn_t gi_family_enabled(const struct mokka_state *s, const struct mokka_gpu *g, unsigned int key,
+                                      int by_index, struct mokka_mig_profile *p, struct family_profile *f)
 {
     if (by_index && key >= NVML_GPU_INSTANCE_PROFILE_COUNT)
         return NVML_ERROR_INVALID_ARGUMENT;
     nvmlReturn_t r = mig_enabled(s, g);
     if (r != NVML_SUCCESS)
         return r;
-    if (find_profile(s, key, by_index, p) < 0)
-        return by_index ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    if (gi_family(s, g, key, by_index, p, f) < 0)
+        return by_index ? NVML_ERROR_NOT_SUPPORTED : k_family[GPU_INSTANCES].unknown_profile;
     return NVML_SUCCESS;
+}
+
+#define GI_FAMILY(key, by_index)                                                \
+    struct mokka_mig_profile p;                                                 \
+    struct family_profile f;                                                    \
+    do {                                                                        \
+        nvmlReturn_t r_ = gi_family_enabled(s, g, (key), (by_index), &p, &f);   \
+        if (r_ != NVML_SUCCESS)                                                 \
+            return r_;                                                          \
+    } while (0)
+
+/* The profile's info into any version of the struct (1: nvmlGpuInstanceProfileInfo_t; v3 drops
+   isP2pSupported for a capabilities mask). */
+static void fill_gi_info(const struct mokka_mig_profile *p, void *info, int version)
+{
+    if (version == 1) {
+        nvmlGpuInstanceProfileInfo_t *v1 = info;
+        FILL_GI_INFO(v1, p);
+        v1->isP2pSupported = p->p2p;
+    } else if (version == 2) {
+        nvmlGpuInstanceProfileInfo_v2_t *v2 = info;
+        FILL_GI_INFO(v2, p);
+        v2->isP2pSupported = p->p2p;
+        MIG_NAME(v2->name, p->name);
+    } else {
+        nvmlGpuInstanceProfileInfo_v3_t *v3 = info;
+        FILL_GI_INFO(v3, p);
+        MIG_NAME(v3->name, p->name);
+        v3->capabilities = p->p2p ? NVML_GPU_INSTANCE_PROFILE_CAPS_P2P : 0;
+    }
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
@@ -327,43 +440,20 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, un
 {
     DEV(device);
     ARG(info);
-    struct mokka_mig_profile p;
-    nvmlReturn_t r = profile_for_info(s, g, profile, 1, &p);
-    if (r != NVML_SUCCESS)
-        return r;
+    GI_FAMILY(profile, 1);
     memset(info, 0, sizeof(*info));
-    FILL_GI_INFO(info, p);
-    info->isP2pSupported = p.p2p;
+    fill_gi_info(&p, info, 1);
     return NVML_SUCCESS;
 }
 
-/* v2 and v3 (nvml.h: v3 drops isP2pSupported for a capabilities mask). */
-static nvmlReturn_t profile_info_v(const struct mokka_state *s, const struct mokka_gpu *g, unsigned int key,
-                                   int by_index, nvmlGpuInstanceProfileInfo_v2_t *info)
+static nvmlReturn_t gi_profile_info_v(const struct mokka_state *s, const struct mokka_gpu *g, unsigned int key,
+                                      int by_index, nvmlGpuInstanceProfileInfo_v2_t *info)
 {
     ARG(info);
     if (info->version != nvmlGpuInstanceProfileInfo_v2 && info->version != nvmlGpuInstanceProfileInfo_v3)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    struct mokka_mig_profile p;
-    nvmlReturn_t r = profile_for_info(s, g, key, by_index, &p);
-    if (r != NVML_SUCCESS)
-        return r;
-    p.name[sizeof(p.name) - 1] = '\0';
-    if (info->version == nvmlGpuInstanceProfileInfo_v2) {
-        unsigned int version = info->version;
-        memset(info, 0, sizeof(*info));
-        info->version = version;
-        FILL_GI_INFO(info, p);
-        info->isP2pSupported = p.p2p;
-        MIG_NAME(info->name, p.name);
-    } else {
-        nvmlGpuInstanceProfileInfo_v3_t *v3 = (nvmlGpuInstanceProfileInfo_v3_t *)info;
-        memset(v3, 0, sizeof(*v3));
-        v3->version = nvmlGpuInstanceProfileInfo_v3;
-        FILL_GI_INFO(v3, p);
-        MIG_NAME(v3->name, p.name);
-        v3->capabilities = p.p2p ? NVML_GPU_INSTANCE_PROFILE_CAPS_P2P : 0;
-    }
+    GI_FAMILY(key, by_index);
+    fill_gi_info(&p, info, VERSIONED_INFO(info, nvmlGpuInstanceProfileInfo));
     return NVML_SUCCESS;
 }
 
@@ -371,14 +461,14 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, u
                                                           nvmlGpuInstanceProfileInfo_v2_t *info)
 {
     DEV(device);
-    return profile_info_v(s, g, profile, 1, info);
+    return gi_profile_info_v(s, g, profile, 1, info);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceProfileInfoByIdV(nvmlDevice_t device, unsigned int profileId,
                                                               nvmlGpuInstanceProfileInfo_v2_t *info)
 {
     DEV(device);
-    return profile_info_v(s, g, profileId, 0, info);
+    return gi_profile_info_v(s, g, profileId, 0, info);
 }
 
 /* Every placement of the profile, whether MIG is on or not (nvml.h). NULL placements: the count. */
@@ -390,22 +480,13 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t 
     ARG(count);
     uint32_t capable;
     SNAP(s, g->mig_capable, capable);
+    if (!capable)
+        return NVML_ERROR_NOT_SUPPORTED;
     struct mokka_mig_profile p;
-    if (!capable || find_profile(s, profileId, 0, &p) < 0)
-        return capable ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
-    unsigned int n = p.placement_count > MOKKA_MAX_MIG_PLACEMENTS ? MOKKA_MAX_MIG_PLACEMENTS : p.placement_count;
-    if (placements) {
-        if (*count < n) {
-            *count = n;
-            return NVML_ERROR_INSUFFICIENT_SIZE;
-        }
-        for (unsigned int k = 0; k < n; k++) {
-            placements[k].start = p.placements[k];
-            placements[k].size = p.placement_size;
-        }
-    }
-    *count = n;
-    return NVML_SUCCESS;
+    struct family_profile f;
+    if (gi_family(s, g, profileId, 0, &p, &f) < 0)
+        return k_family[GPU_INSTANCES].unknown_profile;
+    return list_placements(&f, placements, count);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstancePossiblePlacements(nvmlDevice_t device, unsigned int profileId,
@@ -420,16 +501,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t devi
 {
     DEV(device);
     ARG(count);
-    nvmlReturn_t r = mig_enabled(s, g);
-    if (r != NVML_SUCCESS)
-        return r;
-    struct mokka_mig_profile p;
-    int k = find_profile(s, profileId, 0, &p);
-    if (k < 0)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    uint32_t n;
-    SNAP(s, g->mig_gi_remaining[k], n);
-    *count = n;
+    GI_FAMILY(profileId, 0);
+    *count = f.remaining;
     return NVML_SUCCESS;
 }
 
@@ -450,7 +523,7 @@ static nvmlReturn_t create_gi(nvmlDevice_t device, unsigned int profileId, const
     if (placement) {
         /* A placement is one of the profile's, start and size (nvmlDeviceGetGpuInstancePossiblePlacements). */
         struct mokka_mig_profile p;
-        if (find_profile(s, profileId, 0, &p) < 0 || placement->size != p.placement_size ||
+        if (mokka_find_mig_profile(s, profileId, 0, &p) < 0 || placement->size != p.placement_size ||
             placement->start >= MOKKA_MAX_MIG_PLACEMENTS)
             return mig_enabled(s, g) == NVML_SUCCESS ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
         r = command(reply, sizeof(reply), "gpu=%u mig create_gi %u:%u", index, profileId, placement->start);
@@ -492,24 +565,20 @@ nvmlReturn_t DECLDIR nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance)
     return r == NVML_ERROR_NOT_FOUND ? NVML_ERROR_INVALID_ARGUMENT : r; /* gone meanwhile */
 }
 
-/* The caller's buffer holds the profile's instanceCount (nvml.h); there are never more. */
 nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId,
                                                nvmlGpuInstance_t *gpuInstances, unsigned int *count)
 {
     DEV(device);
     ARG(gpuInstances);
     ARG(count);
-    struct mokka_mig_profile p;
-    nvmlReturn_t r = profile_for_info(s, g, profileId, 0, &p);
-    if (r != NVML_SUCCESS)
-        return r;
-    struct mig_snap m;
-    read_mig(s, g, &m);
-    unsigned int n = 0;
-    for (unsigned int k = 0; k < m.gi_count && n < p.instance_count; k++)
-        if (m.gi[k].profile_id == profileId)
-            gpuInstances[n++] = gi_handle(gpu_index(s, g), m.gi[k].id);
-    *count = n;
+    GI_FAMILY(profileId, 0);
+    struct mokka_mig_snapshot m;
+    mokka_read_mig(s, gpu_index(s, g), &m, 0);
+    struct scope sc = {GPU_INSTANCES, gpu_index(s, g), NULL, &m};
+    unsigned int ids[MOKKA_MAX_GPU_INSTANCES];
+    *count = list_instances(&sc, &f, ids);
+    for (unsigned int k = 0; k < *count; k++)
+        gpuInstances[k] = gi_handle(sc.gpu, ids[k]);
     return NVML_SUCCESS;
 }
 
@@ -520,13 +589,12 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned 
     nvmlReturn_t r = mig_enabled(s, g);
     if (r != NVML_SUCCESS)
         return r;
-    if (id >= MIG_GI_IDS)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    struct mig_snap m;
-    read_mig(s, g, &m);
-    if (!snap_gi(&m, id))
-        return NVML_ERROR_NOT_FOUND;
-    *gpuInstance = gi_handle(gpu_index(s, g), id);
+    struct mokka_mig_snapshot m;
+    mokka_read_mig(s, gpu_index(s, g), &m, 0);
+    struct scope sc = {GPU_INSTANCES, gpu_index(s, g), NULL, &m};
+    if ((r = find_instance(&sc, id)) != NVML_SUCCESS)
+        return r;
+    *gpuInstance = gi_handle(sc.gpu, id);
     return NVML_SUCCESS;
 }
 
@@ -546,36 +614,69 @@ nvmlReturn_t DECLDIR nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlG
 
 /* ---- compute instance profiles ---------------------------------------------------------- */
 
-/* The GPU instance's own profile and its compute profile `profile`. */
-static nvmlReturn_t ci_profile_of(const struct mokka_state *s, const struct mokka_mig_gi *gi, unsigned int profile,
-                                  struct mokka_mig_profile *p, const struct mokka_mig_ci_profile **c)
+/* GPU instance gi's scope and its compute profile `profile` (*p: the GPU instance's own profile). */
+static nvmlReturn_t ci_family(const struct mokka_state *s, unsigned int gpu, const struct mokka_mig_snapshot *m,
+                              const struct mokka_mig_gi *gi, unsigned int profile, struct mokka_mig_profile *p,
+                              const struct mokka_mig_ci_profile **c, struct scope *sc, struct family_profile *f)
 {
-    if (find_profile(s, gi->profile, 1, p) < 0)
+    if (mokka_find_mig_profile(s, gi->profile, 1, p) < 0)
         return NVML_ERROR_UNKNOWN; /* a published instance of a profile the table lacks: never */
-    *c = find_ci_profile(p, profile);
-    return *c ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+    if (!(*c = find_ci_profile(p, profile)))
+        return k_family[COMPUTE_INSTANCES].unknown_profile;
+    unsigned int slot = (unsigned int)(*c - p->ci_profiles);
+    *sc = (struct scope){COMPUTE_INSTANCES, gpu, gi, m};
+    *f = (struct family_profile){(*c)->id, (*c)->instance_count, gi->ci_remaining[slot], (*c)->slice_count,
+                                 (*c)->placement_count, (*c)->placements};
+    return NVML_SUCCESS;
 }
 
+#define CI_FAMILY(profile)                                                      \
+    struct mokka_mig_profile p;                                                 \
+    const struct mokka_mig_ci_profile *c;                                       \
+    struct scope sc;                                                            \
+    struct family_profile f;                                                    \
+    do {                                                                        \
+        nvmlReturn_t r_ = ci_family(s, gpu, &m, gi, (profile), &p, &c, &sc, &f); \
+        if (r_ != NVML_SUCCESS)                                                 \
+            return r_;                                                          \
+    } while (0)
+
+/* Any version of nvmlComputeInstanceProfileInfo: engines are the GPU instance's, shared. */
 #define FILL_CI_INFO(info, p, c)                                                \
     do {                                                                        \
         (info)->id = (c)->id;                                                   \
         (info)->sliceCount = (c)->slice_count;                                  \
         (info)->instanceCount = (c)->instance_count;                            \
         (info)->multiprocessorCount = (c)->multiprocessor_count;                \
-        (info)->sharedCopyEngineCount = (p).copy_engine_count;                  \
-        (info)->sharedDecoderCount = (p).decoder_count;                         \
-        (info)->sharedEncoderCount = (p).encoder_count;                         \
-        (info)->sharedJpegCount = (p).jpeg_count;                               \
-        (info)->sharedOfaCount = (p).ofa_count;                                 \
+        (info)->sharedCopyEngineCount = (p)->copy_engine_count;                 \
+        (info)->sharedDecoderCount = (p)->decoder_count;                        \
+        (info)->sharedEncoderCount = (p)->encoder_count;                        \
+        (info)->sharedJpegCount = (p)->jpeg_count;                              \
+        (info)->sharedOfaCount = (p)->ofa_count;                                \
     } while (0)
 
-static nvmlReturn_t ci_profile_check(const struct mokka_state *s, const struct mokka_mig_gi *gi, unsigned int profile,
-                                     unsigned int engProfile, struct mokka_mig_profile *p,
-                                     const struct mokka_mig_ci_profile **c)
+static void fill_ci_info(const struct mokka_mig_profile *p, const struct mokka_mig_ci_profile *c, void *info,
+                         int version)
 {
-    if (profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT || engProfile >= NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    return ci_profile_of(s, gi, profile, p, c);
+    if (version == 1) {
+        nvmlComputeInstanceProfileInfo_t *v1 = info;
+        FILL_CI_INFO(v1, p, c);
+    } else if (version == 2) {
+        nvmlComputeInstanceProfileInfo_v2_t *v2 = info;
+        FILL_CI_INFO(v2, p, c);
+        MIG_NAME(v2->name, c->name);
+    } else {
+        nvmlComputeInstanceProfileInfo_v3_t *v3 = info;
+        FILL_CI_INFO(v3, p, c);
+        MIG_NAME(v3->name, c->name);
+    }
+}
+
+static nvmlReturn_t ci_profile_range(unsigned int profile, unsigned int engProfile)
+{
+    return profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT || engProfile >= NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT
+               ? NVML_ERROR_INVALID_ARGUMENT
+               : NVML_SUCCESS;
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gpuInstance, unsigned int profile,
@@ -583,15 +684,13 @@ nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstanc
                                                                   nvmlComputeInstanceProfileInfo_t *info)
 {
     GI(gpuInstance);
-    (void)gpu;
     ARG(info);
-    struct mokka_mig_profile p;
-    const struct mokka_mig_ci_profile *c;
-    nvmlReturn_t r = ci_profile_check(s, gi, profile, engProfile, &p, &c);
+    nvmlReturn_t r = ci_profile_range(profile, engProfile);
     if (r != NVML_SUCCESS)
         return r;
+    CI_FAMILY(profile);
     memset(info, 0, sizeof(*info));
-    FILL_CI_INFO(info, p, c);
+    fill_ci_info(&p, c, info, 1);
     return NVML_SUCCESS;
 }
 
@@ -600,30 +699,14 @@ nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstan
                                                                    nvmlComputeInstanceProfileInfo_v2_t *info)
 {
     GI(gpuInstance);
-    (void)gpu;
     ARG(info);
     if (info->version != nvmlComputeInstanceProfileInfo_v2 && info->version != nvmlComputeInstanceProfileInfo_v3)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    struct mokka_mig_profile p;
-    const struct mokka_mig_ci_profile *c;
-    nvmlReturn_t r = ci_profile_check(s, gi, profile, engProfile, &p, &c);
+    nvmlReturn_t r = ci_profile_range(profile, engProfile);
     if (r != NVML_SUCCESS)
         return r;
-    char name[sizeof(c->name)];
-    memcpy(name, c->name, sizeof(name));
-    name[sizeof(name) - 1] = '\0';
-    if (info->version == nvmlComputeInstanceProfileInfo_v2) {
-        memset(info, 0, sizeof(*info));
-        info->version = nvmlComputeInstanceProfileInfo_v2;
-        FILL_CI_INFO(info, p, c);
-        MIG_NAME(info->name, name);
-    } else {
-        nvmlComputeInstanceProfileInfo_v3_t *v3 = (nvmlComputeInstanceProfileInfo_v3_t *)info;
-        memset(v3, 0, sizeof(*v3));
-        v3->version = nvmlComputeInstanceProfileInfo_v3;
-        FILL_CI_INFO(v3, p, c);
-        MIG_NAME(v3->name, name);
-    }
+    CI_FAMILY(profile);
+    fill_ci_info(&p, c, info, VERSIONED_INFO(info, nvmlComputeInstanceProfileInfo));
     return NVML_SUCCESS;
 }
 
@@ -631,14 +714,9 @@ nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstanceRemainingCapacity(nvmlGpuI
                                                                         unsigned int profileId, unsigned int *count)
 {
     GI(gpuInstance);
-    (void)gpu;
     ARG(count);
-    struct mokka_mig_profile p;
-    const struct mokka_mig_ci_profile *c;
-    nvmlReturn_t r = ci_profile_of(s, gi, profileId, &p, &c);
-    if (r != NVML_SUCCESS)
-        return r;
-    *count = gi->ci_remaining[ci_profile_slot(&p, c)];
+    CI_FAMILY(profileId);
+    *count = f.remaining;
     return NVML_SUCCESS;
 }
 
@@ -648,26 +726,9 @@ nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstancePossiblePlacements(nvmlGpu
                                                                          unsigned int *count)
 {
     GI(gpuInstance);
-    (void)gpu;
     ARG(count);
-    struct mokka_mig_profile p;
-    const struct mokka_mig_ci_profile *c;
-    nvmlReturn_t r = ci_profile_of(s, gi, profileId, &p, &c);
-    if (r != NVML_SUCCESS)
-        return r;
-    unsigned int n = c->placement_count > MOKKA_MAX_MIG_PLACEMENTS ? MOKKA_MAX_MIG_PLACEMENTS : c->placement_count;
-    if (placements) {
-        if (*count < n) {
-            *count = n;
-            return NVML_ERROR_INSUFFICIENT_SIZE;
-        }
-        for (unsigned int k = 0; k < n; k++) {
-            placements[k].start = c->placements[k];
-            placements[k].size = c->slice_count;
-        }
-    }
-    *count = n;
-    return NVML_SUCCESS;
+    CI_FAMILY(profileId);
+    return list_placements(&f, placements, count);
 }
 
 /* ---- compute instances ---------------------------------------------------------------- */
@@ -677,12 +738,9 @@ static nvmlReturn_t create_ci(nvmlGpuInstance_t gpuInstance, unsigned int profil
 {
     GI(gpuInstance);
     ARG(computeInstance);
-    struct mokka_mig_profile p;
-    const struct mokka_mig_ci_profile *c;
-    nvmlReturn_t r = ci_profile_of(s, gi, profileId, &p, &c);
-    if (r != NVML_SUCCESS)
-        return r;
+    CI_FAMILY(profileId);
     char reply[MOKKA_CONTROL_MAX];
+    nvmlReturn_t r;
     if (placement) {
         if (placement->size != c->slice_count || placement->start >= MOKKA_MAX_MIG_PLACEMENTS)
             return NVML_ERROR_INVALID_ARGUMENT;
@@ -728,16 +786,11 @@ nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuIns
     GI(gpuInstance);
     ARG(computeInstances);
     ARG(count);
-    struct mokka_mig_profile p;
-    const struct mokka_mig_ci_profile *c;
-    nvmlReturn_t r = ci_profile_of(s, gi, profileId, &p, &c);
-    if (r != NVML_SUCCESS)
-        return r;
-    unsigned int n = 0;
-    for (unsigned int k = 0; k < m.dev_count && n < c->instance_count; k++)
-        if (m.dev[k].gi_id == gi->id && m.dev[k].profile == profileId)
-            computeInstances[n++] = ci_handle(gpu, gi->id, m.dev[k].ci_id);
-    *count = n;
+    CI_FAMILY(profileId);
+    unsigned int ids[MOKKA_MAX_MIG_DEVICES];
+    *count = list_instances(&sc, &f, ids);
+    for (unsigned int k = 0; k < *count; k++)
+        computeInstances[k] = ci_handle(gpu, gi->id, ids[k]);
     return NVML_SUCCESS;
 }
 
@@ -747,10 +800,10 @@ nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpu
     GI(gpuInstance);
     (void)s;
     ARG(computeInstance);
-    if (id >= MIG_CI_IDS)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (!snap_dev(&m, gi->id, id))
-        return NVML_ERROR_NOT_FOUND;
+    struct scope sc = {COMPUTE_INSTANCES, gpu, gi, &m};
+    nvmlReturn_t r = find_instance(&sc, id);
+    if (r != NVML_SUCCESS)
+        return r;
     *computeInstance = ci_handle(gpu, gi->id, id);
     return NVML_SUCCESS;
 }
@@ -787,8 +840,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, un
     SNAP(s, s->mig_compute_slices, slices);
     if (index >= slices)
         return NVML_ERROR_INVALID_ARGUMENT;
-    struct mig_snap m;
-    read_mig(s, g, &m);
+    struct mokka_mig_snapshot m;
+    mokka_read_mig(s, gpu_index(s, g), &m, 0);
     if (index >= m.dev_count)
         return NVML_ERROR_NOT_FOUND;
     *migDevice = mig_handle(gpu_index(s, g), m.dev[index].gi_id, m.dev[index].ci_id);

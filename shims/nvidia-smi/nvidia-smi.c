@@ -174,75 +174,25 @@ static int state_string(unsigned index, size_t offset, size_t len, char *out, si
 
 /* ---- MIG, as the shared state publishes it (docs/mig.md) -------------------------------- */
 
-/* One GPU's MIG facts, copied in one consistent read. Our NVML's MIG calls are not what this
-   tool reads: like the lost GPU's bus id, the layout comes from the state the model computed, so
-   every name, id, UUID and share is the model's own (nothing re-derived here). */
-struct mig_view {
-    int capable;
-    unsigned mode, pending;                         /* current, pending: 1 enabled */
-    unsigned gi_count, dev_count;
-    unsigned remaining[MOKKA_MAX_MIG_PROFILES];     /* GPU instances of each profile that still fit */
-    struct mokka_mig_gi gi[MOKKA_MAX_GPU_INSTANCES];  /* by id */
-    struct mokka_mig_device dev[MOKKA_MAX_MIG_DEVICES]; /* MIG device order */
-    unsigned proc_count;
-    struct mokka_gpu_process procs[MOKKA_MAX_GPU_PROCS];
-    unsigned long long bar1_total;                  /* bytes, the whole GPU's */
-};
+/* One GPU's MIG facts: the one client's snapshot (mokka_read_mig), with the GPU's processes for
+   the GI/CI columns. Our NVML's MIG calls are not what this tool reads: like the lost GPU's bus
+   id, the layout comes from the state the model computed, so every name, id, UUID and share is
+   the model's own (nothing re-derived here). */
 
 /* The board's tables (node-wide), filled by mig_read. */
 static struct mokka_mig_profile g_mig_profiles[MOKKA_MAX_MIG_PROFILES];
-static unsigned g_mig_profile_count, g_mig_memory_slices;
+static unsigned g_mig_profile_count;
 
-static int mig_read(unsigned index, struct mig_view *v)
+static int mig_read(unsigned index, struct mokka_mig_snapshot *v)
 {
     memset(v, 0, sizeof(*v));
     const struct mokka_state *s = state_of(index);
     if (!s)
         return -1;
-    const struct mokka_gpu *g = &s->gpus[index];
-    MOKKA_CONSISTENT(s) {
-        v->capable = g->mig_capable != 0;
-        v->mode = g->mig_mode;
-        v->pending = g->mig_pending;
-        v->gi_count = g->mig_gi_count;
-        v->dev_count = g->mig_device_count;
-        memcpy(v->remaining, g->mig_gi_remaining, sizeof(v->remaining));
-        memcpy(v->gi, g->mig_gi, sizeof(v->gi));
-        memcpy(v->dev, g->mig_devices, sizeof(v->dev));
-        v->proc_count = g->process_count;
-        memcpy(v->procs, g->processes, sizeof(v->procs));
-        v->bar1_total = g->bar1_total;
-        g_mig_profile_count = s->mig_profile_count;
-        g_mig_memory_slices = s->mig_memory_slices;
-        memcpy(g_mig_profiles, s->mig_profiles, sizeof(g_mig_profiles));
-    }
-    /* a torn or hostile record never indexes past an array */
-    if (v->gi_count > MOKKA_MAX_GPU_INSTANCES)
-        v->gi_count = MOKKA_MAX_GPU_INSTANCES;
-    if (v->dev_count > MOKKA_MAX_MIG_DEVICES)
-        v->dev_count = MOKKA_MAX_MIG_DEVICES;
-    if (v->proc_count > MOKKA_MAX_GPU_PROCS)
-        v->proc_count = MOKKA_MAX_GPU_PROCS;
-    if (g_mig_profile_count > MOKKA_MAX_MIG_PROFILES)
-        g_mig_profile_count = MOKKA_MAX_MIG_PROFILES;
-    for (unsigned k = 0; k < v->gi_count; k++)
-        v->gi[k].profile_name[sizeof(v->gi[k].profile_name) - 1] = 0;
-    for (unsigned k = 0; k < v->dev_count; k++) {
-        v->dev[k].uuid[sizeof(v->dev[k].uuid) - 1] = 0;
-        v->dev[k].profile_name[sizeof(v->dev[k].profile_name) - 1] = 0;
-        if (v->dev[k].gi_slot >= v->gi_count)
-            v->dev[k].gi_slot = 0;
-    }
-    for (unsigned k = 0; k < g_mig_profile_count; k++) {
-        struct mokka_mig_profile *p = &g_mig_profiles[k];
-        p->name[sizeof(p->name) - 1] = 0;
-        if (p->placement_count > MOKKA_MAX_MIG_PLACEMENTS)
-            p->placement_count = MOKKA_MAX_MIG_PLACEMENTS;
-        if (p->ci_profile_count > MOKKA_MAX_CI_PROFILES)
-            p->ci_profile_count = MOKKA_MAX_CI_PROFILES;
-        for (unsigned j = 0; j < p->ci_profile_count; j++)
-            p->ci_profiles[j].name[sizeof(p->ci_profiles[j].name) - 1] = 0;
-    }
+    mokka_read_mig(s, index, v, MOKKA_MIG_WITH_PROCESSES);
+    g_mig_profile_count = mokka_mig_profile_count(s);
+    for (unsigned k = 0; k < g_mig_profile_count; k++)
+        mokka_read_mig_profile(s, k, &g_mig_profiles[k]);
     return 0;
 }
 
@@ -270,7 +220,7 @@ static const struct mokka_mig_profile *mig_profile(unsigned index)
 }
 
 /* The GPU instance and compute instance a process runs on (0 when none). */
-static int mig_of_pid(const struct mig_view *v, unsigned pid, unsigned *gi, unsigned *ci)
+static int mig_of_pid(const struct mokka_mig_snapshot *v, unsigned pid, unsigned *gi, unsigned *ci)
 {
     for (unsigned k = 0; k < v->proc_count; k++)
         if (v->procs[k].pid == pid && v->procs[k].mig_gi != MOKKA_NO_MIG) {
@@ -769,7 +719,7 @@ static enum vr value(const struct dev *d, int key, char *out, size_t n)
         r = NV(nvmlDeviceGetAccountingBufferSize, h, &u);
         return r == NVML_SUCCESS ? PUT("%u", u) : from(r);
     case K_mig_mode_current: case K_mig_mode_pending: {
-        struct mig_view mv;
+        struct mokka_mig_snapshot mv;
         if (mig_read(d->index, &mv) != 0 || !mv.capable)
             return V_NA;
         return PUT("%s", (key == K_mig_mode_current ? mv.mode : mv.pending) ? "Enabled" : "Disabled");
@@ -1070,7 +1020,7 @@ static unsigned get_procs(const struct dev *d, struct proc *out, unsigned cap)
         }
     }
     /* Which MIG device each process runs on, as CUDA's accounting told the model. */
-    struct mig_view mv;
+    struct mokka_mig_snapshot mv;
     if (total && mig_read(d->index, &mv) == 0)
         for (unsigned j = 0; j < total; j++)
             mig_of_pid(&mv, out[j].pid, &out[j].gi, &out[j].ci);
@@ -1088,7 +1038,7 @@ static void proc_name(unsigned pid, char *out, size_t n)
 /* ---- MIG devices in the listings (-L, the default table, -q, -q -x) ----------------------- */
 
 /* BAR1 of a GPU instance, as the model computed it (model/mig.py bar1_bytes). */
-static unsigned long long mig_bar1_mib(const struct mig_view *v, const struct mokka_mig_gi *g)
+static unsigned long long mig_bar1_mib(const struct mokka_mig_snapshot *v, const struct mokka_mig_gi *g)
 {
     (void)v;
     return g->bar1_total >> 20;
@@ -1097,7 +1047,7 @@ static unsigned long long mig_bar1_mib(const struct mig_view *v, const struct mo
 /* "  MIG 3g.40gb     Device  0: (UUID: MIG-...)" under each GPU of -L. */
 static void mig_list(unsigned index)
 {
-    struct mig_view v;
+    struct mokka_mig_snapshot v;
     if (mig_read(index, &v) != 0 || !v.capable || !v.mode)
         return;
     for (unsigned m = 0; m < v.dev_count; m++)
@@ -1127,7 +1077,7 @@ static int mig_table(void)
            "|==================+==================================+===========+=======================|\n");
     unsigned rows = 0;
     for (unsigned i = 0; i < g_ndevs; i++) {
-        struct mig_view v;
+        struct mokka_mig_snapshot v;
         if (g_devs[i].err != NVML_SUCCESS || mig_read(g_devs[i].index, &v) != 0 || !v.mode)
             continue;
         for (unsigned m = 0; m < v.dev_count; m++) {
@@ -1189,7 +1139,7 @@ static int is_opt(const char *a, const char *longname, const char *shortname);
 
 static void mig_query_text(unsigned index)
 {
-    struct mig_view v;
+    struct mokka_mig_snapshot v;
     if (mig_read(index, &v) != 0 || !v.capable || !v.mode)
         return;
     const char *fb = g_branch >= 580 ? "Shared FB Memory Usage" : "FB Memory Usage";
@@ -1227,7 +1177,7 @@ static void mig_query_text(unsigned index)
 /* -q -x's <mig_devices>: None, or one <mig_device> each (element names of real 535/575 logs). */
 static void mig_query_xml(unsigned index, int depth)
 {
-    struct mig_view v;
+    struct mokka_mig_snapshot v;
     tabs(depth);
     printf("<mig_devices>\n");
     if (mig_read(index, &v) != 0 || !v.capable || !v.mode || !v.dev_count) {
@@ -1321,7 +1271,7 @@ static int cmd_mig_mode(unsigned enable)
             return mig_exit(d->err);
         }
         mig_bus_id(d, bus, sizeof(bus));
-        struct mig_view v;
+        struct mokka_mig_snapshot v;
         if (mig_read(d->index, &v) != 0 || !v.capable) {
             printf("Unable to %s MIG Mode for GPU %s: %s\nTreating as warning and moving on.\n", verb, bus,
                    nvml_error(NVML_ERROR_NOT_SUPPORTED));
@@ -1368,7 +1318,7 @@ static int mig_wanted(const int *ids, int n, unsigned id)
 }
 
 /* The GPU instances in the order the tool lists them: by profile (NVML's index), then id. */
-static unsigned mig_gi_order(const struct mig_view *v, const struct mig_cmd *c, unsigned *slots)
+static unsigned mig_gi_order(const struct mokka_mig_snapshot *v, const struct mig_cmd *c, unsigned *slots)
 {
     unsigned n = 0;
     for (unsigned k = 0; k < v->gi_count; k++)
@@ -1387,7 +1337,7 @@ static unsigned mig_gi_order(const struct mig_view *v, const struct mig_cmd *c, 
 }
 
 /* Its compute instances (MIG devices) in the order the tool lists them: by profile, then id. */
-static unsigned mig_ci_order(const struct mig_view *v, unsigned gi_id, const struct mig_cmd *c, unsigned *devs)
+static unsigned mig_ci_order(const struct mokka_mig_snapshot *v, unsigned gi_id, const struct mig_cmd *c, unsigned *devs)
 {
     unsigned n = 0;
     for (unsigned m = 0; m < v->dev_count; m++)
@@ -1405,7 +1355,7 @@ static unsigned mig_ci_order(const struct mig_view *v, unsigned gi_id, const str
     return n;
 }
 
-static const struct mokka_mig_gi *mig_gi_by_id(const struct mig_view *v, unsigned id)
+static const struct mokka_mig_gi *mig_gi_by_id(const struct mokka_mig_snapshot *v, unsigned id)
 {
     for (unsigned k = 0; k < v->gi_count; k++)
         if (v->gi[k].id == id)
@@ -1413,7 +1363,7 @@ static const struct mokka_mig_gi *mig_gi_by_id(const struct mig_view *v, unsigne
     return NULL;
 }
 
-static const struct mokka_mig_device *mig_dev_by_id(const struct mig_view *v, unsigned gi, unsigned ci)
+static const struct mokka_mig_device *mig_dev_by_id(const struct mokka_mig_snapshot *v, unsigned gi, unsigned ci)
 {
     for (unsigned m = 0; m < v->dev_count; m++)
         if (v->dev[m].gi_id == gi && v->dev[m].ci_id == ci)
@@ -1459,7 +1409,7 @@ static int mig_create_gis(const struct dev *d, const struct mig_cmd *c)
             return mig_exit(r);
         }
         unsigned gi = mig_first_number(reply, "gi=");
-        struct mig_view v;
+        struct mokka_mig_snapshot v;
         mig_read(d->index, &v);
         const struct mokka_mig_gi *g = mig_gi_by_id(&v, gi);
         printf("Successfully created GPU instance ID %2u on GPU %2u using profile MIG %s (ID %2u)\n", gi, d->index,
@@ -1473,7 +1423,7 @@ static int mig_create_gis(const struct dev *d, const struct mig_cmd *c)
 }
 
 /* -cci [LIST] in each GPU instance -gi names (all without it); no LIST: the full-size profile. */
-static int mig_create_cis(const struct dev *d, const struct mig_cmd *c, const struct mig_view *v0)
+static int mig_create_cis(const struct dev *d, const struct mig_cmd *c, const struct mokka_mig_snapshot *v0)
 {
     unsigned slots[MOKKA_MAX_GPU_INSTANCES], n = mig_gi_order(v0, c, slots);
     unsigned gis[MOKKA_MAX_GPU_INSTANCES];
@@ -1508,7 +1458,7 @@ static int mig_create_cis(const struct dev *d, const struct mig_cmd *c, const st
                        "Failed to create compute instances: %s\n", d->index, gis[k], tok, mig_error(r), mig_error(r));
                 return mig_exit(r);
             }
-            struct mig_view v;
+            struct mokka_mig_snapshot v;
             mig_read(d->index, &v);
             const struct mokka_mig_device *dv = mig_dev_by_id(&v, gis[k], mig_first_number(reply, "ci="));
             printf("Successfully created compute instance ID %2u on GPU %2u GPU instance ID %2u using profile MIG %s "
@@ -1520,7 +1470,7 @@ static int mig_create_cis(const struct dev *d, const struct mig_cmd *c, const st
 }
 
 /* -dci, -dgi: each instance -gi/-ci name (all without them), in listing order. */
-static int mig_destroy(const struct dev *d, const struct mig_cmd *c, const struct mig_view *v)
+static int mig_destroy(const struct dev *d, const struct mig_cmd *c, const struct mokka_mig_snapshot *v)
 {
     unsigned slots[MOKKA_MAX_GPU_INSTANCES], n = mig_gi_order(v, c, slots), done = 0;
     for (unsigned k = 0; k < n; k++) {
@@ -1568,7 +1518,7 @@ static const char RULE_LCI[] = "+-----------------------------------------------
 static const char RULE_LCIP[] = "+--------------------------------------------------------------------------------------+\n";
 
 /* The listings: tables of the layouts real 570/580 drivers print (docs/nvidia-smi.md, "MIG"). */
-static unsigned mig_list_rows(const struct dev *d, const struct mig_cmd *c, const struct mig_view *v, int print)
+static unsigned mig_list_rows(const struct dev *d, const struct mig_cmd *c, const struct mokka_mig_snapshot *v, int print)
 {
     unsigned rows = 0;
     if (c->action == MA_LGIP || c->action == MA_LGIPP) {
@@ -1640,7 +1590,7 @@ static int cmd_mig(const struct mig_cmd *c)
     struct dev *sel[MOKKA_MAX_GPUS];
     unsigned nsel = 0, capable = 0;
     for (unsigned i = 0; i < g_ndevs; i++) {
-        struct mig_view v;
+        struct mokka_mig_snapshot v;
         if (g_devs[i].err != NVML_SUCCESS || mig_read(g_devs[i].index, &v) != 0 || !v.capable)
             continue;
         capable++;
@@ -1653,7 +1603,7 @@ static int cmd_mig(const struct mig_cmd *c)
     }
     if (c->action == MA_CGI || c->action == MA_CCI || c->action == MA_DGI || c->action == MA_DCI) {
         for (unsigned i = 0; i < nsel; i++) {
-            struct mig_view v;
+            struct mokka_mig_snapshot v;
             mig_read(sel[i]->index, &v);
             int rc = c->action == MA_CGI ? mig_create_gis(sel[i], c)
                    : c->action == MA_CCI ? mig_create_cis(sel[i], c, &v)
@@ -1666,7 +1616,7 @@ static int cmd_mig(const struct mig_cmd *c)
     /* A listing with nothing in it is an error line, not an empty table: count first. */
     unsigned rows = 0;
     for (unsigned i = 0; i < nsel; i++) {
-        struct mig_view v;
+        struct mokka_mig_snapshot v;
         mig_read(sel[i]->index, &v);
         rows += mig_list_rows(sel[i], c, &v, 0);
     }
@@ -1699,7 +1649,7 @@ static int cmd_mig(const struct mig_cmd *c)
                "|======================================================================================|\n",
                RULE_LCIP);
     for (unsigned i = 0; i < nsel; i++) {
-        struct mig_view v;
+        struct mokka_mig_snapshot v;
         mig_read(sel[i]->index, &v);
         mig_list_rows(sel[i], c, &v, 1);
     }
@@ -1882,7 +1832,7 @@ static void table(void)
             snprintf(disp, sizeof(disp), "%s", e ? "On" : "Off");
         else
             snprintf(disp, sizeof(disp), "Off");
-        struct mig_view mv;
+        struct mokka_mig_snapshot mv;
         int mig_capable = mig_read(d->index, &mv) == 0 && mv.capable;
         int ecc_on = NV(nvmlDeviceGetEccMode, d->h, &e, &pend) == NVML_SUCCESS && e;
         if (ecc_on && mig_capable && mv.mode)
