@@ -3,8 +3,9 @@
 Pure: capture texts in, a profile (as data and as commented YAML) out. The captures are what a
 user can run on a real node: `nvidia-smi -q -x` (the ground truth), and when given `nvidia-smi -q`,
 `nvidia-smi topo -m`, `nvidia-smi nvlink -s`, `nvidia-smi --query-gpu=...,compute_cap
---format=csv` and `lspci -vvv -d 10de:`, alone or as the sections of one nvidia_gpu_exporter
-capture file. Each key of the profile is either read from a capture (its comment names the
+--format=csv`, `lspci -vvv -d 10de:` and CUDA's `deviceQuery` sample, alone or as the sections of
+one nvidia_gpu_exporter capture file. Without `-q -x`, the text `-q` (any layout from 470 to 595)
+is the ground truth. Each key of the profile is either read from a capture (its comment names the
 element), missing (listed with the reason), or filled from a shipped board of the same
 architecture (`--fill-from`), and then marked so. docs/profiles.md ("Importing a capture") lists
 which key comes from where.
@@ -61,6 +62,7 @@ class Captures:
     nvlink: tuple[int, float, str] | None = None  # links, GB/s per link, origin (nvlink -s)
     topo: dict[str, Any] | None = None  # gpus, nics, numa_nodes, nvlinks (GPU0's NV#), origin
     lspci: dict[str, Any] | None = None  # gpus, revision, nvswitches, nvswitch_device_id, origin
+    device_query: dict[str, Any] | None = None  # name, compute_capability, sm_count, l2, bus width, origin
     notes: list[str] = field(default_factory=list)
 
 
@@ -118,6 +120,7 @@ TEXT_LABELS: dict[str, tuple[str, Any]] = {
     "Product Name": ("product_name", None),
     "Product Brand": ("product_brand", None),
     "Product Architecture": ("product_architecture", None),
+    "Addressing Mode": ("addressing_mode", None),
     "MIG Mode/Current": ("mig_mode/current_mig", None),
     "VBIOS Version": ("vbios_version", None),
     "Board Part Number": ("board_part_number", None),
@@ -150,6 +153,11 @@ TEXT_LABELS: dict[str, tuple[str, Any]] = {
     "Temperature/Memory Current Temp": ("temperature/memory_temp", None),
     "Temperature/Memory Max Operating Temp": ("temperature/gpu_temp_max_mem_threshold", None),
     "Temperature/Memory Max Operating T.Limit Temp": ("temperature/gpu_temp_max_mem_tlimit_threshold", None),
+    "GPU Power Readings/Power Draw": ("gpu_power_readings/power_draw", None),  # 535-555: one reading
+    "Power Readings/Power Draw": ("power_readings/power_draw", None),  # 525 and before
+    "Power Readings/Default Power Limit": ("power_readings/default_power_limit", None),
+    "Power Readings/Min Power Limit": ("power_readings/min_power_limit", None),
+    "Power Readings/Max Power Limit": ("power_readings/max_power_limit", None),
     "GPU Power Readings/Average Power Draw": ("gpu_power_readings/average_power_draw", None),
     "GPU Power Readings/Instantaneous Power Draw": ("gpu_power_readings/instant_power_draw", None),
     "GPU Power Readings/Default Power Limit": ("gpu_power_readings/default_power_limit", None),
@@ -184,13 +192,18 @@ def parse_query_text(text: str, name: str, into: Captures) -> None:
     gpus: list[Gpu] = []
     top: dict[str, str] = {}
     stack: list[tuple[int, str]] = []  # (indent, section label) under the current GPU
-    for line in lines[start + 1:]:
+    ended: set[int] = set()  # GPUs whose section reached its last item (Processes)
+    last = (start + 1, "NVSMI LOG")  # the last line read: (number, label), for a truncation message
+    for number, line in enumerate(lines[start + 1:], start + 2):
         if not line.strip():
             continue
         if line.startswith("GPU ") and ":" in line and " : " not in line:
             gpus.append(Gpu(line[4:].strip()))
             stack = []
             continue
+        last = (number, line.strip())
+        if gpus and line.startswith("    Processes") and not line.startswith("     "):
+            ended.add(len(gpus) - 1)  # every -q layout (470 to 595) closes a GPU with Processes
         m = _KV.match(line) if (" : " in line or line.rstrip().endswith(" :")) else None
         if m:
             indent, label, value = len(m.group(1)), m.group(2).strip(), m.group(3).strip()
@@ -213,6 +226,13 @@ def parse_query_text(text: str, name: str, into: Captures) -> None:
             stack.append((indent, line.strip()))
     if not gpus:
         raise ImportRefused(f"{name}: nvidia-smi -q output without a GPU section (cut short?)")
+    for i, gpu in enumerate(gpus):
+        if i not in ended:
+            where = f"at line {last[0]} ({last[1][:40]!r})" if i == len(gpus) - 1 else "before the next GPU"
+            raise ImportRefused(
+                f"{name}: GPU {gpu.bus_id}'s section ends {where} without its Processes line: a truncated or "
+                f"partial nvidia-smi -q (a -d selection, or a paste cut short); capture it again with nvidia-smi -q > FILE"
+            )
     attached = top.get("Attached GPUs", "")
     if attached.isdigit() and int(attached) != len(gpus):
         raise ImportRefused(f"{name}: -q says {attached} attached GPUs but holds {len(gpus)}: truncated?")
@@ -285,6 +305,26 @@ def parse_lspci(text: str, name: str, into: Captures) -> None:
                   "origin": f"{name}: lspci"}
 
 
+def parse_device_query(text: str, name: str, into: Captures) -> None:
+    """CUDA's `deviceQuery` sample: device 0's name, compute capability, SMs, L2 and bus width
+    (the CUDA device properties no nvidia-smi output prints)."""
+    blocks = re.split(r'^Device (\d+): "(.*)"$', text, flags=re.M)
+    if len(blocks) < 4:
+        raise ImportRefused(f"{name}: deviceQuery output without a 'Device 0: \"NAME\"' block (no CUDA device, or cut short)")
+    device, body = blocks[2], blocks[3]
+    found = {
+        "compute_capability": re.search(r"CUDA Capability Major/Minor version number:\s+(\d+\.\d+)", body),
+        "sm_count": re.search(r"\(\s*0*(\d+)\)\s+Multiprocessors", body),
+        "l2_cache_bytes": re.search(r"L2 Cache Size:\s+(\d+) bytes", body),
+        "memory.bus_width_bits": re.search(r"Memory Bus Width:\s+(\d+)-bit", body),
+    }
+    values: dict[str, Any] = {k: (m.group(1) if k == "compute_capability" else int(m.group(1)))
+                              for k, m in found.items() if m}
+    if not values:
+        raise ImportRefused(f"{name}: deviceQuery's device 0 block has none of compute capability, SMs, L2 or bus width")
+    into.device_query = {"name": device, "values": values, "origin": f"{name}: deviceQuery (device 0, {device})"}
+
+
 def parse_query_csv(text: str, name: str, into: Captures) -> None:
     """`nvidia-smi --query-gpu=...,compute_cap --format=csv`: GPU 0's compute capability."""
     rows = list(csv.reader(line for line in text.splitlines() if line.strip()))
@@ -322,6 +362,8 @@ def classify(text: str) -> str:
     if re.search(r"^[0-9a-fA-F]{2,4}:[0-9a-fA-F]{2}\.\d.*NVIDIA", head, re.M) or \
             re.search(r"^[0-9a-fA-F:]+\.\d [^:]+: NVIDIA", head, re.M):
         return "lspci"
+    if "CUDA Device Query (Runtime API)" in head or head.startswith("deviceQuery Starting"):
+        return "devicequery"
     first = head.splitlines()[0] if head else ""
     if "," in first and "compute_cap" in first:
         return "csv"
@@ -329,7 +371,7 @@ def classify(text: str) -> str:
 
 
 _PARSERS = {"xml": parse_xml, "query": parse_query_text, "topo": parse_topo, "nvlink": parse_nvlink,
-            "lspci": parse_lspci, "csv": parse_query_csv}
+            "lspci": parse_lspci, "csv": parse_query_csv, "devicequery": parse_device_query}
 
 
 def _command_kind(cmd: str) -> str | None:
@@ -337,6 +379,8 @@ def _command_kind(cmd: str) -> str | None:
     words = cmd.split()
     if words[:1] == ["lspci"]:
         return "lspci"
+    if words[:1] and words[0].endswith("deviceQuery"):
+        return "devicequery"
     if words[:1] != ["nvidia-smi"]:
         return None
     rest = words[1:]
@@ -361,7 +405,8 @@ def read_captures(files: list[tuple[str, str]]) -> Captures:
         if kind == "unknown":
             raise ImportRefused(
                 f"{name}: not a capture this command reads (nvidia-smi -q -x, -q, topo -m, nvlink -s, "
-                f"--query-gpu=...compute_cap --format=csv, lspci -vvv -d 10de:, or an nvidia_gpu_exporter capture)"
+                f"--query-gpu=...compute_cap --format=csv, lspci -vvv -d 10de:, CUDA's deviceQuery, or an "
+                f"nvidia_gpu_exporter capture)"
             )
     order = {"xml": 0, "exporter": 1, "query": 1}
     for kind, name, text in sorted(kinds, key=lambda k: order.get(k[0], 2)):
@@ -460,10 +505,10 @@ def _pair(v: str) -> tuple[int, int]:
 
 
 REQUIRED_REASONS = {
-    "compute_capability": "not in -q or -q -x; give --query-gpu=compute_cap --format=csv (or an exporter capture)",
-    "sm_count": "no nvidia-smi output or sysfs file reports SMs (CUDA's device properties do)",
-    "l2_cache_bytes": "no nvidia-smi output reports the L2 size (CUDA's device properties do)",
-    "memory.bus_width_bits": "no nvidia-smi output reports the memory bus width",
+    "compute_capability": "not in -q or -q -x; give --query-gpu=compute_cap --format=csv (or deviceQuery)",
+    "sm_count": "no nvidia-smi output or sysfs file reports SMs; give CUDA's deviceQuery output",
+    "l2_cache_bytes": "no nvidia-smi output reports the L2 size; give CUDA's deviceQuery output",
+    "memory.bus_width_bits": "no nvidia-smi output reports the memory bus width; give CUDA's deviceQuery output",
     "thermal.max_load_c": "a steady temperature at the power limit: the captures are of an idle board",
     "nvlink.links": "-q -x has no NVLink section; give nvidia-smi nvlink -s (or topo -m of a multi-GPU node)",
     "nvlink.version": "no capture prints the NVLink version",
@@ -486,8 +531,9 @@ OPTIONAL_REASONS = {
 }
 
 
-def build(caps: Captures, driver_override: str | None = None) -> Imported:
-    """The profile's values from the captures; every key with its origin, or missing with a reason."""
+def build(caps: Captures, driver_override: str | None = None, fill_board: tuple[str, GpuProfile] | None = None) -> Imported:
+    """The profile's values from the captures; every key with its origin, or missing with a reason.
+    `fill_board` gives the architecture when the capture's layout does not print it (before 510)."""
     _check_one_board(caps)
     out = Imported(notes=list(caps.notes))
     g = caps.gpus[0]
@@ -507,6 +553,10 @@ def build(caps: Captures, driver_override: str | None = None) -> Imported:
     def text(path: str) -> str | None:
         return g.get(path)
 
+    def src(*paths: str) -> str:
+        """Where GPU 0's elements were read (-q -x <path> or -q 'Label')."""
+        return ", ".join(g.origin.get(p, f"<{p}>") for p in paths)
+
     def take(key: str, path: str, conv=lambda v: v, when=lambda v: v not in (None, "N/A")) -> bool:
         v = text(path)
         if when(v):
@@ -515,12 +565,29 @@ def build(caps: Captures, driver_override: str | None = None) -> Imported:
         return False
 
     arch = text("product_architecture")
+    if arch is None and fill_board is None:
+        raise ImportRefused(
+            f"the capture does not print the architecture of {text('product_name')} (driver "
+            f"{caps.driver_version}: -q and -q -x print Product Architecture from 510 on); give --fill-from "
+            f"a shipped board of its architecture, which then gives it too, marked as filled")
+    if arch is None:
+        arch = fill_board[1].architecture
+        out.put("architecture", arch, f"FILLED from {fill_board[0]} (the capture's layout does not print it)")
+        out.filled.append("architecture")
     if arch not in ARCHITECTURES:
         raise ImportRefused(f"architecture {arch!r} ({text('product_name')}) is not modelled; "
                             f"mokkafs models {', '.join(ARCHITECTURES)}")
     take("product_name", "product_name")
     take("product_brand", "product_brand")
     take("architecture", "product_architecture")
+    if caps.device_query:
+        dq = caps.device_query
+        if dq["name"] != text("product_name"):
+            raise ImportRefused(
+                f"several different boards: {dq['origin']} is {dq['name']!r} but GPU {g.bus_id} is "
+                f"{text('product_name')!r}; give the deviceQuery of the same node")
+        for key, value in dq["values"].items():
+            out.put(key, value, dq["origin"])
     if caps.compute_cap:
         out.put("compute_capability", *caps.compute_cap)
 
@@ -536,7 +603,7 @@ def build(caps: Captures, driver_override: str | None = None) -> Imported:
     base, sub = text("pci/pci_base_class"), text("pci/pci_sub_class")
     if base not in (None, "N/A") and sub not in (None, "N/A"):
         out.put("pci.class_code", (int(base, 16) << 16) | (int(sub, 16) << 8),
-                "-q -x <pci/pci_base_class>, <pci_sub_class>")
+                src("pci/pci_base_class", "pci/pci_sub_class"))
     if caps.lspci and caps.lspci["revision"] is not None:
         out.put("pci.revision", caps.lspci["revision"], caps.lspci["origin"] + " (rev)")
     take("pci.max_link_gen", "pci/pci_gpu_link_info/pcie_gen/max_link_gen", lambda v: int(_num(v)))
@@ -574,26 +641,26 @@ def build(caps: Captures, driver_override: str | None = None) -> Imported:
     deg = lambda v: int(_num(v))  # noqa: E731
     take("thermal.idle_c", "temperature/gpu_temp", deg)
     if not take("thermal.memory_idle_c", "temperature/memory_temp", deg):
-        out.put("thermal.memory_idle_c", None, "-q -x <temperature/memory_temp> N/A")
+        out.put("thermal.memory_idle_c", None, src("temperature/memory_temp") + " N/A")
     tl = text("temperature/gpu_temp_tlimit")
     if tl not in (None, "N/A") and text("temperature/gpu_temp") not in (None, "N/A"):
         t = int(_num(text("temperature/gpu_temp"))) + int(_num(tl))
-        out.put("thermal.tlimit_c", t, "-q -x <temperature/gpu_temp> + <gpu_temp_tlimit>")
+        out.put("thermal.tlimit_c", t, src("temperature/gpu_temp") + " + " + src("temperature/gpu_temp_tlimit"))
         for key, path in (("shutdown_c", "gpu_temp_max_tlimit_threshold"),
                           ("slowdown_c", "gpu_temp_slow_tlimit_threshold"),
                           ("max_operating_c", "gpu_temp_max_gpu_tlimit_threshold")):
             v = text(f"temperature/{path}")
             if v not in (None, "N/A"):
-                out.put(f"thermal.{key}", t - int(_num(v)), f"T.Limit {t} - -q -x <temperature/{path}>")
+                out.put(f"thermal.{key}", t - int(_num(v)), f"T.Limit {t} - " + src(f"temperature/{path}"))
         if text("temperature/gpu_temp_max_mem_tlimit_threshold") in (None, "N/A"):
-            out.put("thermal.memory_max_operating_c", None, "-q -x <temperature/gpu_temp_max_mem_tlimit_threshold> N/A")
+            out.put("thermal.memory_max_operating_c", None, src("temperature/gpu_temp_max_mem_tlimit_threshold") + " N/A")
     else:
-        out.put("thermal.tlimit_c", None, "-q -x <temperature/gpu_temp_tlimit> N/A: absolute thresholds")
+        out.put("thermal.tlimit_c", None, src("temperature/gpu_temp_tlimit") + " N/A: absolute thresholds")
         take("thermal.shutdown_c", "temperature/gpu_temp_max_threshold", deg)
         take("thermal.slowdown_c", "temperature/gpu_temp_slow_threshold", deg)
         take("thermal.max_operating_c", "temperature/gpu_temp_max_gpu_threshold", deg)
         if not take("thermal.memory_max_operating_c", "temperature/gpu_temp_max_mem_threshold", deg):
-            out.put("thermal.memory_max_operating_c", None, "-q -x <temperature/gpu_temp_max_mem_threshold> N/A")
+            out.put("thermal.memory_max_operating_c", None, src("temperature/gpu_temp_max_mem_threshold") + " N/A")
 
     take("vbios_version", "vbios_version")
     take("board_part_number", "board_part_number")
@@ -619,7 +686,7 @@ def build(caps: Captures, driver_override: str | None = None) -> Imported:
     take("addressing_mode", "addressing_mode", when=lambda v: v in ("None", "HMM", "ATS"))
     state = text("fabric/state")
     if state is None or state == "N/A":
-        out.put("fabric", None, "-q -x <fabric/state> N/A" if state else "no <fabric> in the capture")
+        out.put("fabric", None, src("fabric/state") + " N/A" if state else "no <fabric> in the capture")
     else:
         out.put("fabric.state", state, g.origin["fabric/state"])
         take("fabric.clique_id", "fabric/cliqueId", int)
@@ -835,7 +902,7 @@ def import_profile(files: list[tuple[str, str]], name: str, fill_board: tuple[st
     """Captures (name, text) -> (what was read, the validated profile, its YAML). Refuses
     (ImportRefused) when a required key is missing and no fill board is given."""
     caps = read_captures(files)
-    imported = build(caps, driver_version)
+    imported = build(caps, driver_version, fill_board)
     if fill_board is not None:
         fill(imported, fill_board[1], fill_board[0])
     if imported.missing:

@@ -1,8 +1,8 @@
 """A fake Kubernetes API server for the agent's tests: Nodes (one, or a pool: `add_node`) and
 ConfigMaps, on 127.0.0.1 only, answering the few calls `mokka agent` makes (GET/PATCH a Node and
-its status, list+watch by field selector, POST Events, GET a ConfigMap) with the API server's
-real response shapes, plus knobs to make it conflict (409), end a watch early, or expire a watch
-(410 Gone)."""
+its status, list+watch by field selector, POST Events, GET, POST (create) and PUT (replace) a
+ConfigMap) with the API server's real response shapes, plus knobs to make it conflict (409), end
+a watch early, expire a watch (410 Gone), or forbid a namespace's ConfigMaps (403)."""
 from __future__ import annotations
 
 import copy
@@ -60,6 +60,7 @@ class FakeCluster:
         self.nodes: dict[str, dict] = {}
         self.first = node_name
         self.configmaps: dict[tuple[str, str], dict] = {}  # (namespace, name) -> data
+        self.configmap_writes: list[tuple[str, str, str]] = []  # (POST/PUT, namespace, name) the agent made
         self.history: list[dict] = []  # one snapshot per resourceVersion, of the node it changed
         self.events: list[dict] = []
         self.patches: list[tuple[str, str, dict]] = []  # (path, content type, body)
@@ -67,6 +68,7 @@ class FakeCluster:
         self.conflicts = 0  # the next N node patches meet a concurrent writer first (409)
         self.end_watches = 0  # the next N watches end at once, as an API server restart does
         self.expire_watches = 0  # the next N watches answer 410 Gone
+        self.forbidden: set[str] = set()  # namespaces whose ConfigMaps the agent may not write (403)
         self.server: ThreadingHTTPServer | None = None
         self.add_node(node_name, labels)
 
@@ -283,10 +285,54 @@ class FakeCluster:
                         return self._send(200, copy.deepcopy(cluster.nodes[name]))
                 self._send(404, status(404, "NotFound", url.path))
 
+            def _configmap_write(self, method: str, parts: list[str], body: dict) -> None:
+                """POST .../configmaps (create: 409 AlreadyExists) and PUT .../configmaps/NAME
+                (replace: 409 Conflict on a stale resourceVersion), as the API server answers."""
+                ns = parts[4]
+                name = parts[6] if method == "PUT" else (body.get("metadata") or {}).get("name", "")
+                if ns in cluster.forbidden:
+                    return self._send(403, status(
+                        403, "Forbidden", f'configmaps is forbidden: User "system:serviceaccount:mokkafs:mokkafs-agent" '
+                        f'cannot {"create" if method == "POST" else "update"} resource "configmaps" in API group "" '
+                        f'in the namespace "{ns}"', {"kind": "configmaps"}))  # fmt: skip
+                with cluster.lock:
+                    old = cluster.configmaps.get((ns, name))
+                    if method == "POST" and old is not None:
+                        return self._send(409, status(409, "AlreadyExists", f'configmaps "{name}" already exists',
+                                                      {"name": name, "kind": "configmaps"}))  # fmt: skip
+                    if method == "PUT":
+                        if old is None:
+                            return self._send(404, status(404, "NotFound", f'configmaps "{name}" not found'))
+                        if (body.get("metadata") or {}).get("resourceVersion") != old["metadata"]["resourceVersion"]:
+                            return self._send(409, status(
+                                409, "Conflict", f'Operation cannot be fulfilled on configmaps "{name}": the object '
+                                "has been modified; please apply your changes to the latest version and try again",
+                                {"name": name, "kind": "configmaps"}))  # fmt: skip
+                    cluster.rv += 1
+                    meta = {**body.get("metadata", {}), "namespace": ns, "resourceVersion": str(cluster.rv),
+                            "uid": (old or {}).get("metadata", {}).get("uid", f"cm-{cluster.rv}"),
+                            "creationTimestamp": "2026-12-01T10:00:00Z"}  # fmt: skip
+                    cm = {"kind": "ConfigMap", "apiVersion": "v1", **body, "metadata": meta}
+                    cluster.configmaps[(ns, name)] = cm
+                    cluster.configmap_writes.append((method, ns, name))
+                    return self._send(201 if method == "POST" else 200, copy.deepcopy(cm))
+
+            def do_PUT(self) -> None:
+                url = urlsplit(self.path)
+                body = self._body()
+                cluster.requests.append(("PUT", self.path))
+                parts = url.path.split("/")
+                if len(parts) == 7 and parts[:4] == ["", "api", "v1", "namespaces"] and parts[5] == "configmaps":
+                    return self._configmap_write("PUT", parts, body)
+                self._send(404, status(404, "NotFound", url.path))
+
             def do_POST(self) -> None:
                 url = urlsplit(self.path)
                 body = self._body()
                 cluster.requests.append(("POST", self.path))
+                parts = url.path.split("/")
+                if len(parts) == 6 and parts[:4] == ["", "api", "v1", "namespaces"] and parts[5] == "configmaps":
+                    return self._configmap_write("POST", parts, body)
                 if url.path.startswith("/api/v1/namespaces/") and url.path.endswith("/events"):
                     with cluster.lock:
                         body.setdefault("metadata", {})["uid"] = f"ev-{len(cluster.events)}"

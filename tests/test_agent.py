@@ -707,7 +707,7 @@ def test_mokka_agent_command(cluster, tmp_path):
     mnt, state = tmp_path / "root", tmp_path / "state"
     cdi, nfd = tmp_path / "cdi" / "nvidia.yaml", tmp_path / "features.d" / "mokkafs"
     env = dict(os.environ, MOKKA_RUNTIME_DIR=str(tmp_path / "run"), NODE_NAME="gpu-node-1", MOKKA_PROFILE="h100",
-               POD_NAMESPACE="sim")  # fmt: skip
+               POD_NAMESPACE="sim", MOKKA_FGO_NAMESPACE="gpu-operator")  # fmt: skip
     cluster.set_configmap("sim", "stories", {"warm.yaml": "name: warm\nsteps:\n  - at: 0s\n    gpu: 0\n    command: temperature 77\n"})
     env.pop("KUBERNETES_SERVICE_HOST", None)
     proc = subprocess.Popen(
@@ -731,6 +731,9 @@ def test_mokka_agent_command(cluster, tmp_path):
         cluster.annotate(decisions.ANNOTATION_SCENARIO, "configmap=stories/warm.yaml")
         wait_until(lambda: events(cluster, "ScenarioFinished"), "the scenario from the ConfigMap")
         assert (mnt / "gpu0/temperature").read_text() == "77\n"
+        # MOKKA_FGO_NAMESPACE: the node's profile for fake-gpu-operator (2 x t4: not t4's own count)
+        wait_until(lambda: ("gpu-operator", "gpu-profile-t4-x2") in cluster.configmaps, "the profile ConfigMap")
+        assert fgo_resolve(cluster.configmaps, "gpu-operator", "t4-x2")["count"] == 2
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
@@ -738,3 +741,123 @@ def test_mokka_agent_command(cluster, tmp_path):
     assert proc.returncode == 0, out
     assert not Path(mnt / "node").exists(), "unmounted on SIGTERM"
     assert "Traceback" not in out and " WARNING " not in out, out
+
+
+# --- the node's profile for fake-gpu-operator (mokkafs/agent/fgo.py) ------------------------------
+
+
+def fgo_resolve(configmaps: dict, namespace: str, pool_profile: str) -> dict:
+    """What fake-gpu-operator's status-updater makes of a node pool `gpu: {profile: NAME}`, as its
+    Go source reads the ConfigMap: profile.Load (name `gpu-profile-` + NAME in its namespace, key
+    `profile.yaml`, YAML), profile.Extract (device_defaults.name / architecture /
+    memory.total_bytes in MiB, system.driver_version / cuda_version, DeviceCount: device_count,
+    else len(devices)) and profile.PCITopology (each device's NUMA node through the
+    pcie_topology root complexes, bus ids matched case-insensitively)
+    (run-ai/fake-gpu-operator internal/common/profile/profile.go, constants.go)."""
+    cm = configmaps[(namespace, "gpu-profile-" + pool_profile)]
+    doc = yaml.safe_load(cm["data"]["profile.yaml"])
+    dd, system = doc.get("device_defaults") or {}, doc.get("system") or {}
+    count = doc.get("device_count") or len(doc.get("devices") or [])
+    numa_of = {bdf.lower(): rc["numa_node"] for rc in doc["pcie_topology"]["root_complexes"] for bdf in rc["devices"]}
+    return {
+        "labels": cm["metadata"].get("labels") or {},
+        "product": dd.get("name"), "architecture": dd.get("architecture"),
+        "memory_mib": (dd.get("memory") or {}).get("total_bytes", 0) // (1024 * 1024),
+        "driver": system.get("driver_version"), "cuda": system.get("cuda_version"), "count": count,
+        "numa": {d["index"]: numa_of[d["pci"]["bus_id"].lower()] for d in doc["devices"]},
+    }
+
+
+def test_fgo_configmap_is_what_fake_gpu_operator_reads():
+    """Pure: name, labels, key and the fields fake-gpu-operator extracts; deterministic."""
+    from mokkafs.agent import fgo
+
+    p = load_profile("h100-nvl")
+    devs = [fgo.FgoDevice(0, 0, "00000000:18:00.0", 0), fgo.FgoDevice(1, 1, "00000000:9A:00.0", 1)]
+    cm = fgo.configmap(p, devs, "550.54.14", "12.4", "gpu-operator")
+    assert cm["metadata"]["name"] == "gpu-profile-h100-nvl" and cm["metadata"]["namespace"] == "gpu-operator"
+    assert cm["metadata"]["labels"]["fake-gpu-operator/gpu-profile"] == "true"
+    assert cm["metadata"]["labels"]["run.ai/gpu-profile"] == "true"
+    got = fgo_resolve({("gpu-operator", cm["metadata"]["name"]): cm}, "gpu-operator", "h100-nvl")
+    assert got["product"] == "NVIDIA H100 NVL" and got["architecture"] == "hopper"
+    assert got["memory_mib"] == p.memory.total_mib == 95830
+    assert (got["driver"], got["cuda"], got["count"], got["numa"]) == ("550.54.14", "12.4", 2, {0: 0, 1: 1})
+    doc = yaml.safe_load(cm["data"]["profile.yaml"])
+    assert doc["device_defaults"]["pci"]["device_id"] == 0x232110DE
+    assert doc["device_defaults"]["compute_capability"] == {"major": 9, "minor": 0}
+    assert doc["nvlink"]["links_per_gpu"] == 12
+    assert fgo.configmap(p, devs, "550.54.14", "12.4", "gpu-operator") == cm  # no UUIDs, no times
+    # another GPU count than the profile's: its own name, so the two never overwrite each other
+    assert fgo.configmap(p, devs[:1], "550.54.14", "12.4", "x")["metadata"]["name"] == "gpu-profile-h100-nvl-x1"
+    assert "nvlink" not in yaml.safe_load(fgo.configmap(load_profile("l4"), devs[:1], "550.90.07", "12.4", "x")
+                                          ["data"]["profile.yaml"])
+
+
+def _fgo_agent(cluster, node_factory, node_name: str, profile: str, gpus: int | None, namespace="gpu-operator"):
+    if node_name not in cluster.nodes:
+        cluster.add_node(node_name)
+    node = node_factory(profile=profile, gpus=gpus, name=f"mnt-{node_name}")
+    a = watch.Agent(core_api(cluster.base_url), node_name, watch.MountedTree(str(node.mnt)), resync_s=1,
+                    fgo_namespace=namespace)
+    t = threading.Thread(target=a.run, daemon=True)
+    t.start()
+    return node, a, t
+
+
+def _stop(*agents):
+    for a, t in agents:
+        a.stopping = True
+        t.join(timeout=10)
+        assert not t.is_alive()
+
+
+def test_agents_publish_the_profile_once_for_a_mixed_cluster(cluster, node_factory):
+    """Two mokkafs nodes of one profile publish one ConfigMap (created, then unchanged); a node
+    of another size publishes its own; a stale one (an older mokkafs) is replaced. What
+    fake-gpu-operator resolves from it equals what the mounted node shows."""
+    node1, a1, t1 = _fgo_agent(cluster, node_factory, "gpu-node-1", "a100-80gb", None)
+    try:
+        wait_until(lambda: a1.fgo_published, "the first agent's ConfigMap")
+        assert a1.fgo_published == "created"
+        got = fgo_resolve(cluster.configmaps, "gpu-operator", "a100-80gb")
+        assert got["product"] == node1.read("gpu0/info").splitlines()[0].split(": ")[1] == "NVIDIA A100-SXM4-80GB"
+        assert got["count"] == int(node1.read("node/gpu_count")) == 4
+        assert got["driver"] == node1.read("node/driver_version").strip() == "555.42.02"
+        assert got["numa"] == {i: int(watch.parse_info(node1.read(f"gpu{i}/info"))["numa_node"]) for i in range(4)}
+        node2, a2, t2 = _fgo_agent(cluster, node_factory, "gpu-node-2", "a100-80gb", None)
+        node3, a3, t3 = _fgo_agent(cluster, node_factory, "gpu-node-3", "a100-80gb", 2)
+        wait_until(lambda: a2.fgo_published and a3.fgo_published, "the other agents' ConfigMaps")
+        assert (a2.fgo_published, a3.fgo_published) == ("unchanged", "created")
+        assert fgo_resolve(cluster.configmaps, "gpu-operator", "a100-80gb-x2")["count"] == 2
+        assert [w for w in cluster.configmap_writes] == [
+            ("POST", "gpu-operator", "gpu-profile-a100-80gb"), ("POST", "gpu-operator", "gpu-profile-a100-80gb-x2")]
+        _stop((a2, t2), (a3, t3))
+        # an older content under the same name (another mokkafs release, a hand edit): replaced
+        cm = cluster.configmaps[("gpu-operator", "gpu-profile-a100-80gb")]
+        cm["data"]["profile.yaml"] = "version: \"1.0\"\n"
+        cm["metadata"]["labels"]["team"] = "ml"
+        node4, a4, t4 = _fgo_agent(cluster, node_factory, "gpu-node-4", "a100-80gb", None)
+        wait_until(lambda: a4.fgo_published, "the replacement")
+        assert a4.fgo_published == "replaced" and cluster.configmap_writes[-1][0] == "PUT"
+        after = cluster.configmaps[("gpu-operator", "gpu-profile-a100-80gb")]
+        assert fgo_resolve(cluster.configmaps, "gpu-operator", "a100-80gb")["count"] == 4
+        assert after["metadata"]["labels"]["team"] == "ml", "labels others added are kept"
+        _stop((a4, t4))
+    finally:
+        _stop((a1, t1))
+
+
+def test_no_rbac_in_the_operator_namespace_is_a_warning_not_a_stop(cluster, node_factory, expect_log):
+    expect_log(r"could not publish configmap gpu-operator/gpu-profile-l4 for fake-gpu-operator: 403")
+    cluster.forbidden.add("gpu-operator")
+    node, a, t = _fgo_agent(cluster, node_factory, "gpu-node-1", "l4", None)
+    try:
+        wait_until(lambda: sum(1 for r in cluster.requests if r[0] == "POST" and "configmaps" in r[1]) >= 2,
+                   "a second try on the next pass")
+        assert a.fgo_published is None and ("gpu-operator", "gpu-profile-l4") not in cluster.configmaps
+        cluster.annotate(decisions.ANNOTATION_INJECT, "gpu=0 temperature=70")  # the agent still works
+        wait_until(lambda: events(cluster, "InjectionApplied"), "the injection")
+        cluster.forbidden.clear()  # RBAC granted later: published on the next pass
+        wait_until(lambda: a.fgo_published == "created", "the ConfigMap once allowed")
+    finally:
+        _stop((a, t))

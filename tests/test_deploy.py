@@ -122,6 +122,31 @@ def test_daemonset_mounts_what_design_says():
     assert pod["hostPID"] is True, "CUDA processes of every pod are listed with their node pids"
 
 
+def test_fake_gpu_operator_component(tmp_path):
+    """deploy/fake-gpu-operator added to an overlay: the agent may get, create and update
+    ConfigMaps in the operator's namespace (nothing else there), and is told that namespace."""
+    import os
+
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(DEPLOY / "overlays" / "l4", tmp_path)],
+        "components": [os.path.relpath(DEPLOY / "fake-gpu-operator", tmp_path)],
+    }))  # fmt: skip
+    objects = render(tmp_path)
+    for o in objects:
+        assert unknown_fields(o, MODELS[(o["apiVersion"], o["kind"])]) == [], o["kind"]
+    (role,) = [o for o in objects if o["kind"] == "Role" and o["metadata"]["namespace"] == "gpu-operator"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]}]
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding" and o["metadata"]["namespace"] == "gpu-operator"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mokkafs-agent", "namespace": "mokkafs"}]
+    (cm,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert cm["data"] == {"MOKKA_PROFILE": "l4", "MOKKA_GPUS": "1", "MOKKA_FGO_NAMESPACE": "gpu-operator"}
+    # without the component the agent publishes nothing and has no rights there
+    plain = render(DEPLOY / "overlays" / "l4")
+    assert all(o["metadata"].get("namespace") != "gpu-operator" for o in plain)
+    assert "MOKKA_FGO_NAMESPACE" not in next(o for o in plain if o["kind"] == "ConfigMap")["data"]
+
+
 def test_rbac_is_minimal():
     objects = render(DEPLOY / "overlays" / "h100")
     (role,) = [o for o in objects if o["kind"] == "ClusterRole"]

@@ -177,7 +177,7 @@ CHECKS = [size_problems, layout_problems, instance_problems, naming_problems, co
 
 
 def test_mig_capable_boards_are_the_ones_with_tables():
-    assert MIG_BOARDS == ["a100", "b200", "gb200", "gb300", "h100", "h200"]
+    assert MIG_BOARDS == ["a100", "a100-80gb", "b200", "gb200", "gb300", "h100", "h100-nvl", "h200"]
     for name, p in PROFILES.items():
         assert (p.mig is not None) == p.mig_capable, name
     assert PROFILES["l40s"].mig is None and PROFILES["t4"].mig is None

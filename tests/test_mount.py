@@ -176,11 +176,12 @@ def test_a_driver_branch_that_cannot_drive_the_board_is_refused(tmp_path, node_f
     assert not os.path.ismount(node.mnt)
 
 
-def test_profiles_command_lists_all_eight(node_factory):
+def test_profiles_command_lists_all_shipped(node_factory):
     node = node_factory(mount=False)
     lines = node.cli("profiles").stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["a100", "b200", "gb200", "gb300", "h100", "h200", "l40s", "t4"]
-    assert "NVIDIA H100 80GB HBM3" in lines[4]
+    assert [line.split()[0] for line in lines] == ["a100", "a100-80gb", "a10g", "b200", "gb200", "gb300", "h100",
+                                                   "h100-nvl", "h200", "l4", "l40s", "t4"]
+    assert "NVIDIA H100 80GB HBM3" in lines[6]
 
 
 def test_state_files_are_plain_json(mounted: MountedNode):

@@ -15,17 +15,28 @@ import yaml
 
 from conftest import MountedNode, force_unmount, mokka_cmd
 from helpers_nvml import consumer_env
-from mokkafs.profile_import import ImportRefused, _flat, import_profile
+from mokkafs.profile_import import Captures, ImportRefused, _flat, import_profile, parse_query_text
 from mokkafs.profiles import GpuProfile, load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 CAPTURES = REPO / "tests" / "fixtures" / "captures"
-BOARDS = ["a100", "b200", "gb200", "gb300", "h100", "l40s", "t4"]
+XML_BOARDS = ["a100", "b200", "gb200", "gb300", "h100", "l40s", "t4"]
+# Boards shipped from a text `nvidia-smi -q` (no -q -x found) and CUDA's deviceQuery where there is one.
+TEXT_BOARDS = {
+    "l4": ["nvidia-smi-q.l4.550.90.07.txt", "deviceQuery.l4.txt"],
+    "a10g": ["nvidia-smi-q.a10g.535.247.01.txt"],
+    "h100-nvl": ["nvidia-smi-q.h100-nvl.550.54.14.txt", "deviceQuery.h100-nvl.txt"],
+    "a100-80gb": ["nvidia-smi-q.a100-80gb.555.42.02.txt", "deviceQuery.a100-80gb.txt"],
+}
+BOARDS = XML_BOARDS + list(TEXT_BOARDS)
 DOCS = REPO / "docs" / "profiles.md"
 
 
 def capture_files(board: str) -> list[Path]:
-    """The board's -q -x capture, and its text capture where there is one (h100, l40s)."""
+    """The board's -q -x capture, and its text capture where there is one (h100, l40s); or, for
+    a board shipped from text, its -q and deviceQuery."""
+    if board in TEXT_BOARDS:
+        return [CAPTURES / name for name in TEXT_BOARDS[board]]
     return [CAPTURES / f"nvidia-smi-q-x.{board}.xml", *sorted(CAPTURES.glob(f"nvidia-smi-text.{board}*.txt"))]
 
 
@@ -84,9 +95,16 @@ def test_each_value_is_traced_to_its_element(board):
     imp, _profile, text = imported(board, fill=board)
     lines = dict(re.match(r"^\s*([a-z_0-9]+):.*?(?:# (.*))?$", line).groups()[::1] for line in text.splitlines()
                  if re.match(r"^\s*[a-z_0-9]+:", line))
-    assert "<product_name>" in lines["product_name"] and "<vbios_version>" in lines["vbios_version"]
-    assert "<pci/pci_device_id>" in lines["device_id"] and "<fb_memory_usage/total>" in lines["total_mib"]
-    assert lines["sm_count"] == f"FILLED from {board}"
+    if board in TEXT_BOARDS:
+        assert lines["product_name"] == "-q 'Product Name'" and lines["vbios_version"] == "-q 'VBIOS Version'"
+        assert lines["device_id"].startswith("-q 'PCI/Device Id'") and lines["total_mib"] == "-q 'FB Memory Usage/Total'"
+        dq = "deviceQuery" in " ".join(TEXT_BOARDS[board])
+        assert ("deviceQuery (device 0" in lines["sm_count"]) == dq
+        assert (lines["sm_count"] == f"FILLED from {board}") == (not dq)
+    else:
+        assert "<product_name>" in lines["product_name"] and "<vbios_version>" in lines["vbios_version"]
+        assert "<pci/pci_device_id>" in lines["device_id"] and "<fb_memory_usage/total>" in lines["total_mib"]
+        assert lines["sm_count"] == f"FILLED from {board}"
     for key in imp.filled:
         assert imp.origin[key].startswith("FILLED")
     # the text loads as it is written, and equals the validated result
@@ -275,6 +293,21 @@ def smi(node: MountedNode, *args: str) -> subprocess.CompletedProcess:
                           env=consumer_env(node.state_dir / "state"), capture_output=True, text=True, timeout=20)
 
 
+def capture_identity(board: str) -> tuple[str, str, dict[str, str]]:
+    """The capture's driver, GPU count and GPU 0's elements by -q -x path: read from the -q -x
+    XML, or, for a board shipped from text, the -q labels as profile_import maps them."""
+    if board in XML_BOARDS:
+        root = ET.fromstring(xml_text(board))
+        gpu = root.find("gpu")
+        paths = {p: gpu.findtext(p) for p in IDENTITY + ["temperature/gpu_temp", "temperature/gpu_temp_tlimit",
+                                                         *(f"temperature/{t}" for t in TLIMIT_THRESHOLDS)]}
+        return root.findtext("driver_version"), root.findtext("attached_gpus"), \
+            {p: v for p, v in paths.items() if v is not None}
+    caps = Captures()
+    parse_query_text((CAPTURES / TEXT_BOARDS[board][0]).read_text(), board, caps)
+    return caps.driver_version, str(caps.attached_gpus), caps.gpus[0].values
+
+
 @pytest.mark.parametrize("board", BOARDS)
 def test_imported_profile_mounts_and_gives_the_capture_back(board, tmp_path):
     """`mokka profile import` (the CLI), `mokka mount --profile FILE` (a real FUSE mount), then our
@@ -289,24 +322,29 @@ def test_imported_profile_mounts_and_gives_the_capture_back(board, tmp_path):
         assert node.read("node/profile").strip() == f"imported-{board}"
         res = smi(node, "-q", "-x")
         assert res.returncode == 0, res.stderr
-        ours, real = ET.fromstring(res.stdout), ET.fromstring(xml_text(board))
-        assert ours.findtext("driver_version") == real.findtext("driver_version")
-        assert ours.findtext("attached_gpus") == real.findtext("attached_gpus")
-        og, rg = ours.find("gpu"), real.find("gpu")
-        compared = [p for p in IDENTITY if rg.find(p) is not None]
-        assert len(compared) >= 40
-        assert {p: og.findtext(p) for p in compared} == {p: rg.findtext(p) for p in compared}
+        ours = ET.fromstring(res.stdout)
+        driver, attached, real = capture_identity(board)
+        assert ours.findtext("driver_version") == driver
+        assert ours.findtext("attached_gpus") == attached
+        og = ours.find("gpu")
+        compared = [p for p in IDENTITY if p in real]
+        assert len(compared) >= (40 if board in XML_BOARDS else 34)
+        assert {p: og.findtext(p) for p in compared} == {p: real[p] for p in compared}
         # The T.Limit-relative thresholds (Ada and later): our nvidia-smi prints them N/A (it has no
         # NVML source for the margins yet), so they are checked through NVML's absolute thresholds
         # on the mounted node: T.Limit (the capture's gpu_temp + gpu_temp_tlimit) - ours = the margin.
-        if rg.findtext("temperature/gpu_temp_tlimit") != "N/A":
-            tlimit = int(rg.findtext("temperature/gpu_temp").split()[0]) + \
-                int(rg.findtext("temperature/gpu_temp_tlimit").split()[0])
+        if real.get("temperature/gpu_temp_tlimit", "N/A") != "N/A":
+            tlimit = int(real["temperature/gpu_temp"].split()[0]) + int(real["temperature/gpu_temp_tlimit"].split()[0])
             absolute = nvml_thresholds(node)
             for path, ours_abs in zip(TLIMIT_THRESHOLDS, absolute):
-                assert f"{tlimit - ours_abs} C" == rg.findtext(f"temperature/{path}"), path
+                assert f"{tlimit - ours_abs} C" == real[f"temperature/{path}"], path
+        # CUDA's deviceQuery: the compute capability our nvidia-smi reports
+        dq = next((CAPTURES / n for n in TEXT_BOARDS.get(board, []) if n.startswith("deviceQuery")), None)
+        if dq is not None:
+            cc = smi(node, "--query-gpu=compute_cap", "--format=csv,noheader").stdout.splitlines()[0]
+            assert f"CUDA Capability Major/Minor version number:    {cc}\n" in dq.read_text()
         # what only the text captures hold: compute capability and the NVLink count
-        text = next(iter(CAPTURES.glob(f"nvidia-smi-text.{board}*.txt")), None)
+        text = next(iter(CAPTURES.glob(f"nvidia-smi-text.{board}*.txt")), None) if board in XML_BOARDS else None
         if text is not None:
             raw = text.read_text()
             nvlink = section(raw, "nvidia-smi nvlink -s")
@@ -392,3 +430,49 @@ def test_an_older_layout_power_draw():
     old = one.replace("gpu_power_readings>", "power_readings>")
     _, profile, _ = import_profile([("c.xml", old)], "x", ("t4", load_profile("t4")))
     assert profile.power == load_profile("t4").power
+
+
+# --- text captures: partial and older layouts, CUDA's deviceQuery ---------------------------------
+
+
+def text_capture(name: str) -> str:
+    return (CAPTURES / name).read_text()
+
+
+def test_a_truncated_text_capture_is_refused_where_it_ends():
+    """A -q pasted short (the last GPU's section ends before its Processes line) or taken with
+    -d (a partial section) is refused, naming the GPU and the line it stops at."""
+    text = text_capture(TEXT_BOARDS["a100-80gb"][0])
+    cut = text[: text.index("GPU 00000000:D4:00.0")] + text[text.index("GPU 00000000:D4:00.0"):].split("    Clocks\n")[0]
+    msg = refused(cut, fill="a100")
+    assert "GPU 00000000:D4:00.0's section ends at line" in msg and "without its Processes line" in msg
+    partial = text_capture(TEXT_BOARDS["l4"][0]).split("    Processes")[0]
+    assert "truncated or partial nvidia-smi -q" in refused(partial, fill="l40s")
+
+
+def test_device_query_gives_the_cuda_properties_and_must_be_of_the_board():
+    with pytest.raises(ImportRefused) as e:
+        imported("l4")
+    assert "sm_count" not in str(e.value) and "compute_capability" not in str(e.value) and "  nvlink.links" in str(e.value)
+    imp, profile, _ = imported("l4", fill="l40s")
+    assert not {"sm_count", "l2_cache_bytes", "memory.bus_width_bits", "compute_capability"} & set(imp.filled)
+    assert (profile.sm_count, profile.l2_cache_bytes, profile.memory.bus_width_bits) == (58, 50331648, 192)
+    assert profile.compute_capability == "8.9" and "deviceQuery (device 0, NVIDIA L4)" in imp.origin["sm_count"]
+    other = text_capture("deviceQuery.h100-nvl.txt")
+    msg = refused(text_capture(TEXT_BOARDS["l4"][0]), ("dq.txt", other), fill="l40s")
+    assert "several different boards" in msg and "'NVIDIA H100 NVL'" in msg and "'NVIDIA L4'" in msg
+    assert "without a 'Device 0" in refused(text_capture(TEXT_BOARDS["l4"][0]),
+                                             ("dq.txt", "deviceQuery Starting...\n\nResult = FAIL\n"), fill="l40s")
+
+
+def test_an_older_text_layout_without_the_architecture():
+    """Drivers before 510 print no Product Architecture (nor the PCI class, in -q before 550):
+    refused without --fill-from, which then gives it, marked; 535's one Power Draw is read."""
+    text = text_capture(TEXT_BOARDS["a10g"][0])
+    old = text.replace("    Product Architecture                  : Ampere\n", "").replace("535.247.01", "470.256.02")
+    msg = refused(old, fill=None)
+    assert "does not print the architecture of NVIDIA A10G" in msg and "--fill-from" in msg
+    imp, profile, _ = import_profile([("old.txt", old)], "x", ("a100", load_profile("a100")))
+    assert profile.architecture == "Ampere" and imp.origin["architecture"].startswith("FILLED from a100")
+    assert profile.power.idle_w == 60.3 and "Power Draw" in imp.origin["power.idle_w"]
+    assert "pci.class_code" in imp.filled and profile.node.driver_version == "470.256.02"

@@ -15,7 +15,7 @@ import pytest
 
 from mokkafs.profiles import GpuProfile, ProfileError, available_profiles, load_profile, load_profile_file
 
-SHIPPED = ["a100", "b200", "gb200", "gb300", "h100", "h200", "l40s", "t4"]
+SHIPPED = ["a100", "a100-80gb", "a10g", "b200", "gb200", "gb300", "h100", "h100-nvl", "h200", "l4", "l40s", "t4"]
 WITH_CAPTURE = ["a100", "b200", "gb200", "gb300", "h100", "l40s", "t4"]
 
 FIXTURE_CAPTURES = Path(__file__).parent / "fixtures" / "captures"
@@ -67,7 +67,7 @@ def pair(request) -> tuple[GpuProfile, ET.Element, list[ET.Element]]:
 # The shipped set
 
 
-def test_available_profiles_lists_exactly_the_eight():
+def test_available_profiles_lists_exactly_the_shipped_ones():
     assert available_profiles() == SHIPPED
 
 

@@ -47,6 +47,7 @@ from mokkafs.agent.decisions import (
     scenario_condition,
     scenario_failure_patch,
 )
+from mokkafs.agent import fgo
 from mokkafs.agent.grammar import Command, ScenarioRequest, StopRequest, parse_scenario
 from mokkafs.agent.node_files import DRIVER_FILES, GpuDevice, cdi_spec, nfd_features
 from mokkafs.model import InvalidCommand, NodeConfig, compose
@@ -136,6 +137,20 @@ class MountedTree:
     def driver_files(self) -> list[str]:
         return [rel for rel in DRIVER_FILES if (self.root / "driver" / rel).exists()]
 
+    def fgo_devices(self) -> list[fgo.FgoDevice]:
+        out = []
+        for i in range(self.gpu_count()):
+            info = parse_info(self.read(f"gpu{i}/info"))
+            out.append(fgo.FgoDevice(i, int(info["minor"]), info["bus_id"], int(info["numa_node"])))
+        return out
+
+    def fgo_configmap(self, namespace: str) -> dict:
+        """The node's profile as fake-gpu-operator's GPU-profile ConfigMap (mokkafs/agent/fgo.py).
+        ProfileError for a profile this install does not ship (a mounted profile file)."""
+        profile = _profile(self.read("node/profile").strip())
+        return fgo.configmap(profile, self.fgo_devices(), self.read("node/driver_version").strip(),
+                             self.read("node/cuda_version").strip(), namespace)
+
 
 @lru_cache(maxsize=8)
 def _profile(name: str) -> GpuProfile:
@@ -173,13 +188,16 @@ class Agent:
     """Watches one Node; applies its injections exactly once; keeps its condition true."""
 
     def __init__(
-        self, api, node_name: str, tree: MountedTree, resync_s: float = 30.0, namespace: str = DEFAULT_NAMESPACE
+        self, api, node_name: str, tree: MountedTree, resync_s: float = 30.0, namespace: str = DEFAULT_NAMESPACE,
+        fgo_namespace: str | None = None,
     ) -> None:
         self.api = api  # kubernetes.client.CoreV1Api
         self.node_name = node_name
         self.tree = tree
         self.resync_s = resync_s
         self.namespace = namespace  # scenario ConfigMaps are read here, nowhere else
+        self.fgo_namespace = fgo_namespace  # where fake-gpu-operator reads GPU profiles; None: not published
+        self.fgo_published: str | None = None  # created / replaced / unchanged, once published
         self._scenario_condition: dict | None = None  # the MokkaScenario condition last written
         self._seq = 0
         self.stopping = False
@@ -201,6 +219,7 @@ class Agent:
         rv = None
         backoff = 0.5
         while not self.stopping:
+            self.publish_fgo_profile()
             try:
                 if rv is None:
                     node = self.get_node()
@@ -400,6 +419,61 @@ class Agent:
         else:
             log.info("%s: scenario stop written", self.node_name)
 
+    # -- the profile for fake-gpu-operator ------------------------------------------------------
+
+    def publish_fgo_profile(self) -> None:
+        """Create (or bring up to date) the node's GPU-profile ConfigMap in fake-gpu-operator's
+        namespace, once; a failure (no RBAC there, an unshipped profile) is logged and tried again
+        on the next pass of the loop, and never stops the agent."""
+        from kubernetes.client.rest import ApiException
+
+        if self.fgo_namespace is None or self.fgo_published is not None:
+            return
+        try:
+            cm = self.tree.fgo_configmap(self.fgo_namespace)
+        except (ProfileError, OSError, KeyError, ValueError) as e:
+            log.warning("%s: no fake-gpu-operator profile: %s", self.node_name, e)
+            self.fgo_published = "skipped"
+            return
+        name, ns = cm["metadata"]["name"], self.fgo_namespace
+        try:
+            self.fgo_published = self._put_configmap(cm)
+        except ApiException as e:
+            log.warning("%s: could not publish configmap %s/%s for fake-gpu-operator: %s", self.node_name, ns, name, _short(e))
+            return
+        log.info("%s: configmap %s/%s for fake-gpu-operator %s", self.node_name, ns, name, self.fgo_published)
+
+    def _put_configmap(self, cm: dict) -> str:
+        """Create, or replace what differs (with the resourceVersion read, so a concurrent writer
+        makes it read again); nodes of one profile write the same content, so mostly 'unchanged'."""
+        from kubernetes.client import V1ConfigMap
+        from kubernetes.client.rest import ApiException
+
+        def model(body: dict):
+            return V1ConfigMap.from_dict(body) if hasattr(V1ConfigMap, "from_dict") else body
+
+        name, ns = cm["metadata"]["name"], cm["metadata"]["namespace"]
+        try:
+            self.api.create_namespaced_config_map(ns, model(cm), _preload_content=False)
+            return "created"
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        for _ in range(CONFLICT_RETRIES):
+            current = json.loads(self.api.read_namespaced_config_map(name, ns, _preload_content=False).data)
+            if fgo.same_content(current, cm):
+                return "unchanged"
+            labels = {**(current["metadata"].get("labels") or {}), **cm["metadata"]["labels"]}
+            body = {**cm, "metadata": {**cm["metadata"], "labels": labels,
+                                       "resourceVersion": current["metadata"]["resourceVersion"]}}
+            try:
+                self.api.replace_namespaced_config_map(name, ns, model(body), _preload_content=False)
+                return "replaced"
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+        raise ApiException(status=409, reason=f"{CONFLICT_RETRIES} conflicts in a row")
+
     def correct_record(self, patch: dict) -> None:
         """An unconditional merge patch of the outcome annotations (the claim already took the
         injection off the node); losing it must not stop the agent, the Event says it too."""
@@ -509,7 +583,8 @@ def main(args) -> int:
         mounted_here = True
     tree = MountedTree(args.mountpoint, composition)
     namespace = getattr(args, "namespace", None) or os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE
-    agent = Agent(api, node_name, tree, resync_s=args.resync, namespace=namespace)
+    fgo_namespace = getattr(args, "fgo_namespace", None) or os.environ.get("MOKKA_FGO_NAMESPACE") or None
+    agent = Agent(api, node_name, tree, resync_s=args.resync, namespace=namespace, fgo_namespace=fgo_namespace)
 
     def stop(signum, frame):
         agent.stopping = True
