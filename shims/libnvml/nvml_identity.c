@@ -209,11 +209,15 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pc
     return NVML_SUCCESS;
 }
 
-/* The compute slices of a MIG device's compute profile, from the board's tables: its placement
-   size is the span the driver gives it (4 for a 3-slice one), not its slice count. */
+/* The compute slices of a MIG device's compute profile: its placement size is the span the
+   driver gives it (4 for a 3-slice one), not its slice count. A full-size compute instance (the
+   usual one, with all its GPU instance's SMs) has its GPU instance's; a smaller one's is looked
+   up in the board's tables. */
 static unsigned int ci_slice_count(const struct mokka_state *s, const struct mokka_mig_gi *gi,
                                    const struct mokka_mig_device *md)
 {
+    if (md->multiprocessor_count == gi->multiprocessor_count)
+        return gi->slice_count;
     for (unsigned int k = 0; k < s->mig_profile_count && k < MOKKA_MAX_MIG_PROFILES; k++) {
         const struct mokka_mig_profile *p = &s->mig_profiles[k];
         for (unsigned int j = 0; p->index == gi->profile && j < p->ci_profile_count && j < MOKKA_MAX_CI_PROFILES; j++)
