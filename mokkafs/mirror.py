@@ -78,8 +78,11 @@ def _walk(entry: Entry, path: str, ctx: Ctx, out: dict[str, Item]) -> None:
         out[path] = ("c", entry.mode, os.makedev(entry.major, entry.minor))
 
 
-def _under(rel: str, tops: tuple[str, ...]) -> bool:
-    return any(rel == top or rel.startswith(top + "/") for top in tops)
+def _under(tops: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether a relative path is one of `tops` or below one (one C-level startswith per path:
+    the mirror holds thousands)."""
+    heads = tuple(top + "/" for top in tops)
+    return lambda rel: rel.startswith(heads) or rel in tops
 
 
 def _remove_path(path: Path) -> None:
@@ -154,7 +157,7 @@ class Mirror:
         ctx = Ctx(node, self.clock())
         if self._rendered_state is not None and state[:-1] == self._rendered_state[:-1]:
             # Only MIG layouts changed (the state's last part): re-render their two small trees.
-            self._update(render(self.tree, ctx, MIG_TREES), lambda rel: _under(rel, MIG_TREES))
+            self._update(render(self.tree, ctx, MIG_TREES), _under(MIG_TREES))
         else:
             self._update(render(self.tree, ctx), lambda rel: True)
         self._rendered_state = state
