@@ -285,6 +285,22 @@ def test_a_layout_survives_a_restore_and_a_state_dir_from_before_mig_restores_wi
     assert StateDir(tmp_path / "s").open(third) and third.gpus[0].mig == MigState()
 
 
+def test_a_layout_saved_with_the_older_compute_instance_sizes_restores_with_today_s(tmp_path):
+    """Before compute instances were sized by span, a 3g.40gb one was saved as 0:3 and a 7g.80gb
+    one as 0:7: such a state directory still opens, and lists them as a real -lci does."""
+    node = h100(hostname="h")
+    StateDir(tmp_path / "s").open(node)
+    for gpu, instance in ((0, {"id": 2, "profile": 2, "start": 4, "size": 4, "compute": [[0, 2, 0, 3]]}),
+                          (1, {"id": 0, "profile": 4, "start": 0, "size": 8, "compute": [[0, 4, 0, 7]]})):
+        record = json.loads((tmp_path / "s" / f"gpu{gpu}.json").read_text())
+        record["mig"] = {"enabled": True, "pending": True, "instances": [instance]}
+        (tmp_path / "s" / f"gpu{gpu}.json").write_text(json.dumps(record))
+    again = h100(hostname="h")
+    assert StateDir(tmp_path / "s").open(again)
+    assert layout(again, 0) == [(2, "3g.40gb", 4, 4, [(0, "3g.40gb", 0, 4)])]
+    assert layout(again, 1) == [(0, "7g.80gb", 0, 8, [(0, "7g.80gb", 0, 8)])]
+
+
 @pytest.mark.parametrize(
     "mig_record,words",
     [

@@ -334,6 +334,22 @@ def _enabled(state: MigState, name: str) -> None:
         raise NotSupported(f"MIG mode is not enabled on {name}")
 
 
+def upgrade(mig: Mig, state: MigState) -> MigState:
+    """A record saved before compute instances were sized by their span (`ci_span`), when a
+    compute instance's `size` was its slice count (3 for a 3g.40gb one): the same layout with
+    today's sizes. Anything else is returned as it is, for `check` to judge."""
+    gis = []
+    for g in state.instances:
+        try:
+            gp = gi_profile_by_index(mig, g.profile)
+            cis = tuple(replace(c, size=ci_span(cp)) if c.size == cp.slices else c
+                        for c in g.compute for cp in (ci_profile(gp, c.profile),))
+        except InvalidCommand:
+            return state
+        gis.append(replace(g, compute=cis))
+    return replace(state, instances=tuple(gis))
+
+
 def check(mig: Mig, state: MigState, gpu: int) -> None:
     """Raise ValueError unless `state` is one the rules could have built on GPU `gpu` of this
     board (a restored record): every instance re-placed at its own placement, in order."""

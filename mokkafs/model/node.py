@@ -1077,6 +1077,8 @@ class Node:
         for i, data in enumerate(gpus):
             try:
                 states.append(GpuState.from_dict(data))
+                if self.profile.mig is not None:  # a layout saved with the older compute instance sizes
+                    states[-1].mig = mig.upgrade(self.profile.mig, states[-1].mig)
                 self._check_profile_ranges(states[-1], i)
             except ValueError as e:
                 raise RestoreError("gpu", i, str(e)) from None
