@@ -9,7 +9,9 @@ speed. The FUSE tree under the mount point stays the one computed on read.
 
 Updates are in place and per entry (a file is replaced by rename, a vanished directory removed),
 so bind mounts of the mirror's directories see them at once, as they would see a hot-unplug in
-real sysfs. The first, whole mirror is written off the event loop after the mount is ready
+real sysfs. An event that changes only MIG layouts re-renders only what those are rendered
+into, the capability files and the `nvidia-caps` device nodes (`MIG_TREES`): a MIG create
+then costs a few dozen entries, not the whole tree. The first, whole mirror is written off the event loop after the mount is ready
 (thousands of files for a big node) into `mirror.new/` and renamed into place when complete;
 until then `mokka run` binds the mount itself.
 """
@@ -34,6 +36,10 @@ TREES = ("sys", "proc", "dev")
 # binds them from the mount itself, so the mirror leaves them out.
 LIVE = frozenset({"proc/modules"})
 
+# The only entries a MIG layout is rendered into (render/proc_nvidia.py, render/dev.py): when
+# nothing else of `Node.device_tree_state` changed, the mirror re-renders just these.
+MIG_TREES = ("proc/driver/nvidia/capabilities", "dev/nvidia-caps")
+
 # What an entry is on disk: ("d", mode) | ("f", mode, bytes) | ("l", target) | ("c", mode, rdev)
 Item = tuple
 
@@ -43,28 +49,40 @@ def mirror_path(state_dir: str | os.PathLike) -> Path:
 
 
 def render(tree: Tree, ctx: Ctx, tops: tuple[str, ...] = TREES) -> dict[str, Item]:
-    """Every entry under `tops`, by relative path, parents before children."""
+    """Every entry under `tops` (paths from the root, `sys` or `proc/driver/nvidia/capabilities`),
+    by relative path, parents before children; a top that does not exist has no entries."""
     out: dict[str, Item] = {}
-    root_children = tree.root.children(ctx)
-
-    def walk(entry: Entry, path: str) -> None:
-        if path in LIVE:
-            return
-        if isinstance(entry, Dir):
-            out[path] = ("d", entry.mode)
-            for name, child in entry.children(ctx).items():
-                walk(child, f"{path}/{name}")
-        elif isinstance(entry, File):
-            out[path] = ("f", entry.perm, entry.read(ctx))
-        elif isinstance(entry, Symlink):
-            out[path] = ("l", entry.resolve(ctx))
-        elif isinstance(entry, CharDev):
-            out[path] = ("c", entry.mode, os.makedev(entry.major, entry.minor))
-
     for top in tops:
-        if top in root_children:
-            walk(root_children[top], top)
+        entry: Entry | None = tree.root
+        for name in top.split("/"):
+            entry = entry.children(ctx).get(name) if isinstance(entry, Dir) else None
+            if entry is None:
+                break
+        if entry is not None:
+            _walk(entry, top, ctx, out)
     return out
+
+
+def _walk(entry: Entry, path: str, ctx: Ctx, out: dict[str, Item]) -> None:
+    if path in LIVE:
+        return
+    if isinstance(entry, Dir):
+        out[path] = ("d", entry.mode)
+        for name, child in entry.children(ctx).items():
+            _walk(child, f"{path}/{name}", ctx, out)
+    elif isinstance(entry, File):
+        out[path] = ("f", entry.perm, entry.read(ctx))
+    elif isinstance(entry, Symlink):
+        out[path] = ("l", entry.resolve(ctx))
+    elif isinstance(entry, CharDev):
+        out[path] = ("c", entry.mode, os.makedev(entry.major, entry.minor))
+
+
+def _under(tops: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether a relative path is one of `tops` or below one (one C-level startswith per path:
+    the mirror holds thousands)."""
+    heads = tuple(top + "/" for top in tops)
+    return lambda rel: rel.startswith(heads) or rel in tops
 
 
 def _remove_path(path: Path) -> None:
@@ -136,16 +154,25 @@ class Mirror:
         state = node.device_tree_state()
         if state == self._rendered_state:
             return
-        new = render(self.tree, Ctx(node, self.clock()))
-        old = self._items
+        ctx = Ctx(node, self.clock())
+        if self._rendered_state is not None and state[:-1] == self._rendered_state[:-1]:
+            # Only MIG layouts changed (the state's last part): re-render their two small trees.
+            self._update(render(self.tree, ctx, MIG_TREES), _under(MIG_TREES))
+        else:
+            self._update(render(self.tree, ctx), lambda rel: True)
+        self._rendered_state = state
+
+    def _update(self, new: dict[str, Item], covers: Callable[[str], bool]) -> None:
+        """Make the entries `covers` selects what `new` says (`new` holds exactly those)."""
+        old = {rel: item for rel, item in self._items.items() if covers(rel)}
         # Removals first, deepest first, so a vanished directory goes with what it held.
         for rel in sorted((p for p in old if new.get(p, (None,))[0] != old[p][0]), reverse=True):
             self._remove(rel, old[rel])
+            del self._items[rel]
         for rel, item in new.items():  # parents come before their children
             if old.get(rel) != item:
                 self._write(rel, item, replace=rel in old and old[rel][0] == item[0])
-        self._items = new
-        self._rendered_state = state
+        self._items.update(new)
 
     def _remove(self, rel: str, item: Item) -> None:
         _remove_path(self.path / rel)  # may have gone with a directory removed before it

@@ -477,6 +477,10 @@ class Mig(_Strict):
     memory_slices: Annotated[int, Field(gt=0, le=8)]  # placement units (8 on A100/H100)
     compute_slices: Annotated[int, Field(gt=0, le=8)]  # 7 on A100/H100
     gpu_instance_profiles: Annotated[tuple[MigGpuProfile, ...], Field(min_length=1)]
+    # GPUs (by index in the node) whose GPU-instance ids count the memory halves the other way
+    # round: the same placement has id 1 there where it has id 2 elsewhere (docs/mig.md). Which
+    # GPCs a die has fused off decides it on real boards; nodes show both kinds.
+    swapped_halves: tuple[Annotated[int, Field(ge=0, lt=64)], ...] = ()
 
     @model_validator(mode="after")
     def _consistent(self) -> "Mig":

@@ -513,8 +513,8 @@ def test_mig_annotation(start_agent, expect_log):
     assert ev["message"] == value
     assert node.read("gpu0/mig").startswith("mode: enabled\n") and "\ngi " not in node.read("gpu0/mig")
     shown = node.read("gpu1/mig")
-    assert [line.split()[1] for line in shown.splitlines() if line.startswith("gi ")] == ["2", "4", "7", "8"]
-    assert sorted(os.listdir(node.mnt / "proc/driver/nvidia/capabilities/gpu1/mig")) == ["gi2", "gi4", "gi7", "gi8"]
+    assert [line.split()[1] for line in shown.splitlines() if line.startswith("gi ")] == ["2", "3", "9", "10"]
+    assert sorted(os.listdir(node.mnt / "proc/driver/nvidia/capabilities/gpu1/mig")) == ["gi10", "gi2", "gi3", "gi9"]
 
 
 class _StaleTree(watch.MountedTree):

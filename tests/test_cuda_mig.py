@@ -84,7 +84,7 @@ def devices(node, visible: str | None) -> dict:
 
 def test_a_mig_uuid_is_one_device_with_the_slice_s_name_uuid_memory_and_sms(mig_node):
     migs = mig_devices(mig_node, 1)
-    assert [(m["gi"], m["ci"]) for m in migs] == [(2, 0), (4, 0), (7, 0), (8, 0)]
+    assert [(m["gi"], m["ci"]) for m in migs] == [(2, 0), (3, 0), (9, 0), (10, 0)]
     for m in (migs[0], migs[2]):
         got = devices(mig_node, m["uuid"])
         assert got["devs"] == [dict(name=m["name"], uuid=m["uuid"][4:].replace("-", ""), sms=m["sm"], mem=m["mem"])]
@@ -93,7 +93,7 @@ def test_a_mig_uuid_is_one_device_with_the_slice_s_name_uuid_memory_and_sms(mig_
     gpu_uuid = next(line.split(":", 1)[1].strip() for line in mig_node.read("gpu1/info").splitlines()
                     if line.startswith("uuid"))
     assert devices(mig_node, migs[1]["uuid"][:12])["devs"][0]["name"] == migs[1]["name"]
-    assert devices(mig_node, f"MIG-{gpu_uuid}/7/0")["devs"][0]["uuid"] == migs[2]["uuid"][4:].replace("-", "")
+    assert devices(mig_node, f"MIG-{gpu_uuid}/9/0")["devs"][0]["uuid"] == migs[2]["uuid"][4:].replace("-", "")
 
 
 def test_enumeration_shows_one_mig_device_and_no_parent(mig_node):
@@ -121,7 +121,7 @@ def test_a_mig_gpu_without_instances_is_no_device(node_factory):
 def test_an_allocation_on_a_mig_device_is_accounted_to_its_instance(mig_node):
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     migs = mig_devices(mig_node, 1)
-    target = migs[2]  # gi 7, a 1g.10gb
+    target = migs[2]  # gi 9, a 1g.10gb
     env = dict(mount_env(mig_node), CUDA_VISIBLE_DEVICES=target["uuid"])
     proc = subprocess.Popen([sys.executable, "-c", ALLOC_1G], env=env, stdout=subprocess.PIPE, text=True)
     with killed_at_end(proc):
@@ -129,16 +129,16 @@ def test_an_allocation_on_a_mig_device_is_accounted_to_its_instance(mig_node):
         assert (free, total) == (target["mem"] - GIB, target["mem"])
 
         shown = _wait_for(lambda: proc.pid in mig_processes(mig_node) and mig_processes(mig_node))
-        assert shown[proc.pid] == (7, 0, GIB)
+        assert shown[proc.pid] == (9, 0, GIB)
         # NVML lists it on the parent, and the GPU instance's memory used counts it
         assert nvml_parent_procs(env, 1) == [[proc.pid, GIB]]
-        assert mig_gi_used(mig_node, 7) == GIB and mig_gi_used(mig_node, 2) == 0
-        # and nvidia-smi's processes table shows it on that instance: GPU 1, GI 7, CI 0, 1024MiB
+        assert mig_gi_used(mig_node, 9) == GIB and mig_gi_used(mig_node, 2) == 0
+        # and nvidia-smi's processes table shows it on that instance: GPU 1, GI 9, CI 0, 1024MiB
         smi = subprocess.run([str(mig_node.mnt / "driver/usr/bin/nvidia-smi")], env=env, capture_output=True,
                              text=True, timeout=60)
         assert smi.returncode == 0, smi.stderr
         row = next(line for line in smi.stdout.splitlines() if f" {proc.pid} " in line)
-        assert row.split()[1:4] == ["1", "7", "0"] and "1024MiB" in row, smi.stdout
+        assert row.split()[1:4] == ["1", "9", "0"] and "1024MiB" in row, smi.stdout
     assert _wait_for(lambda: proc.pid not in mig_processes(mig_node))
 
 

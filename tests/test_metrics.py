@@ -132,20 +132,20 @@ def test_a_partitioned_gpu_has_a_series_set_per_gpu_instance_with_dcgm_exporter_
     node = make_node(gpus=2)
     for line in ("gpu=1 mig enable", "gpu=1 mig create 3g.40gb,1g.10gb", "gpu=0 mig enable"):
         node.apply(parse_line(line).event, 1000.0)
-    node.apply(SetProcesses(1, ((4242, 1 << 30),), ((4242, 10, 0),)), 1000.0)  # gi 10: the 1g.10gb at 3:1
+    node.apply(SetProcesses(1, ((4242, 1 << 30),), ((4242, 7, 0),)), 1000.0)  # gi 7: the 1g.10gb at 0:1
     body = rm.render(node, 1000.0)
     text = body.decode()
     # GPU 0 (MIG on, no instances) stays one GPU series; GPU 1 is one per GPU instance, by id
     temp = [s.labels for s in families(body)["DCGM_FI_DEV_GPU_TEMP"].samples]
     assert [(lb["gpu"], lb.get("GPU_I_PROFILE"), lb.get("GPU_I_ID")) for lb in temp] == [
-        ("0", None, None), ("1", "3g.40gb", "2"), ("1", "1g.10gb", "10")]
+        ("0", None, None), ("1", "3g.40gb", "2"), ("1", "1g.10gb", "7")]
     line = next(ln for ln in text.splitlines() if ln.startswith("DCGM_FI_DEV_GPU_TEMP{") and "GPU_I_ID" in ln)
     assert re.findall(r'(\w+)="', line) == LABELS[:5] + ["GPU_I_PROFILE", "GPU_I_ID"] + LABELS[5:]
     assert temp[1]["UUID"] == node.identities[1].uuid and temp[1]["device"] == "nvidia1"  # the parent's
     used = {(s.labels["gpu"], s.labels.get("GPU_I_ID")): s.value for s in families(body)["DCGM_FI_DEV_FB_USED"].samples}
     free = {(s.labels["gpu"], s.labels.get("GPU_I_ID")): s.value for s in families(body)["DCGM_FI_DEV_FB_FREE"].samples}
     g3, g1 = (mig_profile(node, "3g.40gb"), mig_profile(node, "1g.10gb"))
-    assert used[("1", "10")] == 1024 and free[("1", "10")] == g1.memory_mib - 1024
+    assert used[("1", "7")] == 1024 and free[("1", "7")] == g1.memory_mib - 1024
     assert used[("1", "2")] == 0 and free[("1", "2")] == g3.memory_mib
     # utilization is not reported in MIG mode: no instance series for it
     assert [s.labels["gpu"] for s in families(body)["DCGM_FI_DEV_GPU_UTIL"].samples] == ["0"]

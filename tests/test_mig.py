@@ -89,13 +89,16 @@ def test_a_board_without_mig_refuses_every_mig_command(line):
 
 
 def test_the_issue_s_layout_is_placed_and_numbered_as_the_driver_does():
+    """The layout of GPU 0 in NVIDIA/DCGM#138 (a real H100 node: 3g.40gb id 2 at 4:4, 2g.20gb
+    id 3 at 0:2, 1g.10gb ids 9 and 10 at 2:1 and 3:1); the 3g.40gb compute instance spans 0:4
+    as a real H100's `-lci` lists it."""
     node = h100()
-    assert run(node, "gpu=0 mig enable", f"gpu=0 mig create {DONE_WHEN}") == "gi=2/ci=0 gi=4/ci=0 gi=8/ci=0 gi=7/ci=0"
+    assert run(node, "gpu=0 mig enable", f"gpu=0 mig create {DONE_WHEN}") == "gi=2/ci=0 gi=3/ci=0 gi=9/ci=0 gi=10/ci=0"
     assert layout(node) == [
-        (2, "3g.40gb", 4, 4, [(0, "3g.40gb", 0, 3)]),
-        (4, "2g.20gb", 2, 2, [(0, "2g.20gb", 0, 2)]),
-        (7, "1g.10gb", 0, 1, [(0, "1g.10gb", 0, 1)]),
-        (8, "1g.10gb", 1, 1, [(0, "1g.10gb", 0, 1)]),
+        (2, "3g.40gb", 4, 4, [(0, "3g.40gb", 0, 4)]),
+        (3, "2g.20gb", 0, 2, [(0, "2g.20gb", 0, 2)]),
+        (9, "1g.10gb", 2, 1, [(0, "1g.10gb", 0, 1)]),
+        (10, "1g.10gb", 3, 1, [(0, "1g.10gb", 0, 1)]),
     ]
     _, devices = node.mig_devices(0)
     assert [d.name for d in devices] == ["NVIDIA H100 80GB HBM3 MIG 3g.40gb", "NVIDIA H100 80GB HBM3 MIG 2g.20gb",
@@ -103,7 +106,7 @@ def test_the_issue_s_layout_is_placed_and_numbered_as_the_driver_does():
     assert [d.memory_total_bytes >> 20 for d in devices] == [40448, 20096, 9984, 9984]
     assert all(re.fullmatch(r"MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", d.uuid) for d in devices)
     assert len({d.uuid for d in devices}) == 4
-    assert [(d.gi.minor, d.minor) for d in devices] == [(21, 22), (39, 40), (66, 67), (75, 76)]
+    assert [(d.gi.minor, d.minor) for d in devices] == [(21, 22), (30, 31), (84, 85), (93, 94)]
 
 
 def test_the_user_guide_s_examples_give_the_guide_s_ids():
@@ -183,7 +186,7 @@ def test_an_instance_with_a_process_on_it_is_in_use_and_others_are_not():
                          ("gpu=0 mig clear", "a process runs on GPU instance 2")):
         with pytest.raises(InUse, match=reason):
             run(node, line)
-    run(node, "gpu=0 mig destroy_ci 2 0", "gpu=0 mig destroy_ci 10 0", "gpu=0 mig destroy_gi 10")
+    run(node, "gpu=0 mig destroy_ci 2 0", "gpu=0 mig destroy_ci 7 0", "gpu=0 mig destroy_gi 7")
     assert layout(node) == [(2, "3g.40gb", 4, 4, [(1, "1c.3g.40gb", 1, 1)])]
     gis, _ = node.mig_devices(0)
     assert gis[0].memory_used_bytes == 1 << 30  # the process's memory counts to its instance
@@ -201,7 +204,7 @@ def test_a_lost_gpu_lists_no_instances_refuses_mig_commands_and_brings_them_back
     with pytest.raises(GpuIsLost):
         run(node, "gpu=0 mig destroy_ci all all")
     node.apply(SetLost(0, False), T0)
-    assert layout(node) == [(0, "7g.80gb", 0, 8, [(0, "7g.80gb", 0, 7)])]
+    assert layout(node) == [(0, "7g.80gb", 0, 8, [(0, "7g.80gb", 0, 8)])]
 
 
 def test_uuids_are_stable_across_re_creation_and_differ_between_gpus():
@@ -282,6 +285,22 @@ def test_a_layout_survives_a_restore_and_a_state_dir_from_before_mig_restores_wi
     assert StateDir(tmp_path / "s").open(third) and third.gpus[0].mig == MigState()
 
 
+def test_a_layout_saved_with_the_older_compute_instance_sizes_restores_with_today_s(tmp_path):
+    """Before compute instances were sized by span, a 3g.40gb one was saved as 0:3 and a 7g.80gb
+    one as 0:7: such a state directory still opens, and lists them as a real -lci does."""
+    node = h100(hostname="h")
+    StateDir(tmp_path / "s").open(node)
+    for gpu, instance in ((0, {"id": 2, "profile": 2, "start": 4, "size": 4, "compute": [[0, 2, 0, 3]]}),
+                          (1, {"id": 0, "profile": 4, "start": 0, "size": 8, "compute": [[0, 4, 0, 7]]})):
+        record = json.loads((tmp_path / "s" / f"gpu{gpu}.json").read_text())
+        record["mig"] = {"enabled": True, "pending": True, "instances": [instance]}
+        (tmp_path / "s" / f"gpu{gpu}.json").write_text(json.dumps(record))
+    again = h100(hostname="h")
+    assert StateDir(tmp_path / "s").open(again)
+    assert layout(again, 0) == [(2, "3g.40gb", 4, 4, [(0, "3g.40gb", 0, 4)])]
+    assert layout(again, 1) == [(0, "7g.80gb", 0, 8, [(0, "7g.80gb", 0, 8)])]
+
+
 @pytest.mark.parametrize(
     "mig_record,words",
     [
@@ -292,7 +311,7 @@ def test_a_layout_survives_a_restore_and_a_state_dir_from_before_mig_restores_wi
         ({"enabled": True, "pending": True, "instances": [{"id": 7, "profile": 0, "start": 0, "size": 1,
                                                              "compute": []}] * 2}, "overlaps an instance"),
         ({"enabled": True, "pending": True, "instances": [{"id": 0, "profile": 4, "start": 0, "size": 8,
-                                                             "compute": [[0, 4, 0, 7], [1, 0, 0, 1]]}]}, "overlaps a compute"),
+                                                             "compute": [[0, 4, 0, 8], [1, 0, 0, 1]]}]}, "overlaps a compute"),
         ({"enabled": "yes", "pending": True, "instances": []}, "not booleans"),
         ({"enabled": True, "pending": True, "instances": [{"id": -1, "profile": 4, "start": 0, "size": 8,
                                                              "compute": []}]}, "not a small whole number"),
@@ -331,7 +350,7 @@ def test_the_publisher_copies_the_tables_and_each_gpu_s_instances_from_the_model
     pub = Publisher(tmp_path / "state", clock=lambda: T0)
     pub.open()
     try:
-        node.apply(SetProcesses(1, ((55, 3 << 20), (56, 1 << 20)), instances=((55, 8, 0),)), T0)
+        node.apply(SetProcesses(1, ((55, 3 << 20), (56, 1 << 20)), instances=((55, 10, 0),)), T0)
         pub.publish(node)
         st = pub._st
         mg = node.profile.mig
@@ -356,8 +375,8 @@ def test_the_publisher_copies_the_tables_and_each_gpu_s_instances_from_the_model
                  ffi.string(r.name).decode(), ffi.string(r.uuid).decode()) for r in g1.mig_devices[0:5]] == [
             ([v.id for v in gis].index(d.gi.id), d.gi.id, d.ci.id, d.profile.profile, d.ci.start, d.ci.size,
              d.profile.sm, d.minor, d.name, d.uuid) for d in devices]
-        assert [(d.gi_id, d.ci_id) for d in g1.mig_devices[0:5]] == [(2, 0), (2, 1), (4, 0), (7, 0), (8, 0)]
-        assert [(p.pid, p.mig_gi, p.mig_ci) for p in g1.processes[0:2]] == [(55, 8, 0), (56, NO_MIG, NO_MIG)]
+        assert [(d.gi_id, d.ci_id) for d in g1.mig_devices[0:5]] == [(2, 0), (2, 1), (3, 0), (9, 0), (10, 0)]
+        assert [(p.pid, p.mig_gi, p.mig_ci) for p in g1.processes[0:2]] == [(55, 10, 0), (56, NO_MIG, NO_MIG)]
         node.apply(SetLost(1, True), T0)
         pub.publish(node, {1})
         assert (st.gpus[1].mig_gi_count, st.gpus[1].mig_device_count) == (0, 0)
@@ -417,7 +436,7 @@ def test_the_control_socket_answers_with_the_new_ids_and_the_driver_s_error(expe
 
     assert ask("gpu=0 mig create 1g.10gb") == ("not_supported", "MIG mode is not enabled on gpu0")
     assert ask("gpu=0 mig enable") == ("ok", "")
-    assert ask(f"gpu=0 mig create {DONE_WHEN}") == ("ok", "gi=2/ci=0 gi=4/ci=0 gi=8/ci=0 gi=7/ci=0")
+    assert ask(f"gpu=0 mig create {DONE_WHEN}") == ("ok", "gi=2/ci=0 gi=3/ci=0 gi=9/ci=0 gi=10/ci=0")
     assert ask("gpu=0 mig create_gi 19:6")[0] == "insufficient_resources"
     assert ask("gpu=0 mig create_gi 19:7")[0] == "invalid_argument"
     assert ask("gpu=0 mig destroy_gi 2")[0] == "in_use"
@@ -467,7 +486,7 @@ def test_a_scenario_and_an_annotation_set_a_layout_through_the_same_vocabulary()
     plan = expand(loaded, None, len(node.gpus), node.validate)  # checked at load, before MIG is on
     for p in plan:
         node.apply(p.command.event, T0 + p.offset)
-    assert [g[0] for g in layout(node)] == [2, 4, 7, 8]
+    assert [g[0] for g in layout(node)] == [2, 3, 9, 10]
     bad = load_text("name: x\ndescription: x\nsource: x\nseed: 1\nend: keep\nsteps:\n"
                     "  - {at: 1s, gpu: 0, command: 'mig create 5g.50gb'}\n")
     with pytest.raises(InvalidCommand, match="no GPU instance profile '5g.50gb'"):

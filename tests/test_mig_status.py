@@ -11,7 +11,7 @@ def test_status_lists_the_mig_layout_of_the_gpus_that_have_one(node_factory):
     for gpu, args in ((1, ("mig", "enable")), (1, ("mig", "create", "3g.40gb,1g.10gb")), (2, ("mig", "enable"))):
         assert node.cli("inject", "--root", str(node.mnt), str(gpu), *args).returncode == 0
     lines = [line for line in node.cli("status", "--root", str(node.mnt)).stdout.splitlines() if "MIG" in line]
-    assert lines == ["gpu1 MIG: enabled, 2 GPU instances: gi2 3g.40gb (1 ci), gi10 1g.10gb (1 ci)",
+    assert lines == ["gpu1 MIG: enabled, 2 GPU instances: gi2 3g.40gb (1 ci), gi7 1g.10gb (1 ci)",
                      "gpu2 MIG: enabled, 0 GPU instances"]
 
 

@@ -198,3 +198,56 @@ def test_mokka_run_sees_mig_instances_come_and_go(node_factory):
     assert proc.returncode == 0
     assert out.splitlines() == ["gi2", "DeviceFileMinor: 157", "DeviceFileMode: 292", "DeviceFileModify: 1",
                                 "nvidia-cap1 nvidia-cap156 nvidia-cap157 nvidia-cap2 "]
+
+
+# MIG commands (some refused: MIG off, no room, nothing to destroy) mixed with what takes a GPU's
+# capability files away and gives them back, so an incremental MIG update that misses an entry, or
+# a full one that loses the MIG part, leaves a mirror that differs from a fresh render.
+MIG_EVENTS = st.sampled_from(
+    ["gpu=1 mig enable", "gpu=2 mig enable", "gpu=1 mig disable", "gpu=1 mig create 3g.40gb,1g.10gb",
+     "gpu=2 mig create_gi 2g.20gb", "gpu=2 mig create_ci 3 1c.2g.20gb", "gpu=1 mig create 7g.80gb",
+     "gpu=1 mig destroy_ci all all", "gpu=2 mig destroy_gi all", "gpu=1 mig clear", "gpu=2 mig clear",
+     InjectXid(1, 79), SetLost(1, False), Reset(2), Pin(0, "temperature", (90,))]
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=st.lists(MIG_EVENTS, min_size=1, max_size=10))
+def test_mig_changes_update_only_their_trees_and_leave_an_exact_mirror(node_and_mirror, events):
+    from mokkafs.model.commands import parse_line
+    from mokkafs.model.events import InvalidCommand
+
+    node, tree, mirror, ctl = node_and_mirror
+    mirror.start(node)
+    vendor = mirror.path / "sys/bus/pci/devices/0000:18:00.0/vendor"
+    for event in events:
+        inode = os.stat(vendor).st_ino
+        try:
+            ctl.apply(parse_line(event).event if isinstance(event, str) else event)
+        except InvalidCommand:
+            continue
+        if isinstance(event, str):  # a MIG change rewrites nothing outside the MIG trees
+            assert os.stat(vendor).st_ino == inode
+        assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
+    ctl.apply(Reset(None))
+    assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
+
+
+def test_a_mig_change_renders_only_the_mig_trees(node_and_mirror, monkeypatch):
+    import mokkafs.mirror as mirror_module
+    from mokkafs.model.commands import parse_line
+
+    node, tree, mirror, ctl = node_and_mirror
+    mirror.start(node)
+    rendered = []
+
+    def recording(tree_, ctx, tops=mirror_module.TREES):
+        rendered.append(tops)
+        return render(tree_, ctx, tops)
+
+    monkeypatch.setattr(mirror_module, "render", recording)
+    for line in ("gpu=1 mig enable", "gpu=1 mig create 3g.40gb,1g.10gb", "gpu=1 mig destroy_ci 2 0"):
+        ctl.apply(parse_line(line).event)
+    ctl.apply(InjectXid(1, 79))  # a GPU off the bus changes sysfs too: the whole tree
+    assert rendered == [mirror_module.MIG_TREES] * 3 + [mirror_module.TREES]
+    assert on_disk(mirror.path) == render(tree, Ctx(node, T0))

@@ -210,8 +210,8 @@ def test_nvitop_lists_mig_devices_with_their_memory_and_bar1(node_factory):
     assert r.returncode == 0, r.stderr
     rows = [line for line in r.stdout.splitlines() if "@ GI/CI:" in line]
     assert [row.split("│")[1].split() for row in rows] == [
-        ["1:0", "3g.40gb", "@", "GI/CI:", "2/0"], ["1:1", "2g.20gb", "@", "GI/CI:", "4/0"],
-        ["1:2", "1g.10gb", "@", "GI/CI:", "7/0"], ["1:3", "1g.10gb", "@", "GI/CI:", "8/0"]], r.stdout
+        ["1:0", "3g.40gb", "@", "GI/CI:", "2/0"], ["1:1", "2g.20gb", "@", "GI/CI:", "3/0"],
+        ["1:2", "1g.10gb", "@", "GI/CI:", "9/0"], ["1:3", "1g.10gb", "@", "GI/CI:10/0"]], r.stdout
     assert "/ 39.50GiB" in rows[0] and "/  9984MiB" in rows[2] and all("BAR1:" in row for row in rows)
     bar1 = run_py(env, """
         import pynvml as n

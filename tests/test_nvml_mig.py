@@ -137,14 +137,14 @@ def test_pynvml_walks_the_mig_api_end_to_end(node_factory):
     assert out["placements_3g"] == [[0, 4], [4, 4]]
     assert out["gis"] == [
         dict(id=2, profile=9, placement=[4, 4], ci=0, ci_profile=2, ci_name="MIG 3g.40gb", same=2),
-        dict(id=4, profile=14, placement=[2, 2], ci=0, ci_profile=1, ci_name="MIG 2g.20gb", same=4),
-        dict(id=8, profile=19, placement=[1, 1], ci=0, ci_profile=0, ci_name="MIG 1g.10gb", same=8),
-        dict(id=7, profile=19, placement=[0, 1], ci=0, ci_profile=0, ci_name="MIG 1g.10gb", same=7),
+        dict(id=3, profile=14, placement=[0, 2], ci=0, ci_profile=1, ci_name="MIG 2g.20gb", same=3),
+        dict(id=9, profile=19, placement=[2, 1], ci=0, ci_profile=0, ci_name="MIG 1g.10gb", same=9),
+        dict(id=10, profile=19, placement=[3, 1], ci=0, ci_profile=0, ci_name="MIG 1g.10gb", same=10),
     ]
     listed = out["listed"]
     assert [(d["index"], d["gi"], d["ci"], d["name"]) for d in listed] == [
-        (0, 2, 0, "NVIDIA H100 80GB HBM3 MIG 3g.40gb"), (1, 4, 0, "NVIDIA H100 80GB HBM3 MIG 2g.20gb"),
-        (2, 7, 0, "NVIDIA H100 80GB HBM3 MIG 1g.10gb"), (3, 8, 0, "NVIDIA H100 80GB HBM3 MIG 1g.10gb")]
+        (0, 2, 0, "NVIDIA H100 80GB HBM3 MIG 3g.40gb"), (1, 3, 0, "NVIDIA H100 80GB HBM3 MIG 2g.20gb"),
+        (2, 9, 0, "NVIDIA H100 80GB HBM3 MIG 1g.10gb"), (3, 10, 0, "NVIDIA H100 80GB HBM3 MIG 1g.10gb")]
     assert [d["total_mib"] for d in listed] == [40448, 20096, 9984, 9984]
     assert [(d["sms"], d["gi_slices"], d["ci_slices"], d["ce"], d["dec"], d["mem_mb"]) for d in listed] == [
         (60, 3, 3, 3, 3, 40448), (32, 2, 2, 2, 2, 20096), (16, 1, 1, 1, 1, 9984), (16, 1, 1, 1, 1, 9984)]

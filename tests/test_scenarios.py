@@ -433,8 +433,8 @@ end: keep
 steps:
   - {at: 1s, gpu: 1, command: mig enable}
   - {after: 1s, gpu: 1, command: 'mig create 3g.40gb,2g.20gb,1g.10gb,1g.10gb'}
-  - {after: 1s, gpu: 1, command: 'mig destroy_ci 8 all'}
-  - {after: 1s, gpu: 1, command: 'mig destroy_gi 8'}
+  - {after: 1s, gpu: 1, command: 'mig destroy_ci 10 all'}
+  - {after: 1s, gpu: 1, command: 'mig destroy_gi 10'}
 """
 
 
@@ -447,15 +447,15 @@ def test_a_scenario_s_mig_steps_run_in_the_daemon(tmp_path):
             assert not await write(d.ops, "node/scenario", request_bytes(MIG_SCENARIO, file="mig.yaml"))
             await trio.sleep(2.5)  # after the create, before the destroys
             mid = await read(d.ops, "gpu1/mig")
-            caps_mid = await read(d.ops, "proc/driver/nvidia/capabilities/gpu1/mig/gi8/ci0/access")
+            caps_mid = await read(d.ops, "proc/driver/nvidia/capabilities/gpu1/mig/gi10/ci0/access")
             status = await until_idle(d.ops)
             return mid, caps_mid, await read(d.ops, "gpu1/mig"), status, await read(d.ops, "node/events")
 
     mock = trio.testing.MockClock()
     mid, caps_mid, end, status, events = trio.run(main, mock, clock=mock)
     assert mid.startswith("mode: enabled\n") and mid.count("\ngi ") == 4 and mid.count("\n  ci ") == 4
-    assert caps_mid.startswith(f"DeviceFileMinor: {3 + 135 + 9 * 8 + 1}\n")
-    assert end.count("\ngi ") == 3 and "\ngi 8 " not in end
+    assert caps_mid.startswith(f"DeviceFileMinor: {3 + 135 + 9 * 10 + 1}\n")
+    assert end.count("\ngi ") == 3 and "\ngi 10 " not in end
     assert status.startswith("state: idle\nlast: mig-layout finished (4 commands)")
     assert "mokka: gpu1 MIG created gi=2 3g.40gb at 4:4 with ci=0" in events
     assert [line.split(" scenario ", 1)[1] for line in scenario_lines(events)][:2] == [

@@ -98,10 +98,10 @@ def test_enable_partition_show_and_destroy_as_the_real_tool_does(node_factory):
     # One at a time, each with its full-size compute instance; ids as the model places them.
     created = ok(node, "mig", "-cgi", LAYOUT, "-C", "-i", "0").splitlines()
     devices = layout(node)
-    assert [d[:2] for d in devices] == [(2, "3g.40gb"), (4, "2g.20gb"), (7, "1g.10gb"), (8, "1g.10gb")]
+    assert [d[:2] for d in devices] == [(2, "3g.40gb"), (3, "2g.20gb"), (9, "1g.10gb"), (10, "1g.10gb")]
     ids = {"3g.40gb": (9, 2), "2g.20gb": (14, 1), "1g.10gb": (19, 0)}
     made = [int(m) for m in re.findall(r"GPU instance ID +(\d+) on", "\n".join(created[::2]))]
-    assert sorted(made) == [2, 4, 7, 8]
+    assert made == [2, 3, 9, 10]
     for k, (gi, name) in enumerate(zip(made, LAYOUT.split(","))):
         gp, cp = ids[name]
         assert created[2 * k] == f"Successfully created GPU instance ID {gi:2} on GPU  0 using profile MIG {name} (ID {gp:2})"
@@ -131,8 +131,8 @@ def test_enable_partition_show_and_destroy_as_the_real_tool_does(node_factory):
         "+------------------+----------------------------------+-----------+-----------------------+",
     ]
     rows = [l for l in table[top:] if re.match(r"\|  0 +\d+ +\d+ +\d+  \|", l)]
-    assert [tuple(int(x) for x in r[1:17].split()) for r in rows] == [(0, 2, 0, 0), (0, 4, 0, 1), (0, 7, 0, 2),
-                                                                      (0, 8, 0, 3)]
+    assert [tuple(int(x) for x in r[1:17].split()) for r in rows] == [(0, 2, 0, 0), (0, 3, 0, 1), (0, 9, 0, 2),
+                                                                      (0, 10, 0, 3)]
     assert "9984MiB    | 16      0 |  1   0    1    0    1 |" in rows[2]
     assert table[top + 17] == "+------------------+----------------------------------+-----------+-----------------------+"
     assert table[top + 18] == "" and table[top + 19].startswith("+-----") and "Processes:" in table[top + 20]
@@ -153,8 +153,8 @@ def test_enable_partition_show_and_destroy_as_the_real_tool_does(node_factory):
     migs = gpus[0].findall("mig_devices/mig_device")
     assert [(m.findtext("index"), m.findtext("gpu_instance_id"), m.findtext("compute_instance_id"),
              m.findtext("device_attributes/shared/multiprocessor_count"), m.findtext("fb_memory_usage/total"))
-            for m in migs] == [("0", "2", "0", "60", "40448 MiB"), ("1", "4", "0", "32", "20096 MiB"),
-                               ("2", "7", "0", "16", "9984 MiB"), ("3", "8", "0", "16", "9984 MiB")]
+            for m in migs] == [("0", "2", "0", "60", "40448 MiB"), ("1", "3", "0", "32", "20096 MiB"),
+                               ("2", "9", "0", "16", "9984 MiB"), ("3", "10", "0", "16", "9984 MiB")]
     assert gpus[1].findtext("mig_devices").strip() == "None"
     assert gpus[0].findtext("utilization/gpu_util") == "N/A"
 
@@ -168,11 +168,11 @@ def test_enable_partition_show_and_destroy_as_the_real_tool_does(node_factory):
         "| GPU   Name               Profile  Instance   Placement  |\n"
         "|                            ID       ID       Start:Size |\n"
         "|=========================================================|\n"
-        "|   0  MIG 1g.10gb           19        7          0:1     |\n"
+        "|   0  MIG 1g.10gb           19        9          2:1     |\n"
         "+---------------------------------------------------------+\n"
-        "|   0  MIG 1g.10gb           19        8          1:1     |\n"
+        "|   0  MIG 1g.10gb           19       10          3:1     |\n"
         "+---------------------------------------------------------+\n"
-        "|   0  MIG 2g.20gb           14        4          2:2     |\n"
+        "|   0  MIG 2g.20gb           14        3          0:2     |\n"
         "+---------------------------------------------------------+\n"
         "|   0  MIG 3g.40gb            9        2          4:4     |\n"
         "+---------------------------------------------------------+\n")
@@ -183,10 +183,10 @@ def test_enable_partition_show_and_destroy_as_the_real_tool_does(node_factory):
                        "|       Instance                       ID        ID       Start:Size |",
                        "|         ID                                                         |",
                        "|====================================================================|"]
-    assert lci[6::2] == ["|   0      7       MIG 1g.10gb          0         0          0:1     |",
-                         "|   0      8       MIG 1g.10gb          0         0          0:1     |",
-                         "|   0      4       MIG 2g.20gb          1         0          0:2     |",
-                         "|   0      2       MIG 3g.40gb          2         0          0:3     |"]
+    assert lci[6::2] == ["|   0      9       MIG 1g.10gb          0         0          0:1     |",
+                         "|   0     10       MIG 1g.10gb          0         0          0:1     |",
+                         "|   0      3       MIG 2g.20gb          1         0          0:2     |",
+                         "|   0      2       MIG 3g.40gb          2         0          0:4     |"]
     lcip = ok(node, "mig", "-lcip", "-gi", "2", "-i", "0").splitlines()
     assert lcip[6:8] == ["|   0      2       MIG 1c.3g.40gb       0      0/3           16        3     0     0   |",
                          "|                                                                      3     3         |"]
@@ -201,15 +201,15 @@ def test_enable_partition_show_and_destroy_as_the_real_tool_does(node_factory):
     assert (r.returncode, r.stdout) == (19, f"Unable to disable MIG Mode for GPU {GPU0}: In use by another client\n"
                                             + TERMINATING)
     r = smi(node, "mig", "-dgi", "-i", "0")
-    assert (r.returncode, r.stdout) == (19, "Unable to destroy GPU instance ID  7 from GPU  0: In use by another client\n"
+    assert (r.returncode, r.stdout) == (19, "Unable to destroy GPU instance ID  9 from GPU  0: In use by another client\n"
                                             "Failed to destroy GPU instances: In use by another client\n")
     assert len(layout(node)) == 4
-    assert ok(node, "mig", "-dci", "-gi", "4", "-ci", "0", "-i", "0") == \
-        "Successfully destroyed compute instance ID  0 from GPU  0 GPU instance ID  4\n"
+    assert ok(node, "mig", "-dci", "-gi", "3", "-ci", "0", "-i", "0") == \
+        "Successfully destroyed compute instance ID  0 from GPU  0 GPU instance ID  3\n"
     assert ok(node, "mig", "-dci", "-i", "0") == "".join(
-        f"Successfully destroyed compute instance ID  0 from GPU  0 GPU instance ID {g:2}\n" for g in (7, 8, 2))
+        f"Successfully destroyed compute instance ID  0 from GPU  0 GPU instance ID {g:2}\n" for g in (9, 10, 2))
     assert ok(node, "mig", "-dgi", "-i", "0") == "".join(
-        f"Successfully destroyed GPU instance ID {g:2} from GPU  0\n" for g in (7, 8, 4, 2))
+        f"Successfully destroyed GPU instance ID {g:2} from GPU  0\n" for g in (9, 10, 3, 2))
     r = smi(node, "mig", "-lgi")
     assert (r.returncode, r.stdout) == (6, "No GPU instances found: Not Found\n")
     r = smi(node, "mig", "-lci")
@@ -339,7 +339,7 @@ def test_a_process_on_a_mig_device_shows_its_gpu_and_compute_instance(tmp_path, 
     for line in ("gpu=0 mig enable", f"gpu=0 mig create {LAYOUT}"):
         node.apply(parse_line(line).event)
     me = os.getpid()
-    node.apply(SetProcesses(0, ((me, 1 << 30),), instances=((me, 7, 0),)))
+    node.apply(SetProcesses(0, ((me, 1 << 30),), instances=((me, 9, 0),)))
     r = subprocess.run([str(smi_path)], env=consumer_env(node.path), capture_output=True, text=True, timeout=10)
     # Without a daemon to answer (a state file alone), a change is the unexpected error, exit 255.
     no_daemon = subprocess.run([str(smi_path), "-mig", "0"], env=consumer_env(node.path), capture_output=True,
@@ -348,8 +348,8 @@ def test_a_process_on_a_mig_device_shows_its_gpu_and_compute_instance(tmp_path, 
     assert (no_daemon.returncode, no_daemon.stdout) == (255, f"Unable to disable MIG Mode for GPU {GPU0}: Unknown "
                                                              "Error\n" + TERMINATING)
     rows = [l for l in r.stdout.splitlines() if re.match(rf"\|    0 +\d+ +\d+ +{me} ", l)]
-    assert len(rows) == 1 and re.fullmatch(rf"\|    0    7    0 {me:16}      C   .{{36}}   1024MiB \|", rows[0])
-    assert "|  0    7   0   2  |            1024MiB /  9984MiB    | 16      0 |" in r.stdout
+    assert len(rows) == 1 and re.fullmatch(rf"\|    0    9    0 {me:16}      C   .{{36}}   1024MiB \|", rows[0])
+    assert "|  0    9   0   2  |            1024MiB /  9984MiB    | 16      0 |" in r.stdout
 
 
 @pytest.fixture(scope="module")

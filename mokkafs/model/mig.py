@@ -169,13 +169,25 @@ def ci_profile(gp: MigGpuProfile, ref: int | str) -> MigComputeProfile:
     raise InvalidCommand(f"no compute instance profile {ref!r} in {gp.name}; known: {known}")
 
 
-def gi_id(mig: Mig, start: int, size: int) -> int:
-    """The id the driver gives a GPU instance: its place in the binary tree of memory slices
-    (0 the whole GPU, 1-2 the halves, 3-6 the quarters, 7-14 the eighths), so an instance at the
-    same placement always has the same id."""
+def halves_swapped(mig: Mig, gpu: int) -> bool:
+    """Whether GPU `gpu` is one whose GPU-instance ids count the memory halves the other way
+    round (`Mig.swapped_halves`, docs/mig.md): on real boards this depends on which of the die's
+    GPCs is fused off, and differs between GPUs of one node."""
+    return gpu in mig.swapped_halves
+
+
+def gi_id(mig: Mig, start: int, size: int, swapped: bool = False) -> int:
+    """The id the driver gives a GPU instance at placement `start:size`: the place, in the
+    binary tree of memory slices (0 the whole GPU, 1-2 the halves, 3-6 the quarters, 7-14 the
+    eighths), of the memory the instance gets (the driver's swizzId). That memory is the
+    placement itself on most GPUs; on a GPU whose halves are swapped it is the placement in the
+    other half (start XOR 4 on an 8-slice board), so the same placement has id 1 there where it
+    has id 2 elsewhere. The whole GPU is id 0 either way."""
     slices = mig.memory_slices
     if slices & (slices - 1) == 0 and size & (size - 1) == 0 and start % size == 0:
-        return slices // size - 1 + start // size
+        half = slices // 2
+        memory = start ^ half if swapped and size <= half else start
+        return slices // size - 1 + memory // size
     raise InvalidCommand(f"placement {start}:{size} is not on the board's slice tree")  # pragma: no cover - tables are checked
 
 
@@ -206,9 +218,30 @@ def _taken(spans) -> set[int]:
     return {s for start, size in spans for s in range(start, start + size)}
 
 
-def place_gpu_instance(mig: Mig, state: MigState, gp: MigGpuProfile, start: int | None) -> GpuInstance:
-    """Where the driver puts a new instance of `gp` (at `start`, or where it chooses: the free
-    placement at the highest memory slice, as the MIG user guide's examples show), and its id."""
+def _free(profile, size: int, taken: set[int]) -> list[int]:
+    """The starts of `profile`'s placements (each `size` long) that overlap nothing in `taken`."""
+    return [p for p in profile.placements if not taken & set(range(p, p + size))]
+
+
+def _room_left(mig: Mig, taken: set[int]) -> int:
+    """How much room a GPU with memory slices `taken` still has: the placements of every GPU
+    instance profile that are still free, counted together. The driver places a new instance
+    where this stays largest (below)."""
+    return sum(len(_free(q, q.placement_size, taken)) for q in mig.gpu_instance_profiles)
+
+
+def place_gpu_instance(mig: Mig, state: MigState, gp: MigGpuProfile, start: int | None,
+                       swapped: bool = False) -> GpuInstance:
+    """Where the driver puts a new instance of `gp` (at `start`, or where it chooses), and its
+    id (`gi_id`; `swapped`: `halves_swapped` of the GPU).
+
+    The choice (docs/mig.md, tests/fixtures/mig_sequences.yaml): of the free placements, the
+    one that leaves the most room for later instances (`_room_left`), the lowest start among
+    equals. This is the rule the driver's open kernel module states for compute instances
+    (kmigmgrGetFreeCTSId: the CTS id that "will reduce the remaining capacity the least", the
+    first one on a tie); the GPU instance choice is made in firmware, and this rule reproduces
+    every real creation sequence collected: a lone 3g.40gb goes to 4:4, a 2g.20gb after it to
+    0:2, seven 1g.10gb to 6, 4, 5, 0, 1, 2, 3."""
     if start is not None and start not in gp.placements:
         raise InvalidCommand(f"{gp.name} cannot start at memory slice {start}; placements: "
                              f"{', '.join(str(p) for p in gp.placements)}")
@@ -217,40 +250,54 @@ def place_gpu_instance(mig: Mig, state: MigState, gp: MigGpuProfile, start: int 
     used_compute = sum(gi_profile_by_index(mig, g.profile).slices for g in state.instances)
     if used_compute + gp.slices > mig.compute_slices:
         raise InsufficientResources(f"{gp.name}: {mig.compute_slices - used_compute} compute slices left, needs {gp.slices}")
+    size = gp.placement_size
     taken = _taken((g.start, g.size) for g in state.instances)
-    free = [p for p in gp.placements if not taken & set(range(p, p + gp.placement_size))]
+    free = _free(gp, size, taken)
     if start is not None:
         if start not in free:
-            raise InsufficientResources(f"{gp.name} at {start}:{gp.placement_size} overlaps an instance")
+            raise InsufficientResources(f"{gp.name} at {start}:{size} overlaps an instance")
+        chosen = start
     elif not free:
         raise InsufficientResources(f"{gp.name}: no free placement")
-    chosen = max(free) if start is None else start
-    return GpuInstance(gi_id(mig, chosen, gp.placement_size), gp.profile, chosen, gp.placement_size)
+    else:
+        chosen = max(free, key=lambda p: (_room_left(mig, taken | set(range(p, p + size))), -p))
+    return GpuInstance(gi_id(mig, chosen, size, swapped), gp.profile, chosen, size)
+
+
+def ci_span(cp: MigComputeProfile) -> int:
+    """How many placement units a compute instance of `cp` spans inside its GPU instance, as
+    `nvidia-smi mig -lci` prints it: its compute size class rounded up to a power of two (1, 2,
+    4, 4, 8 for 1, 2, 3, 4 and 7 slices). The driver sizes a compute instance by that class
+    (VEIDs and CTS ids in the open kernel module, kgrmgrCheckVeidsRequest and
+    kmigmgrCtsIdToSpan), so a real H100 lists its 3g.40gb compute instance at 0:4."""
+    return 1 << (cp.slices - 1).bit_length()
 
 
 def place_compute_instance(gp: MigGpuProfile, gi: GpuInstance, cp: MigComputeProfile, start: int | None) -> ComputeInstance:
-    """A new compute instance of `cp` in `gi`: at `start` or the lowest free placement, with
-    the lowest free id, as `nvidia-smi mig -lci` shows the driver doing."""
+    """A new compute instance of `cp` in `gi`: at `start` or the lowest free placement (the
+    driver's first fit over VEID spans, kgrmgrCheckVeidsRequest), with the lowest free id, as
+    `nvidia-smi mig -lci` shows the driver doing; it spans `ci_span(cp)`."""
     if start is not None and start not in cp.placements:
         raise InvalidCommand(f"{cp.name} cannot start at compute slice {start}; placements: "
                              f"{', '.join(str(p) for p in cp.placements)}")
     if sum(1 for c in gi.compute if c.profile == cp.profile) >= cp.instances:
         raise InsufficientResources(f"{cp.name}: all {cp.instances} instances are in use in GPU instance {gi.id}")
-    taken = _taken((c.start, c.size) for c in gi.compute)
-    free = [p for p in cp.placements if not taken & set(range(p, p + cp.slices))]
+    span = ci_span(cp)
+    free = _free(cp, span, _taken((c.start, c.size) for c in gi.compute))
     if start is not None:
         if start not in free:
-            raise InsufficientResources(f"{cp.name} at {start}:{cp.slices} overlaps a compute instance")
+            raise InsufficientResources(f"{cp.name} at {start}:{span} overlaps a compute instance")
     elif not free:
         raise InsufficientResources(f"{cp.name}: no free placement in GPU instance {gi.id}")
     ids = {c.id for c in gi.compute}
     new_id = next(i for i in range(MAX_COMPUTE_INSTANCES + 1) if i not in ids)
-    return ComputeInstance(new_id, cp.profile, min(free) if start is None else start, cp.slices)
+    return ComputeInstance(new_id, cp.profile, min(free) if start is None else start, span)
 
 
 def remaining_gpu_instances(mig: Mig, state: MigState, gp: MigGpuProfile) -> int:
     """How many more instances of `gp` fit now, each where the driver would put it
-    (nvmlDeviceGetGpuInstanceRemainingCapacity, `-lgip`'s Free)."""
+    (nvmlDeviceGetGpuInstanceRemainingCapacity, `-lgip`'s Free). Ids play no part here, so
+    the GPU's `halves_swapped` does not matter."""
     n = 0
     while True:
         try:
@@ -287,16 +334,32 @@ def _enabled(state: MigState, name: str) -> None:
         raise NotSupported(f"MIG mode is not enabled on {name}")
 
 
-def check(mig: Mig, state: MigState) -> None:
-    """Raise ValueError unless `state` is one the rules could have built on this board (a
-    restored record): every instance re-placed at its own placement, in order."""
+def upgrade(mig: Mig, state: MigState) -> MigState:
+    """A record saved before compute instances were sized by their span (`ci_span`), when a
+    compute instance's `size` was its slice count (3 for a 3g.40gb one): the same layout with
+    today's sizes. Anything else is returned as it is, for `check` to judge."""
+    gis = []
+    for g in state.instances:
+        try:
+            gp = gi_profile_by_index(mig, g.profile)
+            cis = tuple(replace(c, size=ci_span(cp)) if c.size == cp.slices else c
+                        for c in g.compute for cp in (ci_profile(gp, c.profile),))
+        except InvalidCommand:
+            return state
+        gis.append(replace(g, compute=cis))
+    return replace(state, instances=tuple(gis))
+
+
+def check(mig: Mig, state: MigState, gpu: int) -> None:
+    """Raise ValueError unless `state` is one the rules could have built on GPU `gpu` of this
+    board (a restored record): every instance re-placed at its own placement, in order."""
     if state.instances and not state.enabled:
         raise ValueError("mig: instances while MIG mode is disabled")
     rebuilt = MigState(True, True)
     try:
         for g in state.instances:
             gp = gi_profile_by_index(mig, g.profile)
-            placed = place_gpu_instance(mig, rebuilt, gp, g.start)
+            placed = place_gpu_instance(mig, rebuilt, gp, g.start, halves_swapped(mig, gpu))
             if (placed.id, placed.size) != (g.id, g.size):
                 raise InvalidCommand(f"GPU instance {g.id} does not match its placement {g.start}:{g.size}")
             for c in g.compute:
@@ -439,6 +502,7 @@ def apply(profile: GpuProfile, state: MigState, event: MigEvent, *, gpu_busy: bo
     instance each process runs on."""
     mig = tables(profile)
     name = f"gpu{event.gpu}"
+    swapped = halves_swapped(mig, event.gpu)
     if isinstance(event, SetMigMode):
         word = "enabled" if event.enable else "disabled"
         if event.enable == state.enabled:
@@ -455,7 +519,7 @@ def apply(profile: GpuProfile, state: MigState, event: MigEvent, *, gpu_busy: bo
         new, created = state, []
         for ref, start in event.requests:
             gp = gi_profile(mig, ref)
-            gi = place_gpu_instance(mig, new, gp, start)
+            gi = place_gpu_instance(mig, new, gp, start, swapped)
             if event.default_ci:
                 full = max(gp.compute_profiles, key=lambda c: c.slices)
                 gi = _with_ci(gi, place_compute_instance(gp, gi, full, None))
@@ -617,8 +681,9 @@ class MigDevice:
 
 def bar1_bytes(profile: GpuProfile, size: int) -> int:
     """A GPU instance's BAR1: the GPU's aperture in proportion to its memory slices, less the MiB the
-    driver keeps (A100 80GB's 65535 of 131072 MiB for 4 of 8 slices, 16383 for 1). The user
-    guide's H100 580 table shows 24740 MiB for a 3g.40gb, which this rule does not give."""
+    driver keeps (A100 80GB's and a real H100 NVL's 65535 of 131072 MiB for 4 of 8 slices, 32767
+    for 2, 16383 for 1; docs/mig.md). The user guide's 580 table shows 24740 MiB for an H100
+    3g.40gb under its new "Shared BAR1-Usage" heading, which this rule does not give."""
     mib = profile.memory.bar1_mib * size // tables(profile).memory_slices
     return max(mib - 1, 0) << 20
 

@@ -565,7 +565,8 @@ class Node:
         """Everything the sys/, proc/ and dev/ renderers read from the mutable state: which GPUs
         are on the bus, the HCA ports, and each GPU's MIG instances (their capability files and
         device nodes). Those trees are a function of this (and the fixed
-        composition), never of time; the mirror re-renders only when it changes.
+        composition), never of time; the mirror re-renders only when it changes, and only the
+        capability files and nvidia-caps nodes when only the MIG part (the last) changed.
         tests/test_mirror.py checks the mirror against a fresh render after every event kind."""
         return (
             tuple(g.lost for g in self.gpus),
@@ -1044,14 +1045,14 @@ class Node:
 
     # --- persistence --------------------------------------------------------------------------
 
-    def _check_profile_ranges(self, state: GpuState) -> None:
+    def _check_profile_ranges(self, state: GpuState, i: int) -> None:
         """What only this node's profile can judge: the settings, through exactly the checks a
         `Configure` gets, and pins through exactly the checks a control write gets (its parser,
         then `validate`); MIG by re-placing every instance by the board's rules."""
         if state.mig != MigState():
             if self.profile.mig is None:
                 raise ValueError(f"mig: {self.profile.name} does not support MIG")
-            mig.check(self.profile.mig, state.mig)
+            mig.check(self.profile.mig, state.mig, i)
         for s in SETTINGS.values():
             value = getattr(state, s.field)
             if value is not None:
@@ -1092,7 +1093,9 @@ class Node:
         for i, data in enumerate(gpus):
             try:
                 states.append(GpuState.from_dict(data))
-                self._check_profile_ranges(states[-1])
+                if self.profile.mig is not None:  # a layout saved with the older compute instance sizes
+                    states[-1].mig = mig.upgrade(self.profile.mig, states[-1].mig)
+                self._check_profile_ranges(states[-1], i)
             except ValueError as e:
                 raise RestoreError("gpu", i, str(e)) from None
         for n, entry in enumerate(log, 1):

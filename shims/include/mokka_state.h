@@ -197,7 +197,7 @@ struct mokka_mig_device {      /* a compute instance: one MIG device */
     uint32_t ci_id;
     uint32_t profile;          /* NVML_COMPUTE_INSTANCE_PROFILE_*, also the id reported */
     uint32_t start;            /* placement: first compute slice in its GPU instance */
-    uint32_t size;             /* placement: compute slices */
+    uint32_t size;             /* placement: its span, 1, 2, 4, 4, 8 for 1, 2, 3, 4, 7 slices */
     uint32_t multiprocessor_count;
     uint32_t minor;            /* nvidia-caps minor of gpu<gpu minor>/gi<gi>/ci<ci>/access */
     char name[96];             /* NVML's name: "NVIDIA H100 80GB HBM3 MIG 1g.10gb" */

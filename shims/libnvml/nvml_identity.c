@@ -209,6 +209,24 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pc
     return NVML_SUCCESS;
 }
 
+/* The compute slices of a MIG device's compute profile: its placement size is the span the
+   driver gives it (4 for a 3-slice one), not its slice count. A full-size compute instance (the
+   usual one, with all its GPU instance's SMs) has its GPU instance's; a smaller one's is looked
+   up in the board's tables. */
+static unsigned int ci_slice_count(const struct mokka_state *s, const struct mokka_mig_gi *gi,
+                                   const struct mokka_mig_device *md)
+{
+    if (md->multiprocessor_count == gi->multiprocessor_count)
+        return gi->slice_count;
+    for (unsigned int k = 0; k < s->mig_profile_count && k < MOKKA_MAX_MIG_PROFILES; k++) {
+        const struct mokka_mig_profile *p = &s->mig_profiles[k];
+        for (unsigned int j = 0; p->index == gi->profile && j < p->ci_profile_count && j < MOKKA_MAX_CI_PROFILES; j++)
+            if (p->ci_profiles[j].id == md->profile)
+                return p->ci_profiles[j].slice_count;
+    }
+    return 0;
+}
+
 /* A MIG device's: its compute instance's SMs and slices, its GPU instance's engines (shared by
    the compute instances in it), slices and memory. */
 static void mig_attributes(const struct mokka_state *s, const struct mokka_gpu *g, const struct mokka_mig_device *md,
@@ -218,7 +236,7 @@ static void mig_attributes(const struct mokka_state *s, const struct mokka_gpu *
     memset(a, 0, sizeof(*a));
     MOKKA_CONSISTENT(s) {
         a->multiprocessorCount = md->multiprocessor_count;
-        a->computeInstanceSliceCount = md->size;
+        a->computeInstanceSliceCount = ci_slice_count(s, gi, md);
         a->sharedCopyEngineCount = gi->copy_engine_count;
         a->sharedDecoderCount = gi->decoder_count;
         a->sharedEncoderCount = gi->encoder_count;
