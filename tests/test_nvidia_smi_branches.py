@@ -37,8 +37,8 @@ def real_binary(branch: int) -> Path:
 class Pair:
     """NVIDIA's nvidia-smi of one branch and ours, on one published node at that branch's driver."""
 
-    def __init__(self, node: Published, branch: int, ours: Path) -> None:
-        self.node, self.branch, self.ours_binary = node, branch, ours
+    def __init__(self, node: Published, branch: int, ours: Path, pid: int) -> None:
+        self.node, self.branch, self.ours_binary, self.pid = node, branch, ours, pid
         self.real_binary = real_binary(branch)
 
     def _run(self, binary: Path, args: tuple[str, ...]) -> subprocess.CompletedProcess:
@@ -70,8 +70,14 @@ def pair(request, ours, tmp_path_factory):
     real_binary(branch)
     version = (CACHE / str(branch) / "version").read_text().split()[1].split("-")[0]
     node = Published(tmp_path_factory.mktemp(f"b{branch}"), profile, 2, version)
-    yield Pair(node, branch, ours)
-    node.close()
+    sleeper = subprocess.Popen(["sleep", "600"])  # one process on GPU 0, in every mode's output
+    try:
+        node.apply(SetProcesses(0, ((sleeper.pid, 300 << 20),)))
+        yield Pair(node, branch, ours, sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        node.close()
 
 
 def skeleton(text: str) -> list[str]:
@@ -98,6 +104,7 @@ def frame(text: str) -> list[tuple]:
 def test_query_text_skeleton(pair):
     real, ours = pair.both("-q")
     assert skeleton(ours) == skeleton(real)
+    assert f": {pair.pid}\n" in real
     colon = {470: 42, 525: 42, 535: 42, 550: 42}[pair.branch]
     assert re.search(rf"^Driver Version {{{colon - 14}}}: ", ours, re.M)
 
@@ -105,15 +112,8 @@ def test_query_text_skeleton(pair):
 def test_default_table_frame(pair):
     """The frame, with one process row on GPU 0: 79 columns up to 525, 89 in 535 (its own column
     headers), 91 from 550; the line between the two tables is spaces as wide as the frame."""
-    sleeper = subprocess.Popen(["sleep", "60"])
-    try:
-        pair.node.apply(SetProcesses(0, ((sleeper.pid, 300 << 20),)))
-        real, ours = pair.both()
-    finally:
-        pair.node.apply(SetProcesses(0, ()))
-        sleeper.kill()
-        sleeper.wait()
-    assert f" {sleeper.pid} " in real and f" {sleeper.pid} " in ours
+    real, ours = pair.both()
+    assert f" {pair.pid} " in real and f" {pair.pid} " in ours
     assert frame(ours) == frame(real), "\n" + real + "\n" + ours
     width = {470: 79, 525: 79, 535: 89, 550: 91}[pair.branch]
     assert len(real.splitlines()[1]) == width
@@ -130,6 +130,24 @@ def test_xml_element_tree_and_header(pair):
     r, o = ET.fromstring(real), ET.fromstring(ours)
     assert [c.tag for c in o] == [c.tag for c in r]
     assert tree(o) == tree(r)
+
+
+def display_sections(help_text: str) -> list[str]:
+    """The -d sections the branch's -h lists."""
+    block = help_text.split("--display=", 1)[1].split("Flags can be combined", 1)[0]
+    return re.findall(r"[A-Z][A-Z_]+", block)
+
+
+def test_display_sections(pair):
+    """-q -d SECTION for every section the branch's help lists; with -x, refused as these
+    branches refuse it."""
+    sections = display_sections(pair.real("-h").stdout)
+    assert "MEMORY" in sections and len(sections) >= 17
+    for section in sections:
+        real, ours = pair.both("-q", "-d", section)
+        assert skeleton(ours) == skeleton(real), section
+    real, ours = pair.real("-q", "-x", "-d", "MEMORY"), pair.ours("-q", "-x", "-d", "MEMORY")
+    assert (ours.returncode, ours.stdout) == (real.returncode, real.stdout) and real.returncode == 2
 
 
 def _fields(help_text: str) -> tuple[list[str], list[str]]:

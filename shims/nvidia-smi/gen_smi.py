@@ -434,11 +434,14 @@ def branch_parts(fields590, keys: dict[str, int]) -> list[str]:
         parts += [f'    {{"{n}", "{a}", "{u}", {ident(k) if k else "K_NONE"}}},' for n, a, u, k in record_fields(b, fields590)]
         parts.append("    {0, 0, 0, K_NONE},\n};\n")
         parts.append(rows_c(f"TEXT_{b}", text_skeleton((d / "query.txt").read_text(), record=True), keys))
+        # -q -d: the same sections, with the sample blocks only -d prints
+        parts.append(rows_c(f"TEXT_D_{b}", text_skeleton((d / "query-display.txt").read_text(), record=True), keys))
         parts.append(rows_c(f"XML_{b}", xml_skeleton(d / "query.xml")[1], keys))
     parts.append("struct frame { int width, ts_pad, w_smi, w_drv, w_cuda;\n"
                  "               const char *rule, *grid, *head, *row_rule, *gap, *procs_head, *no_procs; };")
     parts.append("struct branch { int branch, colon, dtd; const char *help, *help_query_gpu, *help_query_apps;\n"
-                 "                const struct qfield *fields; const struct skel *text, *xml; struct frame table; };")
+                 "                const struct qfield *fields; const struct skel *text, *text_display, *xml;\n"
+                 "                struct frame table; };")
     parts.append("/* The branches recorded from NVIDIA's own nvidia-smi (record_branches.py), oldest first. */")
     parts.append("static const struct branch BRANCHES[] = {")
     for b in BRANCHES:
@@ -450,7 +453,7 @@ def branch_parts(fields590, keys: dict[str, int]) -> list[str]:
         frame += "".join(f",\n      \"{c_str(f[k]).strip()[1:]}" if False else f",\n     {c_str(f[k]).strip()}"
                          for k in ("rule", "grid", "head", "row_rule", "gap", "procs_head", "no_procs"))
         parts.append(f"    {{{b}, {colon_column(query)}, {dtd}, HELP_TEXT_{b}, HELP_QUERY_GPU_{b}, "
-                     f"HELP_QUERY_COMPUTE_APPS_{b},\n     QUERY_GPU_FIELDS_{b}, TEXT_{b}, XML_{b},\n     {{{frame}}}}},")
+                     f"HELP_QUERY_COMPUTE_APPS_{b},\n     QUERY_GPU_FIELDS_{b}, TEXT_{b}, TEXT_D_{b}, XML_{b},\n     {{{frame}}}}},")
     parts.append("    {0},\n};\n")
     return parts
 

@@ -2081,29 +2081,34 @@ static void query_accounted_once(const int *idx, int n)
 
 /* -q / -q -x ------------------------------------------------------------------------------ */
 
-struct section { const char *name; const char *text[8]; const char *xml[8]; };
+/* The -q labels and -q -x elements of each -d section; "... Samples" and "Supported
+   GPU_TARGET_TEMP" are the labels only -d prints (records of 470-550). */
+struct section { const char *name; const char *text[12]; const char *xml[8]; };
 
 static const struct section SECTIONS[] = {
     {"MEMORY", {"FB Memory Usage", "BAR1 Memory Usage", "Conf Compute Protected Memory Usage"},
      {"fb_memory_usage", "bar1_memory_usage", "cc_protected_memory_usage"}},
-    {"UTILIZATION", {"Utilization"}, {"utilization"}},
-    {"ECC", {"ECC Mode", "ECC Errors"}, {"ecc_mode", "ecc_errors"}},
+    {"UTILIZATION", {"Utilization", "GPU Utilization Samples", "Memory Utilization Samples", "ENC Utilization Samples",
+                     "DEC Utilization Samples", "JPG Utilization Samples", "OFA Utilization Samples"}, {"utilization"}},
+    {"ECC", {"ECC Mode", "ECC Errors", "Ecc Mode"}, {"ecc_mode", "ecc_errors"}},
     {"TEMPERATURE", {"Temperature"}, {"temperature"}},
-    {"POWER", {"GPU Power Readings", "GPU Memory Power Readings ", "Module Power Readings"},
-     {"gpu_power_readings", "gpu_memory_power_readings", "module_power_readings"}},
+    {"POWER", {"GPU Power Readings", "GPU Memory Power Readings ", "Module Power Readings", "GPU Memory Power Readings",
+               "Power Readings", "Power Samples"},
+     {"gpu_power_readings", "gpu_memory_power_readings", "module_power_readings", "power_readings"}},
     {"CLOCK", {"Clocks", "Applications Clocks", "Default Applications Clocks", "Deferred Clocks", "Max Clocks",
-               "Max Customer Boost Clocks", "Clock Policy"},
+               "Max Customer Boost Clocks", "Clock Policy", "SM Clock Samples", "Memory Clock Samples"},
      {"clocks", "applications_clocks", "default_applications_clocks", "deferred_clocks", "max_clocks",
       "max_customer_boost_clocks", "clock_policy"}},
     {"COMPUTE", {"Compute Mode"}, {"compute_mode"}},
     {"PIDS", {"Processes"}, {"processes"}},
-    {"PERFORMANCE", {"Performance State", "Clocks Event Reasons", "Clocks Event Reasons Counters"},
-     {"performance_state", "clocks_event_reasons", "clocks_event_reasons_counters"}},
+    {"PERFORMANCE", {"Performance State", "Clocks Event Reasons", "Clocks Event Reasons Counters",
+                     "Clocks Throttle Reasons", "Sparse Operation Mode"},
+     {"performance_state", "clocks_event_reasons", "clocks_event_reasons_counters", "clocks_throttle_reasons"}},
     {"SUPPORTED_CLOCKS", {"Supported Clocks"}, {"supported_clocks"}},
     {"PAGE_RETIREMENT", {"Retired Pages"}, {"retired_pages"}},
-    {"ACCOUNTING", {"Accounting Mode", "Accounting Mode Buffer Size"}, {"accounting_mode", "accounting_mode_buffer_size"}},
+    {"ACCOUNTING", {"Accounting Mode", "Accounting Mode Buffer Size", "Accounted Processes"}, {"accounting_mode", "accounting_mode_buffer_size"}},
     {"ENCODER_STATS", {"Encoder Stats"}, {"encoder_stats"}},
-    {"SUPPORTED_GPU_TARGET_TEMP", {"Supported GPU Target Temp"}, {"supported_gpu_target_temp"}},
+    {"SUPPORTED_GPU_TARGET_TEMP", {"Supported GPU Target Temp", "Supported GPU_TARGET_TEMP"}, {"supported_gpu_target_temp"}},
     {"VOLTAGE", {"Voltage"}, {"voltage"}},
     {"FBC_STATS", {"FBC Stats"}, {"fbc_stats"}},
     {"ROW_REMAPPER", {"Remapped Rows"}, {"remapped_rows"}},
@@ -2142,7 +2147,7 @@ static int top_selected(const char *label, int xml)
     for (int k = 0; SECTIONS[k].name; k++) {
         if (!(g_sections & (1u << k)))
             continue;
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < (xml ? 8 : 12); j++) {
             const char *s = xml ? SECTIONS[k].xml[j] : SECTIONS[k].text[j];
             if (s && !strcmp(s, label))
                 return 1;
@@ -2302,7 +2307,8 @@ static int cmd_query(void)
     char cnt[16];
     snprintf(cnt, sizeof(cnt), "%u", g_count);
     q_line(-1, "Attached GPUs", cnt);
-    const struct skel *skel = g_rec ? g_rec->text : g_branch >= 595 ? TEXT_595 : TEXT_590;
+    const struct skel *skel = g_rec ? (g_sections ? g_rec->text_display : g_rec->text)
+                                    : g_branch >= 595 ? TEXT_595 : TEXT_590;
     for (unsigned i = 0; i < g_ndevs; i++) {
         const struct dev *d = &g_devs[i];
         if (d->err != NVML_SUCCESS) {
@@ -2339,10 +2345,11 @@ static int cmd_query(void)
                     q_line(s->depth + 1, "Compute instance ID", ps[j].ci != 0xFFFFFFFFu ? (snprintf(num, sizeof(num), "%u", ps[j].ci), num) : "N/A");
                     snprintf(num, sizeof(num), "%u", ps[j].pid);
                     q_line(s->depth + 1, "Process ID", num);
-                    q_line(s->depth + 1, "Type", ps[j].type);
-                    q_line(s->depth + 1, "Name", name);
+                    /* the rest one level deeper, under the Process ID (every real -q: 470-595) */
+                    q_line(s->depth + 2, "Type", ps[j].type);
+                    q_line(s->depth + 2, "Name", name);
                     snprintf(num, sizeof(num), "%llu MiB", ps[j].mem >> 20);
-                    q_line(s->depth + 1, "Used GPU Memory", num);
+                    q_line(s->depth + 2, "Used GPU Memory", num);
                 }
             } else {
                 const struct skel *row = threshold_row(s, tlimit_board, 0);
@@ -3268,6 +3275,11 @@ int main(int argc, char **argv)
     int rc = init_nvml();
     if (rc)
         return rc;
+    if (g_rec && dsections && mode == M_XML) { /* real 470-550 */
+        printf("Invalid combination of input arguments: --display/-d flags can not be combined with -x/--xml-format "
+               "flags.\n");
+        return EXIT_INVALID;
+    }
     if (mode == M_VERSION)
         return cmd_version();
     if (g_count == 0) {

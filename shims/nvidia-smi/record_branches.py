@@ -9,7 +9,8 @@ Needs the binaries of scripts/fetch_nvidia_smi.sh and a mount: for each branch i
 one-GPU node at that driver version (a100 for 470, which cannot drive Hopper; h100 from 525),
 runs the real binary on our NVML and writes tests/fixtures/nvidia-smi-branches/<branch>/:
 help.txt, help-query-gpu.txt, help-query-compute-apps.txt, query.txt (-q), query.xml (-q -x),
-table.txt (the default table), query-gpu.csv (every field by its first name, then every alias:
+query-display.txt (-q -d with every section -h lists: the layout -d selects from, with the
+sample blocks only -d prints), table.txt (the default table), query-gpu.csv (every field by its first name, then every alias:
 the header gives each field's unit and the name the tool prints for it), version (the package).
 Values in the records are one moment of one node; gen_smi.py uses only their layout."""
 from __future__ import annotations
@@ -41,6 +42,12 @@ def field_names(help_text: str) -> tuple[list[str], list[str]]:
     return names, aliases
 
 
+def display_sections(help_text: str) -> list[str]:
+    """The -d sections -h lists."""
+    block = help_text.split("--display=", 1)[1].split("Flags can be combined", 1)[0]
+    return re.findall(r"[A-Z][A-Z_]+", block)
+
+
 def record(branch: int) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import world_readable_node
@@ -64,12 +71,14 @@ def record(branch: int) -> None:
             return r.stdout
 
         (out / "version").write_text(package + "\n")
-        (out / "help.txt").write_text(run("-h"))
+        help_text = run("-h")
+        (out / "help.txt").write_text(help_text)
         help_gpu = run("--help-query-gpu")
         (out / "help-query-gpu.txt").write_text(help_gpu)
         (out / "help-query-compute-apps.txt").write_text(run("--help-query-compute-apps"))
         (out / "query.txt").write_text(run("-q"))
         (out / "query.xml").write_text(run("-q", "-x"))
+        (out / "query-display.txt").write_text(run("-q", "-d", ",".join(display_sections(help_text))))
         (out / "table.txt").write_text(run())
         names, aliases = field_names(help_gpu)
         csv = run(f"--query-gpu={','.join(names)}", "--format=csv")
