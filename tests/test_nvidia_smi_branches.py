@@ -172,6 +172,14 @@ def test_query_gpu_headers(pair):
             assert len(ours.splitlines()) == len(real.splitlines()) == 3
 
 
+def test_apps_headers(pair):
+    """--query-compute-apps and --query-accounted-apps name their fields by the first name too."""
+    for option, fields in (("--query-compute-apps", "pid,name,used_memory,gpu_uuid,process_name"),
+                           ("--query-accounted-apps", "gpu_util,mem_util,pid,max_memory_usage,time")):
+        real, ours = pair.both(f"{option}={fields}", "--format=csv")
+        assert ours.splitlines()[0] == real.splitlines()[0], option
+
+
 def test_query_gpu_refuses_what_the_branch_does_not_know(pair):
     """The fields of later branches (our 590 list) that this branch lacks are refused with the
     real message and exit code, one at a time as the tool stops at the first (a name longer than
@@ -195,9 +203,19 @@ def test_query_gpu_refuses_what_the_branch_does_not_know(pair):
 
 
 def test_help_texts(pair):
-    for option in ("-h", "--help-query-gpu", "--help-query-compute-apps"):
+    for option in ("-h", "--help-query-gpu", "--help-query-compute-apps", "--help-query-accounted-apps",
+                   "--help-query-retired-pages", "--help-query-remapped-rows"):
         real, ours = pair.both(option)
         assert ours == real, option
+
+
+def test_unknown_arguments(pair):
+    """What the branch prints for an argument it does not know, and its exit code: --version
+    before 550, an unknown option, a word."""
+    for args in (("--version",), ("--bogus",), ("-q", "--bogus"), ("foo",), ("-x",)):
+        real, ours = pair.real(*args), pair.ours(*args)
+        assert (ours.stdout, ours.returncode) == (real.stdout, real.returncode), args
+    assert (pair.real("--version").returncode == 0) == (pair.branch >= 550)
 
 
 def test_records_are_what_the_generator_read():

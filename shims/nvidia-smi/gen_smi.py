@@ -427,7 +427,10 @@ def branch_parts(fields590, keys: dict[str, int]) -> list[str]:
     for b in BRANCHES:
         d = RECORDS / str(b)
         for var, name in [("HELP_TEXT", "help.txt"), ("HELP_QUERY_GPU", "help-query-gpu.txt"),
-                          ("HELP_QUERY_COMPUTE_APPS", "help-query-compute-apps.txt")]:
+                          ("HELP_QUERY_COMPUTE_APPS", "help-query-compute-apps.txt"),
+                          ("HELP_QUERY_ACCOUNTED_APPS", "help-query-accounted-apps.txt"),
+                          ("HELP_QUERY_RETIRED_PAGES", "help-query-retired-pages.txt"),
+                          ("HELP_QUERY_REMAPPED_ROWS", "help-query-remapped-rows.txt")]:
             text = (d / name).read_text()
             parts.append(f"static const char {var}_{b}[] =\n{c_str(help_body(text) if var == 'HELP_TEXT' else text)};\n")
         parts.append(f"static const struct qfield QUERY_GPU_FIELDS_{b}[] = {{")
@@ -439,7 +442,9 @@ def branch_parts(fields590, keys: dict[str, int]) -> list[str]:
         parts.append(rows_c(f"XML_{b}", xml_skeleton(d / "query.xml")[1], keys))
     parts.append("struct frame { int width, ts_pad, w_smi, w_drv, w_cuda;\n"
                  "               const char *rule, *grid, *head, *row_rule, *gap, *procs_head, *no_procs; };")
-    parts.append("struct branch { int branch, colon, dtd; const char *help, *help_query_gpu, *help_query_apps;\n"
+    parts.append("struct branch { int branch, colon, dtd, unknown_rc; const char *unknown;\n"
+                 "                const char *help, *help_query_gpu, *help_query_apps, *help_query_accounted,\n"
+                 "                *help_query_retired, *help_query_remapped;\n"
                  "                const struct qfield *fields; const struct skel *text, *text_display, *xml;\n"
                  "                struct frame table; };")
     parts.append("/* The branches recorded from NVIDIA's own nvidia-smi (record_branches.py), oldest first. */")
@@ -452,8 +457,13 @@ def branch_parts(fields590, keys: dict[str, int]) -> list[str]:
         frame = ", ".join(str(f[k]) for k in ("width", "ts_pad", "w_smi", "w_drv", "w_cuda"))
         frame += "".join(f",\n      \"{c_str(f[k]).strip()[1:]}" if False else f",\n     {c_str(f[k]).strip()}"
                          for k in ("rule", "grid", "head", "row_rule", "gap", "procs_head", "no_procs"))
-        parts.append(f"    {{{b}, {colon_column(query)}, {dtd}, HELP_TEXT_{b}, HELP_QUERY_GPU_{b}, "
-                     f"HELP_QUERY_COMPUTE_APPS_{b},\n     QUERY_GPU_FIELDS_{b}, TEXT_{b}, TEXT_D_{b}, XML_{b},\n     {{{frame}}}}},")
+        *unknown, rc = (d / "unknown-option.txt").read_text().split("\n")[:-1]  # an argument it does not know
+        unknown = "\n".join(unknown) + "\n"
+        if "--no-such-option" in unknown:
+            unknown = unknown.replace("--no-such-option", "%s")
+        parts.append(f"    {{{b}, {colon_column(query)}, {dtd}, {int(rc)}, {c_str(unknown).strip()},\n"
+                     f"     HELP_TEXT_{b}, HELP_QUERY_GPU_{b}, HELP_QUERY_COMPUTE_APPS_{b}, HELP_QUERY_ACCOUNTED_APPS_{b},\n"
+                     f"     HELP_QUERY_RETIRED_PAGES_{b}, HELP_QUERY_REMAPPED_ROWS_{b},\n     QUERY_GPU_FIELDS_{b}, TEXT_{b}, TEXT_D_{b}, XML_{b},\n     {{{frame}}}}},")
     parts.append("    {0},\n};\n")
     return parts
 

@@ -3045,9 +3045,9 @@ static void set_branch(void)
     g_colon = g_rec ? g_rec->colon : g_branch >= 595 ? TEXT_595_COLON : TEXT_590_COLON;
 }
 
-/* -h and the --help-query-* texts are the driver's branch's, headed by its version, as the real
-   tool's are its own: the driver is asked quietly, and without one the 590 texts are printed. */
-static void print_help(int which)
+/* The branch before the command line is parsed (the help texts and the answer to an unknown
+   argument are the branch's): the driver is asked quietly; without one, the 590 layouts. */
+static const char *probe_branch(void)
 {
     const char *version = HELP_VERSION;
     if (load_nvml() == 0 && NV(nvmlInit_v2) == NVML_SUCCESS) {
@@ -3058,13 +3058,48 @@ static void print_help(int which)
         NV(nvmlShutdown);
     }
     set_branch();
-    if (which == 0) {
-        printf("NVIDIA System Management Interface -- v%s\n", version);
-        fputs(g_rec ? g_rec->help : HELP_TEXT, stdout);
-    } else {
-        fputs(which == 1 ? (g_rec ? g_rec->help_query_gpu : HELP_QUERY_GPU)
-                         : (g_rec ? g_rec->help_query_apps : HELP_QUERY_COMPUTE_APPS), stdout);
+    return version;
+}
+
+/* An argument the tool does not know: the recorded branch's message ("ERROR: Option X is not
+   recognized..." from 535, the invalid-combination line before) and exit code. */
+static int unknown_option(const char *a)
+{
+    probe_branch();
+    if (!g_rec) {
+        printf("%s", MSG_INVALID);
+        return EXIT_INVALID;
     }
+    const char *at = strstr(g_rec->unknown, "%s");
+    if (at)
+        printf("%.*s%s%s", (int)(at - g_rec->unknown), g_rec->unknown, a, at + 2);
+    else
+        fputs(g_rec->unknown, stdout);
+    return g_rec->unknown_rc;
+}
+
+/* -h and the --help-query-* texts are the driver's branch's, -h headed by its version as the real
+   tool's by its own. The accounted-apps, retired-pages and remapped-rows texts are recorded for
+   470-550 only; from 570 those options stay unknown. */
+static int print_help(const char *option, int which)
+{
+    const char *version = probe_branch();
+    const char *text = NULL;
+    switch (which) {
+    case 0:
+        printf("NVIDIA System Management Interface -- v%s\n", version);
+        text = g_rec ? g_rec->help : HELP_TEXT;
+        break;
+    case 1: text = g_rec ? g_rec->help_query_gpu : HELP_QUERY_GPU; break;
+    case 2: text = g_rec ? g_rec->help_query_apps : HELP_QUERY_COMPUTE_APPS; break;
+    case 3: text = g_rec ? g_rec->help_query_accounted : NULL; break;
+    case 4: text = g_rec ? g_rec->help_query_retired : NULL; break;
+    default: text = g_rec ? g_rec->help_query_remapped : NULL; break;
+    }
+    if (!text)
+        return unknown_option(option);
+    fputs(text, stdout);
+    return 0;
 }
 
 static int init_nvml(void)
@@ -3157,24 +3192,27 @@ int main(int argc, char **argv)
         else if (!strcmp(sub, "dmon")) mode = M_DMON;
         else if (!strcmp(sub, "pmon")) mode = M_PMON;
         else if (!strcmp(sub, "mig")) return main_mig(argc, argv);
-        else {
-            printf("%s", MSG_INVALID);
-            return EXIT_INVALID;
-        }
+        else
+            return unknown_option(sub);
         argi = 2;
     }
     for (int i = argi; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            print_help(0);
-            return 0;
+            return print_help(a, 0);
         } else if (!strcmp(a, "--help-query-gpu")) {
-            print_help(1);
-            return 0;
+            return print_help(a, 1);
         } else if (!strcmp(a, "--help-query-compute-apps")) {
-            print_help(2);
-            return 0;
+            return print_help(a, 2);
+        } else if (!strcmp(a, "--help-query-accounted-apps")) {
+            return print_help(a, 3);
+        } else if (!strcmp(a, "--help-query-retired-pages")) {
+            return print_help(a, 4);
+        } else if (!strcmp(a, "--help-query-remapped-rows")) {
+            return print_help(a, 5);
         } else if (!strcmp(a, "--version")) {
+            if (probe_branch() && g_rec && !strstr(g_rec->help, "--version"))
+                return unknown_option(a); /* not an option before 550 */
             mode = M_VERSION;
         } else if (!strcmp(a, "-L") || !strcmp(a, "--list-gpus")) {
             mode = M_LIST;
@@ -3250,13 +3288,17 @@ int main(int argc, char **argv)
             if (loop_ms <= 0)
                 loop_ms = 5000;
         } else {
-            printf("%s", MSG_INVALID);
-            return EXIT_INVALID;
+            return unknown_option(a);
         }
     }
     /* A configuration command is one of its kind and goes with nothing but -i. */
     if (nset > 1 || (nset && (mode != M_TABLE || q || x || fields || format || dsections || loop_ms))) {
         printf("%s", MSG_INVALID);
+        return EXIT_INVALID;
+    }
+    if (mode == M_TABLE && x && !q && !nset && !fields && !format && !dsections) { /* real 470-550 */
+        printf("Invalid combination of input arguments. Specify -q/--query and -x/--xml-format to run an XML query.  "
+               "Please run 'nvidia-smi -h' for help.\n\n");
         return EXIT_INVALID;
     }
     if (mode == M_TABLE && q)
@@ -3338,10 +3380,10 @@ int main(int argc, char **argv)
         case M_QAPPS:
         case M_QACCT:
             if (it == 0 && !g_noheader) {
-                for (int c = 0; c < ncols; c++) {
-                    size_t l = strcspn(app_spelled[c], ",");
+                for (int c = 0; c < ncols; c++) { /* each field by its first name, as --query-gpu */
                     const char *unit = mode == M_QACCT ? ACCT_FIELDS[app_idx[c]].unit : APP_FIELDS[app_idx[c]].unit;
-                    printf("%s%.*s", c ? ", " : "", (int)l, app_spelled[c]);
+                    const char *name = mode == M_QACCT ? ACCT_FIELDS[app_idx[c]].name : APP_FIELDS[app_idx[c]].name;
+                    printf("%s%s", c ? ", " : "", name);
                     if (!g_nounits && *unit)
                         printf(" [%s]", unit);
                 }

@@ -8,7 +8,9 @@ and writes the per-branch tables of smi_gen.h.
 Needs the binaries of scripts/fetch_nvidia_smi.sh and a mount: for each branch it mounts a
 one-GPU node at that driver version (a100 for 470, which cannot drive Hopper; h100 from 525),
 runs the real binary on our NVML and writes tests/fixtures/nvidia-smi-branches/<branch>/:
-help.txt, help-query-gpu.txt, help-query-compute-apps.txt, query.txt (-q), query.xml (-q -x),
+help.txt, help-query-gpu.txt, help-query-compute-apps.txt, help-query-accounted-apps.txt,
+help-query-retired-pages.txt, help-query-remapped-rows.txt, unknown-option.txt (what an argument the
+tool does not know prints, and on its last line the exit code), query.txt (-q), query.xml (-q -x),
 query-display.txt (-q -d with every section -h lists: the layout -d selects from, with the
 sample blocks only -d prints), table.txt (the default table), query-gpu.csv (every field by its first name, then every alias:
 the header gives each field's unit and the name the tool prints for it), version (the package).
@@ -75,7 +77,10 @@ def record(branch: int) -> None:
         (out / "help.txt").write_text(help_text)
         help_gpu = run("--help-query-gpu")
         (out / "help-query-gpu.txt").write_text(help_gpu)
-        (out / "help-query-compute-apps.txt").write_text(run("--help-query-compute-apps"))
+        for what in ("compute-apps", "accounted-apps", "retired-pages", "remapped-rows"):
+            (out / f"help-query-{what}.txt").write_text(run(f"--help-query-{what}"))
+        r = subprocess.run([str(binary), "--no-such-option"], capture_output=True, text=True, env=env, timeout=60)
+        (out / "unknown-option.txt").write_text(f"{r.stdout}{r.returncode}\n")
         (out / "query.txt").write_text(run("-q"))
         (out / "query.xml").write_text(run("-q", "-x"))
         (out / "query-display.txt").write_text(run("-q", "-d", ",".join(display_sections(help_text))))

@@ -4902,6 +4902,113 @@ static const char HELP_QUERY_COMPUTE_APPS_470[] =
     "Amount memory used on the device by the context. Not available on Windows when running in WDDM mode because Windows KMD manages all the memory not NVIDIA driver.\n"
     "\n";
 
+static const char HELP_QUERY_ACCOUNTED_APPS_470[] =
+    "List of valid properties to query for the switch \"--query-accounted-apps=\":\n"
+    "\n"
+    "Section about Accounted Graphics/Compute Processes properties\n"
+    "List of accounted processes having had a graphics/compute context on the device.\n"
+    "\n"
+    "Format options and one or more properties to be queried need to be provided as comma separated values for this switch.\n"
+    "For example:\n"
+    "nvidia-smi --query-accounted-apps=gpu_name,pid,time,gpu_util,mem_util,max_memory_usage --format=csv\n"
+    "\n"
+    "List of properties that can be queried are:\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"vgpu_instance\"\n"
+    "vGPU instance\n"
+    "\n"
+    "\"pid\"\n"
+    "Process ID of the compute application\n"
+    "\n"
+    "\"gpu_utilization\" or \"gpu_util\"\n"
+    "GPU Utilization\n"
+    "\n"
+    "\"mem_utilization\" or \"mem_util\"\n"
+    "Percentage of GPU memory utilized on the device by the context.\n"
+    "\n"
+    "\"max_memory_usage\"\n"
+    "Maximum amount memory used on the device by the context.\n"
+    "\n"
+    "\"time\"\n"
+    "Amount of time in ms during which the compute context was active.\n"
+    "\n";
+
+static const char HELP_QUERY_RETIRED_PAGES_470[] =
+    "List of valid properties to query for the switch \"--query-retired-pages=\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"retired_pages.address\"\n"
+    "Address of a retired page. Address might be different when ECC is Enabled or Disabled.\n"
+    "\n"
+    "\"retired_pages.timestamp\"\n"
+    "Timestamp at which the page was retired.\n"
+    "\n"
+    "\"retired_pages.cause\"\n"
+    "Reason that describes why the page was retired. Can take one of two values: \n"
+    " - Double Bit ECC - The number of GPU device memory pages that have been retired due to a double bit ECC error.\n"
+    " - Single Bit ECC - The number of GPU device memory pages that have been retired due to multiple single bit ECC errors.\n"
+    "\n";
+
+static const char HELP_QUERY_REMAPPED_ROWS_470[] =
+    "List of valid properties to query for the switch \"--query-remapped-rows=\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"remapped_rows.correctable\"\n"
+    "The number of rows that have been remapped due to correctable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.uncorrectable\"\n"
+    "The number of rows that have been remapped due to uncorrectable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.pending\"\n"
+    "Whether or not there are pending row-remappings.\n"
+    "\n"
+    "\"remapped_rows.failure\"\n"
+    "Whether or not a row remapping has failed in the past.\n"
+    "\n";
+
 static const struct qfield QUERY_GPU_FIELDS_470[] = {
     {"timestamp", "", "", K_timestamp},
     {"driver_version", "", "", K_driver_version},
@@ -6279,6 +6386,113 @@ static const char HELP_QUERY_COMPUTE_APPS_525[] =
     "\n"
     "\"used_gpu_memory\" or \"used_memory\"\n"
     "Amount memory used on the device by the context. Not available on Windows when running in WDDM mode because Windows KMD manages all the memory not NVIDIA driver.\n"
+    "\n";
+
+static const char HELP_QUERY_ACCOUNTED_APPS_525[] =
+    "List of valid properties to query for the switch \"--query-accounted-apps\":\n"
+    "\n"
+    "Section about Accounted Graphics/Compute Processes properties\n"
+    "List of accounted processes having had a graphics/compute context on the device.\n"
+    "\n"
+    "Format options and one or more properties to be queried need to be provided as comma separated values for this switch.\n"
+    "For example:\n"
+    "nvidia-smi --query-accounted-apps=gpu_name,pid,time,gpu_util,mem_util,max_memory_usage --format=csv\n"
+    "\n"
+    "List of properties that can be queried are:\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"vgpu_instance\"\n"
+    "vGPU instance\n"
+    "\n"
+    "\"pid\"\n"
+    "Process ID of the compute application\n"
+    "\n"
+    "\"gpu_utilization\" or \"gpu_util\"\n"
+    "GPU Utilization\n"
+    "\n"
+    "\"mem_utilization\" or \"mem_util\"\n"
+    "Percentage of GPU memory utilized on the device by the context.\n"
+    "\n"
+    "\"max_memory_usage\"\n"
+    "Maximum amount memory used on the device by the context.\n"
+    "\n"
+    "\"time\"\n"
+    "Amount of time in ms during which the compute context was active.\n"
+    "\n";
+
+static const char HELP_QUERY_RETIRED_PAGES_525[] =
+    "List of valid properties to query for the switch \"--query-retired-pages\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"retired_pages.address\"\n"
+    "Address of a retired page. Address might be different when ECC is Enabled or Disabled.\n"
+    "\n"
+    "\"retired_pages.timestamp\"\n"
+    "Timestamp at which the page was retired.\n"
+    "\n"
+    "\"retired_pages.cause\"\n"
+    "Reason that describes why the page was retired. Can take one of two values: \n"
+    " - Double Bit ECC - The number of GPU device memory pages that have been retired due to a double bit ECC error.\n"
+    " - Single Bit ECC - The number of GPU device memory pages that have been retired due to multiple single bit ECC errors.\n"
+    "\n";
+
+static const char HELP_QUERY_REMAPPED_ROWS_525[] =
+    "List of valid properties to query for the switch \"--query-remapped-rows\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"remapped_rows.correctable\"\n"
+    "The number of rows that have been remapped due to correctable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.uncorrectable\"\n"
+    "The number of rows that have been remapped due to uncorrectable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.pending\"\n"
+    "Whether or not there are pending row-remappings.\n"
+    "\n"
+    "\"remapped_rows.failure\"\n"
+    "Whether or not a row remapping has failed in the past.\n"
     "\n";
 
 static const struct qfield QUERY_GPU_FIELDS_525[] = {
@@ -7758,6 +7972,113 @@ static const char HELP_QUERY_COMPUTE_APPS_535[] =
     "\n"
     "\"used_gpu_memory\" or \"used_memory\"\n"
     "Amount memory used on the device by the context. Not available on Windows when running in WDDM mode because Windows KMD manages all the memory not NVIDIA driver.\n"
+    "\n";
+
+static const char HELP_QUERY_ACCOUNTED_APPS_535[] =
+    "List of valid properties to query for the switch \"--query-accounted-apps\":\n"
+    "\n"
+    "Section about Accounted Graphics/Compute Processes properties\n"
+    "List of accounted processes having had a graphics/compute context on the device.\n"
+    "\n"
+    "Format options and one or more properties to be queried need to be provided as comma separated values for this switch.\n"
+    "For example:\n"
+    "nvidia-smi --query-accounted-apps=gpu_name,pid,time,gpu_util,mem_util,max_memory_usage --format=csv\n"
+    "\n"
+    "List of properties that can be queried are:\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"vgpu_instance\"\n"
+    "vGPU instance\n"
+    "\n"
+    "\"pid\"\n"
+    "Process ID of the compute application\n"
+    "\n"
+    "\"gpu_utilization\" or \"gpu_util\"\n"
+    "GPU Utilization\n"
+    "\n"
+    "\"mem_utilization\" or \"mem_util\"\n"
+    "Percentage of GPU memory utilized on the device by the context.\n"
+    "\n"
+    "\"max_memory_usage\"\n"
+    "Maximum amount memory used on the device by the context.\n"
+    "\n"
+    "\"time\"\n"
+    "Amount of time in ms during which the compute context was active.\n"
+    "\n";
+
+static const char HELP_QUERY_RETIRED_PAGES_535[] =
+    "List of valid properties to query for the switch \"--query-retired-pages\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"retired_pages.address\"\n"
+    "Address of a retired page. Address might be different when ECC is Enabled or Disabled.\n"
+    "\n"
+    "\"retired_pages.timestamp\"\n"
+    "Timestamp at which the page was retired.\n"
+    "\n"
+    "\"retired_pages.cause\"\n"
+    "Reason that describes why the page was retired. Can take one of two values: \n"
+    " - Double Bit ECC - The number of GPU device memory pages that have been retired due to a double bit ECC error.\n"
+    " - Single Bit ECC - The number of GPU device memory pages that have been retired due to multiple single bit ECC errors.\n"
+    "\n";
+
+static const char HELP_QUERY_REMAPPED_ROWS_535[] =
+    "List of valid properties to query for the switch \"--query-remapped-rows\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"remapped_rows.correctable\"\n"
+    "The number of rows that have been remapped due to correctable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.uncorrectable\"\n"
+    "The number of rows that have been remapped due to uncorrectable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.pending\"\n"
+    "Whether or not there are pending row-remappings.\n"
+    "\n"
+    "\"remapped_rows.failure\"\n"
+    "Whether or not a row remapping has failed in the past.\n"
     "\n";
 
 static const struct qfield QUERY_GPU_FIELDS_535[] = {
@@ -9356,6 +9677,113 @@ static const char HELP_QUERY_COMPUTE_APPS_550[] =
     "Amount memory used on the device by the context. Not available on Windows when running in WDDM mode because Windows KMD manages all the memory not NVIDIA driver.\n"
     "\n";
 
+static const char HELP_QUERY_ACCOUNTED_APPS_550[] =
+    "List of valid properties to query for the switch \"--query-accounted-apps\":\n"
+    "\n"
+    "Section about Accounted Graphics/Compute Processes properties\n"
+    "List of accounted processes having had a graphics/compute context on the device.\n"
+    "\n"
+    "Format options and one or more properties to be queried need to be provided as comma separated values for this switch.\n"
+    "For example:\n"
+    "nvidia-smi --query-accounted-apps=gpu_name,pid,time,gpu_util,mem_util,max_memory_usage --format=csv\n"
+    "\n"
+    "List of properties that can be queried are:\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"vgpu_instance\"\n"
+    "vGPU instance\n"
+    "\n"
+    "\"pid\"\n"
+    "Process ID of the compute application\n"
+    "\n"
+    "\"gpu_utilization\" or \"gpu_util\"\n"
+    "GPU Utilization\n"
+    "\n"
+    "\"mem_utilization\" or \"mem_util\"\n"
+    "Percentage of GPU memory utilized on the device by the context.\n"
+    "\n"
+    "\"max_memory_usage\"\n"
+    "Maximum amount memory used on the device by the context.\n"
+    "\n"
+    "\"time\"\n"
+    "Amount of time in ms during which the compute context was active.\n"
+    "\n";
+
+static const char HELP_QUERY_RETIRED_PAGES_550[] =
+    "List of valid properties to query for the switch \"--query-retired-pages\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"retired_pages.address\"\n"
+    "Address of a retired page. Address might be different when ECC is Enabled or Disabled.\n"
+    "\n"
+    "\"retired_pages.timestamp\"\n"
+    "Timestamp at which the page was retired.\n"
+    "\n"
+    "\"retired_pages.cause\"\n"
+    "Reason that describes why the page was retired. Can take one of two values: \n"
+    " - Double Bit ECC - The number of GPU device memory pages that have been retired due to a double bit ECC error.\n"
+    " - Single Bit ECC - The number of GPU device memory pages that have been retired due to multiple single bit ECC errors.\n"
+    "\n";
+
+static const char HELP_QUERY_REMAPPED_ROWS_550[] =
+    "List of valid properties to query for the switch \"--query-remapped-rows\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"remapped_rows.correctable\"\n"
+    "The number of rows that have been remapped due to correctable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.uncorrectable\"\n"
+    "The number of rows that have been remapped due to uncorrectable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.pending\"\n"
+    "Whether or not there are pending row-remappings.\n"
+    "\n"
+    "\"remapped_rows.failure\"\n"
+    "Whether or not a row remapping has failed in the past.\n"
+    "\n";
+
 static const struct qfield QUERY_GPU_FIELDS_550[] = {
     {"timestamp", "", "", K_timestamp},
     {"driver_version", "", "", K_driver_version},
@@ -10187,12 +10615,17 @@ static const struct skel XML_550[] = {
 };
 struct frame { int width, ts_pad, w_smi, w_drv, w_cuda;
                const char *rule, *grid, *head, *row_rule, *gap, *procs_head, *no_procs; };
-struct branch { int branch, colon, dtd; const char *help, *help_query_gpu, *help_query_apps;
+struct branch { int branch, colon, dtd, unknown_rc; const char *unknown;
+                const char *help, *help_query_gpu, *help_query_apps, *help_query_accounted,
+                *help_query_retired, *help_query_remapped;
                 const struct qfield *fields; const struct skel *text, *text_display, *xml;
                 struct frame table; };
 /* The branches recorded from NVIDIA's own nvidia-smi (record_branches.py), oldest first. */
 static const struct branch BRANCHES[] = {
-    {470, 42, 11, HELP_TEXT_470, HELP_QUERY_GPU_470, HELP_QUERY_COMPUTE_APPS_470,
+    {470, 42, 11, 2, "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+    "\n",
+     HELP_TEXT_470, HELP_QUERY_GPU_470, HELP_QUERY_COMPUTE_APPS_470, HELP_QUERY_ACCOUNTED_APPS_470,
+     HELP_QUERY_RETIRED_PAGES_470, HELP_QUERY_REMAPPED_ROWS_470,
      QUERY_GPU_FIELDS_470, TEXT_470, TEXT_D_470, XML_470,
      {79, 7, 13, 13, 9,
      "+-----------------------------------------------------------------------------+\n",
@@ -10208,7 +10641,10 @@ static const struct branch BRANCHES[] = {
     "|        ID   ID                                                   Usage      |\n"
     "|=============================================================================|\n",
      "|  No running processes found                                                 |\n"}},
-    {525, 42, 12, HELP_TEXT_525, HELP_QUERY_GPU_525, HELP_QUERY_COMPUTE_APPS_525,
+    {525, 42, 12, 255, "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+    "\n",
+     HELP_TEXT_525, HELP_QUERY_GPU_525, HELP_QUERY_COMPUTE_APPS_525, HELP_QUERY_ACCOUNTED_APPS_525,
+     HELP_QUERY_RETIRED_PAGES_525, HELP_QUERY_REMAPPED_ROWS_525,
      QUERY_GPU_FIELDS_525, TEXT_525, TEXT_D_525, XML_525,
      {79, 7, 13, 13, 9,
      "+-----------------------------------------------------------------------------+\n",
@@ -10224,7 +10660,10 @@ static const struct branch BRANCHES[] = {
     "|        ID   ID                                                   Usage      |\n"
     "|=============================================================================|\n",
      "|  No running processes found                                                 |\n"}},
-    {535, 42, 12, HELP_TEXT_535, HELP_QUERY_GPU_535, HELP_QUERY_COMPUTE_APPS_535,
+    {535, 42, 12, 255, "ERROR: Option %s is not recognized. Please run 'nvidia-smi -h'.\n"
+    "\n",
+     HELP_TEXT_535, HELP_QUERY_GPU_535, HELP_QUERY_COMPUTE_APPS_535, HELP_QUERY_ACCOUNTED_APPS_535,
+     HELP_QUERY_RETIRED_PAGES_535, HELP_QUERY_REMAPPED_ROWS_535,
      QUERY_GPU_FIELDS_535, TEXT_535, TEXT_D_535, XML_535,
      {89, 7, 23, 13, 9,
      "+---------------------------------------------------------------------------------------+\n",
@@ -10240,7 +10679,10 @@ static const struct branch BRANCHES[] = {
     "|        ID   ID                                                             Usage      |\n"
     "|=======================================================================================|\n",
      "|  No running processes found                                                           |\n"}},
-    {550, 42, 12, HELP_TEXT_550, HELP_QUERY_GPU_550, HELP_QUERY_COMPUTE_APPS_550,
+    {550, 42, 12, 255, "ERROR: Option %s is not recognized. Please run 'nvidia-smi -h'.\n"
+    "\n",
+     HELP_TEXT_550, HELP_QUERY_GPU_550, HELP_QUERY_COMPUTE_APPS_550, HELP_QUERY_ACCOUNTED_APPS_550,
+     HELP_QUERY_RETIRED_PAGES_550, HELP_QUERY_REMAPPED_ROWS_550,
      QUERY_GPU_FIELDS_550, TEXT_550, TEXT_D_550, XML_550,
      {91, 7, 23, 15, 9,
      "+-----------------------------------------------------------------------------------------+\n",
