@@ -1,10 +1,11 @@
-"""Our nvidia-smi configured at a driver branch prints that branch's layout: for each branch
-Debian ships (470, 525, 535, 550), NVIDIA's own binary of that branch (scripts/fetch_nvidia_smi.sh)
-and ours run on the same published state, and their -q skeleton, default-table frame, -q -x
-element tree, --query-gpu headers and refusals, and help texts are identical. The layouts are
-generated (shims/nvidia-smi/gen_smi.py) from records of those binaries
-(tests/fixtures/nvidia-smi-branches, shims/nvidia-smi/record_branches.py); values are compared
-field by field in test_real_nvidia_smi.py."""
+"""Real tools against a published state: our nvidia-smi configured at a driver branch prints that
+branch's layout. For each branch Debian ships (470, 525, 535, 550), NVIDIA's own binary of that
+branch (scripts/fetch_nvidia_smi.sh) and ours run on the same published state, and their -q
+skeleton (-d included), default-table frame, -q -x element tree, --query-gpu headers and refusals,
+answers to unknown arguments and help texts are identical. The layouts are generated
+(shims/nvidia-smi/gen_smi.py) from records of those binaries (tests/fixtures/nvidia-smi-branches,
+shims/nvidia-smi/record_branches.py); values are compared field by field in
+test_real_nvidia_smi.py."""
 from __future__ import annotations
 
 import os

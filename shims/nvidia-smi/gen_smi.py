@@ -455,7 +455,7 @@ def branch_parts(fields590, keys: dict[str, int]) -> list[str]:
         dtd = re.search(r"nvsmi_device_v(\d+)\.dtd", (d / "query.xml").read_text()).group(1)
         f = table_frame((d / "table.txt").read_text())
         frame = ", ".join(str(f[k]) for k in ("width", "ts_pad", "w_smi", "w_drv", "w_cuda"))
-        frame += "".join(f",\n      \"{c_str(f[k]).strip()[1:]}" if False else f",\n     {c_str(f[k]).strip()}"
+        frame += "".join(f",\n     {c_str(f[k]).strip()}"
                          for k in ("rule", "grid", "head", "row_rule", "gap", "procs_head", "no_procs"))
         *unknown, rc = (d / "unknown-option.txt").read_text().split("\n")[:-1]  # an argument it does not know
         unknown = "\n".join(unknown) + "\n"

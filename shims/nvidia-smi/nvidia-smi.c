@@ -1791,20 +1791,18 @@ static void table(void)
     if (mig_table()) /* between the GPUs and the processes, with a gap of its own */
         printf("%s", gap);
     printf("%s", rule);
-    if (fr)
+    if (fr) {
         printf("%s", fr->procs_head);
-    else
+    } else {
         printf("| Processes:                                                                              |\n");
-    if (fr)
-        ;
-    else if (g_branch >= 570)
-        printf("|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |\n"
-               "|        ID   ID                                                               Usage      |\n");
-    else
-        printf("|  GPU   GI   CI        PID   Type   Process name                              GPU Memory |\n"
-               "|        ID   ID                                                               Usage      |\n");
-    if (!fr)
+        if (g_branch >= 570)
+            printf("|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |\n"
+                   "|        ID   ID                                                               Usage      |\n");
+        else
+            printf("|  GPU   GI   CI        PID   Type   Process name                              GPU Memory |\n"
+                   "|        ID   ID                                                               Usage      |\n");
         printf("|=========================================================================================|\n");
+    }
     int width = fr ? fr->width - 49 : g_branch >= 570 ? 36 : 42; /* the process name's column */
     int any = 0;
     for (unsigned i = 0; i < g_ndevs; i++) {
