@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -190,8 +191,12 @@ def smi_xml(only: int | None = None) -> dict:
 
 
 def smi_query(*extra: str) -> dict:
-    r = smi(f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", *extra)
-    names = QUERY.split(",")
+    # only the fields the driver's branch knows: before 570 nvidia-smi refuses, as NVIDIA's 550
+    # does, a field of later branches (remapped_rows.pending)
+    known = set(re.findall(r'^"([^"]+)"(?: or "([^"]+)")?', smi("--help-query-gpu").stdout, re.M))
+    known_names = {n for pair in known for n in pair if n}
+    names = [f for f in QUERY.split(",") if f in known_names]
+    r = smi(f"--query-gpu={','.join(names)}", "--format=csv,noheader,nounits", *extra)
     rows = [dict(zip(names, (c.strip() for c in line.split(",")))) for line in r.stdout.splitlines() if "," in line]
     return {"rc": r.returncode, "rows": rows, "text": r.stdout}
 

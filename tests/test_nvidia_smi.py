@@ -53,7 +53,9 @@ def test_list_and_version(smi, node):
 def test_help_is_the_real_text(smi, node):
     r = run(smi, node, "-h")
     assert r.returncode == 0
-    assert r.stdout.splitlines() == capture_section(TEXT_H100, "capabilities :: help (-h)")
+    # headed by the driver's version, as the real tool by its own (580 here; the capture is 590's)
+    help_text = capture_section(TEXT_H100, "capabilities :: help (-h)")
+    assert r.stdout.splitlines() == ["NVIDIA System Management Interface -- v580.105.08", *help_text[1:]]
     r = run(smi, node, "--help-query-gpu")
     assert r.stdout.splitlines() == capture_section(TEXT_H100, "capabilities :: help-query-gpu")
 
@@ -201,7 +203,7 @@ def test_aliases_nounits_noheader(smi, node):
     assert (name, total) == ("NVIDIA H100 80GB HBM3", "81559")
     assert re.fullmatch(r"00000000:[0-9A-F]{2}:00\.0", bus) and gr.isdigit() and active.startswith("0x")
     header = run(smi, node, "--query-gpu=clocks.gr,memory.total", "--format=csv,nounits").stdout.splitlines()[0]
-    assert header == "clocks.gr, memory.total"
+    assert header == "clocks.current.graphics [MHz], memory.total [MiB]"  # as real 470-550 print it
 
 
 def test_select_by_index_uuid_and_bus_id(smi, node):

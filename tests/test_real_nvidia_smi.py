@@ -229,6 +229,7 @@ KNOWN_XML = {
     "power_state": (None, "ours prints N/A under module_power_readings"),
     "accounted_processes": (None, "ours prints an empty element"),
     "gpu_part_number": ((470,), "470 prints the board part number there"),
+    "gpu_module_id": ((470, 525), "470 and 525 print N/A where 535 and ours print nvmlDeviceGetModuleId"),
     "gsp_firmware_version": ((470,), "470 has no GSP firmware to report"),
     "used": ((470,), "470 counts reserved memory as used (nvmlMemory_t v1)"),
 }

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Generates shims/nvidia-smi/smi_gen.h from the real captures: the help texts, the
---query-gpu field table (names, aliases, units) and, per captured board, the -q -x element
-skeleton and the -q text skeleton that nvidia-smi.c fills with values from NVML.
-`--check` fails if the committed header is stale (CI runs it)."""
+"""Generates shims/nvidia-smi/smi_gen.h from real output: the 590/595 captures (help texts, the
+--query-gpu field table with names, aliases and units, per captured board the -q -x element
+skeleton, the -q text skeletons of 590 and 595) and the records of NVIDIA's own nvidia-smi of
+each Debian-shipped branch (tests/fixtures/nvidia-smi-branches, made by record_branches.py):
+per branch its help texts, --query-gpu fields with their units and printed names, -q and -q -x
+skeletons, -q colon column, DTD version and default-table frame. nvidia-smi.c fills the
+skeletons with values from NVML. `--check` fails if the committed header is stale (CI runs it)."""
 from __future__ import annotations
 
 import re
@@ -17,6 +20,8 @@ OUT = HERE / "smi_gen.h"
 TEXT_H100 = "nvidia-smi-text.h100-80gb-hbm3.590.48.01.txt"
 TEXT_L40S = "nvidia-smi-text.l40s.595.80.txt"
 XML_BOARDS = ["a100", "h100", "b200", "gb200", "gb300", "l40s", "t4"]
+RECORDS = ROOT / "tests" / "fixtures" / "nvidia-smi-branches"
+BRANCHES = [470, 525, 535, 550]  # the Debian-shipped branches recorded by record_branches.py
 
 # Extra value keys (beyond the --query-gpu fields) used by -q and -q -x.
 EXTRA_KEYS = [
@@ -293,6 +298,29 @@ TEXT_MAP = {
     **TEXT_VALUES,
 }
 
+# Older branches' names of the same values (records of 470-550).
+XML_MAP.update({
+    "gpu_module_id": "platform.module_id",
+    **{f"clocks_throttle_reasons/clocks_throttle_reason_{k.split('_reason_', 1)[1]}": v
+       for k, v in XML_MAP.items() if k.startswith("clocks_event_reasons/")},
+    "power_readings/power_state": "x.power_state", "power_readings/power_management": "power.management",
+    "power_readings/power_draw": "power.draw", "power_readings/power_limit": "power.limit",
+    "power_readings/default_power_limit": "power.default_limit",
+    "power_readings/enforced_power_limit": "enforced.power.limit",
+    "power_readings/min_power_limit": "power.min_limit", "power_readings/max_power_limit": "power.max_limit",
+})
+TEXT_MAP.update({
+    "Module ID": "platform.module_id", "Utilization/Gpu": "utilization.gpu",
+    "Ecc Mode/Current": "ecc.mode.current", "Ecc Mode/Pending": "ecc.mode.pending",
+    **{k.replace("Clocks Event Reasons", "Clocks Throttle Reasons"): v
+       for k, v in TEXT_MAP.items() if k.startswith("Clocks Event Reasons/")},
+    "Power Readings/Power Management": "power.management", "Power Readings/Power Draw": "power.draw",
+    "Power Readings/Power Limit": "power.limit", "Power Readings/Default Power Limit": "power.default_limit",
+    "Power Readings/Enforced Power Limit": "enforced.power.limit",
+    "Power Readings/Min Power Limit": "power.min_limit", "Power Readings/Max Power Limit": "power.max_limit",
+    "GPU Power Readings/Power Draw": "power.draw",
+})
+
 # Leaves whose structure is rebuilt at run time (lists): their subtree is not copied.
 DYNAMIC = {"processes": "processes", "accounted_processes": "accounted_processes", "mig_devices": "mig_devices"}
 
@@ -373,9 +401,17 @@ def xml_skeleton(path: Path) -> tuple[str, list[tuple[int, int, str, str, str]]]
     return gpu.findtext("product_name"), rows
 
 
-def text_skeleton(text: str) -> list[tuple[int, int, str, str, str]]:
-    """Rows of the first GPU of the idle -q section: (depth, kind 0 header / 1 leaf, label, key, suffix)."""
-    body = section(text, "idle :: query (-q)").splitlines()
+def colon_column(body: list[str]) -> int:
+    """Where -q puts its colons: the column of the Timestamp line's (42 before 570, 55 after)."""
+    line = next(l for l in body if l.startswith("Timestamp") and ": " in l)
+    return line.index(": ")
+
+
+def text_skeleton(text: str, record: bool = False) -> list[tuple[int, int, str, str, str]]:
+    """Rows of the first GPU of the idle -q section of a capture, or of a whole record: (depth,
+    kind 0 header / 1 leaf, label, key, suffix)."""
+    body = (text if record else section(text, "idle :: query (-q)")).splitlines()
+    col = colon_column(body)
     start = next(i for i, l in enumerate(body) if l.startswith("GPU ")) + 1
     rows = []
     stack: list[str] = []
@@ -383,23 +419,126 @@ def text_skeleton(text: str) -> list[tuple[int, int, str, str, str]]:
         if not line.strip():
             break
         depth = (len(line) - len(line.lstrip(" "))) // 4 - 1
-        label = line[:55].strip() if len(line) > 55 and line[55] == ":" else line.rstrip()
-        label = label.strip()
+        leaf = len(line) > col and line[col] == ":"
+        label = (line[:col] if leaf else line).strip()
         del stack[depth:]
         path = "/".join(stack + [label])
-        if len(line) > 55 and line[55] == ":":
+        if leaf:
             if path == "Processes":
-                rows.append((depth, 3, line[:55].rstrip(" ").lstrip(" "), "processes", ""))
+                rows.append((depth, 3, label, "processes", ""))
                 continue
             m = TEXT_MAP.get(path, "")
             key, suffix = m if isinstance(m, tuple) else (m, "")
-            rows.append((depth, 1, line[:55].strip(), key, suffix))
+            rows.append((depth, 1, label, key, suffix))
             stack.append(label)
         else:
             # a header keeps its trailing space ("GPU Memory Power Readings "), as the driver prints it
             rows.append((depth, 0, line.lstrip(" "), "", ""))
             stack.append(label)
     return rows
+
+
+def help_body(text: str) -> str:
+    """A help text without its first line, "NVIDIA System Management Interface -- v<version>",
+    which the tool prints with the driver's version."""
+    first, rest = text.split("\n", 1)
+    if not re.fullmatch(r"NVIDIA System Management Interface -- v[\d.]+", first):
+        raise SystemExit(f"unexpected first help line {first!r}")
+    return rest
+
+
+def record_fields(branch: int, fields590: list[tuple[str, str, str]]) -> list[tuple[str, str, str, str]]:
+    """(name, alias, unit, key) of a branch's --query-gpu fields, in its --help-query-gpu order.
+    The unit is the one its CSV header printed; the key is the value key of the 590 field of the
+    same name or alias (\"\" when 590 has no such field: the tool knows it, we print [N/A])."""
+    d = RECORDS / str(branch)
+    fields = []
+    for line in (d / "help-query-gpu.txt").read_text().splitlines():
+        m = re.fullmatch(r'"([a-z][^"]*)"(?: or "([^"]+)")?', line)
+        if m:
+            fields.append((m.group(1), m.group(2) or ""))
+    csv = (d / "query-gpu.csv").read_text().splitlines()
+    by_name, by_alias = csv[0].split(", "), csv[2].split(", ")
+    aliased = [f for f in fields if f[1]]
+    if len(by_name) != len(fields) or len(by_alias) != len(aliased):
+        raise SystemExit(f"{d}: the CSV headers do not match --help-query-gpu")
+    units = {}
+    for (name, _), col in zip(fields, by_name):
+        m = re.fullmatch(r"(\S+)(?: \[([^\]]+)\])?", col)
+        if not m or m.group(1) != name:
+            raise SystemExit(f"{d}: {name} printed as {col!r}")
+        units[name] = m.group(2) or ""
+    for (name, alias), col in zip(aliased, by_alias):  # an alias prints its field's first name
+        if col.split(" [")[0] != name:
+            raise SystemExit(f"{d}: alias {alias} printed as {col!r}, not {name}")
+    keys = {}
+    for n, a, _ in fields590:
+        keys.setdefault(n, n)
+        if a:
+            keys.setdefault(a, n)
+    return [(n, a, units[n], keys.get(n) or keys.get(a, "")) for n, a in fields]
+
+
+def table_frame(text: str) -> dict:
+    """The frame of a recorded default table (one GPU, no processes): its rules, headers, the line
+    between the two tables and the widths of the version line's three values."""
+    lines = text.splitlines()
+    m = re.fullmatch(r"\| NVIDIA-SMI (\S+ +)Driver Version: (\S+ +)CUDA Version: (\S+ +)\|", lines[2])
+    if not m:
+        raise SystemExit(f"unexpected version line {lines[2]!r}")
+    k = next(i for i, l in enumerate(lines) if l.startswith("|==="))
+    ts = lines[0]
+    return {"width": len(lines[1]), "ts_pad": len(ts) - len(ts.rstrip(" ")),
+            "w_smi": len(m.group(1)), "w_drv": len(m.group(2)), "w_cuda": len(m.group(3)),
+            "rule": lines[1] + "\n", "grid": lines[3] + "\n", "head": "\n".join(lines[4:k + 1]) + "\n",
+            "row_rule": lines[k + 4] + "\n", "gap": lines[k + 5] + "\n",
+            "procs_head": "\n".join(lines[k + 7:k + 11]) + "\n", "no_procs": lines[k + 11] + "\n"}
+
+
+def branch_parts(fields590, keys: dict[str, int]) -> list[str]:
+    parts = []
+    for b in BRANCHES:
+        d = RECORDS / str(b)
+        for var, name in [("HELP_TEXT", "help.txt"), ("HELP_QUERY_GPU", "help-query-gpu.txt"),
+                          ("HELP_QUERY_COMPUTE_APPS", "help-query-compute-apps.txt"),
+                          ("HELP_QUERY_ACCOUNTED_APPS", "help-query-accounted-apps.txt"),
+                          ("HELP_QUERY_RETIRED_PAGES", "help-query-retired-pages.txt"),
+                          ("HELP_QUERY_REMAPPED_ROWS", "help-query-remapped-rows.txt")]:
+            text = (d / name).read_text()
+            parts.append(f"static const char {var}_{b}[] =\n{c_str(help_body(text) if var == 'HELP_TEXT' else text)};\n")
+        parts.append(f"static const struct qfield QUERY_GPU_FIELDS_{b}[] = {{")
+        parts += [f'    {{"{n}", "{a}", "{u}", {ident(k) if k else "K_NONE"}}},' for n, a, u, k in record_fields(b, fields590)]
+        parts.append("    {0, 0, 0, K_NONE},\n};\n")
+        parts.append(rows_c(f"TEXT_{b}", text_skeleton((d / "query.txt").read_text(), record=True), keys))
+        # -q -d: the same sections, with the sample blocks only -d prints
+        parts.append(rows_c(f"TEXT_D_{b}", text_skeleton((d / "query-display.txt").read_text(), record=True), keys))
+        parts.append(rows_c(f"XML_{b}", xml_skeleton(d / "query.xml")[1], keys))
+    parts.append("struct frame { int width, ts_pad, w_smi, w_drv, w_cuda;\n"
+                 "               const char *rule, *grid, *head, *row_rule, *gap, *procs_head, *no_procs; };")
+    parts.append("struct branch { int branch, colon, dtd, unknown_rc; const char *unknown;\n"
+                 "                const char *help, *help_query_gpu, *help_query_apps, *help_query_accounted,\n"
+                 "                *help_query_retired, *help_query_remapped;\n"
+                 "                const struct qfield *fields; const struct skel *text, *text_display, *xml;\n"
+                 "                struct frame table; };")
+    parts.append("/* The branches recorded from NVIDIA's own nvidia-smi (record_branches.py), oldest first. */")
+    parts.append("static const struct branch BRANCHES[] = {")
+    for b in BRANCHES:
+        d = RECORDS / str(b)
+        query = (d / "query.txt").read_text().splitlines()
+        dtd = re.search(r"nvsmi_device_v(\d+)\.dtd", (d / "query.xml").read_text()).group(1)
+        f = table_frame((d / "table.txt").read_text())
+        frame = ", ".join(str(f[k]) for k in ("width", "ts_pad", "w_smi", "w_drv", "w_cuda"))
+        frame += "".join(f",\n     {c_str(f[k]).strip()}"
+                         for k in ("rule", "grid", "head", "row_rule", "gap", "procs_head", "no_procs"))
+        *unknown, rc = (d / "unknown-option.txt").read_text().split("\n")[:-1]  # an argument it does not know
+        unknown = "\n".join(unknown) + "\n"
+        if "--no-such-option" in unknown:
+            unknown = unknown.replace("--no-such-option", "%s")
+        parts.append(f"    {{{b}, {colon_column(query)}, {dtd}, {int(rc)}, {c_str(unknown).strip()},\n"
+                     f"     HELP_TEXT_{b}, HELP_QUERY_GPU_{b}, HELP_QUERY_COMPUTE_APPS_{b}, HELP_QUERY_ACCOUNTED_APPS_{b},\n"
+                     f"     HELP_QUERY_RETIRED_PAGES_{b}, HELP_QUERY_REMAPPED_ROWS_{b},\n     QUERY_GPU_FIELDS_{b}, TEXT_{b}, TEXT_D_{b}, XML_{b},\n     {{{frame}}}}},")
+    parts.append("    {0},\n};\n")
+    return parts
 
 
 def rows_c(name: str, rows, keys: dict[str, int]) -> str:
@@ -434,7 +573,10 @@ def generate() -> str:
     for var, title in [("HELP_TEXT", "capabilities :: help (-h)"),
                        ("HELP_QUERY_GPU", "capabilities :: help-query-gpu"),
                        ("HELP_QUERY_COMPUTE_APPS", "capabilities :: help-query-compute-apps")]:
-        parts.append(f"static const char {var}[] =\n{c_str(section(h100, title))};\n")
+        text = section(h100, title)
+        if var == "HELP_TEXT":
+            parts.append(f'static const char HELP_VERSION[] = "{text.split(" -- v", 1)[1].split(chr(10), 1)[0]}";')
+        parts.append(f"static const char {var}[] =\n{c_str(help_body(text) if var == 'HELP_TEXT' else text)};\n")
     boards = []
     for b in XML_BOARDS:
         product, rows = xml_skeleton(CAPTURES / f"nvidia-smi-q-x.{b}.xml")
@@ -446,6 +588,9 @@ def generate() -> str:
     parts.append("    {0, 0, 0},\n};\n")
     parts.append(rows_c("TEXT_590", text_skeleton(h100), keys))
     parts.append(rows_c("TEXT_595", text_skeleton(l40s), keys))
+    parts.append(f"static const int TEXT_590_COLON = {colon_column(section(h100, 'idle :: query (-q)').splitlines())}, "
+                 f"TEXT_595_COLON = {colon_column(section(l40s, 'idle :: query (-q)').splitlines())};\n")
+    parts += branch_parts(fields, keys)
     parts.append("\n#endif")
     return "\n".join(parts) + "\n"
 

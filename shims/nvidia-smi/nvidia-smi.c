@@ -69,7 +69,7 @@
     X(nvmlSystemGetProcessName) X(nvmlDeviceGetNvLinkState) X(nvmlDeviceGetNvLinkVersion)    \
     X(nvmlDeviceGetNvLinkCapability) X(nvmlDeviceGetNvLinkErrorCounter)                      \
     X(nvmlDeviceGetNvLinkRemotePciInfo_v2) X(nvmlDeviceGetTopologyCommonAncestor)            \
-    X(nvmlDeviceGetCpuAffinity) X(nvmlDeviceGetMemoryAffinity) X(nvmlDeviceGetModuleId)      \
+    X(nvmlDeviceGetCpuAffinity) X(nvmlDeviceGetMemoryAffinity) X(nvmlDeviceGetModuleId) X(nvmlDeviceGetPowerManagementMode)      \
     X(nvmlDeviceGetGspFirmwareVersion) X(nvmlDeviceGetPowerState) X(nvmlDeviceGetMarginTemperature)  \
     X(nvmlDeviceGetFieldValues) X(nvmlDeviceGetPciInfoExt) X(nvmlDeviceGetNvLinkRemoteDeviceType) \
     X(nvmlDeviceSetPersistenceMode) X(nvmlDeviceSetComputeMode) X(nvmlDeviceSetPowerManagementLimit) \
@@ -101,6 +101,11 @@ NVML_FUNCS(DECLARE)
 
 static void *g_lib;
 static int g_branch = 590;          /* driver major: picks layouts that changed between branches */
+/* Before 570: the layouts recorded from NVIDIA's own nvidia-smi of the nearest older Debian-shipped
+   branch (smi_gen.h's BRANCHES; the oldest for older drivers). From 570: the 590/595 captures. */
+static const struct branch *g_rec;
+static const struct qfield *g_fields = QUERY_GPU_FIELDS;
+static int g_colon = 55;            /* -q's colon column */
 static char g_driver[96] = "N/A";
 static char g_cuda[16] = "N/A";
 static unsigned g_count;
@@ -736,6 +741,9 @@ static enum vr value(const struct dev *d, int key, char *out, size_t n)
         r = NV(nvmlDeviceGetArchitecture, h, (nvmlDeviceArchitecture_t *)&u);
         return r == NVML_SUCCESS ? PUT("%s", arch_name(u)) : from(r);
     case K_x_minor_number: return u32v(NV(nvmlDeviceGetMinorNumber, h, &u), &u, out, n);
+    case K_power_management: /* -q's "Power Management" before 535; deprecated from 590 (above) */
+        r = NV(nvmlDeviceGetPowerManagementMode, h, &e1);
+        return r == NVML_SUCCESS ? PUT("%s", e1 ? "Supported" : "N/A") : from(r);
     case K_x_multigpu_board:
         r = NV(nvmlDeviceGetMultiGpuBoard, h, &u);
         return r == NVML_SUCCESS ? PUT("%s", u ? "Yes" : "No") : from(r);
@@ -966,6 +974,9 @@ static void init_units(void)
     for (const struct qfield *f = QUERY_GPU_FIELDS; f->name; f++)
         if (f->key >= 0 && f->key < K_COUNT)
             g_unit[f->key] = f->unit;
+    for (const struct qfield *f = g_fields; f->name; f++)
+        if (f->key >= 0 && f->key < K_COUNT && (!g_unit[f->key] || !*g_unit[f->key]))
+            g_unit[f->key] = f->unit;
 }
 
 /* Value with its unit as -q and -q -x print it ("81559 MiB"); "N/A" when unavailable. */
@@ -1112,24 +1123,32 @@ static int mig_table(void)
 }
 
 /* -q's "MIG Device" blocks, after "MIG Mode" (labels of a real 610 -q; 580+ say "Shared"). */
-/* The text skeletons come from boards that report their thresholds relative to T.Limit; a board
-   without a T.Limit (before Ada: A100, T4) gets the absolute ones in the same places, as its -q -x
-   capture has them (gpu_temp_max_threshold ...) and the tool's text names them. */
-static const struct skel *absolute_threshold(const struct skel *s)
+/* The skeletons come from boards that report their thresholds either relative to T.Limit (Ada,
+   Hopper and later; the 525-550 records) or absolute (A100, T4; the 470 record). A board of the
+   other kind gets its own rows in the same places, as the real tool prints them (real 535 on an
+   A100 and on an H100 differ in exactly these four rows, text and XML). */
+static const struct skel *threshold_row(const struct skel *s, int tlimit_board, int xml)
 {
-    static const struct skel ABS[] = {
-        {1, 1, K_x_temp_shutdown, "GPU Shutdown Temp", ""},
-        {1, 1, K_x_temp_slowdown, "GPU Slowdown Temp", ""},
-        {1, 1, K_x_temp_max_gpu, "GPU Max Operating Temp", ""},
-        {1, 1, K_x_temp_max_mem, "Memory Max Operating Temp", ""},
-    };
-    switch (s->key) {
-    case K_x_temp_shutdown_tlimit: return &ABS[0];
-    case K_x_temp_slowdown_tlimit: return &ABS[1];
-    case K_x_temp_max_gpu_tlimit: return &ABS[2];
-    case K_x_temp_max_mem_tlimit: return &ABS[3];
-    default: return s;
-    }
+    static const short KEYS[2][4] = {
+        {K_x_temp_shutdown, K_x_temp_slowdown, K_x_temp_max_gpu, K_x_temp_max_mem},
+        {K_x_temp_shutdown_tlimit, K_x_temp_slowdown_tlimit, K_x_temp_max_gpu_tlimit, K_x_temp_max_mem_tlimit}};
+    static const char *NAMES[2][2][4] = { /* [xml][tlimit] */
+        {{"GPU Shutdown Temp", "GPU Slowdown Temp", "GPU Max Operating Temp", "Memory Max Operating Temp"},
+         {"GPU Shutdown T.Limit Temp", "GPU Slowdown T.Limit Temp", "GPU Max Operating T.Limit Temp",
+          "Memory Max Operating T.Limit Temp"}},
+        {{"gpu_temp_max_threshold", "gpu_temp_slow_threshold", "gpu_temp_max_gpu_threshold",
+          "gpu_temp_max_mem_threshold"},
+         {"gpu_temp_max_tlimit_threshold", "gpu_temp_slow_tlimit_threshold", "gpu_temp_max_gpu_tlimit_threshold",
+          "gpu_temp_max_mem_tlimit_threshold"}}};
+    static struct skel row;
+    for (int i = 0; i < 4; i++)
+        if (s->key == KEYS[0][i] || s->key == KEYS[1][i]) {
+            row = *s;
+            row.key = KEYS[tlimit_board][i];
+            row.tag = NAMES[xml][tlimit_board][i];
+            return &row;
+        }
+    return s;
 }
 
 static void q_line(int depth, const char *label, const char *val);
@@ -1799,18 +1818,24 @@ static void fit(char *s, size_t width, int keep_tail)
     }
 }
 
+/* The frame of the default table: a recorded branch's (before 570: 79 columns up to 525, 89 in
+   535, 91 from 550), else the 91 columns of the captures. */
 static void table(void)
 {
-    const char *rule = "+-----------------------------------------------------------------------------------------+\n";
-    const char *grid = g_branch >= 580 ? "+-----------------------------------------+------------------------+----------------------+\n"
+    const struct frame *fr = g_rec ? &g_rec->table : NULL;
+    int wide = !fr || fr->width == 91, narrow = fr && fr->width == 79;
+    const char *rule = fr ? fr->rule : "+-----------------------------------------------------------------------------------------+\n";
+    const char *grid = fr ? fr->grid : g_branch >= 580 ? "+-----------------------------------------+------------------------+----------------------+\n"
                                        : "|-----------------------------------------+------------------------+----------------------+\n";
     char ts[64];
     timestamp(ts, sizeof(ts), 0);
-    printf("%s       \n", ts);
+    printf("%s%*s\n", ts, fr ? fr->ts_pad : 7, "");
     printf("%s", rule);
-    printf("| NVIDIA-SMI %-23sDriver Version: %-15sCUDA Version: %-9s|\n", g_driver, g_driver, g_cuda);
+    printf("| NVIDIA-SMI %-*sDriver Version: %-*sCUDA Version: %-*s|\n", fr ? fr->w_smi : 23, g_driver,
+           fr ? fr->w_drv : 15, g_driver, fr ? fr->w_cuda : 9, g_cuda);
     printf("%s", grid);
-    printf("| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |\n"
+    printf("%s", fr ? fr->head :
+           "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |\n"
            "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |\n"
            "|                                         |                        |               MIG M. |\n"
            "|=========================================+========================+======================|\n");
@@ -1823,7 +1848,7 @@ static void table(void)
         unsigned u;
         if (value(d, K_name, name, sizeof(name)) != V_OK)
             snprintf(name, sizeof(name), "N/A");
-        fit(name, 30, 0);
+        fit(name, narrow ? 18 : 30, 0);
         if (NV(nvmlDeviceGetPersistenceMode, d->h, &e) == NVML_SUCCESS)
             snprintf(pers, sizeof(pers), "%s", e ? "On" : "Off");
         if (value(d, K_pci_bus_id, v, sizeof(v)) == V_OK)
@@ -1861,24 +1886,39 @@ static void table(void)
             static const char *names[] = {"Default", "E. Thread", "Prohibited", "E. Process"};
             snprintf(cm, sizeof(cm), "%s", u < 4 ? names[u] : "Unknown");
         }
-        printf("|%4u  %-31s%-3s |   %-16s %3s |%21s |\n", d->index, name, pers, bus, disp, ecc);
-        printf("|%4s %5s    %-3s%15s / %5s |%11s / %9s |%8s%13s |\n", fan, temp, perf, pw, cap, mused, mtot, util, cm);
-        printf("|                                         |                        |%21s |\n", mig);
-        printf("%s", grid[0] == '+' || i + 1 < g_ndevs || 1 ? "+-----------------------------------------+------------------------+----------------------+\n" : grid);
+        if (wide) {
+            printf("|%4u  %-31s%-3s |   %-16s %3s |%21s |\n", d->index, name, pers, bus, disp, ecc);
+            printf("|%4s %5s    %-3s%15s / %5s |%11s / %9s |%8s%13s |\n", fan, temp, perf, pw, cap, mused, mtot, util, cm);
+            printf("|                                         |                        |%21s |\n", mig);
+        } else if (narrow) { /* 470, 525 */
+            printf("|%4u  %-18s  %-3s  | %-16s %3s |%21s |\n", d->index, name, pers, bus, disp, ecc);
+            printf("|%4s %5s    %-3s%6s / %4s |%10s / %8s |%8s%13s |\n", fan, temp, perf, pw, cap, mused, mtot, util, cm);
+            printf("|                               |                      |%21s |\n", mig);
+        } else { /* 535 */
+            printf("|%4u  %-31s%-3s | %-16s %3s |%21s |\n", d->index, name, pers, bus, disp, ecc);
+            printf("|%4s %5s    %-3s%16s / %4s |%10s / %8s |%8s%13s |\n", fan, temp, perf, pw, cap, mused, mtot, util, cm);
+            printf("|                                         |                      |%21s |\n", mig);
+        }
+        printf("%s", fr ? fr->row_rule : "+-----------------------------------------+------------------------+----------------------+\n");
     }
-    const char *gap = g_branch >= 560 ? "\n" : "                                                                                         \n";
+    const char *gap = fr ? fr->gap : g_branch >= 560 ? "\n" : "                                                                                         \n";
     printf("%s", gap);
     if (mig_table()) /* between the GPUs and the processes, with a gap of its own */
         printf("%s", gap);
     printf("%s", rule);
-    printf("| Processes:                                                                              |\n");
-    if (g_branch >= 570)
-        printf("|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |\n"
-               "|        ID   ID                                                               Usage      |\n");
-    else
-        printf("|  GPU   GI   CI        PID   Type   Process name                              GPU Memory |\n"
-               "|        ID   ID                                                               Usage      |\n");
-    printf("|=========================================================================================|\n");
+    if (fr) {
+        printf("%s", fr->procs_head);
+    } else {
+        printf("| Processes:                                                                              |\n");
+        if (g_branch >= 570)
+            printf("|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |\n"
+                   "|        ID   ID                                                               Usage      |\n");
+        else
+            printf("|  GPU   GI   CI        PID   Type   Process name                              GPU Memory |\n"
+                   "|        ID   ID                                                               Usage      |\n");
+        printf("|=========================================================================================|\n");
+    }
+    int width = fr ? fr->width - 49 : g_branch >= 570 ? 36 : 42; /* the process name's column */
     int any = 0;
     for (unsigned i = 0; i < g_ndevs; i++) {
         struct proc ps[64];
@@ -1893,25 +1933,26 @@ static void table(void)
             if (ps[j].mem != (unsigned long long)NVML_VALUE_NOT_AVAILABLE)
                 snprintf(mem, sizeof(mem), "%lluMiB", ps[j].mem >> 20);
             if (ps[j].gi != 0xFFFFFFFFu) { /* a MIG process: ids in their own columns (user guide, 580) */
-                fit(name, g_branch >= 570 ? 36 : 42, 1);
+                fit(name, width, 1);
                 if (g_branch >= 570)
                     printf("|%5u%5u%5u %16u %6s   %-36s%10s |\n", g_devs[i].index, ps[j].gi, ps[j].ci, ps[j].pid,
                            ps[j].type, name, mem);
                 else
-                    printf("|%5u%5u%5u %10u %6s   %-42s%10s |\n", g_devs[i].index, ps[j].gi, ps[j].ci, ps[j].pid,
-                           ps[j].type, name, mem);
+                    printf("|%5u%5u%5u %10u %6s   %-*s%10s |\n", g_devs[i].index, ps[j].gi, ps[j].ci, ps[j].pid,
+                           ps[j].type, width, name, mem);
             } else if (g_branch >= 570) {
                 fit(name, 36, 1);
                 printf("|%5u %5s%5s%16u %6s   %-36s%10s |\n", g_devs[i].index, gi, ci, ps[j].pid, ps[j].type, name, mem);
             } else {
-                fit(name, 42, 1);
-                printf("|%5u %5s%5s%10u %6s   %-42s%10s |\n", g_devs[i].index, gi, ci, ps[j].pid, ps[j].type, name, mem);
+                fit(name, width, 1);
+                printf("|%5u %5s%5s%10u %6s   %-*s%10s |\n", g_devs[i].index, gi, ci, ps[j].pid, ps[j].type, width,
+                       name, mem);
             }
             any = 1;
         }
     }
     if (!any)
-        printf("|  No running processes found                                                             |\n");
+        printf("%s", fr ? fr->no_procs : "|  No running processes found                                                             |\n");
     printf("%s", rule);
 }
 
@@ -1963,18 +2004,18 @@ static int parse_gpu_fields(const char *list, struct col *cols, int cap)
         while (l && t[l - 1] == ' ')
             t[--l] = 0;
         const struct qfield *f;
-        for (f = QUERY_GPU_FIELDS; f->name; f++)
+        for (f = g_fields; f->name; f++)
             if (!strcasecmp(t, f->name) || (*f->alias && !strcasecmp(t, f->alias)))
                 break;
-        if (!f->name) {
-            printf("Field \"%s\" is not a valid field to query.\n\n", t);
+        if (!f->name) { /* the tool names it from a 64-byte buffer (real 470-550) */
+            printf("Field \"%.63s\" is not a valid field to query.\n\n", t);
             return -1;
         }
         if (n >= cap) {
             printf("%s", MSG_INVALID);
             return -1;
         }
-        cols[n].spelled = list + (t - buf);
+        cols[n].spelled = f->name; /* the header names the field by its first name, as asked or not */
         cols[n].key = f->key;
         cols[n].unit = f->unit;
         n++;
@@ -1987,13 +2028,8 @@ static void print_header(const struct col *cols, int n, const char *list)
     if (g_noheader)
         return;
     for (int i = 0; i < n; i++) {
-        /* the header repeats the field as spelled on the command line */
-        const char *s = cols[i].spelled;
-        size_t l = strcspn(s, ",");
-        while (l && s[l - 1] == ' ')
-            l--;
-        printf("%s%.*s", i ? ", " : "", (int)l, s);
-        if (!g_nounits && *cols[i].unit)
+        printf("%s%s", i ? ", " : "", cols[i].spelled);
+        if (*cols[i].unit) /* nounits drops the cells' units, not the header's (real 470-550) */
             printf(" [%s]", cols[i].unit);
     }
     (void)list;
@@ -2158,29 +2194,34 @@ static void query_accounted_once(const int *idx, int n)
 
 /* -q / -q -x ------------------------------------------------------------------------------ */
 
-struct section { const char *name; const char *text[8]; const char *xml[8]; };
+/* The -q labels and -q -x elements of each -d section; "... Samples" and "Supported
+   GPU_TARGET_TEMP" are the labels only -d prints (records of 470-550). */
+struct section { const char *name; const char *text[12]; const char *xml[8]; };
 
 static const struct section SECTIONS[] = {
     {"MEMORY", {"FB Memory Usage", "BAR1 Memory Usage", "Conf Compute Protected Memory Usage"},
      {"fb_memory_usage", "bar1_memory_usage", "cc_protected_memory_usage"}},
-    {"UTILIZATION", {"Utilization"}, {"utilization"}},
-    {"ECC", {"ECC Mode", "ECC Errors"}, {"ecc_mode", "ecc_errors"}},
+    {"UTILIZATION", {"Utilization", "GPU Utilization Samples", "Memory Utilization Samples", "ENC Utilization Samples",
+                     "DEC Utilization Samples", "JPG Utilization Samples", "OFA Utilization Samples"}, {"utilization"}},
+    {"ECC", {"ECC Mode", "ECC Errors", "Ecc Mode"}, {"ecc_mode", "ecc_errors"}},
     {"TEMPERATURE", {"Temperature"}, {"temperature"}},
-    {"POWER", {"GPU Power Readings", "GPU Memory Power Readings ", "Module Power Readings"},
-     {"gpu_power_readings", "gpu_memory_power_readings", "module_power_readings"}},
+    {"POWER", {"GPU Power Readings", "GPU Memory Power Readings ", "Module Power Readings", "GPU Memory Power Readings",
+               "Power Readings", "Power Samples"},
+     {"gpu_power_readings", "gpu_memory_power_readings", "module_power_readings", "power_readings"}},
     {"CLOCK", {"Clocks", "Applications Clocks", "Default Applications Clocks", "Deferred Clocks", "Max Clocks",
-               "Max Customer Boost Clocks", "Clock Policy"},
+               "Max Customer Boost Clocks", "Clock Policy", "SM Clock Samples", "Memory Clock Samples"},
      {"clocks", "applications_clocks", "default_applications_clocks", "deferred_clocks", "max_clocks",
       "max_customer_boost_clocks", "clock_policy"}},
     {"COMPUTE", {"Compute Mode"}, {"compute_mode"}},
     {"PIDS", {"Processes"}, {"processes"}},
-    {"PERFORMANCE", {"Performance State", "Clocks Event Reasons", "Clocks Event Reasons Counters"},
-     {"performance_state", "clocks_event_reasons", "clocks_event_reasons_counters"}},
+    {"PERFORMANCE", {"Performance State", "Clocks Event Reasons", "Clocks Event Reasons Counters",
+                     "Clocks Throttle Reasons", "Sparse Operation Mode"},
+     {"performance_state", "clocks_event_reasons", "clocks_event_reasons_counters", "clocks_throttle_reasons"}},
     {"SUPPORTED_CLOCKS", {"Supported Clocks"}, {"supported_clocks"}},
     {"PAGE_RETIREMENT", {"Retired Pages"}, {"retired_pages"}},
-    {"ACCOUNTING", {"Accounting Mode", "Accounting Mode Buffer Size"}, {"accounting_mode", "accounting_mode_buffer_size"}},
+    {"ACCOUNTING", {"Accounting Mode", "Accounting Mode Buffer Size", "Accounted Processes"}, {"accounting_mode", "accounting_mode_buffer_size"}},
     {"ENCODER_STATS", {"Encoder Stats"}, {"encoder_stats"}},
-    {"SUPPORTED_GPU_TARGET_TEMP", {"Supported GPU Target Temp"}, {"supported_gpu_target_temp"}},
+    {"SUPPORTED_GPU_TARGET_TEMP", {"Supported GPU Target Temp", "Supported GPU_TARGET_TEMP"}, {"supported_gpu_target_temp"}},
     {"VOLTAGE", {"Voltage"}, {"voltage"}},
     {"FBC_STATS", {"FBC Stats"}, {"fbc_stats"}},
     {"ROW_REMAPPER", {"Remapped Rows"}, {"remapped_rows"}},
@@ -2219,7 +2260,7 @@ static int top_selected(const char *label, int xml)
     for (int k = 0; SECTIONS[k].name; k++) {
         if (!(g_sections & (1u << k)))
             continue;
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < (xml ? 8 : 12); j++) {
             const char *s = xml ? SECTIONS[k].xml[j] : SECTIONS[k].text[j];
             if (s && !strcmp(s, label))
                 return 1;
@@ -2231,6 +2272,8 @@ static int top_selected(const char *label, int xml)
 static const struct skel *xml_skeleton(const struct dev *d)
 {
     char name[96] = "";
+    if (g_rec) /* the branch's own elements, the same for every board it drives */
+        return g_rec->xml;
     NV(nvmlDeviceGetName, d->h, name, sizeof(name));
     for (const struct board *b = XML_BOARDS; b->profile; b++)
         if (!strcmp(b->product, name))
@@ -2303,6 +2346,8 @@ static void xml_gpu(const struct dev *d)
     value(d, K_pci_bus_id, bus, sizeof(bus));
     printf("\t<gpu id=\"%s\">\n", bus);
     const struct skel *s = xml_skeleton(d);
+    char tl[32];
+    int tlimit_board = value(d, K_temperature_gpu_tlimit, tl, sizeof(tl)) == V_OK;
     int skip_depth = -1;  /* inside a top-level element that -d did not select */
     for (; s->kind != 9; s++) {
         if (s->depth == 2 && s->kind != 2)
@@ -2317,14 +2362,15 @@ static void xml_gpu(const struct dev *d)
         case 2: tabs(s->depth); printf("</%s>\n", s->tag); break;
         case 3: xml_processes(d, s->depth, s->tag); break;
         default: {
-            value_text(d, s->key, s->suffix, v, sizeof(v));
+            const struct skel *row = threshold_row(s, tlimit_board, 1);
+            value_text(d, row->key, row->suffix, v, sizeof(v));
             /* XML spells PCI numbers without 0x */
             const char *p = v;
-            if (!strncmp(s->tag, "pci_", 4) && !strncmp(v, "0x", 2))
+            if (!strncmp(row->tag, "pci_", 4) && !strncmp(v, "0x", 2))
                 p = v + 2;
             xml_escape(p, esc, sizeof(esc));
-            tabs(s->depth);
-            printf("<%s>%s</%s>\n", s->tag, esc, s->tag);
+            tabs(row->depth);
+            printf("<%s>%s</%s>\n", row->tag, esc, row->tag);
         }
         }
     }
@@ -2336,7 +2382,7 @@ static int cmd_xml(void)
     char ts[64];
     timestamp(ts, sizeof(ts), 0);
     printf("<?xml version=\"1.0\" ?>\n");
-    printf("<!DOCTYPE nvidia_smi_log SYSTEM \"nvsmi_device_v%d.dtd\">\n", g_branch >= 580 ? 13 : 12);
+    printf("<!DOCTYPE nvidia_smi_log SYSTEM \"nvsmi_device_v%d.dtd\">\n", g_rec ? g_rec->dtd : g_branch >= 580 ? 13 : 12);
     printf("<nvidia_smi_log>\n");
     printf("\t<timestamp>%s</timestamp>\n", ts);
     printf("\t<driver_version>%s</driver_version>\n", g_driver);
@@ -2359,7 +2405,7 @@ static int cmd_xml(void)
 static void q_line(int depth, const char *label, const char *val)
 {
     int indent = 4 * (depth + 1);
-    printf("%*s%-*s: %s\n", indent, "", 55 - indent, label, val);
+    printf("%*s%-*s: %s\n", indent, "", g_colon - indent, label, val);
 }
 
 static int cmd_query(void)
@@ -2374,7 +2420,8 @@ static int cmd_query(void)
     char cnt[16];
     snprintf(cnt, sizeof(cnt), "%u", g_count);
     q_line(-1, "Attached GPUs", cnt);
-    const struct skel *skel = g_branch >= 595 ? TEXT_595 : TEXT_590;
+    const struct skel *skel = g_rec ? (g_sections ? g_rec->text_display : g_rec->text)
+                                    : g_branch >= 595 ? TEXT_595 : TEXT_590;
     for (unsigned i = 0; i < g_ndevs; i++) {
         const struct dev *d = &g_devs[i];
         if (d->err != NVML_SUCCESS) {
@@ -2411,15 +2458,14 @@ static int cmd_query(void)
                     q_line(s->depth + 1, "Compute instance ID", ps[j].ci != 0xFFFFFFFFu ? (snprintf(num, sizeof(num), "%u", ps[j].ci), num) : "N/A");
                     snprintf(num, sizeof(num), "%u", ps[j].pid);
                     q_line(s->depth + 1, "Process ID", num);
-                    q_line(s->depth + 1, "Type", ps[j].type);
-                    q_line(s->depth + 1, "Name", name);
+                    /* the rest one level deeper, under the Process ID (every real -q: 470-595) */
+                    q_line(s->depth + 2, "Type", ps[j].type);
+                    q_line(s->depth + 2, "Name", name);
                     snprintf(num, sizeof(num), "%llu MiB", ps[j].mem >> 20);
-                    q_line(s->depth + 1, "Used GPU Memory", num);
+                    q_line(s->depth + 2, "Used GPU Memory", num);
                 }
             } else {
-                const struct skel *row = s;
-                if (!tlimit_board)
-                    row = absolute_threshold(s);
+                const struct skel *row = threshold_row(s, tlimit_board, 0);
                 value_text(d, row->key, row->suffix, v, sizeof(v));
                 q_line(s->depth, row->tag, v);
                 if (s->key == K_mig_mode_pending)
@@ -3099,6 +3145,76 @@ static int parse_set_value(const char *v, struct set_cmd *c)
 
 /* ---- command line --------------------------------------------------------------------- */
 
+static void set_branch(void)
+{
+    g_rec = NULL;
+    if (g_branch < 570) {
+        g_rec = &BRANCHES[0];
+        for (const struct branch *b = BRANCHES; b->branch; b++)
+            if (b->branch <= g_branch)
+                g_rec = b;
+    }
+    g_fields = g_rec ? g_rec->fields : QUERY_GPU_FIELDS;
+    g_colon = g_rec ? g_rec->colon : g_branch >= 595 ? TEXT_595_COLON : TEXT_590_COLON;
+}
+
+/* The branch before the command line is parsed (the help texts and the answer to an unknown
+   argument are the branch's): the driver is asked quietly; without one, the 590 layouts. */
+static const char *probe_branch(void)
+{
+    const char *version = HELP_VERSION;
+    if (load_nvml() == 0 && NV(nvmlInit_v2) == NVML_SUCCESS) {
+        if (NV(nvmlSystemGetDriverVersion, g_driver, sizeof(g_driver)) == NVML_SUCCESS && atoi(g_driver) > 0) {
+            g_branch = atoi(g_driver);
+            version = g_driver;
+        }
+        NV(nvmlShutdown);
+    }
+    set_branch();
+    return version;
+}
+
+/* An argument the tool does not know: the recorded branch's message ("ERROR: Option X is not
+   recognized..." from 535, the invalid-combination line before) and exit code. */
+static int unknown_option(const char *a)
+{
+    probe_branch();
+    if (!g_rec) {
+        printf("%s", MSG_INVALID);
+        return EXIT_INVALID;
+    }
+    const char *at = strstr(g_rec->unknown, "%s");
+    if (at)
+        printf("%.*s%s%s", (int)(at - g_rec->unknown), g_rec->unknown, a, at + 2);
+    else
+        fputs(g_rec->unknown, stdout);
+    return g_rec->unknown_rc;
+}
+
+/* -h and the --help-query-* texts are the driver's branch's, -h headed by its version as the real
+   tool's by its own. The accounted-apps, retired-pages and remapped-rows texts are recorded for
+   470-550 only; from 570 those options stay unknown. */
+static int print_help(const char *option, int which)
+{
+    const char *version = probe_branch();
+    const char *text = NULL;
+    switch (which) {
+    case 0:
+        printf("NVIDIA System Management Interface -- v%s\n", version);
+        text = g_rec ? g_rec->help : HELP_TEXT;
+        break;
+    case 1: text = g_rec ? g_rec->help_query_gpu : HELP_QUERY_GPU; break;
+    case 2: text = g_rec ? g_rec->help_query_apps : HELP_QUERY_COMPUTE_APPS; break;
+    case 3: text = g_rec ? g_rec->help_query_accounted : NULL; break;
+    case 4: text = g_rec ? g_rec->help_query_retired : NULL; break;
+    default: text = g_rec ? g_rec->help_query_remapped : NULL; break;
+    }
+    if (!text)
+        return unknown_option(option);
+    fputs(text, stdout);
+    return 0;
+}
+
 static int init_nvml(void)
 {
     if (load_nvml() != 0) {
@@ -3119,6 +3235,7 @@ static int init_nvml(void)
     }
     NV(nvmlSystemGetDriverVersion, g_driver, sizeof(g_driver));
     g_branch = atoi(g_driver) > 0 ? atoi(g_driver) : 590;
+    set_branch();
     int cv = 0;
     if (NV(nvmlSystemGetCudaDriverVersion_v2, &cv) == NVML_SUCCESS && cv > 0)
         snprintf(g_cuda, sizeof(g_cuda), "%d.%d", cv / 1000, (cv % 1000) / 10);
@@ -3188,24 +3305,27 @@ int main(int argc, char **argv)
         else if (!strcmp(sub, "dmon")) mode = M_DMON;
         else if (!strcmp(sub, "pmon")) mode = M_PMON;
         else if (!strcmp(sub, "mig")) return main_mig(argc, argv);
-        else {
-            printf("%s", MSG_INVALID);
-            return EXIT_INVALID;
-        }
+        else
+            return unknown_option(sub);
         argi = 2;
     }
     for (int i = argi; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(HELP_TEXT, stdout);
-            return 0;
+            return print_help(a, 0);
         } else if (!strcmp(a, "--help-query-gpu")) {
-            fputs(HELP_QUERY_GPU, stdout);
-            return 0;
+            return print_help(a, 1);
         } else if (!strcmp(a, "--help-query-compute-apps")) {
-            fputs(HELP_QUERY_COMPUTE_APPS, stdout);
-            return 0;
+            return print_help(a, 2);
+        } else if (!strcmp(a, "--help-query-accounted-apps")) {
+            return print_help(a, 3);
+        } else if (!strcmp(a, "--help-query-retired-pages")) {
+            return print_help(a, 4);
+        } else if (!strcmp(a, "--help-query-remapped-rows")) {
+            return print_help(a, 5);
         } else if (!strcmp(a, "--version")) {
+            if (probe_branch() && g_rec && !strstr(g_rec->help, "--version"))
+                return unknown_option(a); /* not an option before 550 */
             mode = M_VERSION;
         } else if (!strcmp(a, "-L") || !strcmp(a, "--list-gpus")) {
             mode = M_LIST;
@@ -3281,13 +3401,17 @@ int main(int argc, char **argv)
             if (loop_ms <= 0)
                 loop_ms = 5000;
         } else {
-            printf("%s", MSG_INVALID);
-            return EXIT_INVALID;
+            return unknown_option(a);
         }
     }
     /* A configuration command is one of its kind and goes with nothing but -i. */
     if (nset > 1 || (nset && (mode != M_TABLE || q || x || fields || format || dsections || loop_ms))) {
         printf("%s", MSG_INVALID);
+        return EXIT_INVALID;
+    }
+    if (mode == M_TABLE && x && !q && !nset && !fields && !format && !dsections) { /* real 470-550 */
+        printf("Invalid combination of input arguments. Specify -q/--query and -x/--xml-format to run an XML query.  "
+               "Please run 'nvidia-smi -h' for help.\n\n");
         return EXIT_INVALID;
     }
     if (mode == M_TABLE && q)
@@ -3306,6 +3430,11 @@ int main(int argc, char **argv)
     int rc = init_nvml();
     if (rc)
         return rc;
+    if (g_rec && dsections && mode == M_XML) { /* real 470-550 */
+        printf("Invalid combination of input arguments: --display/-d flags can not be combined with -x/--xml-format "
+               "flags.\n");
+        return EXIT_INVALID;
+    }
     if (mode == M_VERSION)
         return cmd_version();
     if (g_count == 0) {
@@ -3364,10 +3493,10 @@ int main(int argc, char **argv)
         case M_QAPPS:
         case M_QACCT:
             if (it == 0 && !g_noheader) {
-                for (int c = 0; c < ncols; c++) {
-                    size_t l = strcspn(app_spelled[c], ",");
+                for (int c = 0; c < ncols; c++) { /* each field by its first name, as --query-gpu */
                     const char *unit = mode == M_QACCT ? ACCT_FIELDS[app_idx[c]].unit : APP_FIELDS[app_idx[c]].unit;
-                    printf("%s%.*s", c ? ", " : "", (int)l, app_spelled[c]);
+                    const char *name = mode == M_QACCT ? ACCT_FIELDS[app_idx[c]].name : APP_FIELDS[app_idx[c]].name;
+                    printf("%s%s", c ? ", " : "", name);
                     if (!g_nounits && *unit)
                         printf(" [%s]", unit);
                 }

@@ -493,8 +493,8 @@ static const struct qfield QUERY_GPU_FIELDS[] = {
     {0, 0, 0, K_NONE},
 };
 
+static const char HELP_VERSION[] = "590.48.01";
 static const char HELP_TEXT[] =
-    "NVIDIA System Management Interface -- v590.48.01\n"
     "\n"
     "NVSMI provides monitoring information for Tesla and select Quadro devices.\n"
     "The data is presented in either a plain text or an XML format, via stdout or a file.\n"
@@ -4230,5 +4230,6491 @@ static const struct skel TEXT_595[] = {
     {1, 1, K_x_egm, "EGM", ""},
     {0, 9, K_NONE, 0, 0},
 };
+static const int TEXT_590_COLON = 55, TEXT_595_COLON = 55;
+
+static const char HELP_TEXT_470[] =
+    "\n"
+    "NVSMI provides monitoring information for Tesla and select Quadro devices.\n"
+    "The data is presented in either a plain text or an XML format, via stdout or a file.\n"
+    "NVSMI also provides several management operations for changing the device state.\n"
+    "\n"
+    "Note that the functionality of NVSMI is exposed through the NVML C-based\n"
+    "library. See the NVIDIA developer website for more information about NVML.\n"
+    "Python wrappers to NVML are also available.  The output of NVSMI is\n"
+    "not guaranteed to be backwards compatible; NVML and the bindings are backwards\n"
+    "compatible.\n"
+    "\n"
+    "http://developer.nvidia.com/nvidia-management-library-nvml/\n"
+    "http://pypi.python.org/pypi/nvidia-ml-py/\n"
+    "Supported products:\n"
+    "- Full Support\n"
+    "    - All Tesla products, starting with the Kepler architecture\n"
+    "    - All Quadro products, starting with the Kepler architecture\n"
+    "    - All GRID products, starting with the Kepler architecture\n"
+    "    - GeForce Titan products, starting with the Kepler architecture\n"
+    "- Limited Support\n"
+    "    - All Geforce products, starting with the Kepler architecture\n"
+    "nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...\n"
+    "\n"
+    "    -h,   --help                Print usage information and exit.\n"
+    "\n"
+    "  LIST OPTIONS:\n"
+    "\n"
+    "    -L,   --list-gpus           Display a list of GPUs connected to the system.\n"
+    "\n"
+    "    -B,   --list-excluded-gpus  Display a list of excluded GPUs in the system.\n"
+    "\n"
+    "  SUMMARY OPTIONS:\n"
+    "\n"
+    "    <no arguments>              Show a summary of GPUs connected to the system.\n"
+    "\n"
+    "    [plus any of]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific GPU.\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -l,   --loop=               Probe until Ctrl+C at specified second interval.\n"
+    "\n"
+    "  QUERY OPTIONS:\n"
+    "\n"
+    "    -q,   --query               Display GPU or Unit info.\n"
+    "\n"
+    "    [plus any of]\n"
+    "\n"
+    "    -u,   --unit                Show unit, rather than GPU, attributes.\n"
+    "    -i,   --id=                 Target a specific GPU or Unit.\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -x,   --xml-format          Produce XML output.\n"
+    "          --dtd                 When showing xml output, embed DTD.\n"
+    "    -d,   --display=            Display only selected information: MEMORY,\n"
+    "                                    UTILIZATION, ECC, TEMPERATURE, POWER, CLOCK,\n"
+    "                                    COMPUTE, PIDS, PERFORMANCE, SUPPORTED_CLOCKS,\n"
+    "                                    PAGE_RETIREMENT, ACCOUNTING, ENCODER_STATS,\n"
+    "                                    SUPPORTED_GPU_TARGET_TEMP, VOLTAGE\n"
+    "                                    FBC_STATS, ROW_REMAPPER\n"
+    "                                Flags can be combined with comma e.g. ECC,POWER.\n"
+    "                                Sampling data with max/min/avg is also returned \n"
+    "                                for POWER, UTILIZATION and CLOCK display types.\n"
+    "                                Doesn't work with -u or -x flags.\n"
+    "    -l,   --loop=               Probe until Ctrl+C at specified second interval.\n"
+    "\n"
+    "    -lms, --loop-ms=            Probe until Ctrl+C at specified millisecond interval.\n"
+    "\n"
+    "  SELECTIVE QUERY OPTIONS:\n"
+    "\n"
+    "    Allows the caller to pass an explicit list of properties to query.\n"
+    "\n"
+    "    [one of]\n"
+    "\n"
+    "    --query-gpu=                Information about GPU.\n"
+    "                                Call --help-query-gpu for more info.\n"
+    "    --query-supported-clocks=   List of supported clocks.\n"
+    "                                Call --help-query-supported-clocks for more info.\n"
+    "    --query-compute-apps=       List of currently active compute processes.\n"
+    "                                Call --help-query-compute-apps for more info.\n"
+    "    --query-accounted-apps=     List of accounted compute processes.\n"
+    "                                Call --help-query-accounted-apps for more info.\n"
+    "                                This query is not supported on vGPU host.\n"
+    "    --query-retired-pages=      List of device memory pages that have been retired.\n"
+    "                                Call --help-query-retired-pages for more info.\n"
+    "    --query-remapped-rows=      Information about remapped rows.\n"
+    "                                Call --help-query-remapped-rows for more info.\n"
+    "\n"
+    "    [mandatory]\n"
+    "\n"
+    "    --format=                   Comma separated list of format options:\n"
+    "                                  csv - comma separated values (MANDATORY)\n"
+    "                                  noheader - skip the first line with column headers\n"
+    "                                  nounits - don't print units for numerical\n"
+    "                                             values\n"
+    "\n"
+    "    [plus any of]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific GPU or Unit.\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -l,   --loop=               Probe until Ctrl+C at specified second interval.\n"
+    "    -lms, --loop-ms=            Probe until Ctrl+C at specified millisecond interval.\n"
+    "\n"
+    "  DEVICE MODIFICATION OPTIONS:\n"
+    "\n"
+    "    [any one of]\n"
+    "\n"
+    "    -pm,  --persistence-mode=   Set persistence mode: 0/DISABLED, 1/ENABLED\n"
+    "    -e,   --ecc-config=         Toggle ECC support: 0/DISABLED, 1/ENABLED\n"
+    "    -p,   --reset-ecc-errors=   Reset ECC error counts: 0/VOLATILE, 1/AGGREGATE\n"
+    "    -c,   --compute-mode=       Set MODE for compute applications:\n"
+    "                                0/DEFAULT, 1/EXCLUSIVE_PROCESS,\n"
+    "                                2/PROHIBITED\n"
+    "          --gom=                Set GPU Operation Mode:\n"
+    "                                    0/ALL_ON, 1/COMPUTE, 2/LOW_DP\n"
+    "    -r    --gpu-reset           Trigger reset of the GPU.\n"
+    "                                Can be used to reset the GPU HW state in situations\n"
+    "                                that would otherwise require a machine reboot.\n"
+    "                                Typically useful if a double bit ECC error has\n"
+    "                                occurred.\n"
+    "                                Reset operations are not guarenteed to work in\n"
+    "                                all cases and should be used with caution.\n"
+    "    -vm   --virt-mode=          Switch GPU Virtualization Mode:\n"
+    "                                Sets GPU virtualization mode to 3/VGPU or 4/VSGA\n"
+    "                                Virtualization mode of a GPU can only be set when\n"
+    "                                it is running on a hypervisor.\n"
+    "    -lgc  --lock-gpu-clocks=    Specifies <minGpuClock,maxGpuClock> clocks as a\n"
+    "                                    pair (e.g. 1500,1500) that defines the range \n"
+    "                                    of desired locked GPU clock speed in MHz.\n"
+    "                                    Setting this will supercede application clocks\n"
+    "                                    and take effect regardless if an app is running.\n"
+    "                                    Input can also be a singular desired clock value\n"
+    "                                    (e.g. <GpuClockValue>).\n"
+    "    -rgc  --reset-gpu-clocks\n"
+    "                                Resets the Gpu clocks to the default values.\n"
+    "    -lmc  --lock-memory-clocks=  Specifies <minMemClock,maxMemClock> clocks as a\n"
+    "                                    pair (e.g. 5100,5100) that defines the range \n"
+    "                                    of desired locked Memory clock speed in MHz.\n"
+    "                                    Input can also be a singular desired clock value\n"
+    "                                    (e.g. <MemClockValue>).\n"
+    "    -rmc  --reset-memory-clocks\n"
+    "                                Resets the Memory clocks to the default values.\n"
+    "    -ac   --applications-clocks= Specifies <memory,graphics> clocks as a\n"
+    "                                    pair (e.g. 2000,800) that defines GPU's\n"
+    "                                    speed in MHz while running applications on a GPU.\n"
+    "    -rac  --reset-applications-clocks\n"
+    "                                Resets the applications clocks to the default values.\n"
+    "    -pl   --power-limit=        Specifies maximum power management limit in watts.\n"
+    "    -cc   --cuda-clocks=        Overrides or restores default CUDA clocks.\n"
+    "                                In override mode, GPU clocks higher frequencies when running CUDA applications.\n"
+    "                                Only on supported devices starting from the Volta series.\n"
+    "                                Requires administrator privileges.\n"
+    "                                0/RESTORE_DEFAULT, 1/OVERRIDE\n"
+    "    -am   --accounting-mode=    Enable or disable Accounting Mode: 0/DISABLED, 1/ENABLED\n"
+    "    -caa  --clear-accounted-apps\n"
+    "                                Clears all the accounted PIDs in the buffer.\n"
+    "          --auto-boost-default= Set the default auto boost policy to 0/DISABLED\n"
+    "                                or 1/ENABLED, enforcing the change only after the\n"
+    "                                last boost client has exited.\n"
+    "          --auto-boost-permission=\n"
+    "                                Allow non-admin/root control over auto boost mode:\n"
+    "                                0/UNRESTRICTED, 1/RESTRICTED\n"
+    "    -mig  --multi-instance-gpu= Enable or disable Multi Instance GPU: 0/DISABLED, 1/ENABLED\n"
+    "                                Requires root.\n"
+    "    -gtt  --gpu-target-temp=    Set GPU Target Temperature for a GPU in degree celsius.\n"
+    "                                Requires administrator privileges\n"
+    "\n"
+    "   [plus optional]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific GPU.\n"
+    "    -eow, --error-on-warning    Return a non-zero error for warnings.\n"
+    "\n"
+    "  UNIT MODIFICATION OPTIONS:\n"
+    "\n"
+    "    -t,   --toggle-led=         Set Unit LED state: 0/GREEN, 1/AMBER\n"
+    "\n"
+    "   [plus optional]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific Unit.\n"
+    "\n"
+    "  SHOW DTD OPTIONS:\n"
+    "\n"
+    "          --dtd                 Print device DTD and exit.\n"
+    "\n"
+    "     [plus optional]\n"
+    "\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -u,   --unit                Show unit, rather than device, DTD.\n"
+    "\n"
+    "    --debug=                    Log encrypted debug information to a specified file. \n"
+    "\n"
+    " STATISTICS: (EXPERIMENTAL)\n"
+    "    stats                       Displays device statistics. \"nvidia-smi stats -h\" for more information.\n"
+    "\n"
+    " Device Monitoring:\n"
+    "    dmon                        Displays device stats in scrolling format.\n"
+    "                                \"nvidia-smi dmon -h\" for more information.\n"
+    "\n"
+    "    daemon                      Runs in background and monitor devices as a daemon process.\n"
+    "                                This is an experimental feature. Not supported on Windows baremetal\n"
+    "                                \"nvidia-smi daemon -h\" for more information.\n"
+    "\n"
+    "    replay                      Used to replay/extract the persistent stats generated by daemon.\n"
+    "                                This is an experimental feature.\n"
+    "                                \"nvidia-smi replay -h\" for more information.\n"
+    "\n"
+    " Process Monitoring:\n"
+    "    pmon                        Displays process stats in scrolling format.\n"
+    "                                \"nvidia-smi pmon -h\" for more information.\n"
+    "\n"
+    " TOPOLOGY:\n"
+    "    topo                        Displays device/system topology. \"nvidia-smi topo -h\" for more information.\n"
+    "\n"
+    " DRAIN STATES:\n"
+    "    drain                       Displays/modifies GPU drain states for power idling. \"nvidia-smi drain -h\" for more information.\n"
+    "\n"
+    " NVLINK:\n"
+    "    nvlink                      Displays device nvlink information. \"nvidia-smi nvlink -h\" for more information.\n"
+    "\n"
+    " CLOCKS:\n"
+    "    clocks                      Control and query clock information. \"nvidia-smi clocks -h\" for more information.\n"
+    "\n"
+    " ENCODER SESSIONS:\n"
+    "    encodersessions             Displays device encoder sessions information. \"nvidia-smi encodersessions -h\" for more information.\n"
+    "\n"
+    " FBC SESSIONS:\n"
+    "    fbcsessions                 Displays device FBC sessions information. \"nvidia-smi fbcsessions -h\" for more information.\n"
+    "\n"
+    " GRID vGPU:\n"
+    "    vgpu                        Displays vGPU information. \"nvidia-smi vgpu -h\" for more information.\n"
+    "\n"
+    " MIG:\n"
+    "    mig                         Provides controls for MIG management. \"nvidia-smi mig -h\" for more information.\n"
+    "\n"
+    " COMPUTE POLICY:\n"
+    "    compute-policy              Control and query compute policies. \"nvidia-smi compute-policy -h\" for more information. \n"
+    "\n"
+    " BOOST SLIDER:\n"
+    "    boost-slider                Control and query boost sliders. \"nvidia-smi boost-slider -h\" for more information. \n"
+    "\n"
+    " POWER HINT:    power-hint                  Estimates GPU power usage. \"nvidia-smi power-hint -h\" for more information. \n"
+    "\n"
+    " BASE CLOCKS:    base-clocks                 Query GPU base clocks. \"nvidia-smi base-clocks -h\" for more information. \n"
+    "\n"
+    "Please see the nvidia-smi(1) manual page for more detailed information.\n";
+
+static const char HELP_QUERY_GPU_470[] =
+    "List of valid properties to query for the switch \"--query-gpu=\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"driver_version\"\n"
+    "The version of the installed NVIDIA display driver. This is an alphanumeric string.\n"
+    "\n"
+    "\"count\"\n"
+    "The number of NVIDIA GPUs in the system.\n"
+    "\n"
+    "\"name\" or \"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"serial\" or \"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"uuid\" or \"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"pci.bus_id\" or \"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"pci.domain\"\n"
+    "PCI domain number, in hex.\n"
+    "\n"
+    "\"pci.bus\"\n"
+    "PCI bus number, in hex.\n"
+    "\n"
+    "\"pci.device\"\n"
+    "PCI device number, in hex.\n"
+    "\n"
+    "\"pci.device_id\"\n"
+    "PCI vendor device id, in hex\n"
+    "\n"
+    "\"pci.sub_device_id\"\n"
+    "PCI Sub System id, in hex\n"
+    "\n"
+    "\"pcie.link.gen.current\"\n"
+    "The current PCI-E link generation. These may be reduced when the GPU is not in use.\n"
+    "\n"
+    "\"pcie.link.gen.max\"\n"
+    "The maximum PCI-E link generation possible with this GPU and system configuration. For example, if the GPU supports a higher PCIe generation than the system supports then this reports the system PCIe generation.\n"
+    "\n"
+    "\"pcie.link.width.current\"\n"
+    "The current PCI-E link width. These may be reduced when the GPU is not in use.\n"
+    "\n"
+    "\"pcie.link.width.max\"\n"
+    "The maximum PCI-E link width possible with this GPU and system configuration. For example, if the GPU supports a higher PCIe generation than the system supports then this reports the system PCIe generation.\n"
+    "\n"
+    "\"index\"\n"
+    "Zero based index of the GPU. Can change at each boot.\n"
+    "\n"
+    "\"display_mode\"\n"
+    "A flag that indicates whether a physical display (e.g. monitor) is currently connected to any of the GPU's connectors. \"Enabled\" indicates an attached display. \"Disabled\" indicates otherwise.\n"
+    "\n"
+    "\"display_active\"\n"
+    "A flag that indicates whether a display is initialized on the GPU's (e.g. memory is allocated on the device for display). Display can be active even when no monitor is physically attached. \"Enabled\" indicates an active display. \"Disabled\" indicates otherwise.\n"
+    "\n"
+    "\"persistence_mode\"\n"
+    "A flag that indicates whether persistence mode is enabled for the GPU. Value is either \"Enabled\" or \"Disabled\". When persistence mode is enabled the NVIDIA driver remains loaded even when no active clients, such as X11 or nvidia-smi, exist. This minimizes the driver load latency associated with running dependent apps, such as CUDA programs. Linux only.\n"
+    "\n"
+    "\"accounting.mode\"\n"
+    "A flag that indicates whether accounting mode is enabled for the GPU. Value is either \"Enabled\" or \"Disabled\". When accounting is enabled statistics are calculated for each compute process running on the GPU.Statistics can be queried during the lifetime or after termination of the process.The execution time of process is reported as 0 while the process is in running state and updated to actualexecution time after the process has terminated. See --help-query-accounted-apps for more info.\n"
+    "\n"
+    "\"accounting.buffer_size\"\n"
+    "The size of the circular buffer that holds list of processes that can be queried for accounting stats. This is the maximum number of processes that accounting information will be stored for before information about oldest processes will get overwritten by information about new processes.\n"
+    "\n"
+    "Section about driver_model properties\n"
+    "On Windows, the TCC and WDDM driver models are supported. The driver model can be changed with the (-dm) or (-fdm) flags. The TCC driver model is optimized for compute applications. I.E. kernel launch times will be quicker with TCC. The WDDM driver model is designed for graphics applications and is not recommended for compute applications. Linux does not support multiple driver models, and will always have the value of \"N/A\". Only for selected products. Please see feature matrix in NVML documentation.\n"
+    "\n"
+    "\"driver_model.current\"\n"
+    "The driver model currently in use. Always \"N/A\" on Linux.\n"
+    "\n"
+    "\"driver_model.pending\"\n"
+    "The driver model that will be used on the next reboot. Always \"N/A\" on Linux.\n"
+    "\n"
+    "\"vbios_version\"\n"
+    "The BIOS of the GPU board.\n"
+    "\n"
+    "Section about inforom properties\n"
+    "Version numbers for each object in the GPU board's inforom storage. The inforom is a small, persistent store of configuration and state data for the GPU. All inforom version fields are numerical. It can be useful to know these version numbers because some GPU features are only available with inforoms of a certain version or higher.\n"
+    "\n"
+    "\"inforom.img\" or \"inforom.image\"\n"
+    "Global version of the infoROM image. Image version just like VBIOS version uniquely describes the exact version of the infoROM flashed on the board in contrast to infoROM object version which is only an indicator of supported features.\n"
+    "\n"
+    "\"inforom.oem\"\n"
+    "Version for the OEM configuration data.\n"
+    "\n"
+    "\"inforom.ecc\"\n"
+    "Version for the ECC recording data.\n"
+    "\n"
+    "\"inforom.pwr\" or \"inforom.power\"\n"
+    "Version for the power management data.\n"
+    "\n"
+    "Section about gom properties\n"
+    "GOM allows to reduce power usage and optimize GPU throughput by disabling GPU features. Each GOM is designed to meet specific user needs.\n"
+    "In \"All On\" mode everything is enabled and running at full speed.\n"
+    "The \"Compute\" mode is designed for running only compute tasks. Graphics operations are not allowed.\n"
+    "The \"Low Double Precision\" mode is designed for running graphics applications that don't require high bandwidth double precision.\n"
+    "GOM can be changed with the (--gom) flag.\n"
+    "\n"
+    "\"gom.current\" or \"gpu_operation_mode.current\"\n"
+    "The GOM currently in use.\n"
+    "\n"
+    "\"gom.pending\" or \"gpu_operation_mode.pending\"\n"
+    "The GOM that will be used on the next reboot.\n"
+    "\n"
+    "\"fan.speed\"\n"
+    "The fan speed value is the percent of the product's maximum noise tolerance fan speed that the device's fan is currently intended to run at. This value may exceed 100% in certain cases. Note: The reported speed is the intended fan speed. If the fan is physically blocked and unable to spin, this output will not match the actual fan speed. Many parts do not report fan speeds because they rely on cooling via fans in the surrounding enclosure.\n"
+    "\n"
+    "\"pstate\"\n"
+    "The current performance state for the GPU. States range from P0 (maximum performance) to P12 (minimum performance).\n"
+    "\n"
+    "Section about clocks_throttle_reasons properties\n"
+    "Retrieves information about factors that are reducing the frequency of clocks. If all throttle reasons are returned as \"Not Active\" it means that clocks are running as high as possible.\n"
+    "\n"
+    "\"clocks_throttle_reasons.supported\"\n"
+    "Bitmask of supported clock throttle reasons. See nvml.h for more details.\n"
+    "\n"
+    "\"clocks_throttle_reasons.active\"\n"
+    "Bitmask of active clock throttle reasons. See nvml.h for more details.\n"
+    "\n"
+    "\"clocks_throttle_reasons.gpu_idle\"\n"
+    "Nothing is running on the GPU and the clocks are dropping to Idle state. This limiter may be removed in a later release.\n"
+    "\n"
+    "\"clocks_throttle_reasons.applications_clocks_setting\"\n"
+    "GPU clocks are limited by applications clocks setting. E.g. can be changed by nvidia-smi --applications-clocks=\n"
+    "\n"
+    "\"clocks_throttle_reasons.sw_power_cap\"\n"
+    "SW Power Scaling algorithm is reducing the clocks below requested clocks because the GPU is consuming too much power. E.g. SW power cap limit can be changed with nvidia-smi --power-limit=\n"
+    "\n"
+    "\"clocks_throttle_reasons.hw_slowdown\"\n"
+    "HW Slowdown (reducing the core clocks by a factor of 2 or more) is engaged. This is an indicator of:\n"
+    " HW Thermal Slowdown: temperature being too high\n"
+    " HW Power Brake Slowdown: External Power Brake Assertion is triggered (e.g. by the system power supply)\n"
+    " * Power draw is too high and Fast Trigger protection is reducing the clocks\n"
+    " * May be also reported during PState or clock change\n"
+    " * This behavior may be removed in a later release\n"
+    "\n"
+    "\"clocks_throttle_reasons.hw_thermal_slowdown\"\n"
+    "HW Thermal Slowdown (reducing the core clocks by a factor of 2 or more) is engaged. This is an indicator of temperature being too high\n"
+    "\n"
+    "\"clocks_throttle_reasons.hw_power_brake_slowdown\"\n"
+    "HW Power Brake Slowdown (reducing the core clocks by a factor of 2 or more) is engaged. This is an indicator of External Power Brake Assertion being triggered (e.g. by the system power supply)\n"
+    "\n"
+    "\"clocks_throttle_reasons.sw_thermal_slowdown\"\n"
+    "SW Thermal capping algorithm is reducing clocks below requested clocks because GPU temperature is higher than Max Operating Temp.\n"
+    "\n"
+    "\"clocks_throttle_reasons.sync_boost\"\n"
+    "Sync Boost This GPU has been added to a Sync boost group with nvidia-smi or DCGM in\n"
+    " * order to maximize performance per watt. All GPUs in the sync boost group\n"
+    " * will boost to the minimum possible clocks across the entire group. Look at\n"
+    " * the throttle reasons for other GPUs in the system to see why those GPUs are\n"
+    " * holding this one at lower clocks.\n"
+    "\n"
+    "Section about memory properties\n"
+    "On-board memory information. Reported total memory is affected by ECC state. If ECC is enabled the total available memory is decreased by several percent, due to the requisite parity bits. The driver may also reserve a small amount of memory for internal use, even without active work on the GPU.\n"
+    "\n"
+    "\"memory.total\"\n"
+    "Total installed GPU memory.\n"
+    "\n"
+    "\"memory.used\"\n"
+    "Total memory allocated by active contexts.\n"
+    "\n"
+    "\"memory.free\"\n"
+    "Total free memory.\n"
+    "\n"
+    "\"compute_mode\"\n"
+    "The compute mode flag indicates whether individual or multiple compute applications may run on the GPU.\n"
+    "\"Default\" means multiple contexts are allowed per device.\n"
+    "\"Exclusive_Process\" means only one context is allowed per device, usable from multiple threads at a time.\n"
+    "\"Prohibited\" means no contexts are allowed per device (no compute apps).\n"
+    "\n"
+    "Section about utilization properties\n"
+    "Utilization rates report how busy each GPU is over time, and can be used to determine how much an application is using the GPUs in the system.\n"
+    "\n"
+    "\"utilization.gpu\"\n"
+    "Percent of time over the past sample period during which one or more kernels was executing on the GPU.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "\"utilization.memory\"\n"
+    "Percent of time over the past sample period during which global (device) memory was being read or written.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "Section about encoder.stats properties\n"
+    "Encoder stats report number of encoder sessions, average FPS and average latency in ms for given GPUs in the system.\n"
+    "\n"
+    "\"encoder.stats.sessionCount\"\n"
+    "Number of encoder sessions running on the GPU.\n"
+    "\n"
+    "\"encoder.stats.averageFps\"\n"
+    "Average FPS of all sessions running on the GPU.\n"
+    "\n"
+    "\"encoder.stats.averageLatency\"\n"
+    "Average latency in microseconds of all sessions running on the GPU.\n"
+    "\n"
+    "Section about ecc.mode properties\n"
+    "A flag that indicates whether ECC support is enabled. May be either \"Enabled\" or \"Disabled\". Changes to ECC mode require a reboot. Requires Inforom ECC object version 1.0 or higher.\n"
+    "\n"
+    "\"ecc.mode.current\"\n"
+    "The ECC mode that the GPU is currently operating under.\n"
+    "\n"
+    "\"ecc.mode.pending\"\n"
+    "The ECC mode that the GPU will operate under after the next reboot.\n"
+    "\n"
+    "Section about ecc.errors properties\n"
+    "NVIDIA GPUs can provide error counts for various types of ECC errors. Some ECC errors are either single or double bit, where single bit errors are corrected and double bit errors are uncorrectable. Texture memory errors may be correctable via resend or uncorrectable if the resend fails. These errors are available across two timescales (volatile and aggregate). Single bit ECC errors are automatically corrected by the HW and do not result in data corruption. Double bit errors are detected but not corrected. Please see the ECC documents on the web for information on compute application behavior when double bit errors occur. Volatile error counters track the number of errors detected since the last driver load. Aggregate error counts persist indefinitely and thus act as a lifetime counter.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "Section about retired_pages properties\n"
+    "NVIDIA GPUs can retire pages of GPU device memory when they become unreliable. This can happen when multiple single bit ECC errors occur for the same page, or on a double bit ECC error. When a page is retired, the NVIDIA driver will hide it such that no driver, or application memory allocations can access it.\n"
+    "\n"
+    "\"retired_pages.single_bit_ecc.count\" or \"retired_pages.sbe\"\n"
+    "The number of GPU device memory pages that have been retired due to multiple single bit ECC errors.\n"
+    "\n"
+    "\"retired_pages.double_bit.count\" or \"retired_pages.dbe\"\n"
+    "The number of GPU device memory pages that have been retired due to a double bit ECC error.\n"
+    "\n"
+    "\"retired_pages.pending\"\n"
+    "Checks if any GPU device memory pages are pending retirement on the next reboot. Pages that are pending retirement can still be allocated, and may cause further reliability issues.\n"
+    "\n"
+    "\"temperature.gpu\"\n"
+    " Core GPU temperature. in degrees C.\n"
+    "\n"
+    "\"temperature.memory\"\n"
+    " HBM memory temperature. in degrees C.\n"
+    "\n"
+    "\"power.management\"\n"
+    "A flag that indicates whether power management is enabled. Either \"Supported\" or \"[Not Supported]\". Requires Inforom PWR object version 3.0 or higher or Kepler device.\n"
+    "\n"
+    "\"power.draw\"\n"
+    "The last measured power draw for the entire board, in watts. Only available if power management is supported. This reading is accurate to within +/- 5 watts.\n"
+    "\n"
+    "\"power.limit\"\n"
+    "The software power limit in watts. Set by software like nvidia-smi. On Kepler devices Power Limit can be adjusted using [-pl | --power-limit=] switches.\n"
+    "\n"
+    "\"enforced.power.limit\"\n"
+    "The power management algorithm's power ceiling, in watts. Total board power draw is manipulated by the power management algorithm such that it stays under this value. This value is the minimum of various power limiters.\n"
+    "\n"
+    "\"power.default_limit\"\n"
+    "The default power management algorithm's power ceiling, in watts. Power Limit will be set back to Default Power Limit after driver unload.\n"
+    "\n"
+    "\"power.min_limit\"\n"
+    "The minimum value in watts that power limit can be set to.\n"
+    "\n"
+    "\"power.max_limit\"\n"
+    "The maximum value in watts that power limit can be set to.\n"
+    "\n"
+    "\"clocks.current.graphics\" or \"clocks.gr\"\n"
+    "Current frequency of graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.current.sm\" or \"clocks.sm\"\n"
+    "Current frequency of SM (Streaming Multiprocessor) clock.\n"
+    "\n"
+    "\"clocks.current.memory\" or \"clocks.mem\"\n"
+    "Current frequency of memory clock.\n"
+    "\n"
+    "\"clocks.current.video\" or \"clocks.video\"\n"
+    "Current frequency of video encoder/decoder clock.\n"
+    "\n"
+    "Section about clocks.applications properties\n"
+    "User specified frequency at which applications will be running at. Can be changed with [-ac | --applications-clocks] switches.\n"
+    "\n"
+    "\"clocks.applications.graphics\" or \"clocks.applications.gr\"\n"
+    "User specified frequency of graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.applications.memory\" or \"clocks.applications.mem\"\n"
+    "User specified frequency of memory clock.\n"
+    "\n"
+    "Section about clocks.default_applications properties\n"
+    "Default frequency at which applications will be running at. Application clocks can be changed with [-ac | --applications-clocks] switches. Application clocks can be set to default using [-rac | --reset-applications-clocks] switches.\n"
+    "\n"
+    "\"clocks.default_applications.graphics\" or \"clocks.default_applications.gr\"\n"
+    "Default frequency of applications graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.default_applications.memory\" or \"clocks.default_applications.mem\"\n"
+    "Default frequency of applications memory clock.\n"
+    "\n"
+    "Section about clocks.max properties\n"
+    "Maximum frequency at which parts of the GPU are design to run.\n"
+    "\n"
+    "\"clocks.max.graphics\" or \"clocks.max.gr\"\n"
+    "Maximum frequency of graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.max.sm\" or \"clocks.max.sm\"\n"
+    "Maximum frequency of SM (Streaming Multiprocessor) clock.\n"
+    "\n"
+    "\"clocks.max.memory\" or \"clocks.max.mem\"\n"
+    "Maximum frequency of memory clock.\n"
+    "\n"
+    "Section about mig.mode properties\n"
+    "A flag that indicates whether MIG mode is enabled. May be either \"Enabled\" or \"Disabled\". Changes to MIG mode require a GPU reset.\n"
+    "\n"
+    "\"mig.mode.current\"\n"
+    "The MIG mode that the GPU is currently operating under.\n"
+    "\n"
+    "\"mig.mode.pending\"\n"
+    "The MIG mode that the GPU will operate under after reset.\n"
+    "\n";
+
+static const char HELP_QUERY_COMPUTE_APPS_470[] =
+    "List of valid properties to query for the switch \"--query-compute-apps=\":\n"
+    "\n"
+    "Section about Active Compute Processes properties\n"
+    "List of processes having compute context on the device.\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"pid\"\n"
+    "Process ID of the compute application\n"
+    "\n"
+    "\"process_name\" or \"name\"\n"
+    "Process Name\n"
+    "\n"
+    "\"used_gpu_memory\" or \"used_memory\"\n"
+    "Amount memory used on the device by the context. Not available on Windows when running in WDDM mode because Windows KMD manages all the memory not NVIDIA driver.\n"
+    "\n";
+
+static const char HELP_QUERY_ACCOUNTED_APPS_470[] =
+    "List of valid properties to query for the switch \"--query-accounted-apps=\":\n"
+    "\n"
+    "Section about Accounted Graphics/Compute Processes properties\n"
+    "List of accounted processes having had a graphics/compute context on the device.\n"
+    "\n"
+    "Format options and one or more properties to be queried need to be provided as comma separated values for this switch.\n"
+    "For example:\n"
+    "nvidia-smi --query-accounted-apps=gpu_name,pid,time,gpu_util,mem_util,max_memory_usage --format=csv\n"
+    "\n"
+    "List of properties that can be queried are:\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"vgpu_instance\"\n"
+    "vGPU instance\n"
+    "\n"
+    "\"pid\"\n"
+    "Process ID of the compute application\n"
+    "\n"
+    "\"gpu_utilization\" or \"gpu_util\"\n"
+    "GPU Utilization\n"
+    "\n"
+    "\"mem_utilization\" or \"mem_util\"\n"
+    "Percentage of GPU memory utilized on the device by the context.\n"
+    "\n"
+    "\"max_memory_usage\"\n"
+    "Maximum amount memory used on the device by the context.\n"
+    "\n"
+    "\"time\"\n"
+    "Amount of time in ms during which the compute context was active.\n"
+    "\n";
+
+static const char HELP_QUERY_RETIRED_PAGES_470[] =
+    "List of valid properties to query for the switch \"--query-retired-pages=\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"retired_pages.address\"\n"
+    "Address of a retired page. Address might be different when ECC is Enabled or Disabled.\n"
+    "\n"
+    "\"retired_pages.timestamp\"\n"
+    "Timestamp at which the page was retired.\n"
+    "\n"
+    "\"retired_pages.cause\"\n"
+    "Reason that describes why the page was retired. Can take one of two values: \n"
+    " - Double Bit ECC - The number of GPU device memory pages that have been retired due to a double bit ECC error.\n"
+    " - Single Bit ECC - The number of GPU device memory pages that have been retired due to multiple single bit ECC errors.\n"
+    "\n";
+
+static const char HELP_QUERY_REMAPPED_ROWS_470[] =
+    "List of valid properties to query for the switch \"--query-remapped-rows=\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"remapped_rows.correctable\"\n"
+    "The number of rows that have been remapped due to correctable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.uncorrectable\"\n"
+    "The number of rows that have been remapped due to uncorrectable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.pending\"\n"
+    "Whether or not there are pending row-remappings.\n"
+    "\n"
+    "\"remapped_rows.failure\"\n"
+    "Whether or not a row remapping has failed in the past.\n"
+    "\n";
+
+static const struct qfield QUERY_GPU_FIELDS_470[] = {
+    {"timestamp", "", "", K_timestamp},
+    {"driver_version", "", "", K_driver_version},
+    {"count", "", "", K_count},
+    {"name", "gpu_name", "", K_name},
+    {"serial", "gpu_serial", "", K_serial},
+    {"uuid", "gpu_uuid", "", K_uuid},
+    {"pci.bus_id", "gpu_bus_id", "", K_pci_bus_id},
+    {"pci.domain", "", "", K_pci_domain},
+    {"pci.bus", "", "", K_pci_bus},
+    {"pci.device", "", "", K_pci_device},
+    {"pci.device_id", "", "", K_pci_device_id},
+    {"pci.sub_device_id", "", "", K_pci_sub_device_id},
+    {"pcie.link.gen.current", "", "", K_pcie_link_gen_current},
+    {"pcie.link.gen.max", "", "", K_pcie_link_gen_max},
+    {"pcie.link.width.current", "", "", K_pcie_link_width_current},
+    {"pcie.link.width.max", "", "", K_pcie_link_width_max},
+    {"index", "", "", K_index},
+    {"display_mode", "", "", K_display_mode},
+    {"display_active", "", "", K_display_active},
+    {"persistence_mode", "", "", K_persistence_mode},
+    {"accounting.mode", "", "", K_accounting_mode},
+    {"accounting.buffer_size", "", "", K_accounting_buffer_size},
+    {"driver_model.current", "", "", K_driver_model_current},
+    {"driver_model.pending", "", "", K_driver_model_pending},
+    {"vbios_version", "", "", K_vbios_version},
+    {"inforom.img", "inforom.image", "", K_inforom_img},
+    {"inforom.oem", "", "", K_inforom_oem},
+    {"inforom.ecc", "", "", K_inforom_ecc},
+    {"inforom.pwr", "inforom.power", "", K_inforom_pwr},
+    {"gom.current", "gpu_operation_mode.current", "", K_gom_current},
+    {"gom.pending", "gpu_operation_mode.pending", "", K_gom_pending},
+    {"fan.speed", "", "%", K_fan_speed},
+    {"pstate", "", "", K_pstate},
+    {"clocks_throttle_reasons.supported", "", "", K_clocks_event_reasons_supported},
+    {"clocks_throttle_reasons.active", "", "", K_clocks_event_reasons_active},
+    {"clocks_throttle_reasons.gpu_idle", "", "", K_clocks_event_reasons_gpu_idle},
+    {"clocks_throttle_reasons.applications_clocks_setting", "", "", K_clocks_event_reasons_applications_clocks_setting},
+    {"clocks_throttle_reasons.sw_power_cap", "", "", K_clocks_event_reasons_sw_power_cap},
+    {"clocks_throttle_reasons.hw_slowdown", "", "", K_clocks_event_reasons_hw_slowdown},
+    {"clocks_throttle_reasons.hw_thermal_slowdown", "", "", K_clocks_event_reasons_hw_thermal_slowdown},
+    {"clocks_throttle_reasons.hw_power_brake_slowdown", "", "", K_clocks_event_reasons_hw_power_brake_slowdown},
+    {"clocks_throttle_reasons.sw_thermal_slowdown", "", "", K_clocks_event_reasons_sw_thermal_slowdown},
+    {"clocks_throttle_reasons.sync_boost", "", "", K_clocks_event_reasons_sync_boost},
+    {"memory.total", "", "MiB", K_memory_total},
+    {"memory.used", "", "MiB", K_memory_used},
+    {"memory.free", "", "MiB", K_memory_free},
+    {"compute_mode", "", "", K_compute_mode},
+    {"utilization.gpu", "", "%", K_utilization_gpu},
+    {"utilization.memory", "", "%", K_utilization_memory},
+    {"encoder.stats.sessionCount", "", "", K_encoder_stats_sessionCount},
+    {"encoder.stats.averageFps", "", "", K_encoder_stats_averageFps},
+    {"encoder.stats.averageLatency", "", "", K_encoder_stats_averageLatency},
+    {"ecc.mode.current", "", "", K_ecc_mode_current},
+    {"ecc.mode.pending", "", "", K_ecc_mode_pending},
+    {"ecc.errors.corrected.volatile.device_memory", "", "", K_ecc_errors_corrected_volatile_device_memory},
+    {"ecc.errors.corrected.volatile.dram", "", "", K_ecc_errors_corrected_volatile_dram},
+    {"ecc.errors.corrected.volatile.register_file", "", "", K_ecc_errors_corrected_volatile_register_file},
+    {"ecc.errors.corrected.volatile.l1_cache", "", "", K_ecc_errors_corrected_volatile_l1_cache},
+    {"ecc.errors.corrected.volatile.l2_cache", "", "", K_ecc_errors_corrected_volatile_l2_cache},
+    {"ecc.errors.corrected.volatile.texture_memory", "", "", K_ecc_errors_corrected_volatile_texture_memory},
+    {"ecc.errors.corrected.volatile.cbu", "", "", K_ecc_errors_corrected_volatile_cbu},
+    {"ecc.errors.corrected.volatile.sram", "", "", K_ecc_errors_corrected_volatile_sram},
+    {"ecc.errors.corrected.volatile.total", "", "", K_ecc_errors_corrected_volatile_total},
+    {"ecc.errors.corrected.aggregate.device_memory", "", "", K_ecc_errors_corrected_aggregate_device_memory},
+    {"ecc.errors.corrected.aggregate.dram", "", "", K_ecc_errors_corrected_aggregate_dram},
+    {"ecc.errors.corrected.aggregate.register_file", "", "", K_ecc_errors_corrected_aggregate_register_file},
+    {"ecc.errors.corrected.aggregate.l1_cache", "", "", K_ecc_errors_corrected_aggregate_l1_cache},
+    {"ecc.errors.corrected.aggregate.l2_cache", "", "", K_ecc_errors_corrected_aggregate_l2_cache},
+    {"ecc.errors.corrected.aggregate.texture_memory", "", "", K_ecc_errors_corrected_aggregate_texture_memory},
+    {"ecc.errors.corrected.aggregate.cbu", "", "", K_ecc_errors_corrected_aggregate_cbu},
+    {"ecc.errors.corrected.aggregate.sram", "", "", K_ecc_errors_corrected_aggregate_sram},
+    {"ecc.errors.corrected.aggregate.total", "", "", K_ecc_errors_corrected_aggregate_total},
+    {"ecc.errors.uncorrected.volatile.device_memory", "", "", K_ecc_errors_uncorrected_volatile_device_memory},
+    {"ecc.errors.uncorrected.volatile.dram", "", "", K_ecc_errors_uncorrected_volatile_dram},
+    {"ecc.errors.uncorrected.volatile.register_file", "", "", K_ecc_errors_uncorrected_volatile_register_file},
+    {"ecc.errors.uncorrected.volatile.l1_cache", "", "", K_ecc_errors_uncorrected_volatile_l1_cache},
+    {"ecc.errors.uncorrected.volatile.l2_cache", "", "", K_ecc_errors_uncorrected_volatile_l2_cache},
+    {"ecc.errors.uncorrected.volatile.texture_memory", "", "", K_ecc_errors_uncorrected_volatile_texture_memory},
+    {"ecc.errors.uncorrected.volatile.cbu", "", "", K_ecc_errors_uncorrected_volatile_cbu},
+    {"ecc.errors.uncorrected.volatile.sram", "", "", K_ecc_errors_uncorrected_volatile_sram},
+    {"ecc.errors.uncorrected.volatile.total", "", "", K_ecc_errors_uncorrected_volatile_total},
+    {"ecc.errors.uncorrected.aggregate.device_memory", "", "", K_ecc_errors_uncorrected_aggregate_device_memory},
+    {"ecc.errors.uncorrected.aggregate.dram", "", "", K_ecc_errors_uncorrected_aggregate_dram},
+    {"ecc.errors.uncorrected.aggregate.register_file", "", "", K_ecc_errors_uncorrected_aggregate_register_file},
+    {"ecc.errors.uncorrected.aggregate.l1_cache", "", "", K_ecc_errors_uncorrected_aggregate_l1_cache},
+    {"ecc.errors.uncorrected.aggregate.l2_cache", "", "", K_ecc_errors_uncorrected_aggregate_l2_cache},
+    {"ecc.errors.uncorrected.aggregate.texture_memory", "", "", K_ecc_errors_uncorrected_aggregate_texture_memory},
+    {"ecc.errors.uncorrected.aggregate.cbu", "", "", K_ecc_errors_uncorrected_aggregate_cbu},
+    {"ecc.errors.uncorrected.aggregate.sram", "", "", K_ecc_errors_uncorrected_aggregate_sram},
+    {"ecc.errors.uncorrected.aggregate.total", "", "", K_ecc_errors_uncorrected_aggregate_total},
+    {"retired_pages.single_bit_ecc.count", "retired_pages.sbe", "", K_retired_pages_single_bit_ecc_count},
+    {"retired_pages.double_bit.count", "retired_pages.dbe", "", K_retired_pages_double_bit_count},
+    {"retired_pages.pending", "", "", K_retired_pages_pending},
+    {"temperature.gpu", "", "", K_temperature_gpu},
+    {"temperature.memory", "", "", K_temperature_memory},
+    {"power.management", "", "", K_power_management},
+    {"power.draw", "", "W", K_power_draw},
+    {"power.limit", "", "W", K_power_limit},
+    {"enforced.power.limit", "", "W", K_enforced_power_limit},
+    {"power.default_limit", "", "W", K_power_default_limit},
+    {"power.min_limit", "", "W", K_power_min_limit},
+    {"power.max_limit", "", "W", K_power_max_limit},
+    {"clocks.current.graphics", "clocks.gr", "MHz", K_clocks_current_graphics},
+    {"clocks.current.sm", "clocks.sm", "MHz", K_clocks_current_sm},
+    {"clocks.current.memory", "clocks.mem", "MHz", K_clocks_current_memory},
+    {"clocks.current.video", "clocks.video", "MHz", K_clocks_current_video},
+    {"clocks.applications.graphics", "clocks.applications.gr", "MHz", K_clocks_applications_graphics},
+    {"clocks.applications.memory", "clocks.applications.mem", "MHz", K_clocks_applications_memory},
+    {"clocks.default_applications.graphics", "clocks.default_applications.gr", "MHz", K_clocks_default_applications_graphics},
+    {"clocks.default_applications.memory", "clocks.default_applications.mem", "MHz", K_clocks_default_applications_memory},
+    {"clocks.max.graphics", "clocks.max.gr", "MHz", K_clocks_max_graphics},
+    {"clocks.max.sm", "clocks.max.sm", "MHz", K_clocks_max_sm},
+    {"clocks.max.memory", "clocks.max.mem", "MHz", K_clocks_max_memory},
+    {"mig.mode.current", "", "", K_mig_mode_current},
+    {"mig.mode.pending", "", "", K_mig_mode_pending},
+    {0, 0, 0, K_NONE},
+};
+
+static const struct skel TEXT_470[] = {
+    {0, 1, K_name, "Product Name", ""},
+    {0, 1, K_x_product_brand, "Product Brand", ""},
+    {0, 1, K_display_mode, "Display Mode", ""},
+    {0, 1, K_display_active, "Display Active", ""},
+    {0, 1, K_persistence_mode, "Persistence Mode", ""},
+    {0, 0, K_NONE, "MIG Mode", ""},
+    {1, 1, K_mig_mode_current, "Current", ""},
+    {1, 1, K_mig_mode_pending, "Pending", ""},
+    {0, 1, K_accounting_mode, "Accounting Mode", ""},
+    {0, 1, K_accounting_buffer_size, "Accounting Mode Buffer Size", ""},
+    {0, 0, K_NONE, "Driver Model", ""},
+    {1, 1, K_NONE, "Current", ""},
+    {1, 1, K_NONE, "Pending", ""},
+    {0, 1, K_serial, "Serial Number", ""},
+    {0, 1, K_uuid, "GPU UUID", ""},
+    {0, 1, K_x_minor_number, "Minor Number", ""},
+    {0, 1, K_vbios_version, "VBIOS Version", ""},
+    {0, 1, K_x_multigpu_board, "MultiGPU Board", ""},
+    {0, 1, K_x_board_id, "Board ID", ""},
+    {0, 1, K_x_gpu_part_number, "GPU Part Number", ""},
+    {0, 1, K_platform_module_id, "Module ID", ""},
+    {0, 0, K_NONE, "Inforom Version", ""},
+    {1, 1, K_inforom_img, "Image Version", ""},
+    {1, 1, K_inforom_oem, "OEM Object", ""},
+    {1, 1, K_inforom_ecc, "ECC Object", ""},
+    {1, 1, K_inforom_pwr, "Power Management Object", ""},
+    {0, 0, K_NONE, "GPU Operation Mode", ""},
+    {1, 1, K_NONE, "Current", ""},
+    {1, 1, K_NONE, "Pending", ""},
+    {0, 1, K_x_gsp_firmware_version, "GSP Firmware Version", ""},
+    {0, 0, K_NONE, "GPU Virtualization Mode", ""},
+    {1, 1, K_x_virtualization_mode, "Virtualization Mode", ""},
+    {1, 1, K_NONE, "Host VGPU Mode", ""},
+    {0, 0, K_NONE, "IBMNPU", ""},
+    {1, 1, K_NONE, "Relaxed Ordering Mode", ""},
+    {0, 0, K_NONE, "PCI", ""},
+    {1, 1, K_pci_bus, "Bus", ""},
+    {1, 1, K_pci_device, "Device", ""},
+    {1, 1, K_pci_domain, "Domain", ""},
+    {1, 1, K_pci_device_id, "Device Id", ""},
+    {1, 1, K_pci_bus_id, "Bus Id", ""},
+    {1, 1, K_pci_sub_device_id, "Sub System Id", ""},
+    {1, 0, K_NONE, "GPU Link Info", ""},
+    {2, 0, K_NONE, "PCIe Generation", ""},
+    {3, 1, K_pcie_link_gen_max, "Max", ""},
+    {3, 1, K_pcie_link_gen_current, "Current", ""},
+    {2, 0, K_NONE, "Link Width", ""},
+    {3, 1, K_pcie_link_width_max, "Max", "x"},
+    {3, 1, K_pcie_link_width_current, "Current", "x"},
+    {1, 0, K_NONE, "Bridge Chip", ""},
+    {2, 1, K_NONE, "Type", ""},
+    {2, 1, K_NONE, "Firmware", ""},
+    {1, 1, K_x_pcie_replay, "Replays Since Reset", ""},
+    {1, 1, K_x_pcie_replay_rollover, "Replay Number Rollovers", ""},
+    {1, 1, K_x_pcie_tx, "Tx Throughput", ""},
+    {1, 1, K_x_pcie_rx, "Rx Throughput", ""},
+    {0, 1, K_fan_speed, "Fan Speed", ""},
+    {0, 1, K_pstate, "Performance State", ""},
+    {0, 0, K_NONE, "Clocks Throttle Reasons", ""},
+    {1, 1, K_clocks_event_reasons_gpu_idle, "Idle", ""},
+    {1, 1, K_clocks_event_reasons_applications_clocks_setting, "Applications Clocks Setting", ""},
+    {1, 1, K_clocks_event_reasons_sw_power_cap, "SW Power Cap", ""},
+    {1, 1, K_clocks_event_reasons_hw_slowdown, "HW Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_thermal_slowdown, "HW Thermal Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_power_brake_slowdown, "HW Power Brake Slowdown", ""},
+    {1, 1, K_clocks_event_reasons_sync_boost, "Sync Boost", ""},
+    {1, 1, K_clocks_event_reasons_sw_thermal_slowdown, "SW Thermal Slowdown", ""},
+    {1, 1, K_x_display_clock_setting, "Display Clock Setting", ""},
+    {0, 0, K_NONE, "FB Memory Usage", ""},
+    {1, 1, K_memory_total, "Total", ""},
+    {1, 1, K_memory_used, "Used", ""},
+    {1, 1, K_memory_free, "Free", ""},
+    {0, 0, K_NONE, "BAR1 Memory Usage", ""},
+    {1, 1, K_x_bar1_total, "Total", ""},
+    {1, 1, K_x_bar1_used, "Used", ""},
+    {1, 1, K_x_bar1_free, "Free", ""},
+    {0, 1, K_compute_mode, "Compute Mode", ""},
+    {0, 0, K_NONE, "Utilization", ""},
+    {1, 1, K_utilization_gpu, "Gpu", ""},
+    {1, 1, K_utilization_memory, "Memory", ""},
+    {1, 1, K_utilization_encoder, "Encoder", ""},
+    {1, 1, K_utilization_decoder, "Decoder", ""},
+    {0, 0, K_NONE, "Encoder Stats", ""},
+    {1, 1, K_encoder_stats_sessionCount, "Active Sessions", ""},
+    {1, 1, K_encoder_stats_averageFps, "Average FPS", ""},
+    {1, 1, K_encoder_stats_averageLatency, "Average Latency", ""},
+    {0, 0, K_NONE, "FBC Stats", ""},
+    {1, 1, K_x_fbc_sessions, "Active Sessions", ""},
+    {1, 1, K_x_fbc_fps, "Average FPS", ""},
+    {1, 1, K_x_fbc_latency, "Average Latency", ""},
+    {0, 0, K_NONE, "Ecc Mode", ""},
+    {1, 1, K_ecc_mode_current, "Current", ""},
+    {1, 1, K_ecc_mode_pending, "Pending", ""},
+    {0, 0, K_NONE, "ECC Errors", ""},
+    {1, 0, K_NONE, "Volatile", ""},
+    {2, 1, K_x_ecc_sram_corr_vol, "SRAM Correctable", ""},
+    {2, 1, K_NONE, "SRAM Uncorrectable", ""},
+    {2, 1, K_x_ecc_dram_corr_vol, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_vol, "DRAM Uncorrectable", ""},
+    {1, 0, K_NONE, "Aggregate", ""},
+    {2, 1, K_x_ecc_sram_corr_agg, "SRAM Correctable", ""},
+    {2, 1, K_NONE, "SRAM Uncorrectable", ""},
+    {2, 1, K_x_ecc_dram_corr_agg, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_agg, "DRAM Uncorrectable", ""},
+    {0, 0, K_NONE, "Retired Pages", ""},
+    {1, 1, K_retired_pages_single_bit_ecc_count, "Single Bit ECC", ""},
+    {1, 1, K_retired_pages_double_bit_count, "Double Bit ECC", ""},
+    {1, 1, K_retired_pages_pending, "Pending Page Blacklist", ""},
+    {0, 0, K_NONE, "Remapped Rows", ""},
+    {1, 1, K_remapped_rows_correctable, "Correctable Error", ""},
+    {1, 1, K_remapped_rows_uncorrectable, "Uncorrectable Error", ""},
+    {1, 1, K_remapped_rows_pending, "Pending", ""},
+    {1, 1, K_remapped_rows_failure, "Remapping Failure Occurred", ""},
+    {1, 1, K_NONE, "Bank Remap Availability Histogram", ""},
+    {0, 0, K_NONE, "Temperature", ""},
+    {1, 1, K_temperature_gpu, "GPU Current Temp", " C"},
+    {1, 1, K_x_temp_shutdown, "GPU Shutdown Temp", ""},
+    {1, 1, K_x_temp_slowdown, "GPU Slowdown Temp", ""},
+    {1, 1, K_x_temp_max_gpu, "GPU Max Operating Temp", ""},
+    {1, 1, K_x_temp_target, "GPU Target Temperature", ""},
+    {1, 1, K_temperature_memory, "Memory Current Temp", " C"},
+    {1, 1, K_x_temp_max_mem, "Memory Max Operating Temp", ""},
+    {0, 0, K_NONE, "Power Readings", ""},
+    {1, 1, K_power_management, "Power Management", ""},
+    {1, 1, K_power_draw, "Power Draw", ""},
+    {1, 1, K_power_limit, "Power Limit", ""},
+    {1, 1, K_power_default_limit, "Default Power Limit", ""},
+    {1, 1, K_enforced_power_limit, "Enforced Power Limit", ""},
+    {1, 1, K_power_min_limit, "Min Power Limit", ""},
+    {1, 1, K_power_max_limit, "Max Power Limit", ""},
+    {0, 0, K_NONE, "Clocks", ""},
+    {1, 1, K_clocks_current_graphics, "Graphics", ""},
+    {1, 1, K_clocks_current_sm, "SM", ""},
+    {1, 1, K_clocks_current_memory, "Memory", ""},
+    {1, 1, K_clocks_current_video, "Video", ""},
+    {0, 0, K_NONE, "Applications Clocks", ""},
+    {1, 1, K_clocks_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Default Applications Clocks", ""},
+    {1, 1, K_clocks_default_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_default_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Max Clocks", ""},
+    {1, 1, K_clocks_max_graphics, "Graphics", ""},
+    {1, 1, K_clocks_max_sm, "SM", ""},
+    {1, 1, K_clocks_max_memory, "Memory", ""},
+    {1, 1, K_x_clocks_max_video, "Video", ""},
+    {0, 0, K_NONE, "Max Customer Boost Clocks", ""},
+    {1, 1, K_x_clocks_max_boost_graphics, "Graphics", ""},
+    {0, 0, K_NONE, "Clock Policy", ""},
+    {1, 1, K_NONE, "Auto Boost", ""},
+    {1, 1, K_NONE, "Auto Boost Default", ""},
+    {0, 0, K_NONE, "Voltage", ""},
+    {1, 1, K_NONE, "Graphics", ""},
+    {0, 3, K_processes, "Processes", ""},
+    {0, 9, K_NONE, 0, 0},
+};
+static const struct skel TEXT_D_470[] = {
+    {0, 1, K_accounting_mode, "Accounting Mode", ""},
+    {0, 1, K_accounting_buffer_size, "Accounting Mode Buffer Size", ""},
+    {0, 1, K_pstate, "Performance State", ""},
+    {0, 0, K_NONE, "Clocks Throttle Reasons", ""},
+    {1, 1, K_clocks_event_reasons_gpu_idle, "Idle", ""},
+    {1, 1, K_clocks_event_reasons_applications_clocks_setting, "Applications Clocks Setting", ""},
+    {1, 1, K_clocks_event_reasons_sw_power_cap, "SW Power Cap", ""},
+    {1, 1, K_clocks_event_reasons_hw_slowdown, "HW Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_thermal_slowdown, "HW Thermal Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_power_brake_slowdown, "HW Power Brake Slowdown", ""},
+    {1, 1, K_clocks_event_reasons_sync_boost, "Sync Boost", ""},
+    {1, 1, K_clocks_event_reasons_sw_thermal_slowdown, "SW Thermal Slowdown", ""},
+    {1, 1, K_x_display_clock_setting, "Display Clock Setting", ""},
+    {0, 0, K_NONE, "FB Memory Usage", ""},
+    {1, 1, K_memory_total, "Total", ""},
+    {1, 1, K_memory_used, "Used", ""},
+    {1, 1, K_memory_free, "Free", ""},
+    {0, 0, K_NONE, "BAR1 Memory Usage", ""},
+    {1, 1, K_x_bar1_total, "Total", ""},
+    {1, 1, K_x_bar1_used, "Used", ""},
+    {1, 1, K_x_bar1_free, "Free", ""},
+    {0, 1, K_compute_mode, "Compute Mode", ""},
+    {0, 0, K_NONE, "Utilization", ""},
+    {1, 1, K_utilization_gpu, "Gpu", ""},
+    {1, 1, K_utilization_memory, "Memory", ""},
+    {1, 1, K_utilization_encoder, "Encoder", ""},
+    {1, 1, K_utilization_decoder, "Decoder", ""},
+    {0, 0, K_NONE, "GPU Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Memory Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "ENC Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "DEC Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Encoder Stats", ""},
+    {1, 1, K_encoder_stats_sessionCount, "Active Sessions", ""},
+    {1, 1, K_encoder_stats_averageFps, "Average FPS", ""},
+    {1, 1, K_encoder_stats_averageLatency, "Average Latency", ""},
+    {0, 0, K_NONE, "FBC Stats", ""},
+    {1, 1, K_x_fbc_sessions, "Active Sessions", ""},
+    {1, 1, K_x_fbc_fps, "Average FPS", ""},
+    {1, 1, K_x_fbc_latency, "Average Latency", ""},
+    {0, 0, K_NONE, "Ecc Mode", ""},
+    {1, 1, K_ecc_mode_current, "Current", ""},
+    {1, 1, K_ecc_mode_pending, "Pending", ""},
+    {0, 0, K_NONE, "ECC Errors", ""},
+    {1, 0, K_NONE, "Volatile", ""},
+    {2, 1, K_x_ecc_sram_corr_vol, "SRAM Correctable", ""},
+    {2, 1, K_NONE, "SRAM Uncorrectable", ""},
+    {2, 1, K_x_ecc_dram_corr_vol, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_vol, "DRAM Uncorrectable", ""},
+    {1, 0, K_NONE, "Aggregate", ""},
+    {2, 1, K_x_ecc_sram_corr_agg, "SRAM Correctable", ""},
+    {2, 1, K_NONE, "SRAM Uncorrectable", ""},
+    {2, 1, K_x_ecc_dram_corr_agg, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_agg, "DRAM Uncorrectable", ""},
+    {0, 0, K_NONE, "Retired Pages", ""},
+    {1, 1, K_retired_pages_single_bit_ecc_count, "Single Bit ECC", ""},
+    {1, 1, K_retired_pages_double_bit_count, "Double Bit ECC", ""},
+    {1, 1, K_retired_pages_pending, "Pending Page Blacklist", ""},
+    {0, 0, K_NONE, "Remapped Rows", ""},
+    {1, 1, K_remapped_rows_correctable, "Correctable Error", ""},
+    {1, 1, K_remapped_rows_uncorrectable, "Uncorrectable Error", ""},
+    {1, 1, K_remapped_rows_pending, "Pending", ""},
+    {1, 1, K_remapped_rows_failure, "Remapping Failure Occurred", ""},
+    {1, 1, K_NONE, "Bank Remap Availability Histogram", ""},
+    {0, 0, K_NONE, "Temperature", ""},
+    {1, 1, K_temperature_gpu, "GPU Current Temp", " C"},
+    {1, 1, K_x_temp_shutdown, "GPU Shutdown Temp", ""},
+    {1, 1, K_x_temp_slowdown, "GPU Slowdown Temp", ""},
+    {1, 1, K_x_temp_max_gpu, "GPU Max Operating Temp", ""},
+    {1, 1, K_x_temp_target, "GPU Target Temperature", ""},
+    {1, 1, K_temperature_memory, "Memory Current Temp", " C"},
+    {1, 1, K_x_temp_max_mem, "Memory Max Operating Temp", ""},
+    {0, 0, K_NONE, "Supported GPU_TARGET_TEMP", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {0, 0, K_NONE, "Power Readings", ""},
+    {1, 1, K_power_management, "Power Management", ""},
+    {1, 1, K_power_draw, "Power Draw", ""},
+    {1, 1, K_power_limit, "Power Limit", ""},
+    {1, 1, K_power_default_limit, "Default Power Limit", ""},
+    {1, 1, K_enforced_power_limit, "Enforced Power Limit", ""},
+    {1, 1, K_power_min_limit, "Min Power Limit", ""},
+    {1, 1, K_power_max_limit, "Max Power Limit", ""},
+    {0, 0, K_NONE, "Power Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Clocks", ""},
+    {1, 1, K_clocks_current_graphics, "Graphics", ""},
+    {1, 1, K_clocks_current_sm, "SM", ""},
+    {1, 1, K_clocks_current_memory, "Memory", ""},
+    {1, 1, K_clocks_current_video, "Video", ""},
+    {0, 0, K_NONE, "Applications Clocks", ""},
+    {1, 1, K_clocks_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Default Applications Clocks", ""},
+    {1, 1, K_clocks_default_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_default_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Max Clocks", ""},
+    {1, 1, K_clocks_max_graphics, "Graphics", ""},
+    {1, 1, K_clocks_max_sm, "SM", ""},
+    {1, 1, K_clocks_max_memory, "Memory", ""},
+    {1, 1, K_x_clocks_max_video, "Video", ""},
+    {0, 0, K_NONE, "Max Customer Boost Clocks", ""},
+    {1, 1, K_x_clocks_max_boost_graphics, "Graphics", ""},
+    {0, 0, K_NONE, "SM Clock Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Memory Clock Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Clock Policy", ""},
+    {1, 1, K_NONE, "Auto Boost", ""},
+    {1, 1, K_NONE, "Auto Boost Default", ""},
+    {0, 0, K_NONE, "Voltage", ""},
+    {1, 1, K_NONE, "Graphics", ""},
+    {0, 1, K_NONE, "Supported Clocks", ""},
+    {0, 3, K_processes, "Processes", ""},
+    {0, 1, K_NONE, "Accounted Processes", ""},
+    {0, 9, K_NONE, 0, 0},
+};
+static const struct skel XML_470[] = {
+    {2, 1, K_name, "product_name", ""},
+    {2, 1, K_x_product_brand, "product_brand", ""},
+    {2, 1, K_display_mode, "display_mode", ""},
+    {2, 1, K_display_active, "display_active", ""},
+    {2, 1, K_persistence_mode, "persistence_mode", ""},
+    {2, 0, K_NONE, "mig_mode", ""},
+    {3, 1, K_mig_mode_current, "current_mig", ""},
+    {3, 1, K_mig_mode_pending, "pending_mig", ""},
+    {2, 2, K_NONE, "mig_mode", ""},
+    {2, 3, K_mig_devices, "mig_devices", ""},
+    {2, 1, K_accounting_mode, "accounting_mode", ""},
+    {2, 1, K_accounting_buffer_size, "accounting_mode_buffer_size", ""},
+    {2, 0, K_NONE, "driver_model", ""},
+    {3, 1, K_NONE, "current_dm", ""},
+    {3, 1, K_NONE, "pending_dm", ""},
+    {2, 2, K_NONE, "driver_model", ""},
+    {2, 1, K_serial, "serial", ""},
+    {2, 1, K_uuid, "uuid", ""},
+    {2, 1, K_x_minor_number, "minor_number", ""},
+    {2, 1, K_vbios_version, "vbios_version", ""},
+    {2, 1, K_x_multigpu_board, "multigpu_board", ""},
+    {2, 1, K_x_board_id, "board_id", ""},
+    {2, 1, K_x_gpu_part_number, "gpu_part_number", ""},
+    {2, 1, K_platform_module_id, "gpu_module_id", ""},
+    {2, 0, K_NONE, "inforom_version", ""},
+    {3, 1, K_inforom_img, "img_version", ""},
+    {3, 1, K_inforom_oem, "oem_object", ""},
+    {3, 1, K_inforom_ecc, "ecc_object", ""},
+    {3, 1, K_inforom_pwr, "pwr_object", ""},
+    {2, 2, K_NONE, "inforom_version", ""},
+    {2, 0, K_NONE, "gpu_operation_mode", ""},
+    {3, 1, K_NONE, "current_gom", ""},
+    {3, 1, K_NONE, "pending_gom", ""},
+    {2, 2, K_NONE, "gpu_operation_mode", ""},
+    {2, 1, K_x_gsp_firmware_version, "gsp_firmware_version", ""},
+    {2, 0, K_NONE, "gpu_virtualization_mode", ""},
+    {3, 1, K_x_virtualization_mode, "virtualization_mode", ""},
+    {3, 1, K_NONE, "host_vgpu_mode", ""},
+    {2, 2, K_NONE, "gpu_virtualization_mode", ""},
+    {2, 0, K_NONE, "ibmnpu", ""},
+    {3, 1, K_NONE, "relaxed_ordering_mode", ""},
+    {2, 2, K_NONE, "ibmnpu", ""},
+    {2, 0, K_NONE, "pci", ""},
+    {3, 1, K_pci_bus, "pci_bus", ""},
+    {3, 1, K_pci_device, "pci_device", ""},
+    {3, 1, K_pci_domain, "pci_domain", ""},
+    {3, 1, K_pci_device_id, "pci_device_id", ""},
+    {3, 1, K_pci_bus_id, "pci_bus_id", ""},
+    {3, 1, K_pci_sub_device_id, "pci_sub_system_id", ""},
+    {3, 0, K_NONE, "pci_gpu_link_info", ""},
+    {4, 0, K_NONE, "pcie_gen", ""},
+    {5, 1, K_pcie_link_gen_max, "max_link_gen", ""},
+    {5, 1, K_pcie_link_gen_current, "current_link_gen", ""},
+    {4, 2, K_NONE, "pcie_gen", ""},
+    {4, 0, K_NONE, "link_widths", ""},
+    {5, 1, K_pcie_link_width_max, "max_link_width", "x"},
+    {5, 1, K_pcie_link_width_current, "current_link_width", "x"},
+    {4, 2, K_NONE, "link_widths", ""},
+    {3, 2, K_NONE, "pci_gpu_link_info", ""},
+    {3, 0, K_NONE, "pci_bridge_chip", ""},
+    {4, 1, K_NONE, "bridge_chip_type", ""},
+    {4, 1, K_NONE, "bridge_chip_fw", ""},
+    {3, 2, K_NONE, "pci_bridge_chip", ""},
+    {3, 1, K_x_pcie_replay, "replay_counter", ""},
+    {3, 1, K_x_pcie_replay_rollover, "replay_rollover_counter", ""},
+    {3, 1, K_x_pcie_tx, "tx_util", ""},
+    {3, 1, K_x_pcie_rx, "rx_util", ""},
+    {2, 2, K_NONE, "pci", ""},
+    {2, 1, K_fan_speed, "fan_speed", ""},
+    {2, 1, K_pstate, "performance_state", ""},
+    {2, 0, K_NONE, "clocks_throttle_reasons", ""},
+    {3, 1, K_clocks_event_reasons_gpu_idle, "clocks_throttle_reason_gpu_idle", ""},
+    {3, 1, K_clocks_event_reasons_applications_clocks_setting, "clocks_throttle_reason_applications_clocks_setting", ""},
+    {3, 1, K_clocks_event_reasons_sw_power_cap, "clocks_throttle_reason_sw_power_cap", ""},
+    {3, 1, K_clocks_event_reasons_hw_slowdown, "clocks_throttle_reason_hw_slowdown", ""},
+    {3, 1, K_clocks_event_reasons_hw_thermal_slowdown, "clocks_throttle_reason_hw_thermal_slowdown", ""},
+    {3, 1, K_clocks_event_reasons_hw_power_brake_slowdown, "clocks_throttle_reason_hw_power_brake_slowdown", ""},
+    {3, 1, K_clocks_event_reasons_sync_boost, "clocks_throttle_reason_sync_boost", ""},
+    {3, 1, K_clocks_event_reasons_sw_thermal_slowdown, "clocks_throttle_reason_sw_thermal_slowdown", ""},
+    {3, 1, K_x_display_clock_setting, "clocks_throttle_reason_display_clocks_setting", ""},
+    {2, 2, K_NONE, "clocks_throttle_reasons", ""},
+    {2, 0, K_NONE, "fb_memory_usage", ""},
+    {3, 1, K_memory_total, "total", ""},
+    {3, 1, K_memory_used, "used", ""},
+    {3, 1, K_memory_free, "free", ""},
+    {2, 2, K_NONE, "fb_memory_usage", ""},
+    {2, 0, K_NONE, "bar1_memory_usage", ""},
+    {3, 1, K_x_bar1_total, "total", ""},
+    {3, 1, K_x_bar1_used, "used", ""},
+    {3, 1, K_x_bar1_free, "free", ""},
+    {2, 2, K_NONE, "bar1_memory_usage", ""},
+    {2, 1, K_compute_mode, "compute_mode", ""},
+    {2, 0, K_NONE, "utilization", ""},
+    {3, 1, K_utilization_gpu, "gpu_util", ""},
+    {3, 1, K_utilization_memory, "memory_util", ""},
+    {3, 1, K_utilization_encoder, "encoder_util", ""},
+    {3, 1, K_utilization_decoder, "decoder_util", ""},
+    {2, 2, K_NONE, "utilization", ""},
+    {2, 0, K_NONE, "encoder_stats", ""},
+    {3, 1, K_encoder_stats_sessionCount, "session_count", ""},
+    {3, 1, K_encoder_stats_averageFps, "average_fps", ""},
+    {3, 1, K_encoder_stats_averageLatency, "average_latency", ""},
+    {2, 2, K_NONE, "encoder_stats", ""},
+    {2, 0, K_NONE, "fbc_stats", ""},
+    {3, 1, K_x_fbc_sessions, "session_count", ""},
+    {3, 1, K_x_fbc_fps, "average_fps", ""},
+    {3, 1, K_x_fbc_latency, "average_latency", ""},
+    {2, 2, K_NONE, "fbc_stats", ""},
+    {2, 0, K_NONE, "ecc_mode", ""},
+    {3, 1, K_ecc_mode_current, "current_ecc", ""},
+    {3, 1, K_ecc_mode_pending, "pending_ecc", ""},
+    {2, 2, K_NONE, "ecc_mode", ""},
+    {2, 0, K_NONE, "ecc_errors", ""},
+    {3, 0, K_NONE, "volatile", ""},
+    {4, 1, K_x_ecc_sram_corr_vol, "sram_correctable", ""},
+    {4, 1, K_ecc_errors_uncorrected_volatile_sram, "sram_uncorrectable", ""},
+    {4, 1, K_x_ecc_dram_corr_vol, "dram_correctable", ""},
+    {4, 1, K_x_ecc_dram_unc_vol, "dram_uncorrectable", ""},
+    {3, 2, K_NONE, "volatile", ""},
+    {3, 0, K_NONE, "aggregate", ""},
+    {4, 1, K_x_ecc_sram_corr_agg, "sram_correctable", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram, "sram_uncorrectable", ""},
+    {4, 1, K_x_ecc_dram_corr_agg, "dram_correctable", ""},
+    {4, 1, K_x_ecc_dram_unc_agg, "dram_uncorrectable", ""},
+    {3, 2, K_NONE, "aggregate", ""},
+    {2, 2, K_NONE, "ecc_errors", ""},
+    {2, 0, K_NONE, "retired_pages", ""},
+    {3, 0, K_NONE, "multiple_single_bit_retirement", ""},
+    {4, 1, K_retired_pages_single_bit_ecc_count, "retired_count", ""},
+    {4, 1, K_NONE, "retired_pagelist", ""},
+    {3, 2, K_NONE, "multiple_single_bit_retirement", ""},
+    {3, 0, K_NONE, "double_bit_retirement", ""},
+    {4, 1, K_retired_pages_double_bit_count, "retired_count", ""},
+    {4, 1, K_NONE, "retired_pagelist", ""},
+    {3, 2, K_NONE, "double_bit_retirement", ""},
+    {3, 1, K_retired_pages_pending, "pending_blacklist", ""},
+    {3, 1, K_retired_pages_pending, "pending_retirement", ""},
+    {2, 2, K_NONE, "retired_pages", ""},
+    {2, 0, K_NONE, "remapped_rows", ""},
+    {3, 1, K_remapped_rows_correctable, "remapped_row_corr", ""},
+    {3, 1, K_remapped_rows_uncorrectable, "remapped_row_unc", ""},
+    {3, 1, K_remapped_rows_pending, "remapped_row_pending", ""},
+    {3, 1, K_remapped_rows_failure, "remapped_row_failure", ""},
+    {3, 1, K_NONE, "row_remapper_histogram", ""},
+    {2, 2, K_NONE, "remapped_rows", ""},
+    {2, 0, K_NONE, "temperature", ""},
+    {3, 1, K_temperature_gpu, "gpu_temp", " C"},
+    {3, 1, K_x_temp_shutdown, "gpu_temp_max_threshold", ""},
+    {3, 1, K_x_temp_slowdown, "gpu_temp_slow_threshold", ""},
+    {3, 1, K_x_temp_max_gpu, "gpu_temp_max_gpu_threshold", ""},
+    {3, 1, K_x_temp_target, "gpu_target_temperature", ""},
+    {3, 1, K_temperature_memory, "memory_temp", " C"},
+    {3, 1, K_x_temp_max_mem, "gpu_temp_max_mem_threshold", ""},
+    {2, 2, K_NONE, "temperature", ""},
+    {2, 0, K_NONE, "supported_gpu_target_temp", ""},
+    {3, 1, K_NONE, "gpu_target_temp_min", ""},
+    {3, 1, K_NONE, "gpu_target_temp_max", ""},
+    {2, 2, K_NONE, "supported_gpu_target_temp", ""},
+    {2, 0, K_NONE, "power_readings", ""},
+    {3, 1, K_x_power_state, "power_state", ""},
+    {3, 1, K_power_management, "power_management", ""},
+    {3, 1, K_power_draw, "power_draw", ""},
+    {3, 1, K_power_limit, "power_limit", ""},
+    {3, 1, K_power_default_limit, "default_power_limit", ""},
+    {3, 1, K_enforced_power_limit, "enforced_power_limit", ""},
+    {3, 1, K_power_min_limit, "min_power_limit", ""},
+    {3, 1, K_power_max_limit, "max_power_limit", ""},
+    {2, 2, K_NONE, "power_readings", ""},
+    {2, 0, K_NONE, "clocks", ""},
+    {3, 1, K_clocks_current_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_current_sm, "sm_clock", ""},
+    {3, 1, K_clocks_current_memory, "mem_clock", ""},
+    {3, 1, K_clocks_current_video, "video_clock", ""},
+    {2, 2, K_NONE, "clocks", ""},
+    {2, 0, K_NONE, "applications_clocks", ""},
+    {3, 1, K_clocks_applications_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_applications_memory, "mem_clock", ""},
+    {2, 2, K_NONE, "applications_clocks", ""},
+    {2, 0, K_NONE, "default_applications_clocks", ""},
+    {3, 1, K_clocks_default_applications_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_default_applications_memory, "mem_clock", ""},
+    {2, 2, K_NONE, "default_applications_clocks", ""},
+    {2, 0, K_NONE, "max_clocks", ""},
+    {3, 1, K_clocks_max_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_max_sm, "sm_clock", ""},
+    {3, 1, K_clocks_max_memory, "mem_clock", ""},
+    {3, 1, K_x_clocks_max_video, "video_clock", ""},
+    {2, 2, K_NONE, "max_clocks", ""},
+    {2, 0, K_NONE, "max_customer_boost_clocks", ""},
+    {3, 1, K_x_clocks_max_boost_graphics, "graphics_clock", ""},
+    {2, 2, K_NONE, "max_customer_boost_clocks", ""},
+    {2, 0, K_NONE, "clock_policy", ""},
+    {3, 1, K_NONE, "auto_boost", ""},
+    {3, 1, K_NONE, "auto_boost_default", ""},
+    {2, 2, K_NONE, "clock_policy", ""},
+    {2, 0, K_NONE, "voltage", ""},
+    {3, 1, K_NONE, "graphics_volt", ""},
+    {2, 2, K_NONE, "voltage", ""},
+    {2, 1, K_NONE, "supported_clocks", ""},
+    {2, 3, K_processes, "processes", ""},
+    {2, 3, K_accounted_processes, "accounted_processes", ""},
+    {0, 9, K_NONE, 0, 0},
+};
+static const char HELP_TEXT_525[] =
+    "\n"
+    "NVSMI provides monitoring information for Tesla and select Quadro devices.\n"
+    "The data is presented in either a plain text or an XML format, via stdout or a file.\n"
+    "NVSMI also provides several management operations for changing the device state.\n"
+    "\n"
+    "Note that the functionality of NVSMI is exposed through the NVML C-based\n"
+    "library. See the NVIDIA developer website for more information about NVML.\n"
+    "Python wrappers to NVML are also available.  The output of NVSMI is\n"
+    "not guaranteed to be backwards compatible; NVML and the bindings are backwards\n"
+    "compatible.\n"
+    "\n"
+    "http://developer.nvidia.com/nvidia-management-library-nvml/\n"
+    "http://pypi.python.org/pypi/nvidia-ml-py/\n"
+    "Supported products:\n"
+    "- Full Support\n"
+    "    - All Tesla products, starting with the Kepler architecture\n"
+    "    - All Quadro products, starting with the Kepler architecture\n"
+    "    - All GRID products, starting with the Kepler architecture\n"
+    "    - GeForce Titan products, starting with the Kepler architecture\n"
+    "- Limited Support\n"
+    "    - All Geforce products, starting with the Kepler architecture\n"
+    "nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...\n"
+    "\n"
+    "    -h,   --help                Print usage information and exit.\n"
+    "\n"
+    "  LIST OPTIONS:\n"
+    "\n"
+    "    -L,   --list-gpus           Display a list of GPUs connected to the system.\n"
+    "\n"
+    "    -B,   --list-excluded-gpus  Display a list of excluded GPUs in the system.\n"
+    "\n"
+    "  SUMMARY OPTIONS:\n"
+    "\n"
+    "    <no arguments>              Show a summary of GPUs connected to the system.\n"
+    "\n"
+    "    [plus any of]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific GPU.\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -l,   --loop=               Probe until Ctrl+C at specified second interval.\n"
+    "\n"
+    "  QUERY OPTIONS:\n"
+    "\n"
+    "    -q,   --query               Display GPU or Unit info.\n"
+    "\n"
+    "    [plus any of]\n"
+    "\n"
+    "    -u,   --unit                Show unit, rather than GPU, attributes.\n"
+    "    -i,   --id=                 Target a specific GPU or Unit.\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -x,   --xml-format          Produce XML output.\n"
+    "          --dtd                 When showing xml output, embed DTD.\n"
+    "    -d,   --display=            Display only selected information: MEMORY,\n"
+    "                                    UTILIZATION, ECC, TEMPERATURE, POWER, CLOCK,\n"
+    "                                    COMPUTE, PIDS, PERFORMANCE, SUPPORTED_CLOCKS,\n"
+    "                                    PAGE_RETIREMENT, ACCOUNTING, ENCODER_STATS,\n"
+    "                                    SUPPORTED_GPU_TARGET_TEMP, VOLTAGE\n"
+    "                                    FBC_STATS, ROW_REMAPPER\n"
+    "                                Flags can be combined with comma e.g. ECC,POWER.\n"
+    "                                Sampling data with max/min/avg is also returned \n"
+    "                                for POWER, UTILIZATION and CLOCK display types.\n"
+    "                                Doesn't work with -u or -x flags.\n"
+    "    -l,   --loop=               Probe until Ctrl+C at specified second interval.\n"
+    "\n"
+    "    -lms, --loop-ms=            Probe until Ctrl+C at specified millisecond interval.\n"
+    "\n"
+    "  SELECTIVE QUERY OPTIONS:\n"
+    "\n"
+    "    Allows the caller to pass an explicit list of properties to query.\n"
+    "\n"
+    "    [one of]\n"
+    "\n"
+    "    --query-gpu                 Information about GPU.\n"
+    "                                Call --help-query-gpu for more info.\n"
+    "    --query-supported-clocks    List of supported clocks.\n"
+    "                                Call --help-query-supported-clocks for more info.\n"
+    "    --query-compute-apps        List of currently active compute processes.\n"
+    "                                Call --help-query-compute-apps for more info.\n"
+    "    --query-accounted-apps      List of accounted compute processes.\n"
+    "                                Call --help-query-accounted-apps for more info.\n"
+    "                                This query is not supported on vGPU host.\n"
+    "    --query-retired-pages       List of device memory pages that have been retired.\n"
+    "                                Call --help-query-retired-pages for more info.\n"
+    "    --query-remapped-rows       Information about remapped rows.\n"
+    "                                Call --help-query-remapped-rows for more info.\n"
+    "\n"
+    "    [mandatory]\n"
+    "\n"
+    "    --format=                   Comma separated list of format options:\n"
+    "                                  csv - comma separated values (MANDATORY)\n"
+    "                                  noheader - skip the first line with column headers\n"
+    "                                  nounits - don't print units for numerical\n"
+    "                                             values\n"
+    "\n"
+    "    [plus any of]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific GPU or Unit.\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -l,   --loop=               Probe until Ctrl+C at specified second interval.\n"
+    "    -lms, --loop-ms=            Probe until Ctrl+C at specified millisecond interval.\n"
+    "\n"
+    "  DEVICE MODIFICATION OPTIONS:\n"
+    "\n"
+    "    [any one of]\n"
+    "\n"
+    "    -pm,  --persistence-mode=   Set persistence mode: 0/DISABLED, 1/ENABLED\n"
+    "    -e,   --ecc-config=         Toggle ECC support: 0/DISABLED, 1/ENABLED\n"
+    "    -p,   --reset-ecc-errors=   Reset ECC error counts: 0/VOLATILE, 1/AGGREGATE\n"
+    "    -c,   --compute-mode=       Set MODE for compute applications:\n"
+    "                                0/DEFAULT, 1/EXCLUSIVE_THREAD (DEPRECATED),\n"
+    "                                2/PROHIBITED, 3/EXCLUSIVE_PROCESS\n"
+    "          --gom=                Set GPU Operation Mode:\n"
+    "                                    0/ALL_ON, 1/COMPUTE, 2/LOW_DP\n"
+    "    -r    --gpu-reset           Trigger reset of the GPU.\n"
+    "                                Can be used to reset the GPU HW state in situations\n"
+    "                                that would otherwise require a machine reboot.\n"
+    "                                Typically useful if a double bit ECC error has\n"
+    "                                occurred.\n"
+    "                                Reset operations are not guarenteed to work in\n"
+    "                                all cases and should be used with caution.\n"
+    "    -vm   --virt-mode=          Switch GPU Virtualization Mode:\n"
+    "                                Sets GPU virtualization mode to 3/VGPU or 4/VSGA\n"
+    "                                Virtualization mode of a GPU can only be set when\n"
+    "                                it is running on a hypervisor.\n"
+    "    -lgc  --lock-gpu-clocks=    Specifies <minGpuClock,maxGpuClock> clocks as a\n"
+    "                                    pair (e.g. 1500,1500) that defines the range \n"
+    "                                    of desired locked GPU clock speed in MHz.\n"
+    "                                    Setting this will supercede application clocks\n"
+    "                                    and take effect regardless if an app is running.\n"
+    "                                    Input can also be a singular desired clock value\n"
+    "                                    (e.g. <GpuClockValue>). Optionally, --mode can be\n"
+    "                                    specified to indicate a special mode.\n"
+    "    -m    --mode=               Specifies the mode for --locked-gpu-clocks.\n"
+    "                                    Valid modes: 0, 1\n"
+    "    -rgc  --reset-gpu-clocks\n"
+    "                                Resets the Gpu clocks to the default values.\n"
+    "    -lmc  --lock-memory-clocks=  Specifies <minMemClock,maxMemClock> clocks as a\n"
+    "                                    pair (e.g. 5100,5100) that defines the range \n"
+    "                                    of desired locked Memory clock speed in MHz.\n"
+    "                                    Input can also be a singular desired clock value\n"
+    "                                    (e.g. <MemClockValue>).\n"
+    "    -rmc  --reset-memory-clocks\n"
+    "                                Resets the Memory clocks to the default values.\n"
+    "    -lmcd --lock-memory-clocks-deferred=\n"
+    "                                    Specifies memClock clock to lock. This limit is\n"
+    "                                    applied the next time GPU is initialized.\n"
+    "                                    This is guaranteed by unloading and reloading the kernel module.\n"
+    "                                    Requires root.\n"
+    "    -rmcd --reset-memory-clocks-deferred\n"
+    "                                Resets the deferred Memory clocks applied.\n"
+    "    -ac   --applications-clocks= Specifies <memory,graphics> clocks as a\n"
+    "                                    pair (e.g. 2000,800) that defines GPU's\n"
+    "                                    speed in MHz while running applications on a GPU.\n"
+    "    -rac  --reset-applications-clocks\n"
+    "                                Resets the applications clocks to the default values.\n"
+    "    -pl   --power-limit=        Specifies maximum power management limit in watts.\n"
+    "    -cc   --cuda-clocks=        Overrides or restores default CUDA clocks.\n"
+    "                                In override mode, GPU clocks higher frequencies when running CUDA applications.\n"
+    "                                Only on supported devices starting from the Volta series.\n"
+    "                                Requires administrator privileges.\n"
+    "                                0/RESTORE_DEFAULT, 1/OVERRIDE\n"
+    "    -am   --accounting-mode=    Enable or disable Accounting Mode: 0/DISABLED, 1/ENABLED\n"
+    "    -caa  --clear-accounted-apps\n"
+    "                                Clears all the accounted PIDs in the buffer.\n"
+    "          --auto-boost-default= Set the default auto boost policy to 0/DISABLED\n"
+    "                                or 1/ENABLED, enforcing the change only after the\n"
+    "                                last boost client has exited.\n"
+    "          --auto-boost-permission=\n"
+    "                                Allow non-admin/root control over auto boost mode:\n"
+    "                                0/UNRESTRICTED, 1/RESTRICTED\n"
+    "    -mig  --multi-instance-gpu= Enable or disable Multi Instance GPU: 0/DISABLED, 1/ENABLED\n"
+    "                                Requires root.\n"
+    "    -gtt  --gpu-target-temp=    Set GPU Target Temperature for a GPU in degree celsius.\n"
+    "                                Requires administrator privileges\n"
+    "\n"
+    "   [plus optional]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific GPU.\n"
+    "    -eow, --error-on-warning    Return a non-zero error for warnings.\n"
+    "\n"
+    "  UNIT MODIFICATION OPTIONS:\n"
+    "\n"
+    "    -t,   --toggle-led=         Set Unit LED state: 0/GREEN, 1/AMBER\n"
+    "\n"
+    "   [plus optional]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific Unit.\n"
+    "\n"
+    "  SHOW DTD OPTIONS:\n"
+    "\n"
+    "          --dtd                 Print device DTD and exit.\n"
+    "\n"
+    "     [plus optional]\n"
+    "\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -u,   --unit                Show unit, rather than device, DTD.\n"
+    "\n"
+    "    --debug=                    Log encrypted debug information to a specified file. \n"
+    "\n"
+    " STATISTICS: (DEPRECATED)\n"
+    "    stats                       Displays device statistics. \"nvidia-smi stats -h\" for more information.\n"
+    "                                \"nvidia-smi stats\" is deprecated and will be removed in CUDA 12.1.\n"
+    "                                Consider using \"nvidia-smi dmon\" instead.\n"
+    "\n"
+    " Device Monitoring:\n"
+    "    dmon                        Displays device stats in scrolling format.\n"
+    "                                \"nvidia-smi dmon -h\" for more information.\n"
+    "\n"
+    "    daemon                      Runs in background and monitor devices as a daemon process.\n"
+    "                                This is an experimental feature. Not supported on Windows baremetal\n"
+    "                                \"nvidia-smi daemon -h\" for more information.\n"
+    "\n"
+    "    replay                      Used to replay/extract the persistent stats generated by daemon.\n"
+    "                                This is an experimental feature.\n"
+    "                                \"nvidia-smi replay -h\" for more information.\n"
+    "\n"
+    " Process Monitoring:\n"
+    "    pmon                        Displays process stats in scrolling format.\n"
+    "                                \"nvidia-smi pmon -h\" for more information.\n"
+    "\n"
+    " TOPOLOGY:\n"
+    "    topo                        Displays device/system topology. \"nvidia-smi topo -h\" for more information.\n"
+    "\n"
+    " DRAIN STATES:\n"
+    "    drain                       Displays/modifies GPU drain states for power idling. \"nvidia-smi drain -h\" for more information.\n"
+    "\n"
+    " NVLINK:\n"
+    "    nvlink                      Displays device nvlink information. \"nvidia-smi nvlink -h\" for more information.\n"
+    "\n"
+    " CLOCKS:\n"
+    "    clocks                      Control and query clock information. \"nvidia-smi clocks -h\" for more information.\n"
+    "\n"
+    " ENCODER SESSIONS:\n"
+    "    encodersessions             Displays device encoder sessions information. \"nvidia-smi encodersessions -h\" for more information.\n"
+    "\n"
+    " FBC SESSIONS:\n"
+    "    fbcsessions                 Displays device FBC sessions information. \"nvidia-smi fbcsessions -h\" for more information.\n"
+    "\n"
+    " GRID vGPU:\n"
+    "    vgpu                        Displays vGPU information. \"nvidia-smi vgpu -h\" for more information.\n"
+    "\n"
+    " MIG:\n"
+    "    mig                         Provides controls for MIG management. \"nvidia-smi mig -h\" for more information.\n"
+    "\n"
+    " COMPUTE POLICY:\n"
+    "    compute-policy              Control and query compute policies. \"nvidia-smi compute-policy -h\" for more information. \n"
+    "\n"
+    " BOOST SLIDER:\n"
+    "    boost-slider                Control and query boost sliders. \"nvidia-smi boost-slider -h\" for more information. \n"
+    "\n"
+    " POWER HINT:    power-hint                  Estimates GPU power usage. \"nvidia-smi power-hint -h\" for more information. \n"
+    "\n"
+    " BASE CLOCKS:    base-clocks                 Query GPU base clocks. \"nvidia-smi base-clocks -h\" for more information. \n"
+    "\n"
+    " COUNTER COLLECTION UNIT: \n"
+    "    ccu                         Control and query counter collection unit. \"nvidia-smi ccu -h\" for more information. \n"
+    "\n"
+    "Please see the nvidia-smi(1) manual page for more detailed information.\n";
+
+static const char HELP_QUERY_GPU_525[] =
+    "List of valid properties to query for the switch \"--query-gpu\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"driver_version\"\n"
+    "The version of the installed NVIDIA display driver. This is an alphanumeric string.\n"
+    "\n"
+    "Section about vgpu_driver_capability properties\n"
+    "Retrieves information about driver level caps.\n"
+    "\n"
+    "\"vgpu_driver_capability.heterogenous_multivGPU\"\n"
+    "Whether heterogeneuos multi-vGPU is supported by driver.\n"
+    "\n"
+    "\"count\"\n"
+    "The number of NVIDIA GPUs in the system.\n"
+    "\n"
+    "\"name\" or \"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"serial\" or \"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"uuid\" or \"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"pci.bus_id\" or \"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"pci.domain\"\n"
+    "PCI domain number, in hex.\n"
+    "\n"
+    "\"pci.bus\"\n"
+    "PCI bus number, in hex.\n"
+    "\n"
+    "\"pci.device\"\n"
+    "PCI device number, in hex.\n"
+    "\n"
+    "\"pci.device_id\"\n"
+    "PCI vendor device id, in hex\n"
+    "\n"
+    "\"pci.sub_device_id\"\n"
+    "PCI Sub System id, in hex\n"
+    "\n"
+    "Section about vgpu_device_capability properties\n"
+    "Retrieves information about device level caps.\n"
+    "\n"
+    "\"vgpu_device_capability.fractional_multiVgpu\"\n"
+    "Fractional vGPU profiles on this GPU can be used in multi-vGPU configurations.\n"
+    "\n"
+    "\"vgpu_device_capability.heterogeneous_timeSlice_profile\"\n"
+    "Supports concurrent execution of timesliced vGPU profiles of differing types.\n"
+    "\n"
+    "\"vgpu_device_capability.heterogeneous_timeSlice_sizes\"\n"
+    "Supports concurrent execution of timesliced vGPU profiles of differing framebuffer sizes.\n"
+    "\n"
+    "\"pcie.link.gen.current\"\n"
+    "The current PCI-E link generation. These may be reduced when the GPU is not in use. Deprecated, use pcie.link.gen.gpucurrent instead.\n"
+    "\n"
+    "\"pcie.link.gen.gpucurrent\"\n"
+    "The current PCI-E link generation. These may be reduced when the GPU is not in use.\n"
+    "\n"
+    "\"pcie.link.gen.max\"\n"
+    "The maximum PCI-E link generation possible with this GPU and system configuration. For example, if the GPU supports a higher PCIe generation than the system supports then this reports the system PCIe generation.\n"
+    "\n"
+    "\"pcie.link.gen.gpumax\"\n"
+    "The maximum PCI-E link generation supported by this GPU.\n"
+    "\n"
+    "\"pcie.link.gen.hostmax\"\n"
+    "The maximum PCI-E link generation supported by the root port corresponding to this GPU.\n"
+    "\n"
+    "\"pcie.link.width.current\"\n"
+    "The current PCI-E link width. These may be reduced when the GPU is not in use.\n"
+    "\n"
+    "\"pcie.link.width.max\"\n"
+    "The maximum PCI-E link width possible with this GPU and system configuration. For example, if the GPU supports a higher PCIe generation than the system supports then this reports the system PCIe generation.\n"
+    "\n"
+    "\"index\"\n"
+    "Zero based index of the GPU. Can change at each boot.\n"
+    "\n"
+    "\"display_mode\"\n"
+    "A flag that indicates whether a physical display (e.g. monitor) is currently connected to any of the GPU's connectors. \"Enabled\" indicates an attached display. \"Disabled\" indicates otherwise.\n"
+    "\n"
+    "\"display_active\"\n"
+    "A flag that indicates whether a display is initialized on the GPU's (e.g. memory is allocated on the device for display). Display can be active even when no monitor is physically attached. \"Enabled\" indicates an active display. \"Disabled\" indicates otherwise.\n"
+    "\n"
+    "\"persistence_mode\"\n"
+    "A flag that indicates whether persistence mode is enabled for the GPU. Value is either \"Enabled\" or \"Disabled\". When persistence mode is enabled the NVIDIA driver remains loaded even when no active clients, such as X11 or nvidia-smi, exist. This minimizes the driver load latency associated with running dependent apps, such as CUDA programs. Linux only.\n"
+    "\n"
+    "\"accounting.mode\"\n"
+    "A flag that indicates whether accounting mode is enabled for the GPU. Value is either \"Enabled\" or \"Disabled\". When accounting is enabled statistics are calculated for each compute process running on the GPU.Statistics can be queried during the lifetime or after termination of the process.The execution time of process is reported as 0 while the process is in running state and updated to actualexecution time after the process has terminated. See --help-query-accounted-apps for more info.\n"
+    "\n"
+    "\"accounting.buffer_size\"\n"
+    "The size of the circular buffer that holds list of processes that can be queried for accounting stats. This is the maximum number of processes that accounting information will be stored for before information about oldest processes will get overwritten by information about new processes.\n"
+    "\n"
+    "Section about driver_model properties\n"
+    "On Windows, the TCC and WDDM driver models are supported. The driver model can be changed with the (-dm) or (-fdm) flags. The TCC driver model is optimized for compute applications. I.E. kernel launch times will be quicker with TCC. The WDDM driver model is designed for graphics applications and is not recommended for compute applications. Linux does not support multiple driver models, and will always have the value of \"N/A\". Only for selected products. Please see feature matrix in NVML documentation.\n"
+    "\n"
+    "\"driver_model.current\"\n"
+    "The driver model currently in use. Always \"N/A\" on Linux.\n"
+    "\n"
+    "\"driver_model.pending\"\n"
+    "The driver model that will be used on the next reboot. Always \"N/A\" on Linux.\n"
+    "\n"
+    "\"vbios_version\"\n"
+    "The BIOS of the GPU board.\n"
+    "\n"
+    "Section about inforom properties\n"
+    "Version numbers for each object in the GPU board's inforom storage. The inforom is a small, persistent store of configuration and state data for the GPU. All inforom version fields are numerical. It can be useful to know these version numbers because some GPU features are only available with inforoms of a certain version or higher.\n"
+    "\n"
+    "\"inforom.img\" or \"inforom.image\"\n"
+    "Global version of the infoROM image. Image version just like VBIOS version uniquely describes the exact version of the infoROM flashed on the board in contrast to infoROM object version which is only an indicator of supported features.\n"
+    "\n"
+    "\"inforom.oem\"\n"
+    "Version for the OEM configuration data.\n"
+    "\n"
+    "\"inforom.ecc\"\n"
+    "Version for the ECC recording data.\n"
+    "\n"
+    "\"inforom.pwr\" or \"inforom.power\"\n"
+    "Version for the power management data.\n"
+    "\n"
+    "Section about gom properties\n"
+    "GOM allows to reduce power usage and optimize GPU throughput by disabling GPU features. Each GOM is designed to meet specific user needs.\n"
+    "In \"All On\" mode everything is enabled and running at full speed.\n"
+    "The \"Compute\" mode is designed for running only compute tasks. Graphics operations are not allowed.\n"
+    "The \"Low Double Precision\" mode is designed for running graphics applications that don't require high bandwidth double precision.\n"
+    "GOM can be changed with the (--gom) flag.\n"
+    "\n"
+    "\"gom.current\" or \"gpu_operation_mode.current\"\n"
+    "The GOM currently in use.\n"
+    "\n"
+    "\"gom.pending\" or \"gpu_operation_mode.pending\"\n"
+    "The GOM that will be used on the next reboot.\n"
+    "\n"
+    "\"fan.speed\"\n"
+    "The fan speed value is the percent of the product's maximum noise tolerance fan speed that the device's fan is currently intended to run at. This value may exceed 100% in certain cases. Note: The reported speed is the intended fan speed. If the fan is physically blocked and unable to spin, this output will not match the actual fan speed. Many parts do not report fan speeds because they rely on cooling via fans in the surrounding enclosure.\n"
+    "\n"
+    "\"pstate\"\n"
+    "The current performance state for the GPU. States range from P0 (maximum performance) to P12 (minimum performance).\n"
+    "\n"
+    "Section about clocks_throttle_reasons properties\n"
+    "Retrieves information about factors that are reducing the frequency of clocks. If all throttle reasons are returned as \"Not Active\" it means that clocks are running as high as possible.\n"
+    "\n"
+    "\"clocks_throttle_reasons.supported\"\n"
+    "Bitmask of supported clock throttle reasons. See nvml.h for more details.\n"
+    "\n"
+    "\"clocks_throttle_reasons.active\"\n"
+    "Bitmask of active clock throttle reasons. See nvml.h for more details.\n"
+    "\n"
+    "\"clocks_throttle_reasons.gpu_idle\"\n"
+    "Nothing is running on the GPU and the clocks are dropping to Idle state. This limiter may be removed in a later release.\n"
+    "\n"
+    "\"clocks_throttle_reasons.applications_clocks_setting\"\n"
+    "GPU clocks are limited by applications clocks setting. E.g. can be changed by nvidia-smi --applications-clocks=\n"
+    "\n"
+    "\"clocks_throttle_reasons.sw_power_cap\"\n"
+    "SW Power Scaling algorithm is reducing the clocks below requested clocks because the GPU is consuming too much power. E.g. SW power cap limit can be changed with nvidia-smi --power-limit=\n"
+    "\n"
+    "\"clocks_throttle_reasons.hw_slowdown\"\n"
+    "HW Slowdown (reducing the core clocks by a factor of 2 or more) is engaged. This is an indicator of:\n"
+    " HW Thermal Slowdown: temperature being too high\n"
+    " HW Power Brake Slowdown: External Power Brake Assertion is triggered (e.g. by the system power supply)\n"
+    " * Power draw is too high and Fast Trigger protection is reducing the clocks\n"
+    " * May be also reported during PState or clock change\n"
+    " * This behavior may be removed in a later release\n"
+    "\n"
+    "\"clocks_throttle_reasons.hw_thermal_slowdown\"\n"
+    "HW Thermal Slowdown (reducing the core clocks by a factor of 2 or more) is engaged. This is an indicator of temperature being too high\n"
+    "\n"
+    "\"clocks_throttle_reasons.hw_power_brake_slowdown\"\n"
+    "HW Power Brake Slowdown (reducing the core clocks by a factor of 2 or more) is engaged. This is an indicator of External Power Brake Assertion being triggered (e.g. by the system power supply)\n"
+    "\n"
+    "\"clocks_throttle_reasons.sw_thermal_slowdown\"\n"
+    "SW Thermal capping algorithm is reducing clocks below requested clocks because GPU temperature is higher than Max Operating Temp.\n"
+    "\n"
+    "\"clocks_throttle_reasons.sync_boost\"\n"
+    "Sync Boost This GPU has been added to a Sync boost group with nvidia-smi or DCGM in\n"
+    " * order to maximize performance per watt. All GPUs in the sync boost group\n"
+    " * will boost to the minimum possible clocks across the entire group. Look at\n"
+    " * the throttle reasons for other GPUs in the system to see why those GPUs are\n"
+    " * holding this one at lower clocks.\n"
+    "\n"
+    "Section about memory properties\n"
+    "On-board memory information. Reported total memory is affected by ECC state. If ECC is enabled the total available memory is decreased by several percent, due to the requisite parity bits. The driver may also reserve a small amount of memory for internal use, even without active work on the GPU.\n"
+    "\n"
+    "\"memory.total\"\n"
+    "Total installed GPU memory.\n"
+    "\n"
+    "\"memory.reserved\"\n"
+    "Total memory reserved by the NVIDIA driver and firmware.\n"
+    "\n"
+    "\"memory.used\"\n"
+    "Total memory allocated by active contexts.\n"
+    "\n"
+    "\"memory.free\"\n"
+    "Total free memory.\n"
+    "\n"
+    "\"compute_mode\"\n"
+    "The compute mode flag indicates whether individual or multiple compute applications may run on the GPU.\n"
+    "\"0: Default\" means multiple contexts are allowed per device.\n"
+    "\"1: Exclusive_Thread\", deprecated, use Exclusive_Process instead\n"
+    "\"2: Prohibited\" means no contexts are allowed per device (no compute apps).\n"
+    "\"3: Exclusive_Process\" means only one context is allowed per device, usable from multiple threads at a time.\n"
+    "\n"
+    "\"compute_cap\"\n"
+    "The CUDA Compute Capability, represented as Major DOT Minor.\n"
+    "\n"
+    "Section about utilization properties\n"
+    "Utilization rates report how busy each GPU is over time, and can be used to determine how much an application is using the GPUs in the system.\n"
+    "Note: On MIG-enabled GPUs, querying the utilization of encoder, decoder, jpeg, ofa, gpu, and memory is not currently supported.\n"
+    "\n"
+    "\"utilization.gpu\"\n"
+    "Percent of time over the past sample period during which one or more kernels was executing on the GPU.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "\"utilization.memory\"\n"
+    "Percent of time over the past sample period during which global (device) memory was being read or written.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "Section about encoder.stats properties\n"
+    "Encoder stats report number of encoder sessions, average FPS and average latency in us for given GPUs in the system.\n"
+    "\n"
+    "\"encoder.stats.sessionCount\"\n"
+    "Number of encoder sessions running on the GPU.\n"
+    "\n"
+    "\"encoder.stats.averageFps\"\n"
+    "Average FPS of all sessions running on the GPU.\n"
+    "\n"
+    "\"encoder.stats.averageLatency\"\n"
+    "Average latency in microseconds of all sessions running on the GPU.\n"
+    "\n"
+    "Section about ecc.mode properties\n"
+    "A flag that indicates whether ECC support is enabled. May be either \"Enabled\" or \"Disabled\". Changes to ECC mode require a reboot. Requires Inforom ECC object version 1.0 or higher.\n"
+    "\n"
+    "\"ecc.mode.current\"\n"
+    "The ECC mode that the GPU is currently operating under.\n"
+    "\n"
+    "\"ecc.mode.pending\"\n"
+    "The ECC mode that the GPU will operate under after the next reboot.\n"
+    "\n"
+    "Section about ecc.errors properties\n"
+    "NVIDIA GPUs can provide error counts for various types of ECC errors. Some ECC errors are either single or double bit, where single bit errors are corrected and double bit errors are uncorrectable. Texture memory errors may be correctable via resend or uncorrectable if the resend fails. These errors are available across two timescales (volatile and aggregate). Single bit ECC errors are automatically corrected by the HW and do not result in data corruption. Double bit errors are detected but not corrected. Please see the ECC documents on the web for information on compute application behavior when double bit errors occur. Volatile error counters track the number of errors detected since the last driver load. Aggregate error counts persist indefinitely and thus act as a lifetime counter.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "Section about retired_pages properties\n"
+    "NVIDIA GPUs can retire pages of GPU device memory when they become unreliable. This can happen when multiple single bit ECC errors occur for the same page, or on a double bit ECC error. When a page is retired, the NVIDIA driver will hide it such that no driver, or application memory allocations can access it.\n"
+    "\n"
+    "\"retired_pages.single_bit_ecc.count\" or \"retired_pages.sbe\"\n"
+    "The number of GPU device memory pages that have been retired due to multiple single bit ECC errors.\n"
+    "\n"
+    "\"retired_pages.double_bit.count\" or \"retired_pages.dbe\"\n"
+    "The number of GPU device memory pages that have been retired due to a double bit ECC error.\n"
+    "\n"
+    "\"retired_pages.pending\"\n"
+    "Checks if any GPU device memory pages are pending retirement on the next reboot. Pages that are pending retirement can still be allocated, and may cause further reliability issues.\n"
+    "\n"
+    "\"temperature.gpu\"\n"
+    " Core GPU temperature. in degrees C.\n"
+    "\n"
+    "\"temperature.gpu.tlimit\"\n"
+    " GPU T.Limit temperature. in degrees C.\n"
+    "\n"
+    "\"temperature.memory\"\n"
+    " HBM memory temperature. in degrees C.\n"
+    "\n"
+    "\"power.management\"\n"
+    "A flag that indicates whether power management is enabled. Either \"Supported\" or \"[Not Supported]\". Requires Inforom PWR object version 3.0 or higher or Kepler device.\n"
+    "\n"
+    "\"power.draw\"\n"
+    "The last measured power draw for the entire board, in watts. On Ampere or newer devices, returns average power draw over 1 sec. On older devices, returns instantaneous power draw. Only available if power management is supported. This reading is accurate to within +/- 5 watts.\n"
+    "\n"
+    "\"power.draw.average\"\n"
+    "The last measured average power draw for the entire board, in watts. Only available if power management is supported and Ampere (except GA100) or newer devices. This reading is accurate to within +/- 5 watts.\n"
+    "\n"
+    "\"power.draw.instant\"\n"
+    "The last measured instant power draw for the entire board, in watts. Only available if power management is supported. This reading is accurate to within +/- 5 watts.\n"
+    "\n"
+    "\"power.limit\"\n"
+    "The software power limit in watts. Set by software like nvidia-smi. On Kepler devices Power Limit can be adjusted using [-pl | --power-limit=] switches.\n"
+    "\n"
+    "\"enforced.power.limit\"\n"
+    "The power management algorithm's power ceiling, in watts. Total board power draw is manipulated by the power management algorithm such that it stays under this value. This value is the minimum of various power limiters.\n"
+    "\n"
+    "\"power.default_limit\"\n"
+    "The default power management algorithm's power ceiling, in watts. Power Limit will be set back to Default Power Limit after driver unload.\n"
+    "\n"
+    "\"power.min_limit\"\n"
+    "The minimum value in watts that power limit can be set to.\n"
+    "\n"
+    "\"power.max_limit\"\n"
+    "The maximum value in watts that power limit can be set to.\n"
+    "\n"
+    "\"clocks.current.graphics\" or \"clocks.gr\"\n"
+    "Current frequency of graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.current.sm\" or \"clocks.sm\"\n"
+    "Current frequency of SM (Streaming Multiprocessor) clock.\n"
+    "\n"
+    "\"clocks.current.memory\" or \"clocks.mem\"\n"
+    "Current frequency of memory clock.\n"
+    "\n"
+    "\"clocks.current.video\" or \"clocks.video\"\n"
+    "Current frequency of video encoder/decoder clock.\n"
+    "\n"
+    "Section about clocks.applications properties\n"
+    "User specified frequency at which applications will be running at. Can be changed with [-ac | --applications-clocks] switches.\n"
+    "\n"
+    "\"clocks.applications.graphics\" or \"clocks.applications.gr\"\n"
+    "User specified frequency of graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.applications.memory\" or \"clocks.applications.mem\"\n"
+    "User specified frequency of memory clock.\n"
+    "\n"
+    "Section about clocks.default_applications properties\n"
+    "Default frequency at which applications will be running at. Application clocks can be changed with [-ac | --applications-clocks] switches. Application clocks can be set to default using [-rac | --reset-applications-clocks] switches.\n"
+    "\n"
+    "\"clocks.default_applications.graphics\" or \"clocks.default_applications.gr\"\n"
+    "Default frequency of applications graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.default_applications.memory\" or \"clocks.default_applications.mem\"\n"
+    "Default frequency of applications memory clock.\n"
+    "\n"
+    "Section about clocks.max properties\n"
+    "Maximum frequency at which parts of the GPU are design to run.\n"
+    "\n"
+    "\"clocks.max.graphics\" or \"clocks.max.gr\"\n"
+    "Maximum frequency of graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.max.sm\" or \"clocks.max.sm\"\n"
+    "Maximum frequency of SM (Streaming Multiprocessor) clock.\n"
+    "\n"
+    "\"clocks.max.memory\" or \"clocks.max.mem\"\n"
+    "Maximum frequency of memory clock.\n"
+    "\n"
+    "Section about mig.mode properties\n"
+    "A flag that indicates whether MIG mode is enabled. May be either \"Enabled\" or \"Disabled\". Changes to MIG mode require a GPU reset.\n"
+    "\n"
+    "\"mig.mode.current\"\n"
+    "The MIG mode that the GPU is currently operating under.\n"
+    "\n"
+    "\"mig.mode.pending\"\n"
+    "The MIG mode that the GPU will operate under after reset.\n"
+    "\n"
+    "\"fabric.state\"\n"
+    "Current state of GPU fabric registration process.\n"
+    "\n"
+    "\"fabric.status\"\n"
+    "Error status, valid only if gpu fabric registration state is \"completed\"\n"
+    "\n";
+
+static const char HELP_QUERY_COMPUTE_APPS_525[] =
+    "List of valid properties to query for the switch \"--query-compute-apps\":\n"
+    "\n"
+    "Section about Active Compute Processes properties\n"
+    "List of processes having compute context on the device.\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"pid\"\n"
+    "Process ID of the compute application\n"
+    "\n"
+    "\"process_name\" or \"name\"\n"
+    "Process Name\n"
+    "\n"
+    "\"used_gpu_memory\" or \"used_memory\"\n"
+    "Amount memory used on the device by the context. Not available on Windows when running in WDDM mode because Windows KMD manages all the memory not NVIDIA driver.\n"
+    "\n";
+
+static const char HELP_QUERY_ACCOUNTED_APPS_525[] =
+    "List of valid properties to query for the switch \"--query-accounted-apps\":\n"
+    "\n"
+    "Section about Accounted Graphics/Compute Processes properties\n"
+    "List of accounted processes having had a graphics/compute context on the device.\n"
+    "\n"
+    "Format options and one or more properties to be queried need to be provided as comma separated values for this switch.\n"
+    "For example:\n"
+    "nvidia-smi --query-accounted-apps=gpu_name,pid,time,gpu_util,mem_util,max_memory_usage --format=csv\n"
+    "\n"
+    "List of properties that can be queried are:\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"vgpu_instance\"\n"
+    "vGPU instance\n"
+    "\n"
+    "\"pid\"\n"
+    "Process ID of the compute application\n"
+    "\n"
+    "\"gpu_utilization\" or \"gpu_util\"\n"
+    "GPU Utilization\n"
+    "\n"
+    "\"mem_utilization\" or \"mem_util\"\n"
+    "Percentage of GPU memory utilized on the device by the context.\n"
+    "\n"
+    "\"max_memory_usage\"\n"
+    "Maximum amount memory used on the device by the context.\n"
+    "\n"
+    "\"time\"\n"
+    "Amount of time in ms during which the compute context was active.\n"
+    "\n";
+
+static const char HELP_QUERY_RETIRED_PAGES_525[] =
+    "List of valid properties to query for the switch \"--query-retired-pages\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"retired_pages.address\"\n"
+    "Address of a retired page. Address might be different when ECC is Enabled or Disabled.\n"
+    "\n"
+    "\"retired_pages.timestamp\"\n"
+    "Timestamp at which the page was retired.\n"
+    "\n"
+    "\"retired_pages.cause\"\n"
+    "Reason that describes why the page was retired. Can take one of two values: \n"
+    " - Double Bit ECC - The number of GPU device memory pages that have been retired due to a double bit ECC error.\n"
+    " - Single Bit ECC - The number of GPU device memory pages that have been retired due to multiple single bit ECC errors.\n"
+    "\n";
+
+static const char HELP_QUERY_REMAPPED_ROWS_525[] =
+    "List of valid properties to query for the switch \"--query-remapped-rows\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"remapped_rows.correctable\"\n"
+    "The number of rows that have been remapped due to correctable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.uncorrectable\"\n"
+    "The number of rows that have been remapped due to uncorrectable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.pending\"\n"
+    "Whether or not there are pending row-remappings.\n"
+    "\n"
+    "\"remapped_rows.failure\"\n"
+    "Whether or not a row remapping has failed in the past.\n"
+    "\n";
+
+static const struct qfield QUERY_GPU_FIELDS_525[] = {
+    {"timestamp", "", "", K_timestamp},
+    {"driver_version", "", "", K_driver_version},
+    {"vgpu_driver_capability.heterogenous_multivGPU", "", "", K_vgpu_driver_capability_heterogenous_multivGPU},
+    {"count", "", "", K_count},
+    {"name", "gpu_name", "", K_name},
+    {"serial", "gpu_serial", "", K_serial},
+    {"uuid", "gpu_uuid", "", K_uuid},
+    {"pci.bus_id", "gpu_bus_id", "", K_pci_bus_id},
+    {"pci.domain", "", "", K_pci_domain},
+    {"pci.bus", "", "", K_pci_bus},
+    {"pci.device", "", "", K_pci_device},
+    {"pci.device_id", "", "", K_pci_device_id},
+    {"pci.sub_device_id", "", "", K_pci_sub_device_id},
+    {"vgpu_device_capability.fractional_multiVgpu", "", "", K_vgpu_device_capability_fractional_multiVgpu},
+    {"vgpu_device_capability.heterogeneous_timeSlice_profile", "", "", K_vgpu_device_capability_heterogeneous_timeSlice_profile},
+    {"vgpu_device_capability.heterogeneous_timeSlice_sizes", "", "", K_vgpu_device_capability_heterogeneous_timeSlice_sizes},
+    {"pcie.link.gen.current", "", "", K_pcie_link_gen_current},
+    {"pcie.link.gen.gpucurrent", "", "", K_pcie_link_gen_gpucurrent},
+    {"pcie.link.gen.max", "", "", K_pcie_link_gen_max},
+    {"pcie.link.gen.gpumax", "", "", K_pcie_link_gen_gpumax},
+    {"pcie.link.gen.hostmax", "", "", K_pcie_link_gen_hostmax},
+    {"pcie.link.width.current", "", "", K_pcie_link_width_current},
+    {"pcie.link.width.max", "", "", K_pcie_link_width_max},
+    {"index", "", "", K_index},
+    {"display_mode", "", "", K_display_mode},
+    {"display_active", "", "", K_display_active},
+    {"persistence_mode", "", "", K_persistence_mode},
+    {"accounting.mode", "", "", K_accounting_mode},
+    {"accounting.buffer_size", "", "", K_accounting_buffer_size},
+    {"driver_model.current", "", "", K_driver_model_current},
+    {"driver_model.pending", "", "", K_driver_model_pending},
+    {"vbios_version", "", "", K_vbios_version},
+    {"inforom.img", "inforom.image", "", K_inforom_img},
+    {"inforom.oem", "", "", K_inforom_oem},
+    {"inforom.ecc", "", "", K_inforom_ecc},
+    {"inforom.pwr", "inforom.power", "", K_inforom_pwr},
+    {"gom.current", "gpu_operation_mode.current", "", K_gom_current},
+    {"gom.pending", "gpu_operation_mode.pending", "", K_gom_pending},
+    {"fan.speed", "", "%", K_fan_speed},
+    {"pstate", "", "", K_pstate},
+    {"clocks_throttle_reasons.supported", "", "", K_clocks_event_reasons_supported},
+    {"clocks_throttle_reasons.active", "", "", K_clocks_event_reasons_active},
+    {"clocks_throttle_reasons.gpu_idle", "", "", K_clocks_event_reasons_gpu_idle},
+    {"clocks_throttle_reasons.applications_clocks_setting", "", "", K_clocks_event_reasons_applications_clocks_setting},
+    {"clocks_throttle_reasons.sw_power_cap", "", "", K_clocks_event_reasons_sw_power_cap},
+    {"clocks_throttle_reasons.hw_slowdown", "", "", K_clocks_event_reasons_hw_slowdown},
+    {"clocks_throttle_reasons.hw_thermal_slowdown", "", "", K_clocks_event_reasons_hw_thermal_slowdown},
+    {"clocks_throttle_reasons.hw_power_brake_slowdown", "", "", K_clocks_event_reasons_hw_power_brake_slowdown},
+    {"clocks_throttle_reasons.sw_thermal_slowdown", "", "", K_clocks_event_reasons_sw_thermal_slowdown},
+    {"clocks_throttle_reasons.sync_boost", "", "", K_clocks_event_reasons_sync_boost},
+    {"memory.total", "", "MiB", K_memory_total},
+    {"memory.reserved", "", "MiB", K_memory_reserved},
+    {"memory.used", "", "MiB", K_memory_used},
+    {"memory.free", "", "MiB", K_memory_free},
+    {"compute_mode", "", "", K_compute_mode},
+    {"compute_cap", "", "", K_compute_cap},
+    {"utilization.gpu", "", "%", K_utilization_gpu},
+    {"utilization.memory", "", "%", K_utilization_memory},
+    {"encoder.stats.sessionCount", "", "", K_encoder_stats_sessionCount},
+    {"encoder.stats.averageFps", "", "", K_encoder_stats_averageFps},
+    {"encoder.stats.averageLatency", "", "", K_encoder_stats_averageLatency},
+    {"ecc.mode.current", "", "", K_ecc_mode_current},
+    {"ecc.mode.pending", "", "", K_ecc_mode_pending},
+    {"ecc.errors.corrected.volatile.device_memory", "", "", K_ecc_errors_corrected_volatile_device_memory},
+    {"ecc.errors.corrected.volatile.dram", "", "", K_ecc_errors_corrected_volatile_dram},
+    {"ecc.errors.corrected.volatile.register_file", "", "", K_ecc_errors_corrected_volatile_register_file},
+    {"ecc.errors.corrected.volatile.l1_cache", "", "", K_ecc_errors_corrected_volatile_l1_cache},
+    {"ecc.errors.corrected.volatile.l2_cache", "", "", K_ecc_errors_corrected_volatile_l2_cache},
+    {"ecc.errors.corrected.volatile.texture_memory", "", "", K_ecc_errors_corrected_volatile_texture_memory},
+    {"ecc.errors.corrected.volatile.cbu", "", "", K_ecc_errors_corrected_volatile_cbu},
+    {"ecc.errors.corrected.volatile.sram", "", "", K_ecc_errors_corrected_volatile_sram},
+    {"ecc.errors.corrected.volatile.total", "", "", K_ecc_errors_corrected_volatile_total},
+    {"ecc.errors.corrected.aggregate.device_memory", "", "", K_ecc_errors_corrected_aggregate_device_memory},
+    {"ecc.errors.corrected.aggregate.dram", "", "", K_ecc_errors_corrected_aggregate_dram},
+    {"ecc.errors.corrected.aggregate.register_file", "", "", K_ecc_errors_corrected_aggregate_register_file},
+    {"ecc.errors.corrected.aggregate.l1_cache", "", "", K_ecc_errors_corrected_aggregate_l1_cache},
+    {"ecc.errors.corrected.aggregate.l2_cache", "", "", K_ecc_errors_corrected_aggregate_l2_cache},
+    {"ecc.errors.corrected.aggregate.texture_memory", "", "", K_ecc_errors_corrected_aggregate_texture_memory},
+    {"ecc.errors.corrected.aggregate.cbu", "", "", K_ecc_errors_corrected_aggregate_cbu},
+    {"ecc.errors.corrected.aggregate.sram", "", "", K_ecc_errors_corrected_aggregate_sram},
+    {"ecc.errors.corrected.aggregate.total", "", "", K_ecc_errors_corrected_aggregate_total},
+    {"ecc.errors.uncorrected.volatile.device_memory", "", "", K_ecc_errors_uncorrected_volatile_device_memory},
+    {"ecc.errors.uncorrected.volatile.dram", "", "", K_ecc_errors_uncorrected_volatile_dram},
+    {"ecc.errors.uncorrected.volatile.register_file", "", "", K_ecc_errors_uncorrected_volatile_register_file},
+    {"ecc.errors.uncorrected.volatile.l1_cache", "", "", K_ecc_errors_uncorrected_volatile_l1_cache},
+    {"ecc.errors.uncorrected.volatile.l2_cache", "", "", K_ecc_errors_uncorrected_volatile_l2_cache},
+    {"ecc.errors.uncorrected.volatile.texture_memory", "", "", K_ecc_errors_uncorrected_volatile_texture_memory},
+    {"ecc.errors.uncorrected.volatile.cbu", "", "", K_ecc_errors_uncorrected_volatile_cbu},
+    {"ecc.errors.uncorrected.volatile.sram", "", "", K_ecc_errors_uncorrected_volatile_sram},
+    {"ecc.errors.uncorrected.volatile.total", "", "", K_ecc_errors_uncorrected_volatile_total},
+    {"ecc.errors.uncorrected.aggregate.device_memory", "", "", K_ecc_errors_uncorrected_aggregate_device_memory},
+    {"ecc.errors.uncorrected.aggregate.dram", "", "", K_ecc_errors_uncorrected_aggregate_dram},
+    {"ecc.errors.uncorrected.aggregate.register_file", "", "", K_ecc_errors_uncorrected_aggregate_register_file},
+    {"ecc.errors.uncorrected.aggregate.l1_cache", "", "", K_ecc_errors_uncorrected_aggregate_l1_cache},
+    {"ecc.errors.uncorrected.aggregate.l2_cache", "", "", K_ecc_errors_uncorrected_aggregate_l2_cache},
+    {"ecc.errors.uncorrected.aggregate.texture_memory", "", "", K_ecc_errors_uncorrected_aggregate_texture_memory},
+    {"ecc.errors.uncorrected.aggregate.cbu", "", "", K_ecc_errors_uncorrected_aggregate_cbu},
+    {"ecc.errors.uncorrected.aggregate.sram", "", "", K_ecc_errors_uncorrected_aggregate_sram},
+    {"ecc.errors.uncorrected.aggregate.total", "", "", K_ecc_errors_uncorrected_aggregate_total},
+    {"retired_pages.single_bit_ecc.count", "retired_pages.sbe", "", K_retired_pages_single_bit_ecc_count},
+    {"retired_pages.double_bit.count", "retired_pages.dbe", "", K_retired_pages_double_bit_count},
+    {"retired_pages.pending", "", "", K_retired_pages_pending},
+    {"temperature.gpu", "", "", K_temperature_gpu},
+    {"temperature.gpu.tlimit", "", "", K_temperature_gpu_tlimit},
+    {"temperature.memory", "", "", K_temperature_memory},
+    {"power.management", "", "", K_power_management},
+    {"power.draw", "", "W", K_power_draw},
+    {"power.draw.average", "", "W", K_power_draw_average},
+    {"power.draw.instant", "", "W", K_power_draw_instant},
+    {"power.limit", "", "W", K_power_limit},
+    {"enforced.power.limit", "", "W", K_enforced_power_limit},
+    {"power.default_limit", "", "W", K_power_default_limit},
+    {"power.min_limit", "", "W", K_power_min_limit},
+    {"power.max_limit", "", "W", K_power_max_limit},
+    {"clocks.current.graphics", "clocks.gr", "MHz", K_clocks_current_graphics},
+    {"clocks.current.sm", "clocks.sm", "MHz", K_clocks_current_sm},
+    {"clocks.current.memory", "clocks.mem", "MHz", K_clocks_current_memory},
+    {"clocks.current.video", "clocks.video", "MHz", K_clocks_current_video},
+    {"clocks.applications.graphics", "clocks.applications.gr", "MHz", K_clocks_applications_graphics},
+    {"clocks.applications.memory", "clocks.applications.mem", "MHz", K_clocks_applications_memory},
+    {"clocks.default_applications.graphics", "clocks.default_applications.gr", "MHz", K_clocks_default_applications_graphics},
+    {"clocks.default_applications.memory", "clocks.default_applications.mem", "MHz", K_clocks_default_applications_memory},
+    {"clocks.max.graphics", "clocks.max.gr", "MHz", K_clocks_max_graphics},
+    {"clocks.max.sm", "clocks.max.sm", "MHz", K_clocks_max_sm},
+    {"clocks.max.memory", "clocks.max.mem", "MHz", K_clocks_max_memory},
+    {"mig.mode.current", "", "", K_mig_mode_current},
+    {"mig.mode.pending", "", "", K_mig_mode_pending},
+    {"fabric.state", "", "", K_fabric_state},
+    {"fabric.status", "", "", K_fabric_status},
+    {0, 0, 0, K_NONE},
+};
+
+static const struct skel TEXT_525[] = {
+    {0, 1, K_name, "Product Name", ""},
+    {0, 1, K_x_product_brand, "Product Brand", ""},
+    {0, 1, K_x_product_architecture, "Product Architecture", ""},
+    {0, 1, K_display_mode, "Display Mode", ""},
+    {0, 1, K_display_active, "Display Active", ""},
+    {0, 1, K_persistence_mode, "Persistence Mode", ""},
+    {0, 0, K_NONE, "MIG Mode", ""},
+    {1, 1, K_mig_mode_current, "Current", ""},
+    {1, 1, K_mig_mode_pending, "Pending", ""},
+    {0, 1, K_accounting_mode, "Accounting Mode", ""},
+    {0, 1, K_accounting_buffer_size, "Accounting Mode Buffer Size", ""},
+    {0, 0, K_NONE, "Driver Model", ""},
+    {1, 1, K_NONE, "Current", ""},
+    {1, 1, K_NONE, "Pending", ""},
+    {0, 1, K_serial, "Serial Number", ""},
+    {0, 1, K_uuid, "GPU UUID", ""},
+    {0, 1, K_x_minor_number, "Minor Number", ""},
+    {0, 1, K_vbios_version, "VBIOS Version", ""},
+    {0, 1, K_x_multigpu_board, "MultiGPU Board", ""},
+    {0, 1, K_x_board_id, "Board ID", ""},
+    {0, 1, K_x_board_part_number, "Board Part Number", ""},
+    {0, 1, K_x_gpu_part_number, "GPU Part Number", ""},
+    {0, 1, K_platform_module_id, "Module ID", ""},
+    {0, 0, K_NONE, "Inforom Version", ""},
+    {1, 1, K_inforom_img, "Image Version", ""},
+    {1, 1, K_inforom_oem, "OEM Object", ""},
+    {1, 1, K_inforom_ecc, "ECC Object", ""},
+    {1, 1, K_inforom_pwr, "Power Management Object", ""},
+    {0, 0, K_NONE, "GPU Operation Mode", ""},
+    {1, 1, K_NONE, "Current", ""},
+    {1, 1, K_NONE, "Pending", ""},
+    {0, 1, K_x_gsp_firmware_version, "GSP Firmware Version", ""},
+    {0, 0, K_NONE, "GPU Virtualization Mode", ""},
+    {1, 1, K_x_virtualization_mode, "Virtualization Mode", ""},
+    {1, 1, K_NONE, "Host VGPU Mode", ""},
+    {0, 0, K_NONE, "IBMNPU", ""},
+    {1, 1, K_NONE, "Relaxed Ordering Mode", ""},
+    {0, 0, K_NONE, "PCI", ""},
+    {1, 1, K_pci_bus, "Bus", ""},
+    {1, 1, K_pci_device, "Device", ""},
+    {1, 1, K_pci_domain, "Domain", ""},
+    {1, 1, K_pci_device_id, "Device Id", ""},
+    {1, 1, K_pci_bus_id, "Bus Id", ""},
+    {1, 1, K_pci_sub_device_id, "Sub System Id", ""},
+    {1, 0, K_NONE, "GPU Link Info", ""},
+    {2, 0, K_NONE, "PCIe Generation", ""},
+    {3, 1, K_pcie_link_gen_max, "Max", ""},
+    {3, 1, K_pcie_link_gen_current, "Current", ""},
+    {3, 1, K_pcie_link_gen_gpucurrent, "Device Current", ""},
+    {3, 1, K_pcie_link_gen_gpumax, "Device Max", ""},
+    {3, 1, K_pcie_link_gen_hostmax, "Host Max", ""},
+    {2, 0, K_NONE, "Link Width", ""},
+    {3, 1, K_pcie_link_width_max, "Max", "x"},
+    {3, 1, K_pcie_link_width_current, "Current", "x"},
+    {1, 0, K_NONE, "Bridge Chip", ""},
+    {2, 1, K_NONE, "Type", ""},
+    {2, 1, K_NONE, "Firmware", ""},
+    {1, 1, K_x_pcie_replay, "Replays Since Reset", ""},
+    {1, 1, K_x_pcie_replay_rollover, "Replay Number Rollovers", ""},
+    {1, 1, K_x_pcie_tx, "Tx Throughput", ""},
+    {1, 1, K_x_pcie_rx, "Rx Throughput", ""},
+    {1, 1, K_NONE, "Atomic Caps Inbound", ""},
+    {1, 1, K_NONE, "Atomic Caps Outbound", ""},
+    {0, 1, K_fan_speed, "Fan Speed", ""},
+    {0, 1, K_pstate, "Performance State", ""},
+    {0, 0, K_NONE, "Clocks Throttle Reasons", ""},
+    {1, 1, K_clocks_event_reasons_gpu_idle, "Idle", ""},
+    {1, 1, K_clocks_event_reasons_applications_clocks_setting, "Applications Clocks Setting", ""},
+    {1, 1, K_clocks_event_reasons_sw_power_cap, "SW Power Cap", ""},
+    {1, 1, K_clocks_event_reasons_hw_slowdown, "HW Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_thermal_slowdown, "HW Thermal Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_power_brake_slowdown, "HW Power Brake Slowdown", ""},
+    {1, 1, K_clocks_event_reasons_sync_boost, "Sync Boost", ""},
+    {1, 1, K_clocks_event_reasons_sw_thermal_slowdown, "SW Thermal Slowdown", ""},
+    {1, 1, K_x_display_clock_setting, "Display Clock Setting", ""},
+    {0, 0, K_NONE, "FB Memory Usage", ""},
+    {1, 1, K_memory_total, "Total", ""},
+    {1, 1, K_memory_reserved, "Reserved", ""},
+    {1, 1, K_memory_used, "Used", ""},
+    {1, 1, K_memory_free, "Free", ""},
+    {0, 0, K_NONE, "BAR1 Memory Usage", ""},
+    {1, 1, K_x_bar1_total, "Total", ""},
+    {1, 1, K_x_bar1_used, "Used", ""},
+    {1, 1, K_x_bar1_free, "Free", ""},
+    {0, 1, K_compute_mode, "Compute Mode", ""},
+    {0, 0, K_NONE, "Utilization", ""},
+    {1, 1, K_utilization_gpu, "Gpu", ""},
+    {1, 1, K_utilization_memory, "Memory", ""},
+    {1, 1, K_utilization_encoder, "Encoder", ""},
+    {1, 1, K_utilization_decoder, "Decoder", ""},
+    {0, 0, K_NONE, "Encoder Stats", ""},
+    {1, 1, K_encoder_stats_sessionCount, "Active Sessions", ""},
+    {1, 1, K_encoder_stats_averageFps, "Average FPS", ""},
+    {1, 1, K_encoder_stats_averageLatency, "Average Latency", ""},
+    {0, 0, K_NONE, "FBC Stats", ""},
+    {1, 1, K_x_fbc_sessions, "Active Sessions", ""},
+    {1, 1, K_x_fbc_fps, "Average FPS", ""},
+    {1, 1, K_x_fbc_latency, "Average Latency", ""},
+    {0, 0, K_NONE, "Ecc Mode", ""},
+    {1, 1, K_ecc_mode_current, "Current", ""},
+    {1, 1, K_ecc_mode_pending, "Pending", ""},
+    {0, 0, K_NONE, "ECC Errors", ""},
+    {1, 0, K_NONE, "Volatile", ""},
+    {2, 1, K_x_ecc_sram_corr_vol, "SRAM Correctable", ""},
+    {2, 1, K_NONE, "SRAM Uncorrectable", ""},
+    {2, 1, K_x_ecc_dram_corr_vol, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_vol, "DRAM Uncorrectable", ""},
+    {1, 0, K_NONE, "Aggregate", ""},
+    {2, 1, K_x_ecc_sram_corr_agg, "SRAM Correctable", ""},
+    {2, 1, K_NONE, "SRAM Uncorrectable", ""},
+    {2, 1, K_x_ecc_dram_corr_agg, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_agg, "DRAM Uncorrectable", ""},
+    {0, 0, K_NONE, "Retired Pages", ""},
+    {1, 1, K_retired_pages_single_bit_ecc_count, "Single Bit ECC", ""},
+    {1, 1, K_retired_pages_double_bit_count, "Double Bit ECC", ""},
+    {1, 1, K_retired_pages_pending, "Pending Page Blacklist", ""},
+    {0, 0, K_NONE, "Remapped Rows", ""},
+    {1, 1, K_remapped_rows_correctable, "Correctable Error", ""},
+    {1, 1, K_remapped_rows_uncorrectable, "Uncorrectable Error", ""},
+    {1, 1, K_remapped_rows_pending, "Pending", ""},
+    {1, 1, K_remapped_rows_failure, "Remapping Failure Occurred", ""},
+    {1, 1, K_NONE, "Bank Remap Availability Histogram", ""},
+    {0, 0, K_NONE, "Temperature", ""},
+    {1, 1, K_temperature_gpu, "GPU Current Temp", " C"},
+    {1, 1, K_temperature_gpu_tlimit, "GPU T.Limit Temp", " C"},
+    {1, 1, K_x_temp_shutdown_tlimit, "GPU Shutdown T.Limit Temp", ""},
+    {1, 1, K_x_temp_slowdown_tlimit, "GPU Slowdown T.Limit Temp", ""},
+    {1, 1, K_x_temp_max_gpu_tlimit, "GPU Max Operating T.Limit Temp", ""},
+    {1, 1, K_x_temp_target, "GPU Target Temperature", ""},
+    {1, 1, K_temperature_memory, "Memory Current Temp", " C"},
+    {1, 1, K_x_temp_max_mem_tlimit, "Memory Max Operating T.Limit Temp", ""},
+    {0, 0, K_NONE, "Power Readings", ""},
+    {1, 1, K_power_management, "Power Management", ""},
+    {1, 1, K_power_draw, "Power Draw", ""},
+    {1, 1, K_power_limit, "Power Limit", ""},
+    {1, 1, K_power_default_limit, "Default Power Limit", ""},
+    {1, 1, K_enforced_power_limit, "Enforced Power Limit", ""},
+    {1, 1, K_power_min_limit, "Min Power Limit", ""},
+    {1, 1, K_power_max_limit, "Max Power Limit", ""},
+    {0, 0, K_NONE, "Clocks", ""},
+    {1, 1, K_clocks_current_graphics, "Graphics", ""},
+    {1, 1, K_clocks_current_sm, "SM", ""},
+    {1, 1, K_clocks_current_memory, "Memory", ""},
+    {1, 1, K_clocks_current_video, "Video", ""},
+    {0, 0, K_NONE, "Applications Clocks", ""},
+    {1, 1, K_clocks_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Default Applications Clocks", ""},
+    {1, 1, K_clocks_default_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_default_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Deferred Clocks", ""},
+    {1, 1, K_NONE, "Memory", ""},
+    {0, 0, K_NONE, "Max Clocks", ""},
+    {1, 1, K_clocks_max_graphics, "Graphics", ""},
+    {1, 1, K_clocks_max_sm, "SM", ""},
+    {1, 1, K_clocks_max_memory, "Memory", ""},
+    {1, 1, K_x_clocks_max_video, "Video", ""},
+    {0, 0, K_NONE, "Max Customer Boost Clocks", ""},
+    {1, 1, K_x_clocks_max_boost_graphics, "Graphics", ""},
+    {0, 0, K_NONE, "Clock Policy", ""},
+    {1, 1, K_NONE, "Auto Boost", ""},
+    {1, 1, K_NONE, "Auto Boost Default", ""},
+    {0, 0, K_NONE, "Voltage", ""},
+    {1, 1, K_NONE, "Graphics", ""},
+    {0, 0, K_NONE, "Fabric", ""},
+    {1, 1, K_fabric_state, "State", ""},
+    {1, 1, K_fabric_status, "Status", ""},
+    {0, 3, K_processes, "Processes", ""},
+    {0, 9, K_NONE, 0, 0},
+};
+static const struct skel TEXT_D_525[] = {
+    {0, 1, K_accounting_mode, "Accounting Mode", ""},
+    {0, 1, K_accounting_buffer_size, "Accounting Mode Buffer Size", ""},
+    {0, 1, K_pstate, "Performance State", ""},
+    {0, 0, K_NONE, "Clocks Throttle Reasons", ""},
+    {1, 1, K_clocks_event_reasons_gpu_idle, "Idle", ""},
+    {1, 1, K_clocks_event_reasons_applications_clocks_setting, "Applications Clocks Setting", ""},
+    {1, 1, K_clocks_event_reasons_sw_power_cap, "SW Power Cap", ""},
+    {1, 1, K_clocks_event_reasons_hw_slowdown, "HW Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_thermal_slowdown, "HW Thermal Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_power_brake_slowdown, "HW Power Brake Slowdown", ""},
+    {1, 1, K_clocks_event_reasons_sync_boost, "Sync Boost", ""},
+    {1, 1, K_clocks_event_reasons_sw_thermal_slowdown, "SW Thermal Slowdown", ""},
+    {1, 1, K_x_display_clock_setting, "Display Clock Setting", ""},
+    {0, 0, K_NONE, "FB Memory Usage", ""},
+    {1, 1, K_memory_total, "Total", ""},
+    {1, 1, K_memory_reserved, "Reserved", ""},
+    {1, 1, K_memory_used, "Used", ""},
+    {1, 1, K_memory_free, "Free", ""},
+    {0, 0, K_NONE, "BAR1 Memory Usage", ""},
+    {1, 1, K_x_bar1_total, "Total", ""},
+    {1, 1, K_x_bar1_used, "Used", ""},
+    {1, 1, K_x_bar1_free, "Free", ""},
+    {0, 1, K_compute_mode, "Compute Mode", ""},
+    {0, 0, K_NONE, "Utilization", ""},
+    {1, 1, K_utilization_gpu, "Gpu", ""},
+    {1, 1, K_utilization_memory, "Memory", ""},
+    {1, 1, K_utilization_encoder, "Encoder", ""},
+    {1, 1, K_utilization_decoder, "Decoder", ""},
+    {0, 0, K_NONE, "GPU Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Memory Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "ENC Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "DEC Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Encoder Stats", ""},
+    {1, 1, K_encoder_stats_sessionCount, "Active Sessions", ""},
+    {1, 1, K_encoder_stats_averageFps, "Average FPS", ""},
+    {1, 1, K_encoder_stats_averageLatency, "Average Latency", ""},
+    {0, 0, K_NONE, "FBC Stats", ""},
+    {1, 1, K_x_fbc_sessions, "Active Sessions", ""},
+    {1, 1, K_x_fbc_fps, "Average FPS", ""},
+    {1, 1, K_x_fbc_latency, "Average Latency", ""},
+    {0, 0, K_NONE, "Ecc Mode", ""},
+    {1, 1, K_ecc_mode_current, "Current", ""},
+    {1, 1, K_ecc_mode_pending, "Pending", ""},
+    {0, 0, K_NONE, "ECC Errors", ""},
+    {1, 0, K_NONE, "Volatile", ""},
+    {2, 1, K_x_ecc_sram_corr_vol, "SRAM Correctable", ""},
+    {2, 1, K_NONE, "SRAM Uncorrectable", ""},
+    {2, 1, K_x_ecc_dram_corr_vol, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_vol, "DRAM Uncorrectable", ""},
+    {1, 0, K_NONE, "Aggregate", ""},
+    {2, 1, K_x_ecc_sram_corr_agg, "SRAM Correctable", ""},
+    {2, 1, K_NONE, "SRAM Uncorrectable", ""},
+    {2, 1, K_x_ecc_dram_corr_agg, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_agg, "DRAM Uncorrectable", ""},
+    {0, 0, K_NONE, "Retired Pages", ""},
+    {1, 1, K_retired_pages_single_bit_ecc_count, "Single Bit ECC", ""},
+    {1, 1, K_retired_pages_double_bit_count, "Double Bit ECC", ""},
+    {1, 1, K_retired_pages_pending, "Pending Page Blacklist", ""},
+    {0, 0, K_NONE, "Remapped Rows", ""},
+    {1, 1, K_remapped_rows_correctable, "Correctable Error", ""},
+    {1, 1, K_remapped_rows_uncorrectable, "Uncorrectable Error", ""},
+    {1, 1, K_remapped_rows_pending, "Pending", ""},
+    {1, 1, K_remapped_rows_failure, "Remapping Failure Occurred", ""},
+    {1, 1, K_NONE, "Bank Remap Availability Histogram", ""},
+    {0, 0, K_NONE, "Temperature", ""},
+    {1, 1, K_temperature_gpu, "GPU Current Temp", " C"},
+    {1, 1, K_temperature_gpu_tlimit, "GPU T.Limit Temp", " C"},
+    {1, 1, K_x_temp_shutdown_tlimit, "GPU Shutdown T.Limit Temp", ""},
+    {1, 1, K_x_temp_slowdown_tlimit, "GPU Slowdown T.Limit Temp", ""},
+    {1, 1, K_x_temp_max_gpu_tlimit, "GPU Max Operating T.Limit Temp", ""},
+    {1, 1, K_x_temp_target, "GPU Target Temperature", ""},
+    {1, 1, K_temperature_memory, "Memory Current Temp", " C"},
+    {1, 1, K_x_temp_max_mem_tlimit, "Memory Max Operating T.Limit Temp", ""},
+    {0, 0, K_NONE, "Supported GPU_TARGET_TEMP", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {0, 0, K_NONE, "Power Readings", ""},
+    {1, 1, K_power_management, "Power Management", ""},
+    {1, 1, K_power_draw, "Power Draw", ""},
+    {1, 1, K_power_limit, "Power Limit", ""},
+    {1, 1, K_power_default_limit, "Default Power Limit", ""},
+    {1, 1, K_enforced_power_limit, "Enforced Power Limit", ""},
+    {1, 1, K_power_min_limit, "Min Power Limit", ""},
+    {1, 1, K_power_max_limit, "Max Power Limit", ""},
+    {0, 0, K_NONE, "Power Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Clocks", ""},
+    {1, 1, K_clocks_current_graphics, "Graphics", ""},
+    {1, 1, K_clocks_current_sm, "SM", ""},
+    {1, 1, K_clocks_current_memory, "Memory", ""},
+    {1, 1, K_clocks_current_video, "Video", ""},
+    {0, 0, K_NONE, "Applications Clocks", ""},
+    {1, 1, K_clocks_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Default Applications Clocks", ""},
+    {1, 1, K_clocks_default_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_default_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Deferred Clocks", ""},
+    {1, 1, K_NONE, "Memory", ""},
+    {0, 0, K_NONE, "Max Clocks", ""},
+    {1, 1, K_clocks_max_graphics, "Graphics", ""},
+    {1, 1, K_clocks_max_sm, "SM", ""},
+    {1, 1, K_clocks_max_memory, "Memory", ""},
+    {1, 1, K_x_clocks_max_video, "Video", ""},
+    {0, 0, K_NONE, "Max Customer Boost Clocks", ""},
+    {1, 1, K_x_clocks_max_boost_graphics, "Graphics", ""},
+    {0, 0, K_NONE, "SM Clock Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Memory Clock Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Clock Policy", ""},
+    {1, 1, K_NONE, "Auto Boost", ""},
+    {1, 1, K_NONE, "Auto Boost Default", ""},
+    {0, 0, K_NONE, "Voltage", ""},
+    {1, 1, K_NONE, "Graphics", ""},
+    {0, 1, K_NONE, "Supported Clocks", ""},
+    {0, 3, K_processes, "Processes", ""},
+    {0, 1, K_NONE, "Accounted Processes", ""},
+    {0, 9, K_NONE, 0, 0},
+};
+static const struct skel XML_525[] = {
+    {2, 1, K_name, "product_name", ""},
+    {2, 1, K_x_product_brand, "product_brand", ""},
+    {2, 1, K_x_product_architecture, "product_architecture", ""},
+    {2, 1, K_display_mode, "display_mode", ""},
+    {2, 1, K_display_active, "display_active", ""},
+    {2, 1, K_persistence_mode, "persistence_mode", ""},
+    {2, 0, K_NONE, "mig_mode", ""},
+    {3, 1, K_mig_mode_current, "current_mig", ""},
+    {3, 1, K_mig_mode_pending, "pending_mig", ""},
+    {2, 2, K_NONE, "mig_mode", ""},
+    {2, 3, K_mig_devices, "mig_devices", ""},
+    {2, 1, K_accounting_mode, "accounting_mode", ""},
+    {2, 1, K_accounting_buffer_size, "accounting_mode_buffer_size", ""},
+    {2, 0, K_NONE, "driver_model", ""},
+    {3, 1, K_NONE, "current_dm", ""},
+    {3, 1, K_NONE, "pending_dm", ""},
+    {2, 2, K_NONE, "driver_model", ""},
+    {2, 1, K_serial, "serial", ""},
+    {2, 1, K_uuid, "uuid", ""},
+    {2, 1, K_x_minor_number, "minor_number", ""},
+    {2, 1, K_vbios_version, "vbios_version", ""},
+    {2, 1, K_x_multigpu_board, "multigpu_board", ""},
+    {2, 1, K_x_board_id, "board_id", ""},
+    {2, 1, K_x_board_part_number, "board_part_number", ""},
+    {2, 1, K_x_gpu_part_number, "gpu_part_number", ""},
+    {2, 1, K_platform_module_id, "gpu_module_id", ""},
+    {2, 0, K_NONE, "inforom_version", ""},
+    {3, 1, K_inforom_img, "img_version", ""},
+    {3, 1, K_inforom_oem, "oem_object", ""},
+    {3, 1, K_inforom_ecc, "ecc_object", ""},
+    {3, 1, K_inforom_pwr, "pwr_object", ""},
+    {2, 2, K_NONE, "inforom_version", ""},
+    {2, 0, K_NONE, "gpu_operation_mode", ""},
+    {3, 1, K_NONE, "current_gom", ""},
+    {3, 1, K_NONE, "pending_gom", ""},
+    {2, 2, K_NONE, "gpu_operation_mode", ""},
+    {2, 1, K_x_gsp_firmware_version, "gsp_firmware_version", ""},
+    {2, 0, K_NONE, "gpu_virtualization_mode", ""},
+    {3, 1, K_x_virtualization_mode, "virtualization_mode", ""},
+    {3, 1, K_NONE, "host_vgpu_mode", ""},
+    {2, 2, K_NONE, "gpu_virtualization_mode", ""},
+    {2, 0, K_NONE, "ibmnpu", ""},
+    {3, 1, K_NONE, "relaxed_ordering_mode", ""},
+    {2, 2, K_NONE, "ibmnpu", ""},
+    {2, 0, K_NONE, "pci", ""},
+    {3, 1, K_pci_bus, "pci_bus", ""},
+    {3, 1, K_pci_device, "pci_device", ""},
+    {3, 1, K_pci_domain, "pci_domain", ""},
+    {3, 1, K_pci_device_id, "pci_device_id", ""},
+    {3, 1, K_pci_bus_id, "pci_bus_id", ""},
+    {3, 1, K_pci_sub_device_id, "pci_sub_system_id", ""},
+    {3, 0, K_NONE, "pci_gpu_link_info", ""},
+    {4, 0, K_NONE, "pcie_gen", ""},
+    {5, 1, K_pcie_link_gen_max, "max_link_gen", ""},
+    {5, 1, K_pcie_link_gen_current, "current_link_gen", ""},
+    {5, 1, K_pcie_link_gen_gpucurrent, "device_current_link_gen", ""},
+    {5, 1, K_pcie_link_gen_gpumax, "max_device_link_gen", ""},
+    {5, 1, K_pcie_link_gen_hostmax, "max_host_link_gen", ""},
+    {4, 2, K_NONE, "pcie_gen", ""},
+    {4, 0, K_NONE, "link_widths", ""},
+    {5, 1, K_pcie_link_width_max, "max_link_width", "x"},
+    {5, 1, K_pcie_link_width_current, "current_link_width", "x"},
+    {4, 2, K_NONE, "link_widths", ""},
+    {3, 2, K_NONE, "pci_gpu_link_info", ""},
+    {3, 0, K_NONE, "pci_bridge_chip", ""},
+    {4, 1, K_NONE, "bridge_chip_type", ""},
+    {4, 1, K_NONE, "bridge_chip_fw", ""},
+    {3, 2, K_NONE, "pci_bridge_chip", ""},
+    {3, 1, K_x_pcie_replay, "replay_counter", ""},
+    {3, 1, K_x_pcie_replay_rollover, "replay_rollover_counter", ""},
+    {3, 1, K_x_pcie_tx, "tx_util", ""},
+    {3, 1, K_x_pcie_rx, "rx_util", ""},
+    {3, 1, K_NONE, "atomic_caps_inbound", ""},
+    {3, 1, K_NONE, "atomic_caps_outbound", ""},
+    {2, 2, K_NONE, "pci", ""},
+    {2, 1, K_fan_speed, "fan_speed", ""},
+    {2, 1, K_pstate, "performance_state", ""},
+    {2, 0, K_NONE, "clocks_throttle_reasons", ""},
+    {3, 1, K_clocks_event_reasons_gpu_idle, "clocks_throttle_reason_gpu_idle", ""},
+    {3, 1, K_clocks_event_reasons_applications_clocks_setting, "clocks_throttle_reason_applications_clocks_setting", ""},
+    {3, 1, K_clocks_event_reasons_sw_power_cap, "clocks_throttle_reason_sw_power_cap", ""},
+    {3, 1, K_clocks_event_reasons_hw_slowdown, "clocks_throttle_reason_hw_slowdown", ""},
+    {3, 1, K_clocks_event_reasons_hw_thermal_slowdown, "clocks_throttle_reason_hw_thermal_slowdown", ""},
+    {3, 1, K_clocks_event_reasons_hw_power_brake_slowdown, "clocks_throttle_reason_hw_power_brake_slowdown", ""},
+    {3, 1, K_clocks_event_reasons_sync_boost, "clocks_throttle_reason_sync_boost", ""},
+    {3, 1, K_clocks_event_reasons_sw_thermal_slowdown, "clocks_throttle_reason_sw_thermal_slowdown", ""},
+    {3, 1, K_x_display_clock_setting, "clocks_throttle_reason_display_clocks_setting", ""},
+    {2, 2, K_NONE, "clocks_throttle_reasons", ""},
+    {2, 0, K_NONE, "fb_memory_usage", ""},
+    {3, 1, K_memory_total, "total", ""},
+    {3, 1, K_memory_reserved, "reserved", ""},
+    {3, 1, K_memory_used, "used", ""},
+    {3, 1, K_memory_free, "free", ""},
+    {2, 2, K_NONE, "fb_memory_usage", ""},
+    {2, 0, K_NONE, "bar1_memory_usage", ""},
+    {3, 1, K_x_bar1_total, "total", ""},
+    {3, 1, K_x_bar1_used, "used", ""},
+    {3, 1, K_x_bar1_free, "free", ""},
+    {2, 2, K_NONE, "bar1_memory_usage", ""},
+    {2, 1, K_compute_mode, "compute_mode", ""},
+    {2, 0, K_NONE, "utilization", ""},
+    {3, 1, K_utilization_gpu, "gpu_util", ""},
+    {3, 1, K_utilization_memory, "memory_util", ""},
+    {3, 1, K_utilization_encoder, "encoder_util", ""},
+    {3, 1, K_utilization_decoder, "decoder_util", ""},
+    {2, 2, K_NONE, "utilization", ""},
+    {2, 0, K_NONE, "encoder_stats", ""},
+    {3, 1, K_encoder_stats_sessionCount, "session_count", ""},
+    {3, 1, K_encoder_stats_averageFps, "average_fps", ""},
+    {3, 1, K_encoder_stats_averageLatency, "average_latency", ""},
+    {2, 2, K_NONE, "encoder_stats", ""},
+    {2, 0, K_NONE, "fbc_stats", ""},
+    {3, 1, K_x_fbc_sessions, "session_count", ""},
+    {3, 1, K_x_fbc_fps, "average_fps", ""},
+    {3, 1, K_x_fbc_latency, "average_latency", ""},
+    {2, 2, K_NONE, "fbc_stats", ""},
+    {2, 0, K_NONE, "ecc_mode", ""},
+    {3, 1, K_ecc_mode_current, "current_ecc", ""},
+    {3, 1, K_ecc_mode_pending, "pending_ecc", ""},
+    {2, 2, K_NONE, "ecc_mode", ""},
+    {2, 0, K_NONE, "ecc_errors", ""},
+    {3, 0, K_NONE, "volatile", ""},
+    {4, 1, K_x_ecc_sram_corr_vol, "sram_correctable", ""},
+    {4, 1, K_ecc_errors_uncorrected_volatile_sram, "sram_uncorrectable", ""},
+    {4, 1, K_x_ecc_dram_corr_vol, "dram_correctable", ""},
+    {4, 1, K_x_ecc_dram_unc_vol, "dram_uncorrectable", ""},
+    {3, 2, K_NONE, "volatile", ""},
+    {3, 0, K_NONE, "aggregate", ""},
+    {4, 1, K_x_ecc_sram_corr_agg, "sram_correctable", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram, "sram_uncorrectable", ""},
+    {4, 1, K_x_ecc_dram_corr_agg, "dram_correctable", ""},
+    {4, 1, K_x_ecc_dram_unc_agg, "dram_uncorrectable", ""},
+    {3, 2, K_NONE, "aggregate", ""},
+    {2, 2, K_NONE, "ecc_errors", ""},
+    {2, 0, K_NONE, "retired_pages", ""},
+    {3, 0, K_NONE, "multiple_single_bit_retirement", ""},
+    {4, 1, K_retired_pages_single_bit_ecc_count, "retired_count", ""},
+    {4, 1, K_NONE, "retired_pagelist", ""},
+    {3, 2, K_NONE, "multiple_single_bit_retirement", ""},
+    {3, 0, K_NONE, "double_bit_retirement", ""},
+    {4, 1, K_retired_pages_double_bit_count, "retired_count", ""},
+    {4, 1, K_NONE, "retired_pagelist", ""},
+    {3, 2, K_NONE, "double_bit_retirement", ""},
+    {3, 1, K_retired_pages_pending, "pending_blacklist", ""},
+    {3, 1, K_retired_pages_pending, "pending_retirement", ""},
+    {2, 2, K_NONE, "retired_pages", ""},
+    {2, 0, K_NONE, "remapped_rows", ""},
+    {3, 1, K_remapped_rows_correctable, "remapped_row_corr", ""},
+    {3, 1, K_remapped_rows_uncorrectable, "remapped_row_unc", ""},
+    {3, 1, K_remapped_rows_pending, "remapped_row_pending", ""},
+    {3, 1, K_remapped_rows_failure, "remapped_row_failure", ""},
+    {3, 1, K_NONE, "row_remapper_histogram", ""},
+    {2, 2, K_NONE, "remapped_rows", ""},
+    {2, 0, K_NONE, "temperature", ""},
+    {3, 1, K_temperature_gpu, "gpu_temp", " C"},
+    {3, 1, K_temperature_gpu_tlimit, "gpu_temp_tlimit", " C"},
+    {3, 1, K_x_temp_shutdown_tlimit, "gpu_temp_max_tlimit_threshold", ""},
+    {3, 1, K_x_temp_slowdown_tlimit, "gpu_temp_slow_tlimit_threshold", ""},
+    {3, 1, K_x_temp_max_gpu_tlimit, "gpu_temp_max_gpu_tlimit_threshold", ""},
+    {3, 1, K_x_temp_target, "gpu_target_temperature", ""},
+    {3, 1, K_temperature_memory, "memory_temp", " C"},
+    {3, 1, K_x_temp_max_mem_tlimit, "gpu_temp_max_mem_tlimit_threshold", ""},
+    {2, 2, K_NONE, "temperature", ""},
+    {2, 0, K_NONE, "supported_gpu_target_temp", ""},
+    {3, 1, K_NONE, "gpu_target_temp_min", ""},
+    {3, 1, K_NONE, "gpu_target_temp_max", ""},
+    {2, 2, K_NONE, "supported_gpu_target_temp", ""},
+    {2, 0, K_NONE, "power_readings", ""},
+    {3, 1, K_x_power_state, "power_state", ""},
+    {3, 1, K_power_management, "power_management", ""},
+    {3, 1, K_power_draw, "power_draw", ""},
+    {3, 1, K_power_limit, "power_limit", ""},
+    {3, 1, K_power_default_limit, "default_power_limit", ""},
+    {3, 1, K_enforced_power_limit, "enforced_power_limit", ""},
+    {3, 1, K_power_min_limit, "min_power_limit", ""},
+    {3, 1, K_power_max_limit, "max_power_limit", ""},
+    {2, 2, K_NONE, "power_readings", ""},
+    {2, 0, K_NONE, "clocks", ""},
+    {3, 1, K_clocks_current_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_current_sm, "sm_clock", ""},
+    {3, 1, K_clocks_current_memory, "mem_clock", ""},
+    {3, 1, K_clocks_current_video, "video_clock", ""},
+    {2, 2, K_NONE, "clocks", ""},
+    {2, 0, K_NONE, "applications_clocks", ""},
+    {3, 1, K_clocks_applications_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_applications_memory, "mem_clock", ""},
+    {2, 2, K_NONE, "applications_clocks", ""},
+    {2, 0, K_NONE, "default_applications_clocks", ""},
+    {3, 1, K_clocks_default_applications_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_default_applications_memory, "mem_clock", ""},
+    {2, 2, K_NONE, "default_applications_clocks", ""},
+    {2, 0, K_NONE, "deferred_clocks", ""},
+    {3, 1, K_NONE, "mem_clock", ""},
+    {2, 2, K_NONE, "deferred_clocks", ""},
+    {2, 0, K_NONE, "max_clocks", ""},
+    {3, 1, K_clocks_max_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_max_sm, "sm_clock", ""},
+    {3, 1, K_clocks_max_memory, "mem_clock", ""},
+    {3, 1, K_x_clocks_max_video, "video_clock", ""},
+    {2, 2, K_NONE, "max_clocks", ""},
+    {2, 0, K_NONE, "max_customer_boost_clocks", ""},
+    {3, 1, K_x_clocks_max_boost_graphics, "graphics_clock", ""},
+    {2, 2, K_NONE, "max_customer_boost_clocks", ""},
+    {2, 0, K_NONE, "clock_policy", ""},
+    {3, 1, K_NONE, "auto_boost", ""},
+    {3, 1, K_NONE, "auto_boost_default", ""},
+    {2, 2, K_NONE, "clock_policy", ""},
+    {2, 0, K_NONE, "voltage", ""},
+    {3, 1, K_NONE, "graphics_volt", ""},
+    {2, 2, K_NONE, "voltage", ""},
+    {2, 0, K_NONE, "fabric", ""},
+    {3, 1, K_fabric_state, "state", ""},
+    {3, 1, K_fabric_status, "status", ""},
+    {2, 2, K_NONE, "fabric", ""},
+    {2, 1, K_NONE, "supported_clocks", ""},
+    {2, 3, K_processes, "processes", ""},
+    {2, 3, K_accounted_processes, "accounted_processes", ""},
+    {0, 9, K_NONE, 0, 0},
+};
+static const char HELP_TEXT_535[] =
+    "\n"
+    "NVSMI provides monitoring information for Tesla and select Quadro devices.\n"
+    "The data is presented in either a plain text or an XML format, via stdout or a file.\n"
+    "NVSMI also provides several management operations for changing the device state.\n"
+    "\n"
+    "Note that the functionality of NVSMI is exposed through the NVML C-based\n"
+    "library. See the NVIDIA developer website for more information about NVML.\n"
+    "Python wrappers to NVML are also available.  The output of NVSMI is\n"
+    "not guaranteed to be backwards compatible; NVML and the bindings are backwards\n"
+    "compatible.\n"
+    "\n"
+    "http://developer.nvidia.com/nvidia-management-library-nvml/\n"
+    "http://pypi.python.org/pypi/nvidia-ml-py/\n"
+    "Supported products:\n"
+    "- Full Support\n"
+    "    - All Tesla products, starting with the Kepler architecture\n"
+    "    - All Quadro products, starting with the Kepler architecture\n"
+    "    - All GRID products, starting with the Kepler architecture\n"
+    "    - GeForce Titan products, starting with the Kepler architecture\n"
+    "- Limited Support\n"
+    "    - All Geforce products, starting with the Kepler architecture\n"
+    "nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...\n"
+    "\n"
+    "    -h,   --help                Print usage information and exit.\n"
+    "\n"
+    "  LIST OPTIONS:\n"
+    "\n"
+    "    -L,   --list-gpus           Display a list of GPUs connected to the system.\n"
+    "\n"
+    "    -B,   --list-excluded-gpus  Display a list of excluded GPUs in the system.\n"
+    "\n"
+    "  SUMMARY OPTIONS:\n"
+    "\n"
+    "    <no arguments>              Show a summary of GPUs connected to the system.\n"
+    "\n"
+    "    [plus any of]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific GPU.\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -l,   --loop=               Probe until Ctrl+C at specified second interval.\n"
+    "\n"
+    "  QUERY OPTIONS:\n"
+    "\n"
+    "    -q,   --query               Display GPU or Unit info.\n"
+    "\n"
+    "    [plus any of]\n"
+    "\n"
+    "    -u,   --unit                Show unit, rather than GPU, attributes.\n"
+    "    -i,   --id=                 Target a specific GPU or Unit.\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -x,   --xml-format          Produce XML output.\n"
+    "          --dtd                 When showing xml output, embed DTD.\n"
+    "    -d,   --display=            Display only selected information: MEMORY,\n"
+    "                                    UTILIZATION, ECC, TEMPERATURE, POWER, CLOCK,\n"
+    "                                    COMPUTE, PIDS, PERFORMANCE, SUPPORTED_CLOCKS,\n"
+    "                                    PAGE_RETIREMENT, ACCOUNTING, ENCODER_STATS,\n"
+    "                                    SUPPORTED_GPU_TARGET_TEMP, VOLTAGE\n"
+    "                                    FBC_STATS, ROW_REMAPPER, RESET_STATUS\n"
+    "                                Flags can be combined with comma e.g. ECC,POWER.\n"
+    "                                Sampling data with max/min/avg is also returned \n"
+    "                                for POWER, UTILIZATION and CLOCK display types.\n"
+    "                                Doesn't work with -u or -x flags.\n"
+    "    -l,   --loop=               Probe until Ctrl+C at specified second interval.\n"
+    "\n"
+    "    -lms, --loop-ms=            Probe until Ctrl+C at specified millisecond interval.\n"
+    "\n"
+    "  SELECTIVE QUERY OPTIONS:\n"
+    "\n"
+    "    Allows the caller to pass an explicit list of properties to query.\n"
+    "\n"
+    "    [one of]\n"
+    "\n"
+    "    --query-gpu                 Information about GPU.\n"
+    "                                Call --help-query-gpu for more info.\n"
+    "    --query-supported-clocks    List of supported clocks.\n"
+    "                                Call --help-query-supported-clocks for more info.\n"
+    "    --query-compute-apps        List of currently active compute processes.\n"
+    "                                Call --help-query-compute-apps for more info.\n"
+    "    --query-accounted-apps      List of accounted compute processes.\n"
+    "                                Call --help-query-accounted-apps for more info.\n"
+    "                                This query is not supported on vGPU host.\n"
+    "    --query-retired-pages       List of device memory pages that have been retired.\n"
+    "                                Call --help-query-retired-pages for more info.\n"
+    "    --query-remapped-rows       Information about remapped rows.\n"
+    "                                Call --help-query-remapped-rows for more info.\n"
+    "\n"
+    "    [mandatory]\n"
+    "\n"
+    "    --format=                   Comma separated list of format options:\n"
+    "                                  csv - comma separated values (MANDATORY)\n"
+    "                                  noheader - skip the first line with column headers\n"
+    "                                  nounits - don't print units for numerical\n"
+    "                                             values\n"
+    "\n"
+    "    [plus any of]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific GPU or Unit.\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -l,   --loop=               Probe until Ctrl+C at specified second interval.\n"
+    "    -lms, --loop-ms=            Probe until Ctrl+C at specified millisecond interval.\n"
+    "\n"
+    "  DEVICE MODIFICATION OPTIONS:\n"
+    "\n"
+    "    [any one of]\n"
+    "\n"
+    "    -pm,  --persistence-mode=   Set persistence mode: 0/DISABLED, 1/ENABLED\n"
+    "    -e,   --ecc-config=         Toggle ECC support: 0/DISABLED, 1/ENABLED\n"
+    "    -p,   --reset-ecc-errors=   Reset ECC error counts: 0/VOLATILE, 1/AGGREGATE\n"
+    "    -c,   --compute-mode=       Set MODE for compute applications:\n"
+    "                                0/DEFAULT, 1/EXCLUSIVE_THREAD (DEPRECATED),\n"
+    "                                2/PROHIBITED, 3/EXCLUSIVE_PROCESS\n"
+    "          --gom=                Set GPU Operation Mode:\n"
+    "                                    0/ALL_ON, 1/COMPUTE, 2/LOW_DP\n"
+    "    -r    --gpu-reset           Trigger reset of the GPU.\n"
+    "                                Can be used to reset the GPU HW state in situations\n"
+    "                                that would otherwise require a machine reboot.\n"
+    "                                Typically useful if a double bit ECC error has\n"
+    "                                occurred.\n"
+    "                                Reset operations are not guarenteed to work in\n"
+    "                                all cases and should be used with caution.\n"
+    "    -vm   --virt-mode=          Switch GPU Virtualization Mode:\n"
+    "                                Sets GPU virtualization mode to 3/VGPU or 4/VSGA\n"
+    "                                Virtualization mode of a GPU can only be set when\n"
+    "                                it is running on a hypervisor.\n"
+    "    -lgc  --lock-gpu-clocks=    Specifies <minGpuClock,maxGpuClock> clocks as a\n"
+    "                                    pair (e.g. 1500,1500) that defines the range \n"
+    "                                    of desired locked GPU clock speed in MHz.\n"
+    "                                    Setting this will supercede application clocks\n"
+    "                                    and take effect regardless if an app is running.\n"
+    "                                    Input can also be a singular desired clock value\n"
+    "                                    (e.g. <GpuClockValue>). Optionally, --mode can be\n"
+    "                                    specified to indicate a special mode.\n"
+    "    -m    --mode=               Specifies the mode for --locked-gpu-clocks.\n"
+    "                                    Valid modes: 0, 1\n"
+    "    -rgc  --reset-gpu-clocks\n"
+    "                                Resets the Gpu clocks to the default values.\n"
+    "    -lmc  --lock-memory-clocks=  Specifies <minMemClock,maxMemClock> clocks as a\n"
+    "                                    pair (e.g. 5100,5100) that defines the range \n"
+    "                                    of desired locked Memory clock speed in MHz.\n"
+    "                                    Input can also be a singular desired clock value\n"
+    "                                    (e.g. <MemClockValue>).\n"
+    "    -rmc  --reset-memory-clocks\n"
+    "                                Resets the Memory clocks to the default values.\n"
+    "    -lmcd --lock-memory-clocks-deferred=\n"
+    "                                    Specifies memClock clock to lock. This limit is\n"
+    "                                    applied the next time GPU is initialized.\n"
+    "                                    This is guaranteed by unloading and reloading the kernel module.\n"
+    "                                    Requires root.\n"
+    "    -rmcd --reset-memory-clocks-deferred\n"
+    "                                Resets the deferred Memory clocks applied.\n"
+    "    -ac   --applications-clocks= Specifies <memory,graphics> clocks as a\n"
+    "                                    pair (e.g. 2000,800) that defines GPU's\n"
+    "                                    speed in MHz while running applications on a GPU.\n"
+    "    -rac  --reset-applications-clocks\n"
+    "                                Resets the applications clocks to the default values.\n"
+    "    -pl   --power-limit=        Specifies maximum power management limit in watts.\n"
+    "                                Takes an optional argument --scope.\n"
+    "    -sc   --scope=              Specifies the device type for --scope: 0/GPU, 1/TOTAL_MODULE (Grace Hopper Only)\n"
+    "    -cc   --cuda-clocks=        Overrides or restores default CUDA clocks.\n"
+    "                                In override mode, GPU clocks higher frequencies when running CUDA applications.\n"
+    "                                Only on supported devices starting from the Volta series.\n"
+    "                                Requires administrator privileges.\n"
+    "                                0/RESTORE_DEFAULT, 1/OVERRIDE\n"
+    "    -am   --accounting-mode=    Enable or disable Accounting Mode: 0/DISABLED, 1/ENABLED\n"
+    "    -caa  --clear-accounted-apps\n"
+    "                                Clears all the accounted PIDs in the buffer.\n"
+    "          --auto-boost-default= Set the default auto boost policy to 0/DISABLED\n"
+    "                                or 1/ENABLED, enforcing the change only after the\n"
+    "                                last boost client has exited.\n"
+    "          --auto-boost-permission=\n"
+    "                                Allow non-admin/root control over auto boost mode:\n"
+    "                                0/UNRESTRICTED, 1/RESTRICTED\n"
+    "    -mig  --multi-instance-gpu= Enable or disable Multi Instance GPU: 0/DISABLED, 1/ENABLED\n"
+    "                                Requires root.\n"
+    "    -gtt  --gpu-target-temp=    Set GPU Target Temperature for a GPU in degree celsius.\n"
+    "                                Requires administrator privileges\n"
+    "\n"
+    "   [plus optional]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific GPU.\n"
+    "    -eow, --error-on-warning    Return a non-zero error for warnings.\n"
+    "\n"
+    "  UNIT MODIFICATION OPTIONS:\n"
+    "\n"
+    "    -t,   --toggle-led=         Set Unit LED state: 0/GREEN, 1/AMBER\n"
+    "\n"
+    "   [plus optional]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific Unit.\n"
+    "\n"
+    "  SHOW DTD OPTIONS:\n"
+    "\n"
+    "          --dtd                 Print device DTD and exit.\n"
+    "\n"
+    "     [plus optional]\n"
+    "\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -u,   --unit                Show unit, rather than device, DTD.\n"
+    "\n"
+    "    --debug=                    Log encrypted debug information to a specified file. \n"
+    "\n"
+    " Device Monitoring:\n"
+    "    dmon                        Displays device stats in scrolling format.\n"
+    "                                \"nvidia-smi dmon -h\" for more information.\n"
+    "\n"
+    "    daemon                      Runs in background and monitor devices as a daemon process.\n"
+    "                                This is an experimental feature. Not supported on Windows baremetal\n"
+    "                                \"nvidia-smi daemon -h\" for more information.\n"
+    "\n"
+    "    replay                      Used to replay/extract the persistent stats generated by daemon.\n"
+    "                                This is an experimental feature.\n"
+    "                                \"nvidia-smi replay -h\" for more information.\n"
+    "\n"
+    " Process Monitoring:\n"
+    "    pmon                        Displays process stats in scrolling format.\n"
+    "                                \"nvidia-smi pmon -h\" for more information.\n"
+    "\n"
+    " TOPOLOGY:\n"
+    "    topo                        Displays device/system topology. \"nvidia-smi topo -h\" for more information.\n"
+    "\n"
+    " DRAIN STATES:\n"
+    "    drain                       Displays/modifies GPU drain states for power idling. \"nvidia-smi drain -h\" for more information.\n"
+    "\n"
+    " NVLINK:\n"
+    "    nvlink                      Displays device nvlink information. \"nvidia-smi nvlink -h\" for more information.\n"
+    "\n"
+    " C2C:\n"
+    "    c2c                         Displays device C2C information. \"nvidia-smi c2c -h\" for more information.\n"
+    "\n"
+    " CLOCKS:\n"
+    "    clocks                      Control and query clock information. \"nvidia-smi clocks -h\" for more information.\n"
+    "\n"
+    " ENCODER SESSIONS:\n"
+    "    encodersessions             Displays device encoder sessions information. \"nvidia-smi encodersessions -h\" for more information.\n"
+    "\n"
+    " FBC SESSIONS:\n"
+    "    fbcsessions                 Displays device FBC sessions information. \"nvidia-smi fbcsessions -h\" for more information.\n"
+    "\n"
+    " GRID vGPU:\n"
+    "    vgpu                        Displays vGPU information. \"nvidia-smi vgpu -h\" for more information.\n"
+    "\n"
+    " MIG:\n"
+    "    mig                         Provides controls for MIG management. \"nvidia-smi mig -h\" for more information.\n"
+    "\n"
+    " COMPUTE POLICY:\n"
+    "    compute-policy              Control and query compute policies. \"nvidia-smi compute-policy -h\" for more information. \n"
+    "\n"
+    " BOOST SLIDER:\n"
+    "    boost-slider                Control and query boost sliders. \"nvidia-smi boost-slider -h\" for more information. \n"
+    "\n"
+    " POWER HINT:    power-hint                  Estimates GPU power usage. \"nvidia-smi power-hint -h\" for more information. \n"
+    "\n"
+    " BASE CLOCKS:    base-clocks                 Query GPU base clocks. \"nvidia-smi base-clocks -h\" for more information. \n"
+    "\n"
+    " CONFIDENTIAL COMPUTE:\n"
+    "    conf-compute                Control and query confidential compute. \"nvidia-smi conf-compute -h\" for more information. \n"
+    "\n"
+    " GPU PERFORMANCE MONITORING: \n"
+    "    gpm                         Control and query GPU performance monitoring unit. \"nvidia-smi gpm -h\" for more information. \n"
+    "\n"
+    "Please see the nvidia-smi(1) manual page for more detailed information.\n";
+
+static const char HELP_QUERY_GPU_535[] =
+    "List of valid properties to query for the switch \"--query-gpu\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"driver_version\"\n"
+    "The version of the installed NVIDIA display driver. This is an alphanumeric string.\n"
+    "\n"
+    "Section about vgpu_driver_capability properties\n"
+    "Retrieves information about driver level caps.\n"
+    "\n"
+    "\"vgpu_driver_capability.heterogenous_multivGPU\"\n"
+    "Whether heterogeneuos multi-vGPU is supported by driver.\n"
+    "\n"
+    "\"count\"\n"
+    "The number of NVIDIA GPUs in the system.\n"
+    "\n"
+    "\"name\" or \"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"serial\" or \"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"uuid\" or \"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"pci.bus_id\" or \"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"pci.domain\"\n"
+    "PCI domain number, in hex.\n"
+    "\n"
+    "\"pci.bus\"\n"
+    "PCI bus number, in hex.\n"
+    "\n"
+    "\"pci.device\"\n"
+    "PCI device number, in hex.\n"
+    "\n"
+    "\"pci.device_id\"\n"
+    "PCI vendor device id, in hex\n"
+    "\n"
+    "\"pci.sub_device_id\"\n"
+    "PCI Sub System id, in hex\n"
+    "\n"
+    "Section about vgpu_device_capability properties\n"
+    "Retrieves information about device level caps.\n"
+    "\n"
+    "\"vgpu_device_capability.fractional_multiVgpu\"\n"
+    "Fractional vGPU profiles on this GPU can be used in multi-vGPU configurations.\n"
+    "\n"
+    "\"vgpu_device_capability.heterogeneous_timeSlice_profile\"\n"
+    "Supports concurrent execution of timesliced vGPU profiles of differing types.\n"
+    "\n"
+    "\"vgpu_device_capability.heterogeneous_timeSlice_sizes\"\n"
+    "Supports concurrent execution of timesliced vGPU profiles of differing framebuffer sizes.\n"
+    "\n"
+    "\"pcie.link.gen.current\"\n"
+    "The current PCI-E link generation. These may be reduced when the GPU is not in use. Deprecated, use pcie.link.gen.gpucurrent instead.\n"
+    "\n"
+    "\"pcie.link.gen.gpucurrent\"\n"
+    "The current PCI-E link generation. These may be reduced when the GPU is not in use.\n"
+    "\n"
+    "\"pcie.link.gen.max\"\n"
+    "The maximum PCI-E link generation possible with this GPU and system configuration. For example, if the GPU supports a higher PCIe generation than the system supports then this reports the system PCIe generation.\n"
+    "\n"
+    "\"pcie.link.gen.gpumax\"\n"
+    "The maximum PCI-E link generation supported by this GPU.\n"
+    "\n"
+    "\"pcie.link.gen.hostmax\"\n"
+    "The maximum PCI-E link generation supported by the root port corresponding to this GPU.\n"
+    "\n"
+    "\"pcie.link.width.current\"\n"
+    "The current PCI-E link width. These may be reduced when the GPU is not in use.\n"
+    "\n"
+    "\"pcie.link.width.max\"\n"
+    "The maximum PCI-E link width possible with this GPU and system configuration. For example, if the GPU supports a higher PCIe generation than the system supports then this reports the system PCIe generation.\n"
+    "\n"
+    "\"index\"\n"
+    "Zero based index of the GPU. Can change at each boot.\n"
+    "\n"
+    "\"display_mode\"\n"
+    "A flag that indicates whether a physical display (e.g. monitor) is currently connected to any of the GPU's connectors. \"Enabled\" indicates an attached display. \"Disabled\" indicates otherwise.\n"
+    "\n"
+    "\"display_active\"\n"
+    "A flag that indicates whether a display is initialized on the GPU's (e.g. memory is allocated on the device for display). Display can be active even when no monitor is physically attached. \"Enabled\" indicates an active display. \"Disabled\" indicates otherwise.\n"
+    "\n"
+    "\"persistence_mode\"\n"
+    "A flag that indicates whether persistence mode is enabled for the GPU. Value is either \"Enabled\" or \"Disabled\". When persistence mode is enabled the NVIDIA driver remains loaded even when no active clients, such as X11 or nvidia-smi, exist. This minimizes the driver load latency associated with running dependent apps, such as CUDA programs. Linux only.\n"
+    "\n"
+    "\"addressing_mode\"\n"
+    "A flag that indicates the type of addressing mode enabled for the GPU. Value is either \"HMM\" or \"ATS\" or \"None\". When the mode is HMM, system allocated memory (malloc, mmap) is addressable from the device (GPU), via software-based mirroring of the CPU's page tables, on the GPU. When the mode is ATS, system allocated memory (malloc, mmap) is addressable from the device (GPU), via Address Translation Services. This means that there is (effectively) a single set of page tables, and the CPU and GPU both use them. The mode is None when neither HMM nor ATS is active. Linux only.\n"
+    "\n"
+    "\"accounting.mode\"\n"
+    "A flag that indicates whether accounting mode is enabled for the GPU. Value is either \"Enabled\" or \"Disabled\". When accounting is enabled statistics are calculated for each compute process running on the GPU.Statistics can be queried during the lifetime or after termination of the process.The execution time of process is reported as 0 while the process is in running state and updated to actualexecution time after the process has terminated. See --help-query-accounted-apps for more info.\n"
+    "\n"
+    "\"accounting.buffer_size\"\n"
+    "The size of the circular buffer that holds list of processes that can be queried for accounting stats. This is the maximum number of processes that accounting information will be stored for before information about oldest processes will get overwritten by information about new processes.\n"
+    "\n"
+    "Section about driver_model properties\n"
+    "On Windows, the TCC and WDDM driver models are supported. The driver model can be changed with the (-dm) or (-fdm) flags. The TCC driver model is optimized for compute applications. I.E. kernel launch times will be quicker with TCC. The WDDM driver model is designed for graphics applications and is not recommended for compute applications. Linux does not support multiple driver models, and will always have the value of \"N/A\". Only for selected products. Please see feature matrix in NVML documentation.\n"
+    "\n"
+    "\"driver_model.current\"\n"
+    "The driver model currently in use. Always \"N/A\" on Linux.\n"
+    "\n"
+    "\"driver_model.pending\"\n"
+    "The driver model that will be used on the next reboot. Always \"N/A\" on Linux.\n"
+    "\n"
+    "\"vbios_version\"\n"
+    "The BIOS of the GPU board.\n"
+    "\n"
+    "Section about inforom properties\n"
+    "Version numbers for each object in the GPU board's inforom storage. The inforom is a small, persistent store of configuration and state data for the GPU. All inforom version fields are numerical. It can be useful to know these version numbers because some GPU features are only available with inforoms of a certain version or higher.\n"
+    "\n"
+    "\"inforom.img\" or \"inforom.image\"\n"
+    "Global version of the infoROM image. Image version just like VBIOS version uniquely describes the exact version of the infoROM flashed on the board in contrast to infoROM object version which is only an indicator of supported features.\n"
+    "\n"
+    "\"inforom.oem\"\n"
+    "Version for the OEM configuration data.\n"
+    "\n"
+    "\"inforom.ecc\"\n"
+    "Version for the ECC recording data.\n"
+    "\n"
+    "\"inforom.pwr\" or \"inforom.power\"\n"
+    "Version for the power management data.\n"
+    "\n"
+    "Section about reset_status properties\n"
+    "GPU reset status information. Reports if there is a GPU reset required or drain and reset recommended to recover from a bad state. 'N/A' indicates that the field is not supported on the current device or device configuration. An error message indicates that retrieving the field failed.\n"
+    "\n"
+    "\"reset_status.reset_required\"\n"
+    "Checks if a GPU reset is required.\n"
+    "\n"
+    "\"reset_status.drain_and_reset_recommended\"\n"
+    "Checks if a GPU drain and reset is recommended.\n"
+    "\n"
+    "Section about gom properties\n"
+    "GOM allows to reduce power usage and optimize GPU throughput by disabling GPU features. Each GOM is designed to meet specific user needs.\n"
+    "In \"All On\" mode everything is enabled and running at full speed.\n"
+    "The \"Compute\" mode is designed for running only compute tasks. Graphics operations are not allowed.\n"
+    "The \"Low Double Precision\" mode is designed for running graphics applications that don't require high bandwidth double precision.\n"
+    "GOM can be changed with the (--gom) flag.\n"
+    "\n"
+    "\"gom.current\" or \"gpu_operation_mode.current\"\n"
+    "The GOM currently in use.\n"
+    "\n"
+    "\"gom.pending\" or \"gpu_operation_mode.pending\"\n"
+    "The GOM that will be used on the next reboot.\n"
+    "\n"
+    "\"fan.speed\"\n"
+    "The fan speed value is the percent of the product's maximum noise tolerance fan speed that the device's fan is currently intended to run at. This value may exceed 100% in certain cases. Note: The reported speed is the intended fan speed. If the fan is physically blocked and unable to spin, this output will not match the actual fan speed. Many parts do not report fan speeds because they rely on cooling via fans in the surrounding enclosure.\n"
+    "\n"
+    "\"pstate\"\n"
+    "The current performance state for the GPU. States range from P0 (maximum performance) to P12 (minimum performance).\n"
+    "\n"
+    "Section about clocks_event_reasons properties\n"
+    "Retrieves information about factors that are reducing the frequency of clocks. If all event reasons are returned as \"Not Active\" it means that clocks are running as high as possible.\n"
+    "\n"
+    "\"clocks_event_reasons.supported\" or \"clocks_throttle_reasons.supported\"\n"
+    "Bitmask of supported clock event reasons. See nvml.h for more details.\n"
+    "\n"
+    "\"clocks_event_reasons.active\" or \"clocks_throttle_reasons.active\"\n"
+    "Bitmask of active clock event reasons. See nvml.h for more details.\n"
+    "\n"
+    "\"clocks_event_reasons.gpu_idle\" or \"clocks_throttle_reasons.gpu_idle\"\n"
+    "Nothing is running on the GPU and the clocks are dropping to Idle state. This limiter may be removed in a later release.\n"
+    "\n"
+    "\"clocks_event_reasons.applications_clocks_setting\" or \"clocks_throttle_reasons.applications_clocks_setting\"\n"
+    "GPU clocks are limited by applications clocks setting. E.g. can be changed by nvidia-smi --applications-clocks=\n"
+    "\n"
+    "\"clocks_event_reasons.sw_power_cap\" or \"clocks_throttle_reasons.sw_power_cap\"\n"
+    "SW Power Scaling algorithm is reducing the clocks below requested clocks because the GPU is consuming too much power. E.g. SW power cap limit can be changed with nvidia-smi --power-limit=\n"
+    "\n"
+    "\"clocks_event_reasons.hw_slowdown\" or \"clocks_throttle_reasons.hw_slowdown\"\n"
+    "HW Slowdown (reducing the core clocks by a factor of 2 or more) is engaged. This is an indicator of:\n"
+    " HW Thermal Slowdown: temperature being too high\n"
+    " HW Power Brake Slowdown: External Power Brake Assertion is triggered (e.g. by the system power supply)\n"
+    " * Power draw is too high and Fast Trigger protection is reducing the clocks\n"
+    " * May be also reported during PState or clock change\n"
+    " * This behavior may be removed in a later release\n"
+    "\n"
+    "\"clocks_event_reasons.hw_thermal_slowdown\" or \"clocks_throttle_reasons.hw_thermal_slowdown\"\n"
+    "HW Thermal Slowdown (reducing the core clocks by a factor of 2 or more) is engaged. This is an indicator of temperature being too high\n"
+    "\n"
+    "\"clocks_event_reasons.hw_power_brake_slowdown\" or \"clocks_throttle_reasons.hw_power_brake_slowdown\"\n"
+    "HW Power Brake Slowdown (reducing the core clocks by a factor of 2 or more) is engaged. This is an indicator of External Power Brake Assertion being triggered (e.g. by the system power supply)\n"
+    "\n"
+    "\"clocks_event_reasons.sw_thermal_slowdown\" or \"clocks_throttle_reasons.sw_thermal_slowdown\"\n"
+    "SW Thermal capping algorithm is reducing clocks below requested clocks because GPU temperature is higher than Max Operating Temp.\n"
+    "\n"
+    "\"clocks_event_reasons.sync_boost\" or \"clocks_throttle_reasons.sync_boost\"\n"
+    "Sync Boost This GPU has been added to a Sync boost group with nvidia-smi or DCGM in\n"
+    " * order to maximize performance per watt. All GPUs in the sync boost group\n"
+    " * will boost to the minimum possible clocks across the entire group. Look at\n"
+    " * the event reasons for other GPUs in the system to see why those GPUs are\n"
+    " * holding this one at lower clocks.\n"
+    "\n"
+    "Section about memory properties\n"
+    "On-board memory information. Reported total memory is affected by ECC state. If ECC is enabled the total available memory is decreased by several percent, due to the requisite parity bits. The driver may also reserve a small amount of memory for internal use, even without active work on the GPU.\n"
+    "\n"
+    "\"memory.total\"\n"
+    "Total installed GPU memory.\n"
+    "\n"
+    "\"memory.reserved\"\n"
+    "Total memory reserved by the NVIDIA driver and firmware.\n"
+    "\n"
+    "\"memory.used\"\n"
+    "Total memory allocated by active contexts.\n"
+    "\n"
+    "\"memory.free\"\n"
+    "Total free memory.\n"
+    "\n"
+    "\"compute_mode\"\n"
+    "The compute mode flag indicates whether individual or multiple compute applications may run on the GPU.\n"
+    "\"0: Default\" means multiple contexts are allowed per device.\n"
+    "\"1: Exclusive_Thread\", deprecated, use Exclusive_Process instead\n"
+    "\"2: Prohibited\" means no contexts are allowed per device (no compute apps).\n"
+    "\"3: Exclusive_Process\" means only one context is allowed per device, usable from multiple threads at a time.\n"
+    "\n"
+    "\"compute_cap\"\n"
+    "The CUDA Compute Capability, represented as Major DOT Minor.\n"
+    "\n"
+    "Section about utilization properties\n"
+    "Utilization rates report how busy each GPU is over time, and can be used to determine how much an application is using the GPUs in the system.\n"
+    "Note: On MIG-enabled GPUs, querying the utilization of encoder, decoder, jpeg, ofa, gpu, and memory is not currently supported.\n"
+    "\n"
+    "\"utilization.gpu\"\n"
+    "Percent of time over the past sample period during which one or more kernels was executing on the GPU.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "\"utilization.memory\"\n"
+    "Percent of time over the past sample period during which global (device) memory was being read or written.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "\"utilization.encoder\"\n"
+    "Percent of time over the past sample period during which one or more kernels was executing on the Encoder Engine.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "\"utilization.decoder\"\n"
+    "Percent of time over the past sample period during which one or more kernels was executing on the Decoder Engine.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "\"utilization.jpeg\"\n"
+    "Percent of time over the past sample period during which one or more kernels was executing on the Jpeg Engine.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "\"utilization.ofa\"\n"
+    "Percent of time over the past sample period during which one or more kernels was executing on the Optical Flow Accelerator Engine.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "Section about encoder.stats properties\n"
+    "Encoder stats report number of encoder sessions, average FPS and average latency in us for given GPUs in the system.\n"
+    "\n"
+    "\"encoder.stats.sessionCount\"\n"
+    "Number of encoder sessions running on the GPU.\n"
+    "\n"
+    "\"encoder.stats.averageFps\"\n"
+    "Average FPS of all sessions running on the GPU.\n"
+    "\n"
+    "\"encoder.stats.averageLatency\"\n"
+    "Average latency in microseconds of all sessions running on the GPU.\n"
+    "\n"
+    "Section about ecc.mode properties\n"
+    "A flag that indicates whether ECC support is enabled. May be either \"Enabled\" or \"Disabled\". Changes to ECC mode require a reboot. Requires Inforom ECC object version 1.0 or higher.\n"
+    "\n"
+    "\"ecc.mode.current\"\n"
+    "The ECC mode that the GPU is currently operating under.\n"
+    "\n"
+    "\"ecc.mode.pending\"\n"
+    "The ECC mode that the GPU will operate under after the next reboot.\n"
+    "\n"
+    "Section about ecc.errors properties\n"
+    "NVIDIA GPUs can provide error counts for various types of ECC errors. Some ECC errors are either single or double bit, where single bit errors are corrected and double bit errors are uncorrectable. Texture memory errors may be correctable via resend or uncorrectable if the resend fails. These errors are available across two timescales (volatile and aggregate). Single bit ECC errors are automatically corrected by the HW and do not result in data corruption. Double bit errors are detected but not corrected. Please see the ECC documents on the web for information on compute application behavior when double bit errors occur. Volatile error counters track the number of errors detected since the last driver load. Aggregate error counts persist indefinitely and thus act as a lifetime counter.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "Section about retired_pages properties\n"
+    "NVIDIA GPUs can retire pages of GPU device memory when they become unreliable. This can happen when multiple single bit ECC errors occur for the same page, or on a double bit ECC error. When a page is retired, the NVIDIA driver will hide it such that no driver, or application memory allocations can access it.\n"
+    "\n"
+    "\"retired_pages.single_bit_ecc.count\" or \"retired_pages.sbe\"\n"
+    "The number of GPU device memory pages that have been retired due to multiple single bit ECC errors.\n"
+    "\n"
+    "\"retired_pages.double_bit.count\" or \"retired_pages.dbe\"\n"
+    "The number of GPU device memory pages that have been retired due to a double bit ECC error.\n"
+    "\n"
+    "\"retired_pages.pending\"\n"
+    "Checks if any GPU device memory pages are pending retirement on the next reboot. Pages that are pending retirement can still be allocated, and may cause further reliability issues.\n"
+    "\n"
+    "\"temperature.gpu\"\n"
+    " Core GPU temperature. in degrees C.\n"
+    "\n"
+    "\"temperature.gpu.tlimit\"\n"
+    " GPU T.Limit temperature. in degrees C.\n"
+    "\n"
+    "\"temperature.memory\"\n"
+    " HBM memory temperature. in degrees C.\n"
+    "\n"
+    "\"power.management\"\n"
+    "A flag that indicates whether power management is enabled. Either \"Supported\" or \"[Not Supported]\". Requires Inforom PWR object version 3.0 or higher or Kepler device.\n"
+    "\n"
+    "\"power.draw\"\n"
+    "The last measured power draw for the entire board, in watts. On Ampere or newer devices, returns average power draw over 1 sec. On older devices, returns instantaneous power draw. Only available if power management is supported. This reading is accurate to within +/- 5 watts.\n"
+    "\n"
+    "\"power.draw.average\"\n"
+    "The last measured average power draw for the entire board, in watts. Only available if power management is supported and Ampere (except GA100) or newer devices. This reading is accurate to within +/- 5 watts.\n"
+    "\n"
+    "\"power.draw.instant\"\n"
+    "The last measured instant power draw for the entire board, in watts. Only available if power management is supported. This reading is accurate to within +/- 5 watts.\n"
+    "\n"
+    "\"power.limit\"\n"
+    "The software power limit in watts. Set by software like nvidia-smi. On Kepler devices Power Limit can be adjusted using [-pl | --power-limit=] switches.\n"
+    "\n"
+    "\"enforced.power.limit\"\n"
+    "The power management algorithm's power ceiling, in watts. Total board power draw is manipulated by the power management algorithm such that it stays under this value. This value is the minimum of various power limiters.\n"
+    "\n"
+    "\"power.default_limit\"\n"
+    "The default power management algorithm's power ceiling, in watts. Power Limit will be set back to Default Power Limit after driver unload.\n"
+    "\n"
+    "\"power.min_limit\"\n"
+    "The minimum value in watts that power limit can be set to.\n"
+    "\n"
+    "\"power.max_limit\"\n"
+    "The maximum value in watts that power limit can be set to.\n"
+    "\n"
+    "\"clocks.current.graphics\" or \"clocks.gr\"\n"
+    "Current frequency of graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.current.sm\" or \"clocks.sm\"\n"
+    "Current frequency of SM (Streaming Multiprocessor) clock.\n"
+    "\n"
+    "\"clocks.current.memory\" or \"clocks.mem\"\n"
+    "Current frequency of memory clock.\n"
+    "\n"
+    "\"clocks.current.video\" or \"clocks.video\"\n"
+    "Current frequency of video encoder/decoder clock.\n"
+    "\n"
+    "Section about clocks.applications properties\n"
+    "User specified frequency at which applications will be running at. Can be changed with [-ac | --applications-clocks] switches.\n"
+    "\n"
+    "\"clocks.applications.graphics\" or \"clocks.applications.gr\"\n"
+    "User specified frequency of graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.applications.memory\" or \"clocks.applications.mem\"\n"
+    "User specified frequency of memory clock.\n"
+    "\n"
+    "Section about clocks.default_applications properties\n"
+    "Default frequency at which applications will be running at. Application clocks can be changed with [-ac | --applications-clocks] switches. Application clocks can be set to default using [-rac | --reset-applications-clocks] switches.\n"
+    "\n"
+    "\"clocks.default_applications.graphics\" or \"clocks.default_applications.gr\"\n"
+    "Default frequency of applications graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.default_applications.memory\" or \"clocks.default_applications.mem\"\n"
+    "Default frequency of applications memory clock.\n"
+    "\n"
+    "Section about clocks.max properties\n"
+    "Maximum frequency at which parts of the GPU are design to run.\n"
+    "\n"
+    "\"clocks.max.graphics\" or \"clocks.max.gr\"\n"
+    "Maximum frequency of graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.max.sm\" or \"clocks.max.sm\"\n"
+    "Maximum frequency of SM (Streaming Multiprocessor) clock.\n"
+    "\n"
+    "\"clocks.max.memory\" or \"clocks.max.mem\"\n"
+    "Maximum frequency of memory clock.\n"
+    "\n"
+    "Section about mig.mode properties\n"
+    "A flag that indicates whether MIG mode is enabled. May be either \"Enabled\" or \"Disabled\". Changes to MIG mode require a GPU reset.\n"
+    "\n"
+    "\"mig.mode.current\"\n"
+    "The MIG mode that the GPU is currently operating under.\n"
+    "\n"
+    "\"mig.mode.pending\"\n"
+    "The MIG mode that the GPU will operate under after reset.\n"
+    "\n"
+    "Section about gsp.mode properties\n"
+    "A flag that indicates whether GSP firmware is enabled.May be either \"Enabled\" or \"Disabled\".\n"
+    "\n"
+    "\"gsp.mode.current\"\n"
+    "The current status of GSP firmware.\n"
+    "\n"
+    "\"gsp.mode.default\"\n"
+    "The default status of GSP firmware.\n"
+    "\n"
+    "Section about protected_memory properties\n"
+    "On-board protected memory information.\n"
+    "\n"
+    "\"protected_memory.total\"\n"
+    "Total installed GPU conf compute protected memory.\n"
+    "\n"
+    "\"protected_memory.used\"\n"
+    "Total conf compute protected memory allocated by active contexts.\n"
+    "\n"
+    "\"protected_memory.free\"\n"
+    "Total free conf compute protected memory.\n"
+    "\n"
+    "\"fabric.state\"\n"
+    "Current state of GPU fabric registration process.\n"
+    "\n"
+    "\"fabric.status\"\n"
+    "Error status, valid only if gpu fabric registration state is \"completed\"\n"
+    "\n";
+
+static const char HELP_QUERY_COMPUTE_APPS_535[] =
+    "List of valid properties to query for the switch \"--query-compute-apps\":\n"
+    "\n"
+    "Section about Active Compute Processes properties\n"
+    "List of processes having compute context on the device.\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"pid\"\n"
+    "Process ID of the compute application\n"
+    "\n"
+    "\"process_name\" or \"name\"\n"
+    "Process Name\n"
+    "\n"
+    "\"used_gpu_memory\" or \"used_memory\"\n"
+    "Amount memory used on the device by the context. Not available on Windows when running in WDDM mode because Windows KMD manages all the memory not NVIDIA driver.\n"
+    "\n";
+
+static const char HELP_QUERY_ACCOUNTED_APPS_535[] =
+    "List of valid properties to query for the switch \"--query-accounted-apps\":\n"
+    "\n"
+    "Section about Accounted Graphics/Compute Processes properties\n"
+    "List of accounted processes having had a graphics/compute context on the device.\n"
+    "\n"
+    "Format options and one or more properties to be queried need to be provided as comma separated values for this switch.\n"
+    "For example:\n"
+    "nvidia-smi --query-accounted-apps=gpu_name,pid,time,gpu_util,mem_util,max_memory_usage --format=csv\n"
+    "\n"
+    "List of properties that can be queried are:\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"vgpu_instance\"\n"
+    "vGPU instance\n"
+    "\n"
+    "\"pid\"\n"
+    "Process ID of the compute application\n"
+    "\n"
+    "\"gpu_utilization\" or \"gpu_util\"\n"
+    "GPU Utilization\n"
+    "\n"
+    "\"mem_utilization\" or \"mem_util\"\n"
+    "Percentage of GPU memory utilized on the device by the context.\n"
+    "\n"
+    "\"max_memory_usage\"\n"
+    "Maximum amount memory used on the device by the context.\n"
+    "\n"
+    "\"time\"\n"
+    "Amount of time in ms during which the compute context was active.\n"
+    "\n";
+
+static const char HELP_QUERY_RETIRED_PAGES_535[] =
+    "List of valid properties to query for the switch \"--query-retired-pages\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"retired_pages.address\"\n"
+    "Address of a retired page. Address might be different when ECC is Enabled or Disabled.\n"
+    "\n"
+    "\"retired_pages.timestamp\"\n"
+    "Timestamp at which the page was retired.\n"
+    "\n"
+    "\"retired_pages.cause\"\n"
+    "Reason that describes why the page was retired. Can take one of two values: \n"
+    " - Double Bit ECC - The number of GPU device memory pages that have been retired due to a double bit ECC error.\n"
+    " - Single Bit ECC - The number of GPU device memory pages that have been retired due to multiple single bit ECC errors.\n"
+    "\n";
+
+static const char HELP_QUERY_REMAPPED_ROWS_535[] =
+    "List of valid properties to query for the switch \"--query-remapped-rows\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"remapped_rows.correctable\"\n"
+    "The number of rows that have been remapped due to correctable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.uncorrectable\"\n"
+    "The number of rows that have been remapped due to uncorrectable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.pending\"\n"
+    "Whether or not there are pending row-remappings.\n"
+    "\n"
+    "\"remapped_rows.failure\"\n"
+    "Whether or not a row remapping has failed in the past.\n"
+    "\n";
+
+static const struct qfield QUERY_GPU_FIELDS_535[] = {
+    {"timestamp", "", "", K_timestamp},
+    {"driver_version", "", "", K_driver_version},
+    {"vgpu_driver_capability.heterogenous_multivGPU", "", "", K_vgpu_driver_capability_heterogenous_multivGPU},
+    {"count", "", "", K_count},
+    {"name", "gpu_name", "", K_name},
+    {"serial", "gpu_serial", "", K_serial},
+    {"uuid", "gpu_uuid", "", K_uuid},
+    {"pci.bus_id", "gpu_bus_id", "", K_pci_bus_id},
+    {"pci.domain", "", "", K_pci_domain},
+    {"pci.bus", "", "", K_pci_bus},
+    {"pci.device", "", "", K_pci_device},
+    {"pci.device_id", "", "", K_pci_device_id},
+    {"pci.sub_device_id", "", "", K_pci_sub_device_id},
+    {"vgpu_device_capability.fractional_multiVgpu", "", "", K_vgpu_device_capability_fractional_multiVgpu},
+    {"vgpu_device_capability.heterogeneous_timeSlice_profile", "", "", K_vgpu_device_capability_heterogeneous_timeSlice_profile},
+    {"vgpu_device_capability.heterogeneous_timeSlice_sizes", "", "", K_vgpu_device_capability_heterogeneous_timeSlice_sizes},
+    {"pcie.link.gen.current", "", "", K_pcie_link_gen_current},
+    {"pcie.link.gen.gpucurrent", "", "", K_pcie_link_gen_gpucurrent},
+    {"pcie.link.gen.max", "", "", K_pcie_link_gen_max},
+    {"pcie.link.gen.gpumax", "", "", K_pcie_link_gen_gpumax},
+    {"pcie.link.gen.hostmax", "", "", K_pcie_link_gen_hostmax},
+    {"pcie.link.width.current", "", "", K_pcie_link_width_current},
+    {"pcie.link.width.max", "", "", K_pcie_link_width_max},
+    {"index", "", "", K_index},
+    {"display_mode", "", "", K_display_mode},
+    {"display_active", "", "", K_display_active},
+    {"persistence_mode", "", "", K_persistence_mode},
+    {"addressing_mode", "", "", K_addressing_mode},
+    {"accounting.mode", "", "", K_accounting_mode},
+    {"accounting.buffer_size", "", "", K_accounting_buffer_size},
+    {"driver_model.current", "", "", K_driver_model_current},
+    {"driver_model.pending", "", "", K_driver_model_pending},
+    {"vbios_version", "", "", K_vbios_version},
+    {"inforom.img", "inforom.image", "", K_inforom_img},
+    {"inforom.oem", "", "", K_inforom_oem},
+    {"inforom.ecc", "", "", K_inforom_ecc},
+    {"inforom.pwr", "inforom.power", "", K_inforom_pwr},
+    {"reset_status.reset_required", "", "", K_NONE},
+    {"reset_status.drain_and_reset_recommended", "", "", K_NONE},
+    {"gom.current", "gpu_operation_mode.current", "", K_gom_current},
+    {"gom.pending", "gpu_operation_mode.pending", "", K_gom_pending},
+    {"fan.speed", "", "%", K_fan_speed},
+    {"pstate", "", "", K_pstate},
+    {"clocks_event_reasons.supported", "clocks_throttle_reasons.supported", "", K_clocks_event_reasons_supported},
+    {"clocks_event_reasons.active", "clocks_throttle_reasons.active", "", K_clocks_event_reasons_active},
+    {"clocks_event_reasons.gpu_idle", "clocks_throttle_reasons.gpu_idle", "", K_clocks_event_reasons_gpu_idle},
+    {"clocks_event_reasons.applications_clocks_setting", "clocks_throttle_reasons.applications_clocks_setting", "", K_clocks_event_reasons_applications_clocks_setting},
+    {"clocks_event_reasons.sw_power_cap", "clocks_throttle_reasons.sw_power_cap", "", K_clocks_event_reasons_sw_power_cap},
+    {"clocks_event_reasons.hw_slowdown", "clocks_throttle_reasons.hw_slowdown", "", K_clocks_event_reasons_hw_slowdown},
+    {"clocks_event_reasons.hw_thermal_slowdown", "clocks_throttle_reasons.hw_thermal_slowdown", "", K_clocks_event_reasons_hw_thermal_slowdown},
+    {"clocks_event_reasons.hw_power_brake_slowdown", "clocks_throttle_reasons.hw_power_brake_slowdown", "", K_clocks_event_reasons_hw_power_brake_slowdown},
+    {"clocks_event_reasons.sw_thermal_slowdown", "clocks_throttle_reasons.sw_thermal_slowdown", "", K_clocks_event_reasons_sw_thermal_slowdown},
+    {"clocks_event_reasons.sync_boost", "clocks_throttle_reasons.sync_boost", "", K_clocks_event_reasons_sync_boost},
+    {"memory.total", "", "MiB", K_memory_total},
+    {"memory.reserved", "", "MiB", K_memory_reserved},
+    {"memory.used", "", "MiB", K_memory_used},
+    {"memory.free", "", "MiB", K_memory_free},
+    {"compute_mode", "", "", K_compute_mode},
+    {"compute_cap", "", "", K_compute_cap},
+    {"utilization.gpu", "", "%", K_utilization_gpu},
+    {"utilization.memory", "", "%", K_utilization_memory},
+    {"utilization.encoder", "", "%", K_utilization_encoder},
+    {"utilization.decoder", "", "%", K_utilization_decoder},
+    {"utilization.jpeg", "", "%", K_utilization_jpeg},
+    {"utilization.ofa", "", "%", K_utilization_ofa},
+    {"encoder.stats.sessionCount", "", "", K_encoder_stats_sessionCount},
+    {"encoder.stats.averageFps", "", "", K_encoder_stats_averageFps},
+    {"encoder.stats.averageLatency", "", "", K_encoder_stats_averageLatency},
+    {"ecc.mode.current", "", "", K_ecc_mode_current},
+    {"ecc.mode.pending", "", "", K_ecc_mode_pending},
+    {"ecc.errors.corrected.volatile.device_memory", "", "", K_ecc_errors_corrected_volatile_device_memory},
+    {"ecc.errors.corrected.volatile.dram", "", "", K_ecc_errors_corrected_volatile_dram},
+    {"ecc.errors.corrected.volatile.register_file", "", "", K_ecc_errors_corrected_volatile_register_file},
+    {"ecc.errors.corrected.volatile.l1_cache", "", "", K_ecc_errors_corrected_volatile_l1_cache},
+    {"ecc.errors.corrected.volatile.l2_cache", "", "", K_ecc_errors_corrected_volatile_l2_cache},
+    {"ecc.errors.corrected.volatile.texture_memory", "", "", K_ecc_errors_corrected_volatile_texture_memory},
+    {"ecc.errors.corrected.volatile.cbu", "", "", K_ecc_errors_corrected_volatile_cbu},
+    {"ecc.errors.corrected.volatile.sram", "", "", K_ecc_errors_corrected_volatile_sram},
+    {"ecc.errors.corrected.volatile.total", "", "", K_ecc_errors_corrected_volatile_total},
+    {"ecc.errors.corrected.aggregate.device_memory", "", "", K_ecc_errors_corrected_aggregate_device_memory},
+    {"ecc.errors.corrected.aggregate.dram", "", "", K_ecc_errors_corrected_aggregate_dram},
+    {"ecc.errors.corrected.aggregate.register_file", "", "", K_ecc_errors_corrected_aggregate_register_file},
+    {"ecc.errors.corrected.aggregate.l1_cache", "", "", K_ecc_errors_corrected_aggregate_l1_cache},
+    {"ecc.errors.corrected.aggregate.l2_cache", "", "", K_ecc_errors_corrected_aggregate_l2_cache},
+    {"ecc.errors.corrected.aggregate.texture_memory", "", "", K_ecc_errors_corrected_aggregate_texture_memory},
+    {"ecc.errors.corrected.aggregate.cbu", "", "", K_ecc_errors_corrected_aggregate_cbu},
+    {"ecc.errors.corrected.aggregate.sram", "", "", K_ecc_errors_corrected_aggregate_sram},
+    {"ecc.errors.corrected.aggregate.total", "", "", K_ecc_errors_corrected_aggregate_total},
+    {"ecc.errors.uncorrected.volatile.device_memory", "", "", K_ecc_errors_uncorrected_volatile_device_memory},
+    {"ecc.errors.uncorrected.volatile.dram", "", "", K_ecc_errors_uncorrected_volatile_dram},
+    {"ecc.errors.uncorrected.volatile.register_file", "", "", K_ecc_errors_uncorrected_volatile_register_file},
+    {"ecc.errors.uncorrected.volatile.l1_cache", "", "", K_ecc_errors_uncorrected_volatile_l1_cache},
+    {"ecc.errors.uncorrected.volatile.l2_cache", "", "", K_ecc_errors_uncorrected_volatile_l2_cache},
+    {"ecc.errors.uncorrected.volatile.texture_memory", "", "", K_ecc_errors_uncorrected_volatile_texture_memory},
+    {"ecc.errors.uncorrected.volatile.cbu", "", "", K_ecc_errors_uncorrected_volatile_cbu},
+    {"ecc.errors.uncorrected.volatile.sram", "", "", K_ecc_errors_uncorrected_volatile_sram},
+    {"ecc.errors.uncorrected.volatile.total", "", "", K_ecc_errors_uncorrected_volatile_total},
+    {"ecc.errors.uncorrected.aggregate.device_memory", "", "", K_ecc_errors_uncorrected_aggregate_device_memory},
+    {"ecc.errors.uncorrected.aggregate.dram", "", "", K_ecc_errors_uncorrected_aggregate_dram},
+    {"ecc.errors.uncorrected.aggregate.register_file", "", "", K_ecc_errors_uncorrected_aggregate_register_file},
+    {"ecc.errors.uncorrected.aggregate.l1_cache", "", "", K_ecc_errors_uncorrected_aggregate_l1_cache},
+    {"ecc.errors.uncorrected.aggregate.l2_cache", "", "", K_ecc_errors_uncorrected_aggregate_l2_cache},
+    {"ecc.errors.uncorrected.aggregate.texture_memory", "", "", K_ecc_errors_uncorrected_aggregate_texture_memory},
+    {"ecc.errors.uncorrected.aggregate.cbu", "", "", K_ecc_errors_uncorrected_aggregate_cbu},
+    {"ecc.errors.uncorrected.aggregate.sram", "", "", K_ecc_errors_uncorrected_aggregate_sram},
+    {"ecc.errors.uncorrected.aggregate.total", "", "", K_ecc_errors_uncorrected_aggregate_total},
+    {"retired_pages.single_bit_ecc.count", "retired_pages.sbe", "", K_retired_pages_single_bit_ecc_count},
+    {"retired_pages.double_bit.count", "retired_pages.dbe", "", K_retired_pages_double_bit_count},
+    {"retired_pages.pending", "", "", K_retired_pages_pending},
+    {"temperature.gpu", "", "", K_temperature_gpu},
+    {"temperature.gpu.tlimit", "", "", K_temperature_gpu_tlimit},
+    {"temperature.memory", "", "", K_temperature_memory},
+    {"power.management", "", "", K_power_management},
+    {"power.draw", "", "W", K_power_draw},
+    {"power.draw.average", "", "W", K_power_draw_average},
+    {"power.draw.instant", "", "W", K_power_draw_instant},
+    {"power.limit", "", "W", K_power_limit},
+    {"enforced.power.limit", "", "W", K_enforced_power_limit},
+    {"power.default_limit", "", "W", K_power_default_limit},
+    {"power.min_limit", "", "W", K_power_min_limit},
+    {"power.max_limit", "", "W", K_power_max_limit},
+    {"clocks.current.graphics", "clocks.gr", "MHz", K_clocks_current_graphics},
+    {"clocks.current.sm", "clocks.sm", "MHz", K_clocks_current_sm},
+    {"clocks.current.memory", "clocks.mem", "MHz", K_clocks_current_memory},
+    {"clocks.current.video", "clocks.video", "MHz", K_clocks_current_video},
+    {"clocks.applications.graphics", "clocks.applications.gr", "MHz", K_clocks_applications_graphics},
+    {"clocks.applications.memory", "clocks.applications.mem", "MHz", K_clocks_applications_memory},
+    {"clocks.default_applications.graphics", "clocks.default_applications.gr", "MHz", K_clocks_default_applications_graphics},
+    {"clocks.default_applications.memory", "clocks.default_applications.mem", "MHz", K_clocks_default_applications_memory},
+    {"clocks.max.graphics", "clocks.max.gr", "MHz", K_clocks_max_graphics},
+    {"clocks.max.sm", "clocks.max.sm", "MHz", K_clocks_max_sm},
+    {"clocks.max.memory", "clocks.max.mem", "MHz", K_clocks_max_memory},
+    {"mig.mode.current", "", "", K_mig_mode_current},
+    {"mig.mode.pending", "", "", K_mig_mode_pending},
+    {"gsp.mode.current", "", "", K_gsp_mode_current},
+    {"gsp.mode.default", "", "", K_gsp_mode_default},
+    {"protected_memory.total", "", "MiB", K_protected_memory_total},
+    {"protected_memory.used", "", "MiB", K_protected_memory_used},
+    {"protected_memory.free", "", "MiB", K_protected_memory_free},
+    {"fabric.state", "", "", K_fabric_state},
+    {"fabric.status", "", "", K_fabric_status},
+    {0, 0, 0, K_NONE},
+};
+
+static const struct skel TEXT_535[] = {
+    {0, 1, K_name, "Product Name", ""},
+    {0, 1, K_x_product_brand, "Product Brand", ""},
+    {0, 1, K_x_product_architecture, "Product Architecture", ""},
+    {0, 1, K_display_mode, "Display Mode", ""},
+    {0, 1, K_display_active, "Display Active", ""},
+    {0, 1, K_persistence_mode, "Persistence Mode", ""},
+    {0, 1, K_addressing_mode, "Addressing Mode", ""},
+    {0, 0, K_NONE, "MIG Mode", ""},
+    {1, 1, K_mig_mode_current, "Current", ""},
+    {1, 1, K_mig_mode_pending, "Pending", ""},
+    {0, 1, K_accounting_mode, "Accounting Mode", ""},
+    {0, 1, K_accounting_buffer_size, "Accounting Mode Buffer Size", ""},
+    {0, 0, K_NONE, "Driver Model", ""},
+    {1, 1, K_NONE, "Current", ""},
+    {1, 1, K_NONE, "Pending", ""},
+    {0, 1, K_serial, "Serial Number", ""},
+    {0, 1, K_uuid, "GPU UUID", ""},
+    {0, 1, K_x_minor_number, "Minor Number", ""},
+    {0, 1, K_vbios_version, "VBIOS Version", ""},
+    {0, 1, K_x_multigpu_board, "MultiGPU Board", ""},
+    {0, 1, K_x_board_id, "Board ID", ""},
+    {0, 1, K_x_board_part_number, "Board Part Number", ""},
+    {0, 1, K_x_gpu_part_number, "GPU Part Number", ""},
+    {0, 1, K_NONE, "FRU Part Number", ""},
+    {0, 1, K_platform_module_id, "Module ID", ""},
+    {0, 0, K_NONE, "Inforom Version", ""},
+    {1, 1, K_inforom_img, "Image Version", ""},
+    {1, 1, K_inforom_oem, "OEM Object", ""},
+    {1, 1, K_inforom_ecc, "ECC Object", ""},
+    {1, 1, K_inforom_pwr, "Power Management Object", ""},
+    {0, 0, K_NONE, "Inforom BBX Object Flush", ""},
+    {1, 1, K_NONE, "Latest Timestamp", ""},
+    {1, 1, K_NONE, "Latest Duration", ""},
+    {0, 0, K_NONE, "GPU Operation Mode", ""},
+    {1, 1, K_NONE, "Current", ""},
+    {1, 1, K_NONE, "Pending", ""},
+    {0, 1, K_x_gsp_firmware_version, "GSP Firmware Version", ""},
+    {0, 0, K_NONE, "GPU Virtualization Mode", ""},
+    {1, 1, K_x_virtualization_mode, "Virtualization Mode", ""},
+    {1, 1, K_NONE, "Host VGPU Mode", ""},
+    {0, 0, K_NONE, "GPU Reset Status", ""},
+    {1, 1, K_x_reset_required, "Reset Required", ""},
+    {1, 1, K_x_drain_and_reset, "Drain and Reset Recommended", ""},
+    {0, 0, K_NONE, "IBMNPU", ""},
+    {1, 1, K_NONE, "Relaxed Ordering Mode", ""},
+    {0, 0, K_NONE, "PCI", ""},
+    {1, 1, K_pci_bus, "Bus", ""},
+    {1, 1, K_pci_device, "Device", ""},
+    {1, 1, K_pci_domain, "Domain", ""},
+    {1, 1, K_pci_device_id, "Device Id", ""},
+    {1, 1, K_pci_bus_id, "Bus Id", ""},
+    {1, 1, K_pci_sub_device_id, "Sub System Id", ""},
+    {1, 0, K_NONE, "GPU Link Info", ""},
+    {2, 0, K_NONE, "PCIe Generation", ""},
+    {3, 1, K_pcie_link_gen_max, "Max", ""},
+    {3, 1, K_pcie_link_gen_current, "Current", ""},
+    {3, 1, K_pcie_link_gen_gpucurrent, "Device Current", ""},
+    {3, 1, K_pcie_link_gen_gpumax, "Device Max", ""},
+    {3, 1, K_pcie_link_gen_hostmax, "Host Max", ""},
+    {2, 0, K_NONE, "Link Width", ""},
+    {3, 1, K_pcie_link_width_max, "Max", "x"},
+    {3, 1, K_pcie_link_width_current, "Current", "x"},
+    {1, 0, K_NONE, "Bridge Chip", ""},
+    {2, 1, K_NONE, "Type", ""},
+    {2, 1, K_NONE, "Firmware", ""},
+    {1, 1, K_x_pcie_replay, "Replays Since Reset", ""},
+    {1, 1, K_x_pcie_replay_rollover, "Replay Number Rollovers", ""},
+    {1, 1, K_x_pcie_tx, "Tx Throughput", ""},
+    {1, 1, K_x_pcie_rx, "Rx Throughput", ""},
+    {1, 1, K_NONE, "Atomic Caps Inbound", ""},
+    {1, 1, K_NONE, "Atomic Caps Outbound", ""},
+    {0, 1, K_fan_speed, "Fan Speed", ""},
+    {0, 1, K_pstate, "Performance State", ""},
+    {0, 0, K_NONE, "Clocks Event Reasons", ""},
+    {1, 1, K_clocks_event_reasons_gpu_idle, "Idle", ""},
+    {1, 1, K_clocks_event_reasons_applications_clocks_setting, "Applications Clocks Setting", ""},
+    {1, 1, K_clocks_event_reasons_sw_power_cap, "SW Power Cap", ""},
+    {1, 1, K_clocks_event_reasons_hw_slowdown, "HW Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_thermal_slowdown, "HW Thermal Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_power_brake_slowdown, "HW Power Brake Slowdown", ""},
+    {1, 1, K_clocks_event_reasons_sync_boost, "Sync Boost", ""},
+    {1, 1, K_clocks_event_reasons_sw_thermal_slowdown, "SW Thermal Slowdown", ""},
+    {1, 1, K_x_display_clock_setting, "Display Clock Setting", ""},
+    {0, 1, K_NONE, "Sparse Operation Mode", ""},
+    {0, 0, K_NONE, "FB Memory Usage", ""},
+    {1, 1, K_memory_total, "Total", ""},
+    {1, 1, K_memory_reserved, "Reserved", ""},
+    {1, 1, K_memory_used, "Used", ""},
+    {1, 1, K_memory_free, "Free", ""},
+    {0, 0, K_NONE, "BAR1 Memory Usage", ""},
+    {1, 1, K_x_bar1_total, "Total", ""},
+    {1, 1, K_x_bar1_used, "Used", ""},
+    {1, 1, K_x_bar1_free, "Free", ""},
+    {0, 0, K_NONE, "Conf Compute Protected Memory Usage", ""},
+    {1, 1, K_protected_memory_total, "Total", ""},
+    {1, 1, K_protected_memory_used, "Used", ""},
+    {1, 1, K_protected_memory_free, "Free", ""},
+    {0, 1, K_compute_mode, "Compute Mode", ""},
+    {0, 0, K_NONE, "Utilization", ""},
+    {1, 1, K_utilization_gpu, "Gpu", ""},
+    {1, 1, K_utilization_memory, "Memory", ""},
+    {1, 1, K_utilization_encoder, "Encoder", ""},
+    {1, 1, K_utilization_decoder, "Decoder", ""},
+    {1, 1, K_utilization_jpeg, "JPEG", ""},
+    {1, 1, K_utilization_ofa, "OFA", ""},
+    {0, 0, K_NONE, "Encoder Stats", ""},
+    {1, 1, K_encoder_stats_sessionCount, "Active Sessions", ""},
+    {1, 1, K_encoder_stats_averageFps, "Average FPS", ""},
+    {1, 1, K_encoder_stats_averageLatency, "Average Latency", ""},
+    {0, 0, K_NONE, "FBC Stats", ""},
+    {1, 1, K_x_fbc_sessions, "Active Sessions", ""},
+    {1, 1, K_x_fbc_fps, "Average FPS", ""},
+    {1, 1, K_x_fbc_latency, "Average Latency", ""},
+    {0, 0, K_NONE, "ECC Mode", ""},
+    {1, 1, K_ecc_mode_current, "Current", ""},
+    {1, 1, K_ecc_mode_pending, "Pending", ""},
+    {0, 0, K_NONE, "ECC Errors", ""},
+    {1, 0, K_NONE, "Volatile", ""},
+    {2, 1, K_x_ecc_sram_corr_vol, "SRAM Correctable", ""},
+    {2, 1, K_ecc_errors_uncorrected_volatile_sram_parity, "SRAM Uncorrectable Parity", ""},
+    {2, 1, K_ecc_errors_uncorrected_volatile_sram_secded, "SRAM Uncorrectable SEC-DED", ""},
+    {2, 1, K_x_ecc_dram_corr_vol, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_vol, "DRAM Uncorrectable", ""},
+    {1, 0, K_NONE, "Aggregate", ""},
+    {2, 1, K_x_ecc_sram_corr_agg, "SRAM Correctable", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_parity, "SRAM Uncorrectable Parity", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_secded, "SRAM Uncorrectable SEC-DED", ""},
+    {2, 1, K_x_ecc_dram_corr_agg, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_agg, "DRAM Uncorrectable", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_thresholdExceeded, "SRAM Threshold Exceeded", ""},
+    {1, 0, K_NONE, "Aggregate Uncorrectable SRAM Sources", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_l2, "SRAM L2", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_sm, "SRAM SM", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_mcu, "SRAM Microcontroller", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_pcie, "SRAM PCIE", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_other, "SRAM Other", ""},
+    {0, 0, K_NONE, "Retired Pages", ""},
+    {1, 1, K_retired_pages_single_bit_ecc_count, "Single Bit ECC", ""},
+    {1, 1, K_retired_pages_double_bit_count, "Double Bit ECC", ""},
+    {1, 1, K_retired_pages_pending, "Pending Page Blacklist", ""},
+    {0, 0, K_NONE, "Remapped Rows", ""},
+    {1, 1, K_remapped_rows_correctable, "Correctable Error", ""},
+    {1, 1, K_remapped_rows_uncorrectable, "Uncorrectable Error", ""},
+    {1, 1, K_remapped_rows_pending, "Pending", ""},
+    {1, 1, K_remapped_rows_failure, "Remapping Failure Occurred", ""},
+    {1, 1, K_NONE, "Bank Remap Availability Histogram", ""},
+    {0, 0, K_NONE, "Temperature", ""},
+    {1, 1, K_temperature_gpu, "GPU Current Temp", " C"},
+    {1, 1, K_temperature_gpu_tlimit, "GPU T.Limit Temp", " C"},
+    {1, 1, K_x_temp_shutdown_tlimit, "GPU Shutdown T.Limit Temp", ""},
+    {1, 1, K_x_temp_slowdown_tlimit, "GPU Slowdown T.Limit Temp", ""},
+    {1, 1, K_x_temp_max_gpu_tlimit, "GPU Max Operating T.Limit Temp", ""},
+    {1, 1, K_x_temp_target, "GPU Target Temperature", ""},
+    {1, 1, K_temperature_memory, "Memory Current Temp", " C"},
+    {1, 1, K_x_temp_max_mem_tlimit, "Memory Max Operating T.Limit Temp", ""},
+    {0, 0, K_NONE, "GPU Power Readings", ""},
+    {1, 1, K_power_draw, "Power Draw", ""},
+    {1, 1, K_enforced_power_limit, "Current Power Limit", ""},
+    {1, 1, K_power_limit, "Requested Power Limit", ""},
+    {1, 1, K_power_default_limit, "Default Power Limit", ""},
+    {1, 1, K_power_min_limit, "Min Power Limit", ""},
+    {1, 1, K_power_max_limit, "Max Power Limit", ""},
+    {0, 0, K_NONE, "Module Power Readings", ""},
+    {1, 1, K_NONE, "Power Draw", ""},
+    {1, 1, K_NONE, "Current Power Limit", ""},
+    {1, 1, K_NONE, "Requested Power Limit", ""},
+    {1, 1, K_NONE, "Default Power Limit", ""},
+    {1, 1, K_NONE, "Min Power Limit", ""},
+    {1, 1, K_NONE, "Max Power Limit", ""},
+    {0, 0, K_NONE, "Clocks", ""},
+    {1, 1, K_clocks_current_graphics, "Graphics", ""},
+    {1, 1, K_clocks_current_sm, "SM", ""},
+    {1, 1, K_clocks_current_memory, "Memory", ""},
+    {1, 1, K_clocks_current_video, "Video", ""},
+    {0, 0, K_NONE, "Applications Clocks", ""},
+    {1, 1, K_clocks_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Default Applications Clocks", ""},
+    {1, 1, K_clocks_default_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_default_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Deferred Clocks", ""},
+    {1, 1, K_NONE, "Memory", ""},
+    {0, 0, K_NONE, "Max Clocks", ""},
+    {1, 1, K_clocks_max_graphics, "Graphics", ""},
+    {1, 1, K_clocks_max_sm, "SM", ""},
+    {1, 1, K_clocks_max_memory, "Memory", ""},
+    {1, 1, K_x_clocks_max_video, "Video", ""},
+    {0, 0, K_NONE, "Max Customer Boost Clocks", ""},
+    {1, 1, K_x_clocks_max_boost_graphics, "Graphics", ""},
+    {0, 0, K_NONE, "Clock Policy", ""},
+    {1, 1, K_NONE, "Auto Boost", ""},
+    {1, 1, K_NONE, "Auto Boost Default", ""},
+    {0, 0, K_NONE, "Voltage", ""},
+    {1, 1, K_NONE, "Graphics", ""},
+    {0, 0, K_NONE, "Fabric", ""},
+    {1, 1, K_fabric_state, "State", ""},
+    {1, 1, K_fabric_status, "Status", ""},
+    {0, 3, K_processes, "Processes", ""},
+    {0, 9, K_NONE, 0, 0},
+};
+static const struct skel TEXT_D_535[] = {
+    {0, 1, K_accounting_mode, "Accounting Mode", ""},
+    {0, 1, K_accounting_buffer_size, "Accounting Mode Buffer Size", ""},
+    {0, 0, K_NONE, "GPU Reset Status", ""},
+    {1, 1, K_x_reset_required, "Reset Required", ""},
+    {1, 1, K_x_drain_and_reset, "Drain and Reset Recommended", ""},
+    {0, 1, K_pstate, "Performance State", ""},
+    {0, 0, K_NONE, "Clocks Event Reasons", ""},
+    {1, 1, K_clocks_event_reasons_gpu_idle, "Idle", ""},
+    {1, 1, K_clocks_event_reasons_applications_clocks_setting, "Applications Clocks Setting", ""},
+    {1, 1, K_clocks_event_reasons_sw_power_cap, "SW Power Cap", ""},
+    {1, 1, K_clocks_event_reasons_hw_slowdown, "HW Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_thermal_slowdown, "HW Thermal Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_power_brake_slowdown, "HW Power Brake Slowdown", ""},
+    {1, 1, K_clocks_event_reasons_sync_boost, "Sync Boost", ""},
+    {1, 1, K_clocks_event_reasons_sw_thermal_slowdown, "SW Thermal Slowdown", ""},
+    {1, 1, K_x_display_clock_setting, "Display Clock Setting", ""},
+    {0, 1, K_NONE, "Sparse Operation Mode", ""},
+    {0, 0, K_NONE, "FB Memory Usage", ""},
+    {1, 1, K_memory_total, "Total", ""},
+    {1, 1, K_memory_reserved, "Reserved", ""},
+    {1, 1, K_memory_used, "Used", ""},
+    {1, 1, K_memory_free, "Free", ""},
+    {0, 0, K_NONE, "BAR1 Memory Usage", ""},
+    {1, 1, K_x_bar1_total, "Total", ""},
+    {1, 1, K_x_bar1_used, "Used", ""},
+    {1, 1, K_x_bar1_free, "Free", ""},
+    {0, 0, K_NONE, "Conf Compute Protected Memory Usage", ""},
+    {1, 1, K_protected_memory_total, "Total", ""},
+    {1, 1, K_protected_memory_used, "Used", ""},
+    {1, 1, K_protected_memory_free, "Free", ""},
+    {0, 1, K_compute_mode, "Compute Mode", ""},
+    {0, 0, K_NONE, "Utilization", ""},
+    {1, 1, K_utilization_gpu, "Gpu", ""},
+    {1, 1, K_utilization_memory, "Memory", ""},
+    {1, 1, K_utilization_encoder, "Encoder", ""},
+    {1, 1, K_utilization_decoder, "Decoder", ""},
+    {1, 1, K_utilization_jpeg, "JPEG", ""},
+    {1, 1, K_utilization_ofa, "OFA", ""},
+    {0, 0, K_NONE, "GPU Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Memory Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "ENC Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "DEC Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Encoder Stats", ""},
+    {1, 1, K_encoder_stats_sessionCount, "Active Sessions", ""},
+    {1, 1, K_encoder_stats_averageFps, "Average FPS", ""},
+    {1, 1, K_encoder_stats_averageLatency, "Average Latency", ""},
+    {0, 0, K_NONE, "FBC Stats", ""},
+    {1, 1, K_x_fbc_sessions, "Active Sessions", ""},
+    {1, 1, K_x_fbc_fps, "Average FPS", ""},
+    {1, 1, K_x_fbc_latency, "Average Latency", ""},
+    {0, 0, K_NONE, "ECC Mode", ""},
+    {1, 1, K_ecc_mode_current, "Current", ""},
+    {1, 1, K_ecc_mode_pending, "Pending", ""},
+    {0, 0, K_NONE, "ECC Errors", ""},
+    {1, 0, K_NONE, "Volatile", ""},
+    {2, 1, K_x_ecc_sram_corr_vol, "SRAM Correctable", ""},
+    {2, 1, K_ecc_errors_uncorrected_volatile_sram_parity, "SRAM Uncorrectable Parity", ""},
+    {2, 1, K_ecc_errors_uncorrected_volatile_sram_secded, "SRAM Uncorrectable SEC-DED", ""},
+    {2, 1, K_x_ecc_dram_corr_vol, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_vol, "DRAM Uncorrectable", ""},
+    {1, 0, K_NONE, "Aggregate", ""},
+    {2, 1, K_x_ecc_sram_corr_agg, "SRAM Correctable", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_parity, "SRAM Uncorrectable Parity", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_secded, "SRAM Uncorrectable SEC-DED", ""},
+    {2, 1, K_x_ecc_dram_corr_agg, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_agg, "DRAM Uncorrectable", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_thresholdExceeded, "SRAM Threshold Exceeded", ""},
+    {1, 0, K_NONE, "Aggregate Uncorrectable SRAM Sources", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_l2, "SRAM L2", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_sm, "SRAM SM", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_mcu, "SRAM Microcontroller", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_pcie, "SRAM PCIE", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_other, "SRAM Other", ""},
+    {0, 0, K_NONE, "Retired Pages", ""},
+    {1, 1, K_retired_pages_single_bit_ecc_count, "Single Bit ECC", ""},
+    {1, 1, K_retired_pages_double_bit_count, "Double Bit ECC", ""},
+    {1, 1, K_retired_pages_pending, "Pending Page Blacklist", ""},
+    {0, 0, K_NONE, "Remapped Rows", ""},
+    {1, 1, K_remapped_rows_correctable, "Correctable Error", ""},
+    {1, 1, K_remapped_rows_uncorrectable, "Uncorrectable Error", ""},
+    {1, 1, K_remapped_rows_pending, "Pending", ""},
+    {1, 1, K_remapped_rows_failure, "Remapping Failure Occurred", ""},
+    {1, 1, K_NONE, "Bank Remap Availability Histogram", ""},
+    {0, 0, K_NONE, "Temperature", ""},
+    {1, 1, K_temperature_gpu, "GPU Current Temp", " C"},
+    {1, 1, K_temperature_gpu_tlimit, "GPU T.Limit Temp", " C"},
+    {1, 1, K_x_temp_shutdown_tlimit, "GPU Shutdown T.Limit Temp", ""},
+    {1, 1, K_x_temp_slowdown_tlimit, "GPU Slowdown T.Limit Temp", ""},
+    {1, 1, K_x_temp_max_gpu_tlimit, "GPU Max Operating T.Limit Temp", ""},
+    {1, 1, K_x_temp_target, "GPU Target Temperature", ""},
+    {1, 1, K_temperature_memory, "Memory Current Temp", " C"},
+    {1, 1, K_x_temp_max_mem_tlimit, "Memory Max Operating T.Limit Temp", ""},
+    {0, 0, K_NONE, "Supported GPU_TARGET_TEMP", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {0, 0, K_NONE, "GPU Power Readings", ""},
+    {1, 1, K_power_draw, "Power Draw", ""},
+    {1, 1, K_enforced_power_limit, "Current Power Limit", ""},
+    {1, 1, K_power_limit, "Requested Power Limit", ""},
+    {1, 1, K_power_default_limit, "Default Power Limit", ""},
+    {1, 1, K_power_min_limit, "Min Power Limit", ""},
+    {1, 1, K_power_max_limit, "Max Power Limit", ""},
+    {0, 0, K_NONE, "Power Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Module Power Readings", ""},
+    {1, 1, K_NONE, "Power Draw", ""},
+    {1, 1, K_NONE, "Current Power Limit", ""},
+    {1, 1, K_NONE, "Requested Power Limit", ""},
+    {1, 1, K_NONE, "Default Power Limit", ""},
+    {1, 1, K_NONE, "Min Power Limit", ""},
+    {1, 1, K_NONE, "Max Power Limit", ""},
+    {0, 0, K_NONE, "Clocks", ""},
+    {1, 1, K_clocks_current_graphics, "Graphics", ""},
+    {1, 1, K_clocks_current_sm, "SM", ""},
+    {1, 1, K_clocks_current_memory, "Memory", ""},
+    {1, 1, K_clocks_current_video, "Video", ""},
+    {0, 0, K_NONE, "Applications Clocks", ""},
+    {1, 1, K_clocks_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Default Applications Clocks", ""},
+    {1, 1, K_clocks_default_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_default_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Deferred Clocks", ""},
+    {1, 1, K_NONE, "Memory", ""},
+    {0, 0, K_NONE, "Max Clocks", ""},
+    {1, 1, K_clocks_max_graphics, "Graphics", ""},
+    {1, 1, K_clocks_max_sm, "SM", ""},
+    {1, 1, K_clocks_max_memory, "Memory", ""},
+    {1, 1, K_x_clocks_max_video, "Video", ""},
+    {0, 0, K_NONE, "Max Customer Boost Clocks", ""},
+    {1, 1, K_x_clocks_max_boost_graphics, "Graphics", ""},
+    {0, 0, K_NONE, "SM Clock Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Memory Clock Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Clock Policy", ""},
+    {1, 1, K_NONE, "Auto Boost", ""},
+    {1, 1, K_NONE, "Auto Boost Default", ""},
+    {0, 0, K_NONE, "Voltage", ""},
+    {1, 1, K_NONE, "Graphics", ""},
+    {0, 1, K_NONE, "Supported Clocks", ""},
+    {0, 3, K_processes, "Processes", ""},
+    {0, 1, K_NONE, "Accounted Processes", ""},
+    {0, 9, K_NONE, 0, 0},
+};
+static const struct skel XML_535[] = {
+    {2, 1, K_name, "product_name", ""},
+    {2, 1, K_x_product_brand, "product_brand", ""},
+    {2, 1, K_x_product_architecture, "product_architecture", ""},
+    {2, 1, K_display_mode, "display_mode", ""},
+    {2, 1, K_display_active, "display_active", ""},
+    {2, 1, K_persistence_mode, "persistence_mode", ""},
+    {2, 1, K_addressing_mode, "addressing_mode", ""},
+    {2, 0, K_NONE, "mig_mode", ""},
+    {3, 1, K_mig_mode_current, "current_mig", ""},
+    {3, 1, K_mig_mode_pending, "pending_mig", ""},
+    {2, 2, K_NONE, "mig_mode", ""},
+    {2, 3, K_mig_devices, "mig_devices", ""},
+    {2, 1, K_accounting_mode, "accounting_mode", ""},
+    {2, 1, K_accounting_buffer_size, "accounting_mode_buffer_size", ""},
+    {2, 0, K_NONE, "driver_model", ""},
+    {3, 1, K_NONE, "current_dm", ""},
+    {3, 1, K_NONE, "pending_dm", ""},
+    {2, 2, K_NONE, "driver_model", ""},
+    {2, 1, K_serial, "serial", ""},
+    {2, 1, K_uuid, "uuid", ""},
+    {2, 1, K_x_minor_number, "minor_number", ""},
+    {2, 1, K_vbios_version, "vbios_version", ""},
+    {2, 1, K_x_multigpu_board, "multigpu_board", ""},
+    {2, 1, K_x_board_id, "board_id", ""},
+    {2, 1, K_x_board_part_number, "board_part_number", ""},
+    {2, 1, K_x_gpu_part_number, "gpu_part_number", ""},
+    {2, 1, K_NONE, "gpu_fru_part_number", ""},
+    {2, 1, K_platform_module_id, "gpu_module_id", ""},
+    {2, 0, K_NONE, "inforom_version", ""},
+    {3, 1, K_inforom_img, "img_version", ""},
+    {3, 1, K_inforom_oem, "oem_object", ""},
+    {3, 1, K_inforom_ecc, "ecc_object", ""},
+    {3, 1, K_inforom_pwr, "pwr_object", ""},
+    {2, 2, K_NONE, "inforom_version", ""},
+    {2, 0, K_NONE, "inforom_bbx_flush", ""},
+    {3, 1, K_NONE, "latest_timestamp", ""},
+    {3, 1, K_NONE, "latest_duration", ""},
+    {2, 2, K_NONE, "inforom_bbx_flush", ""},
+    {2, 0, K_NONE, "gpu_operation_mode", ""},
+    {3, 1, K_NONE, "current_gom", ""},
+    {3, 1, K_NONE, "pending_gom", ""},
+    {2, 2, K_NONE, "gpu_operation_mode", ""},
+    {2, 1, K_x_gsp_firmware_version, "gsp_firmware_version", ""},
+    {2, 0, K_NONE, "gpu_virtualization_mode", ""},
+    {3, 1, K_x_virtualization_mode, "virtualization_mode", ""},
+    {3, 1, K_NONE, "host_vgpu_mode", ""},
+    {2, 2, K_NONE, "gpu_virtualization_mode", ""},
+    {2, 0, K_NONE, "gpu_reset_status", ""},
+    {3, 1, K_x_reset_required, "reset_required", ""},
+    {3, 1, K_x_drain_and_reset, "drain_and_reset_recommended", ""},
+    {2, 2, K_NONE, "gpu_reset_status", ""},
+    {2, 0, K_NONE, "ibmnpu", ""},
+    {3, 1, K_NONE, "relaxed_ordering_mode", ""},
+    {2, 2, K_NONE, "ibmnpu", ""},
+    {2, 0, K_NONE, "pci", ""},
+    {3, 1, K_pci_bus, "pci_bus", ""},
+    {3, 1, K_pci_device, "pci_device", ""},
+    {3, 1, K_pci_domain, "pci_domain", ""},
+    {3, 1, K_pci_device_id, "pci_device_id", ""},
+    {3, 1, K_pci_bus_id, "pci_bus_id", ""},
+    {3, 1, K_pci_sub_device_id, "pci_sub_system_id", ""},
+    {3, 0, K_NONE, "pci_gpu_link_info", ""},
+    {4, 0, K_NONE, "pcie_gen", ""},
+    {5, 1, K_pcie_link_gen_max, "max_link_gen", ""},
+    {5, 1, K_pcie_link_gen_current, "current_link_gen", ""},
+    {5, 1, K_pcie_link_gen_gpucurrent, "device_current_link_gen", ""},
+    {5, 1, K_pcie_link_gen_gpumax, "max_device_link_gen", ""},
+    {5, 1, K_pcie_link_gen_hostmax, "max_host_link_gen", ""},
+    {4, 2, K_NONE, "pcie_gen", ""},
+    {4, 0, K_NONE, "link_widths", ""},
+    {5, 1, K_pcie_link_width_max, "max_link_width", "x"},
+    {5, 1, K_pcie_link_width_current, "current_link_width", "x"},
+    {4, 2, K_NONE, "link_widths", ""},
+    {3, 2, K_NONE, "pci_gpu_link_info", ""},
+    {3, 0, K_NONE, "pci_bridge_chip", ""},
+    {4, 1, K_NONE, "bridge_chip_type", ""},
+    {4, 1, K_NONE, "bridge_chip_fw", ""},
+    {3, 2, K_NONE, "pci_bridge_chip", ""},
+    {3, 1, K_x_pcie_replay, "replay_counter", ""},
+    {3, 1, K_x_pcie_replay_rollover, "replay_rollover_counter", ""},
+    {3, 1, K_x_pcie_tx, "tx_util", ""},
+    {3, 1, K_x_pcie_rx, "rx_util", ""},
+    {3, 1, K_NONE, "atomic_caps_inbound", ""},
+    {3, 1, K_NONE, "atomic_caps_outbound", ""},
+    {2, 2, K_NONE, "pci", ""},
+    {2, 1, K_fan_speed, "fan_speed", ""},
+    {2, 1, K_pstate, "performance_state", ""},
+    {2, 0, K_NONE, "clocks_event_reasons", ""},
+    {3, 1, K_clocks_event_reasons_gpu_idle, "clocks_event_reason_gpu_idle", ""},
+    {3, 1, K_clocks_event_reasons_applications_clocks_setting, "clocks_event_reason_applications_clocks_setting", ""},
+    {3, 1, K_clocks_event_reasons_sw_power_cap, "clocks_event_reason_sw_power_cap", ""},
+    {3, 1, K_clocks_event_reasons_hw_slowdown, "clocks_event_reason_hw_slowdown", ""},
+    {3, 1, K_clocks_event_reasons_hw_thermal_slowdown, "clocks_event_reason_hw_thermal_slowdown", ""},
+    {3, 1, K_clocks_event_reasons_hw_power_brake_slowdown, "clocks_event_reason_hw_power_brake_slowdown", ""},
+    {3, 1, K_clocks_event_reasons_sync_boost, "clocks_event_reason_sync_boost", ""},
+    {3, 1, K_clocks_event_reasons_sw_thermal_slowdown, "clocks_event_reason_sw_thermal_slowdown", ""},
+    {3, 1, K_x_display_clock_setting, "clocks_event_reason_display_clocks_setting", ""},
+    {2, 2, K_NONE, "clocks_event_reasons", ""},
+    {2, 1, K_NONE, "sparse_operation_mode", ""},
+    {2, 0, K_NONE, "fb_memory_usage", ""},
+    {3, 1, K_memory_total, "total", ""},
+    {3, 1, K_memory_reserved, "reserved", ""},
+    {3, 1, K_memory_used, "used", ""},
+    {3, 1, K_memory_free, "free", ""},
+    {2, 2, K_NONE, "fb_memory_usage", ""},
+    {2, 0, K_NONE, "bar1_memory_usage", ""},
+    {3, 1, K_x_bar1_total, "total", ""},
+    {3, 1, K_x_bar1_used, "used", ""},
+    {3, 1, K_x_bar1_free, "free", ""},
+    {2, 2, K_NONE, "bar1_memory_usage", ""},
+    {2, 0, K_NONE, "cc_protected_memory_usage", ""},
+    {3, 1, K_protected_memory_total, "total", ""},
+    {3, 1, K_protected_memory_used, "used", ""},
+    {3, 1, K_protected_memory_free, "free", ""},
+    {2, 2, K_NONE, "cc_protected_memory_usage", ""},
+    {2, 1, K_compute_mode, "compute_mode", ""},
+    {2, 0, K_NONE, "utilization", ""},
+    {3, 1, K_utilization_gpu, "gpu_util", ""},
+    {3, 1, K_utilization_memory, "memory_util", ""},
+    {3, 1, K_utilization_encoder, "encoder_util", ""},
+    {3, 1, K_utilization_decoder, "decoder_util", ""},
+    {3, 1, K_utilization_jpeg, "jpeg_util", ""},
+    {3, 1, K_utilization_ofa, "ofa_util", ""},
+    {2, 2, K_NONE, "utilization", ""},
+    {2, 0, K_NONE, "encoder_stats", ""},
+    {3, 1, K_encoder_stats_sessionCount, "session_count", ""},
+    {3, 1, K_encoder_stats_averageFps, "average_fps", ""},
+    {3, 1, K_encoder_stats_averageLatency, "average_latency", ""},
+    {2, 2, K_NONE, "encoder_stats", ""},
+    {2, 0, K_NONE, "fbc_stats", ""},
+    {3, 1, K_x_fbc_sessions, "session_count", ""},
+    {3, 1, K_x_fbc_fps, "average_fps", ""},
+    {3, 1, K_x_fbc_latency, "average_latency", ""},
+    {2, 2, K_NONE, "fbc_stats", ""},
+    {2, 0, K_NONE, "ecc_mode", ""},
+    {3, 1, K_ecc_mode_current, "current_ecc", ""},
+    {3, 1, K_ecc_mode_pending, "pending_ecc", ""},
+    {2, 2, K_NONE, "ecc_mode", ""},
+    {2, 0, K_NONE, "ecc_errors", ""},
+    {3, 0, K_NONE, "volatile", ""},
+    {4, 1, K_x_ecc_sram_corr_vol, "sram_correctable", ""},
+    {4, 1, K_ecc_errors_uncorrected_volatile_sram_parity, "sram_uncorrectable_parity", ""},
+    {4, 1, K_ecc_errors_uncorrected_volatile_sram_secded, "sram_uncorrectable_secded", ""},
+    {4, 1, K_x_ecc_dram_corr_vol, "dram_correctable", ""},
+    {4, 1, K_x_ecc_dram_unc_vol, "dram_uncorrectable", ""},
+    {3, 2, K_NONE, "volatile", ""},
+    {3, 0, K_NONE, "aggregate", ""},
+    {4, 1, K_x_ecc_sram_corr_agg, "sram_correctable", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_parity, "sram_uncorrectable_parity", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_secded, "sram_uncorrectable_secded", ""},
+    {4, 1, K_x_ecc_dram_corr_agg, "dram_correctable", ""},
+    {4, 1, K_x_ecc_dram_unc_agg, "dram_uncorrectable", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_thresholdExceeded, "sram_threshold_exceeded", ""},
+    {3, 2, K_NONE, "aggregate", ""},
+    {3, 0, K_NONE, "aggregate_uncorrectable_sram_sources", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_l2, "sram_l2", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_sm, "sram_sm", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_mcu, "sram_microcontroller", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_pcie, "sram_pcie", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_other, "sram_other", ""},
+    {3, 2, K_NONE, "aggregate_uncorrectable_sram_sources", ""},
+    {2, 2, K_NONE, "ecc_errors", ""},
+    {2, 0, K_NONE, "retired_pages", ""},
+    {3, 0, K_NONE, "multiple_single_bit_retirement", ""},
+    {4, 1, K_retired_pages_single_bit_ecc_count, "retired_count", ""},
+    {4, 1, K_NONE, "retired_pagelist", ""},
+    {3, 2, K_NONE, "multiple_single_bit_retirement", ""},
+    {3, 0, K_NONE, "double_bit_retirement", ""},
+    {4, 1, K_retired_pages_double_bit_count, "retired_count", ""},
+    {4, 1, K_NONE, "retired_pagelist", ""},
+    {3, 2, K_NONE, "double_bit_retirement", ""},
+    {3, 1, K_retired_pages_pending, "pending_blacklist", ""},
+    {3, 1, K_retired_pages_pending, "pending_retirement", ""},
+    {2, 2, K_NONE, "retired_pages", ""},
+    {2, 0, K_NONE, "remapped_rows", ""},
+    {3, 1, K_remapped_rows_correctable, "remapped_row_corr", ""},
+    {3, 1, K_remapped_rows_uncorrectable, "remapped_row_unc", ""},
+    {3, 1, K_remapped_rows_pending, "remapped_row_pending", ""},
+    {3, 1, K_remapped_rows_failure, "remapped_row_failure", ""},
+    {3, 1, K_NONE, "row_remapper_histogram", ""},
+    {2, 2, K_NONE, "remapped_rows", ""},
+    {2, 0, K_NONE, "temperature", ""},
+    {3, 1, K_temperature_gpu, "gpu_temp", " C"},
+    {3, 1, K_temperature_gpu_tlimit, "gpu_temp_tlimit", " C"},
+    {3, 1, K_x_temp_shutdown_tlimit, "gpu_temp_max_tlimit_threshold", ""},
+    {3, 1, K_x_temp_slowdown_tlimit, "gpu_temp_slow_tlimit_threshold", ""},
+    {3, 1, K_x_temp_max_gpu_tlimit, "gpu_temp_max_gpu_tlimit_threshold", ""},
+    {3, 1, K_x_temp_target, "gpu_target_temperature", ""},
+    {3, 1, K_temperature_memory, "memory_temp", " C"},
+    {3, 1, K_x_temp_max_mem_tlimit, "gpu_temp_max_mem_tlimit_threshold", ""},
+    {2, 2, K_NONE, "temperature", ""},
+    {2, 0, K_NONE, "supported_gpu_target_temp", ""},
+    {3, 1, K_NONE, "gpu_target_temp_min", ""},
+    {3, 1, K_NONE, "gpu_target_temp_max", ""},
+    {2, 2, K_NONE, "supported_gpu_target_temp", ""},
+    {2, 0, K_NONE, "gpu_power_readings", ""},
+    {3, 1, K_x_power_state, "power_state", ""},
+    {3, 1, K_power_draw, "power_draw", ""},
+    {3, 1, K_enforced_power_limit, "current_power_limit", ""},
+    {3, 1, K_power_limit, "requested_power_limit", ""},
+    {3, 1, K_power_default_limit, "default_power_limit", ""},
+    {3, 1, K_power_min_limit, "min_power_limit", ""},
+    {3, 1, K_power_max_limit, "max_power_limit", ""},
+    {2, 2, K_NONE, "gpu_power_readings", ""},
+    {2, 0, K_NONE, "module_power_readings", ""},
+    {3, 1, K_x_module_power_state, "power_state", ""},
+    {3, 1, K_NONE, "power_draw", ""},
+    {3, 1, K_NONE, "current_power_limit", ""},
+    {3, 1, K_NONE, "requested_power_limit", ""},
+    {3, 1, K_NONE, "default_power_limit", ""},
+    {3, 1, K_NONE, "min_power_limit", ""},
+    {3, 1, K_NONE, "max_power_limit", ""},
+    {2, 2, K_NONE, "module_power_readings", ""},
+    {2, 0, K_NONE, "clocks", ""},
+    {3, 1, K_clocks_current_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_current_sm, "sm_clock", ""},
+    {3, 1, K_clocks_current_memory, "mem_clock", ""},
+    {3, 1, K_clocks_current_video, "video_clock", ""},
+    {2, 2, K_NONE, "clocks", ""},
+    {2, 0, K_NONE, "applications_clocks", ""},
+    {3, 1, K_clocks_applications_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_applications_memory, "mem_clock", ""},
+    {2, 2, K_NONE, "applications_clocks", ""},
+    {2, 0, K_NONE, "default_applications_clocks", ""},
+    {3, 1, K_clocks_default_applications_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_default_applications_memory, "mem_clock", ""},
+    {2, 2, K_NONE, "default_applications_clocks", ""},
+    {2, 0, K_NONE, "deferred_clocks", ""},
+    {3, 1, K_NONE, "mem_clock", ""},
+    {2, 2, K_NONE, "deferred_clocks", ""},
+    {2, 0, K_NONE, "max_clocks", ""},
+    {3, 1, K_clocks_max_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_max_sm, "sm_clock", ""},
+    {3, 1, K_clocks_max_memory, "mem_clock", ""},
+    {3, 1, K_x_clocks_max_video, "video_clock", ""},
+    {2, 2, K_NONE, "max_clocks", ""},
+    {2, 0, K_NONE, "max_customer_boost_clocks", ""},
+    {3, 1, K_x_clocks_max_boost_graphics, "graphics_clock", ""},
+    {2, 2, K_NONE, "max_customer_boost_clocks", ""},
+    {2, 0, K_NONE, "clock_policy", ""},
+    {3, 1, K_NONE, "auto_boost", ""},
+    {3, 1, K_NONE, "auto_boost_default", ""},
+    {2, 2, K_NONE, "clock_policy", ""},
+    {2, 0, K_NONE, "voltage", ""},
+    {3, 1, K_NONE, "graphics_volt", ""},
+    {2, 2, K_NONE, "voltage", ""},
+    {2, 0, K_NONE, "fabric", ""},
+    {3, 1, K_fabric_state, "state", ""},
+    {3, 1, K_fabric_status, "status", ""},
+    {2, 2, K_NONE, "fabric", ""},
+    {2, 1, K_NONE, "supported_clocks", ""},
+    {2, 3, K_processes, "processes", ""},
+    {2, 3, K_accounted_processes, "accounted_processes", ""},
+    {0, 9, K_NONE, 0, 0},
+};
+static const char HELP_TEXT_550[] =
+    "\n"
+    "NVSMI provides monitoring information for Tesla and select Quadro devices.\n"
+    "The data is presented in either a plain text or an XML format, via stdout or a file.\n"
+    "NVSMI also provides several management operations for changing the device state.\n"
+    "\n"
+    "Note that the functionality of NVSMI is exposed through the NVML C-based\n"
+    "library. See the NVIDIA developer website for more information about NVML.\n"
+    "Python wrappers to NVML are also available.  The output of NVSMI is\n"
+    "not guaranteed to be backwards compatible; NVML and the bindings are backwards\n"
+    "compatible.\n"
+    "\n"
+    "http://developer.nvidia.com/nvidia-management-library-nvml/\n"
+    "http://pypi.python.org/pypi/nvidia-ml-py/\n"
+    "Supported products:\n"
+    "- Full Support\n"
+    "    - All Tesla products, starting with the Kepler architecture\n"
+    "    - All Quadro products, starting with the Kepler architecture\n"
+    "    - All GRID products, starting with the Kepler architecture\n"
+    "    - GeForce Titan products, starting with the Kepler architecture\n"
+    "- Limited Support\n"
+    "    - All Geforce products, starting with the Kepler architecture\n"
+    "nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...\n"
+    "\n"
+    "    -h,   --help                Print usage information and exit.\n"
+    "\n"
+    "          --version             Print version information and exit.\n"
+    "\n"
+    "  LIST OPTIONS:\n"
+    "\n"
+    "    -L,   --list-gpus           Display a list of GPUs connected to the system.\n"
+    "\n"
+    "    -B,   --list-excluded-gpus  Display a list of excluded GPUs in the system.\n"
+    "\n"
+    "  SUMMARY OPTIONS:\n"
+    "\n"
+    "    <no arguments>              Show a summary of GPUs connected to the system.\n"
+    "\n"
+    "    [plus any of]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific GPU.\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -l,   --loop=               Probe until Ctrl+C at specified second interval.\n"
+    "\n"
+    "  QUERY OPTIONS:\n"
+    "\n"
+    "    -q,   --query               Display GPU or Unit info.\n"
+    "\n"
+    "    [plus any of]\n"
+    "\n"
+    "    -u,   --unit                Show unit, rather than GPU, attributes.\n"
+    "    -i,   --id=                 Target a specific GPU or Unit.\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -x,   --xml-format          Produce XML output.\n"
+    "          --dtd                 When showing xml output, embed DTD.\n"
+    "    -d,   --display=            Display only selected information: MEMORY,\n"
+    "                                    UTILIZATION, ECC, TEMPERATURE, POWER, CLOCK,\n"
+    "                                    COMPUTE, PIDS, PERFORMANCE, SUPPORTED_CLOCKS,\n"
+    "                                    PAGE_RETIREMENT, ACCOUNTING, ENCODER_STATS,\n"
+    "                                    SUPPORTED_GPU_TARGET_TEMP, VOLTAGE, FBC_STATS\n"
+    "                                    ROW_REMAPPER, RESET_STATUS, GSP_FIRMWARE_VERSION\n"
+    "                                Flags can be combined with comma e.g. ECC,POWER.\n"
+    "                                Sampling data with max/min/avg is also returned \n"
+    "                                for POWER, UTILIZATION and CLOCK display types.\n"
+    "                                Doesn't work with -u or -x flags.\n"
+    "    -l,   --loop=               Probe until Ctrl+C at specified second interval.\n"
+    "\n"
+    "    -lms, --loop-ms=            Probe until Ctrl+C at specified millisecond interval.\n"
+    "\n"
+    "  SELECTIVE QUERY OPTIONS:\n"
+    "\n"
+    "    Allows the caller to pass an explicit list of properties to query.\n"
+    "\n"
+    "    [one of]\n"
+    "\n"
+    "    --query-gpu                 Information about GPU.\n"
+    "                                Call --help-query-gpu for more info.\n"
+    "    --query-supported-clocks    List of supported clocks.\n"
+    "                                Call --help-query-supported-clocks for more info.\n"
+    "    --query-compute-apps        List of currently active compute processes.\n"
+    "                                Call --help-query-compute-apps for more info.\n"
+    "    --query-accounted-apps      List of accounted compute processes.\n"
+    "                                Call --help-query-accounted-apps for more info.\n"
+    "                                This query is not supported on vGPU host.\n"
+    "    --query-retired-pages       List of device memory pages that have been retired.\n"
+    "                                Call --help-query-retired-pages for more info.\n"
+    "    --query-remapped-rows       Information about remapped rows.\n"
+    "                                Call --help-query-remapped-rows for more info.\n"
+    "\n"
+    "    [mandatory]\n"
+    "\n"
+    "    --format=                   Comma separated list of format options:\n"
+    "                                  csv - comma separated values (MANDATORY)\n"
+    "                                  noheader - skip the first line with column headers\n"
+    "                                  nounits - don't print units for numerical\n"
+    "                                             values\n"
+    "\n"
+    "    [plus any of]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific GPU or Unit.\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -l,   --loop=               Probe until Ctrl+C at specified second interval.\n"
+    "    -lms, --loop-ms=            Probe until Ctrl+C at specified millisecond interval.\n"
+    "\n"
+    "  DEVICE MODIFICATION OPTIONS:\n"
+    "\n"
+    "    [any one of]\n"
+    "\n"
+    "    -pm,  --persistence-mode=   Set persistence mode: 0/DISABLED, 1/ENABLED\n"
+    "    -e,   --ecc-config=         Toggle ECC support: 0/DISABLED, 1/ENABLED\n"
+    "    -p,   --reset-ecc-errors=   Reset ECC error counts: 0/VOLATILE, 1/AGGREGATE\n"
+    "    -c,   --compute-mode=       Set MODE for compute applications:\n"
+    "                                0/DEFAULT, 1/EXCLUSIVE_THREAD (DEPRECATED),\n"
+    "                                2/PROHIBITED, 3/EXCLUSIVE_PROCESS\n"
+    "          --gom=                Set GPU Operation Mode:\n"
+    "                                    0/ALL_ON, 1/COMPUTE, 2/LOW_DP\n"
+    "    -r    --gpu-reset           Trigger reset of the GPU.\n"
+    "                                Can be used to reset the GPU HW state in situations\n"
+    "                                that would otherwise require a machine reboot.\n"
+    "                                Typically useful if a double bit ECC error has\n"
+    "                                occurred.\n"
+    "                                Reset operations are not guarenteed to work in\n"
+    "                                all cases and should be used with caution.\n"
+    "    -vm   --virt-mode=          Switch GPU Virtualization Mode:\n"
+    "                                Sets GPU virtualization mode to 3/VGPU or 4/VSGA\n"
+    "                                Virtualization mode of a GPU can only be set when\n"
+    "                                it is running on a hypervisor.\n"
+    "    -lgc  --lock-gpu-clocks=    Specifies <minGpuClock,maxGpuClock> clocks as a\n"
+    "                                    pair (e.g. 1500,1500) that defines the range \n"
+    "                                    of desired locked GPU clock speed in MHz.\n"
+    "                                    Setting this will supercede application clocks\n"
+    "                                    and take effect regardless if an app is running.\n"
+    "                                    Input can also be a singular desired clock value\n"
+    "                                    (e.g. <GpuClockValue>). Optionally, --mode can be\n"
+    "                                    specified to indicate a special mode.\n"
+    "    -m    --mode=               Specifies the mode for --locked-gpu-clocks.\n"
+    "                                    Valid modes: 0, 1\n"
+    "    -rgc  --reset-gpu-clocks\n"
+    "                                Resets the Gpu clocks to the default values.\n"
+    "    -lmc  --lock-memory-clocks=  Specifies <minMemClock,maxMemClock> clocks as a\n"
+    "                                    pair (e.g. 5100,5100) that defines the range \n"
+    "                                    of desired locked Memory clock speed in MHz.\n"
+    "                                    Input can also be a singular desired clock value\n"
+    "                                    (e.g. <MemClockValue>).\n"
+    "    -rmc  --reset-memory-clocks\n"
+    "                                Resets the Memory clocks to the default values.\n"
+    "    -lmcd --lock-memory-clocks-deferred=\n"
+    "                                    Specifies memClock clock to lock. This limit is\n"
+    "                                    applied the next time GPU is initialized.\n"
+    "                                    This is guaranteed by unloading and reloading the kernel module.\n"
+    "                                    Requires root.\n"
+    "    -rmcd --reset-memory-clocks-deferred\n"
+    "                                Resets the deferred Memory clocks applied.\n"
+    "    -ac   --applications-clocks= Specifies <memory,graphics> clocks as a\n"
+    "                                    pair (e.g. 2000,800) that defines GPU's\n"
+    "                                    speed in MHz while running applications on a GPU.\n"
+    "    -rac  --reset-applications-clocks\n"
+    "                                Resets the applications clocks to the default values.\n"
+    "    -pl   --power-limit=        Specifies maximum power management limit in watts.\n"
+    "                                Takes an optional argument --scope.\n"
+    "    -sc   --scope=              Specifies the device type for --scope: 0/GPU, 1/TOTAL_MODULE (Grace Hopper Only)\n"
+    "    -cc   --cuda-clocks=        Overrides or restores default CUDA clocks.\n"
+    "                                In override mode, GPU clocks higher frequencies when running CUDA applications.\n"
+    "                                Only on supported devices starting from the Volta series.\n"
+    "                                Requires administrator privileges.\n"
+    "                                0/RESTORE_DEFAULT, 1/OVERRIDE\n"
+    "    -am   --accounting-mode=    Enable or disable Accounting Mode: 0/DISABLED, 1/ENABLED\n"
+    "    -caa  --clear-accounted-apps\n"
+    "                                Clears all the accounted PIDs in the buffer.\n"
+    "          --auto-boost-default= Set the default auto boost policy to 0/DISABLED\n"
+    "                                or 1/ENABLED, enforcing the change only after the\n"
+    "                                last boost client has exited.\n"
+    "          --auto-boost-permission=\n"
+    "                                Allow non-admin/root control over auto boost mode:\n"
+    "                                0/UNRESTRICTED, 1/RESTRICTED\n"
+    "    -mig  --multi-instance-gpu= Enable or disable Multi Instance GPU: 0/DISABLED, 1/ENABLED\n"
+    "                                Requires root.\n"
+    "    -gtt  --gpu-target-temp=    Set GPU Target Temperature for a GPU in degree celsius.\n"
+    "                                Requires administrator privileges\n"
+    "\n"
+    "   [plus optional]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific GPU.\n"
+    "    -eow, --error-on-warning    Return a non-zero error for warnings.\n"
+    "\n"
+    "  UNIT MODIFICATION OPTIONS:\n"
+    "\n"
+    "    -t,   --toggle-led=         Set Unit LED state: 0/GREEN, 1/AMBER\n"
+    "\n"
+    "   [plus optional]\n"
+    "\n"
+    "    -i,   --id=                 Target a specific Unit.\n"
+    "\n"
+    "  SHOW DTD OPTIONS:\n"
+    "\n"
+    "          --dtd                 Print device DTD and exit.\n"
+    "\n"
+    "     [plus optional]\n"
+    "\n"
+    "    -f,   --filename=           Log to a specified file, rather than to stdout.\n"
+    "    -u,   --unit                Show unit, rather than device, DTD.\n"
+    "\n"
+    "    --debug=                    Log encrypted debug information to a specified file. \n"
+    "\n"
+    " Device Monitoring:\n"
+    "    dmon                        Displays device stats in scrolling format.\n"
+    "                                \"nvidia-smi dmon -h\" for more information.\n"
+    "\n"
+    "    daemon                      Runs in background and monitor devices as a daemon process.\n"
+    "                                This is an experimental feature. Not supported on Windows baremetal\n"
+    "                                \"nvidia-smi daemon -h\" for more information.\n"
+    "\n"
+    "    replay                      Used to replay/extract the persistent stats generated by daemon.\n"
+    "                                This is an experimental feature.\n"
+    "                                \"nvidia-smi replay -h\" for more information.\n"
+    "\n"
+    " Process Monitoring:\n"
+    "    pmon                        Displays process stats in scrolling format.\n"
+    "                                \"nvidia-smi pmon -h\" for more information.\n"
+    "\n"
+    " TOPOLOGY:\n"
+    "    topo                        Displays device/system topology. \"nvidia-smi topo -h\" for more information.\n"
+    "\n"
+    " DRAIN STATES:\n"
+    "    drain                       Displays/modifies GPU drain states for power idling. \"nvidia-smi drain -h\" for more information.\n"
+    "\n"
+    " NVLINK:\n"
+    "    nvlink                      Displays device nvlink information. \"nvidia-smi nvlink -h\" for more information.\n"
+    "\n"
+    " C2C:\n"
+    "    c2c                         Displays device C2C information. \"nvidia-smi c2c -h\" for more information.\n"
+    "\n"
+    " CLOCKS:\n"
+    "    clocks                      Control and query clock information. \"nvidia-smi clocks -h\" for more information.\n"
+    "\n"
+    " ENCODER SESSIONS:\n"
+    "    encodersessions             Displays device encoder sessions information. \"nvidia-smi encodersessions -h\" for more information.\n"
+    "\n"
+    " FBC SESSIONS:\n"
+    "    fbcsessions                 Displays device FBC sessions information. \"nvidia-smi fbcsessions -h\" for more information.\n"
+    "\n"
+    " GRID vGPU:\n"
+    "    vgpu                        Displays vGPU information. \"nvidia-smi vgpu -h\" for more information.\n"
+    "\n"
+    " MIG:\n"
+    "    mig                         Provides controls for MIG management. \"nvidia-smi mig -h\" for more information.\n"
+    "\n"
+    " COMPUTE POLICY:\n"
+    "    compute-policy              Control and query compute policies. \"nvidia-smi compute-policy -h\" for more information. \n"
+    "\n"
+    " BOOST SLIDER:\n"
+    "    boost-slider                Control and query boost sliders. \"nvidia-smi boost-slider -h\" for more information. \n"
+    "\n"
+    " POWER HINT:    power-hint                  Estimates GPU power usage. \"nvidia-smi power-hint -h\" for more information. \n"
+    "\n"
+    " BASE CLOCKS:    base-clocks                 Query GPU base clocks. \"nvidia-smi base-clocks -h\" for more information. \n"
+    "\n"
+    " CONFIDENTIAL COMPUTE:\n"
+    "    conf-compute                Control and query confidential compute. \"nvidia-smi conf-compute -h\" for more information. \n"
+    "\n"
+    " GPU PERFORMANCE MONITORING: \n"
+    "    gpm                         Control and query GPU performance monitoring unit. \"nvidia-smi gpm -h\" for more information. \n"
+    "\n"
+    " PCI:\n"
+    "    pci                         Display device PCI information. \"nvidia-smi pci -h\" for more information.\n"
+    "\n"
+    "Please see the nvidia-smi(1) manual page for more detailed information.\n";
+
+static const char HELP_QUERY_GPU_550[] =
+    "List of valid properties to query for the switch \"--query-gpu\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"driver_version\"\n"
+    "The version of the installed NVIDIA display driver. This is an alphanumeric string.\n"
+    "\n"
+    "Section about vgpu_driver_capability properties\n"
+    "Retrieves information about driver level caps.\n"
+    "\n"
+    "\"vgpu_driver_capability.heterogenous_multivGPU\"\n"
+    "Whether heterogeneuos multi-vGPU is supported by driver.\n"
+    "\n"
+    "\"count\"\n"
+    "The number of NVIDIA GPUs in the system.\n"
+    "\n"
+    "\"name\" or \"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"serial\" or \"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"uuid\" or \"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"pci.bus_id\" or \"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"pci.domain\"\n"
+    "PCI domain number, in hex.\n"
+    "\n"
+    "\"pci.bus\"\n"
+    "PCI bus number, in hex.\n"
+    "\n"
+    "\"pci.device\"\n"
+    "PCI device number, in hex.\n"
+    "\n"
+    "\"pci.baseClass\"\n"
+    "PCI Base Classcode, in hex.\n"
+    "\n"
+    "\"pci.subClass\"\n"
+    "PCI Sub Classcode, in hex.\n"
+    "\n"
+    "\"pci.device_id\"\n"
+    "PCI vendor device id, in hex\n"
+    "\n"
+    "\"pci.sub_device_id\"\n"
+    "PCI Sub System id, in hex\n"
+    "\n"
+    "Section about vgpu_device_capability properties\n"
+    "Retrieves information about device level caps.\n"
+    "\n"
+    "\"vgpu_device_capability.fractional_multiVgpu\"\n"
+    "Fractional vGPU profiles on this GPU can be used in multi-vGPU configurations.\n"
+    "\n"
+    "\"vgpu_device_capability.heterogeneous_timeSlice_profile\"\n"
+    "Supports concurrent execution of timesliced vGPU profiles of differing types.\n"
+    "\n"
+    "\"vgpu_device_capability.heterogeneous_timeSlice_sizes\"\n"
+    "Supports concurrent execution of timesliced vGPU profiles of differing framebuffer sizes.\n"
+    "\n"
+    "\"pcie.link.gen.current\"\n"
+    "The current PCI-E link generation. These may be reduced when the GPU is not in use. Deprecated, use pcie.link.gen.gpucurrent instead.\n"
+    "\n"
+    "\"pcie.link.gen.gpucurrent\"\n"
+    "The current PCI-E link generation. These may be reduced when the GPU is not in use.\n"
+    "\n"
+    "\"pcie.link.gen.max\"\n"
+    "The maximum PCI-E link generation possible with this GPU and system configuration. For example, if the GPU supports a higher PCIe generation than the system supports then this reports the system PCIe generation.\n"
+    "\n"
+    "\"pcie.link.gen.gpumax\"\n"
+    "The maximum PCI-E link generation supported by this GPU.\n"
+    "\n"
+    "\"pcie.link.gen.hostmax\"\n"
+    "The maximum PCI-E link generation supported by the root port corresponding to this GPU.\n"
+    "\n"
+    "\"pcie.link.width.current\"\n"
+    "The current PCI-E link width. These may be reduced when the GPU is not in use.\n"
+    "\n"
+    "\"pcie.link.width.max\"\n"
+    "The maximum PCI-E link width possible with this GPU and system configuration. For example, if the GPU supports a higher PCIe generation than the system supports then this reports the system PCIe generation.\n"
+    "\n"
+    "\"index\"\n"
+    "Zero based index of the GPU. Can change at each boot.\n"
+    "\n"
+    "\"display_mode\"\n"
+    "A flag that indicates whether a physical display (e.g. monitor) is currently connected to any of the GPU's connectors. \"Enabled\" indicates an attached display. \"Disabled\" indicates otherwise.\n"
+    "\n"
+    "\"display_active\"\n"
+    "A flag that indicates whether a display is initialized on the GPU's (e.g. memory is allocated on the device for display). Display can be active even when no monitor is physically attached. \"Enabled\" indicates an active display. \"Disabled\" indicates otherwise.\n"
+    "\n"
+    "\"persistence_mode\"\n"
+    "A flag that indicates whether persistence mode is enabled for the GPU. Value is either \"Enabled\" or \"Disabled\". When persistence mode is enabled the NVIDIA driver remains loaded even when no active clients, such as X11 or nvidia-smi, exist. This minimizes the driver load latency associated with running dependent apps, such as CUDA programs. Linux only.\n"
+    "\n"
+    "\"addressing_mode\"\n"
+    "A flag that indicates the type of addressing mode enabled for the GPU. Value is either \"HMM\" or \"ATS\" or \"None\". When the mode is HMM, system allocated memory (malloc, mmap) is addressable from the device (GPU), via software-based mirroring of the CPU's page tables, on the GPU. When the mode is ATS, system allocated memory (malloc, mmap) is addressable from the device (GPU), via Address Translation Services. This means that there is (effectively) a single set of page tables, and the CPU and GPU both use them. The mode is None when neither HMM nor ATS is active. Linux only.\n"
+    "\n"
+    "\"accounting.mode\"\n"
+    "A flag that indicates whether accounting mode is enabled for the GPU. Value is either \"Enabled\" or \"Disabled\". When accounting is enabled statistics are calculated for each compute process running on the GPU.Statistics can be queried during the lifetime or after termination of the process.The execution time of process is reported as 0 while the process is in running state and updated to actualexecution time after the process has terminated. See --help-query-accounted-apps for more info.\n"
+    "\n"
+    "\"accounting.buffer_size\"\n"
+    "The size of the circular buffer that holds list of processes that can be queried for accounting stats. This is the maximum number of processes that accounting information will be stored for before information about oldest processes will get overwritten by information about new processes.\n"
+    "\n"
+    "Section about driver_model properties\n"
+    "On Windows, the TCC and WDDM driver models are supported. The driver model can be changed with the (-dm) or (-fdm) flags. The TCC driver model is optimized for compute applications. I.E. kernel launch times will be quicker with TCC. The WDDM driver model is designed for graphics applications and is not recommended for compute applications. Linux does not support multiple driver models, and will always have the value of \"N/A\". Only for selected products. Please see feature matrix in NVML documentation.\n"
+    "\n"
+    "\"driver_model.current\"\n"
+    "The driver model currently in use. Always \"N/A\" on Linux.\n"
+    "\n"
+    "\"driver_model.pending\"\n"
+    "The driver model that will be used on the next reboot. Always \"N/A\" on Linux.\n"
+    "\n"
+    "\"vbios_version\"\n"
+    "The BIOS of the GPU board.\n"
+    "\n"
+    "Section about inforom properties\n"
+    "Version numbers for each object in the GPU board's inforom storage. The inforom is a small, persistent store of configuration and state data for the GPU. All inforom version fields are numerical. It can be useful to know these version numbers because some GPU features are only available with inforoms of a certain version or higher.\n"
+    "\n"
+    "\"inforom.img\" or \"inforom.image\"\n"
+    "Global version of the infoROM image. Image version just like VBIOS version uniquely describes the exact version of the infoROM flashed on the board in contrast to infoROM object version which is only an indicator of supported features.\n"
+    "\n"
+    "\"inforom.oem\"\n"
+    "Version for the OEM configuration data.\n"
+    "\n"
+    "\"inforom.ecc\"\n"
+    "Version for the ECC recording data.\n"
+    "\n"
+    "\"inforom.pwr\" or \"inforom.power\"\n"
+    "Version for the power management data.\n"
+    "\n"
+    "Section about reset_status properties\n"
+    "GPU reset status information. Reports if there is a GPU reset required or drain and reset recommended to recover from a bad state. 'N/A' indicates that the field is not supported on the current device or device configuration. An error message indicates that retrieving the field failed.\n"
+    "\n"
+    "\"reset_status.reset_required\"\n"
+    "Checks if a GPU reset is required.\n"
+    "\n"
+    "\"reset_status.drain_and_reset_recommended\"\n"
+    "Checks if a GPU drain and reset is recommended.\n"
+    "\n"
+    "Section about gom properties\n"
+    "GOM allows to reduce power usage and optimize GPU throughput by disabling GPU features. Each GOM is designed to meet specific user needs.\n"
+    "In \"All On\" mode everything is enabled and running at full speed.\n"
+    "The \"Compute\" mode is designed for running only compute tasks. Graphics operations are not allowed.\n"
+    "The \"Low Double Precision\" mode is designed for running graphics applications that don't require high bandwidth double precision.\n"
+    "GOM can be changed with the (--gom) flag.\n"
+    "\n"
+    "\"gom.current\" or \"gpu_operation_mode.current\"\n"
+    "The GOM currently in use.\n"
+    "\n"
+    "\"gom.pending\" or \"gpu_operation_mode.pending\"\n"
+    "The GOM that will be used on the next reboot.\n"
+    "\n"
+    "\"fan.speed\"\n"
+    "The fan speed value is the percent of the product's maximum noise tolerance fan speed that the device's fan is currently intended to run at. This value may exceed 100% in certain cases. Note: The reported speed is the intended fan speed. If the fan is physically blocked and unable to spin, this output will not match the actual fan speed. Many parts do not report fan speeds because they rely on cooling via fans in the surrounding enclosure.\n"
+    "\n"
+    "\"pstate\"\n"
+    "The current performance state for the GPU. States range from P0 (maximum performance) to P12 (minimum performance).\n"
+    "\n"
+    "Section about clocks_event_reasons properties\n"
+    "Retrieves information about factors that are reducing the frequency of clocks. If all event reasons are returned as \"Not Active\" it means that clocks are running as high as possible.\n"
+    "\n"
+    "\"clocks_event_reasons.supported\" or \"clocks_throttle_reasons.supported\"\n"
+    "Bitmask of supported clock event reasons. See nvml.h for more details.\n"
+    "\n"
+    "\"clocks_event_reasons.active\" or \"clocks_throttle_reasons.active\"\n"
+    "Bitmask of active clock event reasons. See nvml.h for more details.\n"
+    "\n"
+    "\"clocks_event_reasons.gpu_idle\" or \"clocks_throttle_reasons.gpu_idle\"\n"
+    "Nothing is running on the GPU and the clocks are dropping to Idle state. This limiter may be removed in a later release.\n"
+    "\n"
+    "\"clocks_event_reasons.applications_clocks_setting\" or \"clocks_throttle_reasons.applications_clocks_setting\"\n"
+    "GPU clocks are limited by applications clocks setting. E.g. can be changed by nvidia-smi --applications-clocks=\n"
+    "\n"
+    "\"clocks_event_reasons.sw_power_cap\" or \"clocks_throttle_reasons.sw_power_cap\"\n"
+    "SW Power Scaling algorithm is reducing the clocks below requested clocks because the GPU is consuming too much power. E.g. SW power cap limit can be changed with nvidia-smi --power-limit=\n"
+    "\n"
+    "\"clocks_event_reasons.hw_slowdown\" or \"clocks_throttle_reasons.hw_slowdown\"\n"
+    "HW Slowdown (reducing the core clocks by a factor of 2 or more) is engaged. This is an indicator of:\n"
+    " HW Thermal Slowdown: temperature being too high\n"
+    " HW Power Brake Slowdown: External Power Brake Assertion is triggered (e.g. by the system power supply)\n"
+    " * Power draw is too high and Fast Trigger protection is reducing the clocks\n"
+    " * May be also reported during PState or clock change\n"
+    " * This behavior may be removed in a later release\n"
+    "\n"
+    "\"clocks_event_reasons.hw_thermal_slowdown\" or \"clocks_throttle_reasons.hw_thermal_slowdown\"\n"
+    "HW Thermal Slowdown (reducing the core clocks by a factor of 2 or more) is engaged. This is an indicator of temperature being too high\n"
+    "\n"
+    "\"clocks_event_reasons.hw_power_brake_slowdown\" or \"clocks_throttle_reasons.hw_power_brake_slowdown\"\n"
+    "HW Power Brake Slowdown (reducing the core clocks by a factor of 2 or more) is engaged. This is an indicator of External Power Brake Assertion being triggered (e.g. by the system power supply)\n"
+    "\n"
+    "\"clocks_event_reasons.sw_thermal_slowdown\" or \"clocks_throttle_reasons.sw_thermal_slowdown\"\n"
+    "SW Thermal capping algorithm is reducing clocks below requested clocks because GPU temperature is higher than Max Operating Temp.\n"
+    "\n"
+    "\"clocks_event_reasons.sync_boost\" or \"clocks_throttle_reasons.sync_boost\"\n"
+    "Sync Boost This GPU has been added to a Sync boost group with nvidia-smi or DCGM in\n"
+    " * order to maximize performance per watt. All GPUs in the sync boost group\n"
+    " * will boost to the minimum possible clocks across the entire group. Look at\n"
+    " * the event reasons for other GPUs in the system to see why those GPUs are\n"
+    " * holding this one at lower clocks.\n"
+    "\n"
+    "Section about memory properties\n"
+    "On-board memory information. Reported total memory is affected by ECC state. If ECC is enabled the total available memory is decreased by several percent, due to the requisite parity bits. The driver may also reserve a small amount of memory for internal use, even without active work on the GPU.\n"
+    "\n"
+    "\"memory.total\"\n"
+    "Total installed GPU memory.\n"
+    "\n"
+    "\"memory.reserved\"\n"
+    "Total memory reserved by the NVIDIA driver and firmware.\n"
+    "\n"
+    "\"memory.used\"\n"
+    "Total memory allocated by active contexts.\n"
+    "\n"
+    "\"memory.free\"\n"
+    "Total free memory.\n"
+    "\n"
+    "\"compute_mode\"\n"
+    "The compute mode flag indicates whether individual or multiple compute applications may run on the GPU.\n"
+    "\"0: Default\" means multiple contexts are allowed per device.\n"
+    "\"1: Exclusive_Thread\", deprecated, use Exclusive_Process instead\n"
+    "\"2: Prohibited\" means no contexts are allowed per device (no compute apps).\n"
+    "\"3: Exclusive_Process\" means only one context is allowed per device, usable from multiple threads at a time.\n"
+    "\n"
+    "\"compute_cap\"\n"
+    "The CUDA Compute Capability, represented as Major DOT Minor.\n"
+    "\n"
+    "Section about utilization properties\n"
+    "Utilization rates report how busy each GPU is over time, and can be used to determine how much an application is using the GPUs in the system.\n"
+    "Note: On MIG-enabled GPUs, querying the utilization of encoder, decoder, jpeg, ofa, gpu, and memory is not currently supported.\n"
+    "\n"
+    "\"utilization.gpu\"\n"
+    "Percent of time over the past sample period during which one or more kernels was executing on the GPU.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "\"utilization.memory\"\n"
+    "Percent of time over the past sample period during which global (device) memory was being read or written.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "\"utilization.encoder\"\n"
+    "Percent of time over the past sample period during which one or more kernels was executing on the Encoder Engine.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "\"utilization.decoder\"\n"
+    "Percent of time over the past sample period during which one or more kernels was executing on the Decoder Engine.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "\"utilization.jpeg\"\n"
+    "Percent of time over the past sample period during which one or more kernels was executing on the Jpeg Engine.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "\"utilization.ofa\"\n"
+    "Percent of time over the past sample period during which one or more kernels was executing on the Optical Flow Accelerator Engine.\n"
+    "The sample period may be between 1 second and 1/6 second depending on the product.\n"
+    "\n"
+    "Section about encoder.stats properties\n"
+    "Encoder stats report number of encoder sessions, average FPS and average latency in us for given GPUs in the system.\n"
+    "\n"
+    "\"encoder.stats.sessionCount\"\n"
+    "Number of encoder sessions running on the GPU.\n"
+    "\n"
+    "\"encoder.stats.averageFps\"\n"
+    "Average FPS of all sessions running on the GPU.\n"
+    "\n"
+    "\"encoder.stats.averageLatency\"\n"
+    "Average latency in microseconds of all sessions running on the GPU.\n"
+    "\n"
+    "Section about ecc.mode properties\n"
+    "A flag that indicates whether ECC support is enabled. May be either \"Enabled\" or \"Disabled\". Changes to ECC mode require a reboot. Requires Inforom ECC object version 1.0 or higher.\n"
+    "\n"
+    "\"ecc.mode.current\"\n"
+    "The ECC mode that the GPU is currently operating under.\n"
+    "\n"
+    "\"ecc.mode.pending\"\n"
+    "The ECC mode that the GPU will operate under after the next reboot.\n"
+    "\n"
+    "Section about ecc.errors properties\n"
+    "NVIDIA GPUs can provide error counts for various types of ECC errors. Some ECC errors are either single or double bit, where single bit errors are corrected and double bit errors are uncorrectable. Texture memory errors may be correctable via resend or uncorrectable if the resend fails. These errors are available across two timescales (volatile and aggregate). Single bit ECC errors are automatically corrected by the HW and do not result in data corruption. Double bit errors are detected but not corrected. Please see the ECC documents on the web for information on compute application behavior when double bit errors occur. Volatile error counters track the number of errors detected since the last driver load. Aggregate error counts persist indefinitely and thus act as a lifetime counter.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.corrected.volatile.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.corrected.aggregate.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.volatile.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.device_memory\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.dram\"\n"
+    "Errors detected in global device memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.register_file\"\n"
+    "Errors detected in register file memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.l1_cache\"\n"
+    "Errors detected in the L1 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.l2_cache\"\n"
+    "Errors detected in the L2 cache.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.texture_memory\"\n"
+    "Parity errors detected in texture memory.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.cbu\"\n"
+    "Parity errors detected in CBU.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.sram\"\n"
+    "Errors detected in global SRAMs.\n"
+    "\n"
+    "\"ecc.errors.uncorrected.aggregate.total\"\n"
+    "Total errors detected across entire chip.\n"
+    "\n"
+    "Section about retired_pages properties\n"
+    "NVIDIA GPUs can retire pages of GPU device memory when they become unreliable. This can happen when multiple single bit ECC errors occur for the same page, or on a double bit ECC error. When a page is retired, the NVIDIA driver will hide it such that no driver, or application memory allocations can access it.\n"
+    "\n"
+    "\"retired_pages.single_bit_ecc.count\" or \"retired_pages.sbe\"\n"
+    "The number of GPU device memory pages that have been retired due to multiple single bit ECC errors.\n"
+    "\n"
+    "\"retired_pages.double_bit.count\" or \"retired_pages.dbe\"\n"
+    "The number of GPU device memory pages that have been retired due to a double bit ECC error.\n"
+    "\n"
+    "\"retired_pages.pending\"\n"
+    "Checks if any GPU device memory pages are pending retirement on the next reboot. Pages that are pending retirement can still be allocated, and may cause further reliability issues.\n"
+    "\n"
+    "\"temperature.gpu\"\n"
+    " Core GPU temperature. in degrees C.\n"
+    "\n"
+    "\"temperature.gpu.tlimit\"\n"
+    " GPU T.Limit temperature. in degrees C.\n"
+    "\n"
+    "\"temperature.memory\"\n"
+    " HBM memory temperature. in degrees C.\n"
+    "\n"
+    "\"power.management\"\n"
+    "A flag that indicates whether power management is enabled. Either \"Supported\" or \"[Not Supported]\". Requires Inforom PWR object version 3.0 or higher or Kepler device.\n"
+    "\n"
+    "\"power.draw\"\n"
+    "The last measured power draw for the entire board, in watts. On Ampere or newer devices, returns average power draw over 1 sec. On older devices, returns instantaneous power draw. Only available if power management is supported. This reading is accurate to within +/- 5 watts.\n"
+    "\n"
+    "\"power.draw.average\"\n"
+    "The last measured average power draw for the entire board, in watts. Only available if power management is supported and Ampere (except GA100) or newer devices. This reading is accurate to within +/- 5 watts.\n"
+    "\n"
+    "\"power.draw.instant\"\n"
+    "The last measured instant power draw for the entire board, in watts. Only available if power management is supported. This reading is accurate to within +/- 5 watts.\n"
+    "\n"
+    "\"power.limit\"\n"
+    "The software power limit in watts. Set by software like nvidia-smi. On Kepler devices Power Limit can be adjusted using [-pl | --power-limit=] switches.\n"
+    "\n"
+    "\"enforced.power.limit\"\n"
+    "The power management algorithm's power ceiling, in watts. Total board power draw is manipulated by the power management algorithm such that it stays under this value. This value is the minimum of various power limiters.\n"
+    "\n"
+    "\"power.default_limit\"\n"
+    "The default power management algorithm's power ceiling, in watts. Power Limit will be set back to Default Power Limit after driver unload.\n"
+    "\n"
+    "\"power.min_limit\"\n"
+    "The minimum value in watts that power limit can be set to.\n"
+    "\n"
+    "\"power.max_limit\"\n"
+    "The maximum value in watts that power limit can be set to.\n"
+    "\n"
+    "\"clocks.current.graphics\" or \"clocks.gr\"\n"
+    "Current frequency of graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.current.sm\" or \"clocks.sm\"\n"
+    "Current frequency of SM (Streaming Multiprocessor) clock.\n"
+    "\n"
+    "\"clocks.current.memory\" or \"clocks.mem\"\n"
+    "Current frequency of memory clock.\n"
+    "\n"
+    "\"clocks.current.video\" or \"clocks.video\"\n"
+    "Current frequency of video encoder/decoder clock.\n"
+    "\n"
+    "Section about clocks.applications properties\n"
+    "User specified frequency at which applications will be running at. Can be changed with [-ac | --applications-clocks] switches.\n"
+    "\n"
+    "\"clocks.applications.graphics\" or \"clocks.applications.gr\"\n"
+    "User specified frequency of graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.applications.memory\" or \"clocks.applications.mem\"\n"
+    "User specified frequency of memory clock.\n"
+    "\n"
+    "Section about clocks.default_applications properties\n"
+    "Default frequency at which applications will be running at. Application clocks can be changed with [-ac | --applications-clocks] switches. Application clocks can be set to default using [-rac | --reset-applications-clocks] switches.\n"
+    "\n"
+    "\"clocks.default_applications.graphics\" or \"clocks.default_applications.gr\"\n"
+    "Default frequency of applications graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.default_applications.memory\" or \"clocks.default_applications.mem\"\n"
+    "Default frequency of applications memory clock.\n"
+    "\n"
+    "Section about clocks.max properties\n"
+    "Maximum frequency at which parts of the GPU are design to run.\n"
+    "\n"
+    "\"clocks.max.graphics\" or \"clocks.max.gr\"\n"
+    "Maximum frequency of graphics (shader) clock.\n"
+    "\n"
+    "\"clocks.max.sm\" or \"clocks.max.sm\"\n"
+    "Maximum frequency of SM (Streaming Multiprocessor) clock.\n"
+    "\n"
+    "\"clocks.max.memory\" or \"clocks.max.mem\"\n"
+    "Maximum frequency of memory clock.\n"
+    "\n"
+    "Section about mig.mode properties\n"
+    "A flag that indicates whether MIG mode is enabled. May be either \"Enabled\" or \"Disabled\". Changes to MIG mode require a GPU reset.\n"
+    "\n"
+    "\"mig.mode.current\"\n"
+    "The MIG mode that the GPU is currently operating under.\n"
+    "\n"
+    "\"mig.mode.pending\"\n"
+    "The MIG mode that the GPU will operate under after reset.\n"
+    "\n"
+    "Section about gsp.mode properties\n"
+    "A flag that indicates whether GSP firmware is enabled.May be either \"Enabled\" or \"Disabled\".\n"
+    "\n"
+    "\"gsp.mode.current\"\n"
+    "The current status of GSP firmware.\n"
+    "\n"
+    "\"gsp.mode.default\"\n"
+    "The default status of GSP firmware.\n"
+    "\n"
+    "\"c2c.mode\"\n"
+    "A flag the indicates whether the device is in C2C mode, if supported.May be either \"Enabled\" or \"Disabled\".\n"
+    "\n"
+    "Section about protected_memory properties\n"
+    "On-board protected memory information.\n"
+    "\n"
+    "\"protected_memory.total\"\n"
+    "Total installed GPU conf compute protected memory.\n"
+    "\n"
+    "\"protected_memory.used\"\n"
+    "Total conf compute protected memory allocated by active contexts.\n"
+    "\n"
+    "\"protected_memory.free\"\n"
+    "Total free conf compute protected memory.\n"
+    "\n"
+    "\"fabric.state\"\n"
+    "Current state of GPU fabric registration process.\n"
+    "\n"
+    "\"fabric.status\"\n"
+    "Error status, valid only if gpu fabric registration state is \"completed\"\n"
+    "\n";
+
+static const char HELP_QUERY_COMPUTE_APPS_550[] =
+    "List of valid properties to query for the switch \"--query-compute-apps\":\n"
+    "\n"
+    "Section about Active Compute Processes properties\n"
+    "List of processes having compute context on the device.\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"pid\"\n"
+    "Process ID of the compute application\n"
+    "\n"
+    "\"process_name\" or \"name\"\n"
+    "Process Name\n"
+    "\n"
+    "\"used_gpu_memory\" or \"used_memory\"\n"
+    "Amount memory used on the device by the context. Not available on Windows when running in WDDM mode because Windows KMD manages all the memory not NVIDIA driver.\n"
+    "\n";
+
+static const char HELP_QUERY_ACCOUNTED_APPS_550[] =
+    "List of valid properties to query for the switch \"--query-accounted-apps\":\n"
+    "\n"
+    "Section about Accounted Graphics/Compute Processes properties\n"
+    "List of accounted processes having had a graphics/compute context on the device.\n"
+    "\n"
+    "Format options and one or more properties to be queried need to be provided as comma separated values for this switch.\n"
+    "For example:\n"
+    "nvidia-smi --query-accounted-apps=gpu_name,pid,time,gpu_util,mem_util,max_memory_usage --format=csv\n"
+    "\n"
+    "List of properties that can be queried are:\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"vgpu_instance\"\n"
+    "vGPU instance\n"
+    "\n"
+    "\"pid\"\n"
+    "Process ID of the compute application\n"
+    "\n"
+    "\"gpu_utilization\" or \"gpu_util\"\n"
+    "GPU Utilization\n"
+    "\n"
+    "\"mem_utilization\" or \"mem_util\"\n"
+    "Percentage of GPU memory utilized on the device by the context.\n"
+    "\n"
+    "\"max_memory_usage\"\n"
+    "Maximum amount memory used on the device by the context.\n"
+    "\n"
+    "\"time\"\n"
+    "Amount of time in ms during which the compute context was active.\n"
+    "\n";
+
+static const char HELP_QUERY_RETIRED_PAGES_550[] =
+    "List of valid properties to query for the switch \"--query-retired-pages\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"retired_pages.address\"\n"
+    "Address of a retired page. Address might be different when ECC is Enabled or Disabled.\n"
+    "\n"
+    "\"retired_pages.timestamp\"\n"
+    "Timestamp at which the page was retired.\n"
+    "\n"
+    "\"retired_pages.cause\"\n"
+    "Reason that describes why the page was retired. Can take one of two values: \n"
+    " - Double Bit ECC - The number of GPU device memory pages that have been retired due to a double bit ECC error.\n"
+    " - Single Bit ECC - The number of GPU device memory pages that have been retired due to multiple single bit ECC errors.\n"
+    "\n";
+
+static const char HELP_QUERY_REMAPPED_ROWS_550[] =
+    "List of valid properties to query for the switch \"--query-remapped-rows\":\n"
+    "\n"
+    "\"timestamp\"\n"
+    "The timestamp of when the query was made in format \"YYYY/MM/DD HH:MM:SS.msec\".\n"
+    "\n"
+    "\"gpu_name\"\n"
+    "The official product name of the GPU. This is an alphanumeric string. For all products.\n"
+    "\n"
+    "\"gpu_bus_id\"\n"
+    "PCI bus id as \"domain:bus:device.function\", in hex.\n"
+    "\n"
+    "\"gpu_serial\"\n"
+    "This number matches the serial number physically printed on each board. It is a globally unique immutable alphanumeric value.\n"
+    "\n"
+    "\"gpu_uuid\"\n"
+    "This value is the globally unique immutable alphanumeric identifier of the GPU. It does not correspond to any physical label on the board.\n"
+    "\n"
+    "\"remapped_rows.correctable\"\n"
+    "The number of rows that have been remapped due to correctable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.uncorrectable\"\n"
+    "The number of rows that have been remapped due to uncorrectable ECC errors.\n"
+    "\n"
+    "\"remapped_rows.pending\"\n"
+    "Whether or not there are pending row-remappings.\n"
+    "\n"
+    "\"remapped_rows.failure\"\n"
+    "Whether or not a row remapping has failed in the past.\n"
+    "\n";
+
+static const struct qfield QUERY_GPU_FIELDS_550[] = {
+    {"timestamp", "", "", K_timestamp},
+    {"driver_version", "", "", K_driver_version},
+    {"vgpu_driver_capability.heterogenous_multivGPU", "", "", K_vgpu_driver_capability_heterogenous_multivGPU},
+    {"count", "", "", K_count},
+    {"name", "gpu_name", "", K_name},
+    {"serial", "gpu_serial", "", K_serial},
+    {"uuid", "gpu_uuid", "", K_uuid},
+    {"pci.bus_id", "gpu_bus_id", "", K_pci_bus_id},
+    {"pci.domain", "", "", K_pci_domain},
+    {"pci.bus", "", "", K_pci_bus},
+    {"pci.device", "", "", K_pci_device},
+    {"pci.baseClass", "", "", K_pci_baseClass},
+    {"pci.subClass", "", "", K_pci_subClass},
+    {"pci.device_id", "", "", K_pci_device_id},
+    {"pci.sub_device_id", "", "", K_pci_sub_device_id},
+    {"vgpu_device_capability.fractional_multiVgpu", "", "", K_vgpu_device_capability_fractional_multiVgpu},
+    {"vgpu_device_capability.heterogeneous_timeSlice_profile", "", "", K_vgpu_device_capability_heterogeneous_timeSlice_profile},
+    {"vgpu_device_capability.heterogeneous_timeSlice_sizes", "", "", K_vgpu_device_capability_heterogeneous_timeSlice_sizes},
+    {"pcie.link.gen.current", "", "", K_pcie_link_gen_current},
+    {"pcie.link.gen.gpucurrent", "", "", K_pcie_link_gen_gpucurrent},
+    {"pcie.link.gen.max", "", "", K_pcie_link_gen_max},
+    {"pcie.link.gen.gpumax", "", "", K_pcie_link_gen_gpumax},
+    {"pcie.link.gen.hostmax", "", "", K_pcie_link_gen_hostmax},
+    {"pcie.link.width.current", "", "", K_pcie_link_width_current},
+    {"pcie.link.width.max", "", "", K_pcie_link_width_max},
+    {"index", "", "", K_index},
+    {"display_mode", "", "", K_display_mode},
+    {"display_active", "", "", K_display_active},
+    {"persistence_mode", "", "", K_persistence_mode},
+    {"addressing_mode", "", "", K_addressing_mode},
+    {"accounting.mode", "", "", K_accounting_mode},
+    {"accounting.buffer_size", "", "", K_accounting_buffer_size},
+    {"driver_model.current", "", "", K_driver_model_current},
+    {"driver_model.pending", "", "", K_driver_model_pending},
+    {"vbios_version", "", "", K_vbios_version},
+    {"inforom.img", "inforom.image", "", K_inforom_img},
+    {"inforom.oem", "", "", K_inforom_oem},
+    {"inforom.ecc", "", "", K_inforom_ecc},
+    {"inforom.pwr", "inforom.power", "", K_inforom_pwr},
+    {"reset_status.reset_required", "", "", K_NONE},
+    {"reset_status.drain_and_reset_recommended", "", "", K_NONE},
+    {"gom.current", "gpu_operation_mode.current", "", K_gom_current},
+    {"gom.pending", "gpu_operation_mode.pending", "", K_gom_pending},
+    {"fan.speed", "", "%", K_fan_speed},
+    {"pstate", "", "", K_pstate},
+    {"clocks_event_reasons.supported", "clocks_throttle_reasons.supported", "", K_clocks_event_reasons_supported},
+    {"clocks_event_reasons.active", "clocks_throttle_reasons.active", "", K_clocks_event_reasons_active},
+    {"clocks_event_reasons.gpu_idle", "clocks_throttle_reasons.gpu_idle", "", K_clocks_event_reasons_gpu_idle},
+    {"clocks_event_reasons.applications_clocks_setting", "clocks_throttle_reasons.applications_clocks_setting", "", K_clocks_event_reasons_applications_clocks_setting},
+    {"clocks_event_reasons.sw_power_cap", "clocks_throttle_reasons.sw_power_cap", "", K_clocks_event_reasons_sw_power_cap},
+    {"clocks_event_reasons.hw_slowdown", "clocks_throttle_reasons.hw_slowdown", "", K_clocks_event_reasons_hw_slowdown},
+    {"clocks_event_reasons.hw_thermal_slowdown", "clocks_throttle_reasons.hw_thermal_slowdown", "", K_clocks_event_reasons_hw_thermal_slowdown},
+    {"clocks_event_reasons.hw_power_brake_slowdown", "clocks_throttle_reasons.hw_power_brake_slowdown", "", K_clocks_event_reasons_hw_power_brake_slowdown},
+    {"clocks_event_reasons.sw_thermal_slowdown", "clocks_throttle_reasons.sw_thermal_slowdown", "", K_clocks_event_reasons_sw_thermal_slowdown},
+    {"clocks_event_reasons.sync_boost", "clocks_throttle_reasons.sync_boost", "", K_clocks_event_reasons_sync_boost},
+    {"memory.total", "", "MiB", K_memory_total},
+    {"memory.reserved", "", "MiB", K_memory_reserved},
+    {"memory.used", "", "MiB", K_memory_used},
+    {"memory.free", "", "MiB", K_memory_free},
+    {"compute_mode", "", "", K_compute_mode},
+    {"compute_cap", "", "", K_compute_cap},
+    {"utilization.gpu", "", "%", K_utilization_gpu},
+    {"utilization.memory", "", "%", K_utilization_memory},
+    {"utilization.encoder", "", "%", K_utilization_encoder},
+    {"utilization.decoder", "", "%", K_utilization_decoder},
+    {"utilization.jpeg", "", "%", K_utilization_jpeg},
+    {"utilization.ofa", "", "%", K_utilization_ofa},
+    {"encoder.stats.sessionCount", "", "", K_encoder_stats_sessionCount},
+    {"encoder.stats.averageFps", "", "", K_encoder_stats_averageFps},
+    {"encoder.stats.averageLatency", "", "", K_encoder_stats_averageLatency},
+    {"ecc.mode.current", "", "", K_ecc_mode_current},
+    {"ecc.mode.pending", "", "", K_ecc_mode_pending},
+    {"ecc.errors.corrected.volatile.device_memory", "", "", K_ecc_errors_corrected_volatile_device_memory},
+    {"ecc.errors.corrected.volatile.dram", "", "", K_ecc_errors_corrected_volatile_dram},
+    {"ecc.errors.corrected.volatile.register_file", "", "", K_ecc_errors_corrected_volatile_register_file},
+    {"ecc.errors.corrected.volatile.l1_cache", "", "", K_ecc_errors_corrected_volatile_l1_cache},
+    {"ecc.errors.corrected.volatile.l2_cache", "", "", K_ecc_errors_corrected_volatile_l2_cache},
+    {"ecc.errors.corrected.volatile.texture_memory", "", "", K_ecc_errors_corrected_volatile_texture_memory},
+    {"ecc.errors.corrected.volatile.cbu", "", "", K_ecc_errors_corrected_volatile_cbu},
+    {"ecc.errors.corrected.volatile.sram", "", "", K_ecc_errors_corrected_volatile_sram},
+    {"ecc.errors.corrected.volatile.total", "", "", K_ecc_errors_corrected_volatile_total},
+    {"ecc.errors.corrected.aggregate.device_memory", "", "", K_ecc_errors_corrected_aggregate_device_memory},
+    {"ecc.errors.corrected.aggregate.dram", "", "", K_ecc_errors_corrected_aggregate_dram},
+    {"ecc.errors.corrected.aggregate.register_file", "", "", K_ecc_errors_corrected_aggregate_register_file},
+    {"ecc.errors.corrected.aggregate.l1_cache", "", "", K_ecc_errors_corrected_aggregate_l1_cache},
+    {"ecc.errors.corrected.aggregate.l2_cache", "", "", K_ecc_errors_corrected_aggregate_l2_cache},
+    {"ecc.errors.corrected.aggregate.texture_memory", "", "", K_ecc_errors_corrected_aggregate_texture_memory},
+    {"ecc.errors.corrected.aggregate.cbu", "", "", K_ecc_errors_corrected_aggregate_cbu},
+    {"ecc.errors.corrected.aggregate.sram", "", "", K_ecc_errors_corrected_aggregate_sram},
+    {"ecc.errors.corrected.aggregate.total", "", "", K_ecc_errors_corrected_aggregate_total},
+    {"ecc.errors.uncorrected.volatile.device_memory", "", "", K_ecc_errors_uncorrected_volatile_device_memory},
+    {"ecc.errors.uncorrected.volatile.dram", "", "", K_ecc_errors_uncorrected_volatile_dram},
+    {"ecc.errors.uncorrected.volatile.register_file", "", "", K_ecc_errors_uncorrected_volatile_register_file},
+    {"ecc.errors.uncorrected.volatile.l1_cache", "", "", K_ecc_errors_uncorrected_volatile_l1_cache},
+    {"ecc.errors.uncorrected.volatile.l2_cache", "", "", K_ecc_errors_uncorrected_volatile_l2_cache},
+    {"ecc.errors.uncorrected.volatile.texture_memory", "", "", K_ecc_errors_uncorrected_volatile_texture_memory},
+    {"ecc.errors.uncorrected.volatile.cbu", "", "", K_ecc_errors_uncorrected_volatile_cbu},
+    {"ecc.errors.uncorrected.volatile.sram", "", "", K_ecc_errors_uncorrected_volatile_sram},
+    {"ecc.errors.uncorrected.volatile.total", "", "", K_ecc_errors_uncorrected_volatile_total},
+    {"ecc.errors.uncorrected.aggregate.device_memory", "", "", K_ecc_errors_uncorrected_aggregate_device_memory},
+    {"ecc.errors.uncorrected.aggregate.dram", "", "", K_ecc_errors_uncorrected_aggregate_dram},
+    {"ecc.errors.uncorrected.aggregate.register_file", "", "", K_ecc_errors_uncorrected_aggregate_register_file},
+    {"ecc.errors.uncorrected.aggregate.l1_cache", "", "", K_ecc_errors_uncorrected_aggregate_l1_cache},
+    {"ecc.errors.uncorrected.aggregate.l2_cache", "", "", K_ecc_errors_uncorrected_aggregate_l2_cache},
+    {"ecc.errors.uncorrected.aggregate.texture_memory", "", "", K_ecc_errors_uncorrected_aggregate_texture_memory},
+    {"ecc.errors.uncorrected.aggregate.cbu", "", "", K_ecc_errors_uncorrected_aggregate_cbu},
+    {"ecc.errors.uncorrected.aggregate.sram", "", "", K_ecc_errors_uncorrected_aggregate_sram},
+    {"ecc.errors.uncorrected.aggregate.total", "", "", K_ecc_errors_uncorrected_aggregate_total},
+    {"retired_pages.single_bit_ecc.count", "retired_pages.sbe", "", K_retired_pages_single_bit_ecc_count},
+    {"retired_pages.double_bit.count", "retired_pages.dbe", "", K_retired_pages_double_bit_count},
+    {"retired_pages.pending", "", "", K_retired_pages_pending},
+    {"temperature.gpu", "", "", K_temperature_gpu},
+    {"temperature.gpu.tlimit", "", "", K_temperature_gpu_tlimit},
+    {"temperature.memory", "", "", K_temperature_memory},
+    {"power.management", "", "", K_power_management},
+    {"power.draw", "", "W", K_power_draw},
+    {"power.draw.average", "", "W", K_power_draw_average},
+    {"power.draw.instant", "", "W", K_power_draw_instant},
+    {"power.limit", "", "W", K_power_limit},
+    {"enforced.power.limit", "", "W", K_enforced_power_limit},
+    {"power.default_limit", "", "W", K_power_default_limit},
+    {"power.min_limit", "", "W", K_power_min_limit},
+    {"power.max_limit", "", "W", K_power_max_limit},
+    {"clocks.current.graphics", "clocks.gr", "MHz", K_clocks_current_graphics},
+    {"clocks.current.sm", "clocks.sm", "MHz", K_clocks_current_sm},
+    {"clocks.current.memory", "clocks.mem", "MHz", K_clocks_current_memory},
+    {"clocks.current.video", "clocks.video", "MHz", K_clocks_current_video},
+    {"clocks.applications.graphics", "clocks.applications.gr", "MHz", K_clocks_applications_graphics},
+    {"clocks.applications.memory", "clocks.applications.mem", "MHz", K_clocks_applications_memory},
+    {"clocks.default_applications.graphics", "clocks.default_applications.gr", "MHz", K_clocks_default_applications_graphics},
+    {"clocks.default_applications.memory", "clocks.default_applications.mem", "MHz", K_clocks_default_applications_memory},
+    {"clocks.max.graphics", "clocks.max.gr", "MHz", K_clocks_max_graphics},
+    {"clocks.max.sm", "clocks.max.sm", "MHz", K_clocks_max_sm},
+    {"clocks.max.memory", "clocks.max.mem", "MHz", K_clocks_max_memory},
+    {"mig.mode.current", "", "", K_mig_mode_current},
+    {"mig.mode.pending", "", "", K_mig_mode_pending},
+    {"gsp.mode.current", "", "", K_gsp_mode_current},
+    {"gsp.mode.default", "", "", K_gsp_mode_default},
+    {"c2c.mode", "", "", K_c2c_mode},
+    {"protected_memory.total", "", "MiB", K_protected_memory_total},
+    {"protected_memory.used", "", "MiB", K_protected_memory_used},
+    {"protected_memory.free", "", "MiB", K_protected_memory_free},
+    {"fabric.state", "", "", K_fabric_state},
+    {"fabric.status", "", "", K_fabric_status},
+    {0, 0, 0, K_NONE},
+};
+
+static const struct skel TEXT_550[] = {
+    {0, 1, K_name, "Product Name", ""},
+    {0, 1, K_x_product_brand, "Product Brand", ""},
+    {0, 1, K_x_product_architecture, "Product Architecture", ""},
+    {0, 1, K_display_mode, "Display Mode", ""},
+    {0, 1, K_display_active, "Display Active", ""},
+    {0, 1, K_persistence_mode, "Persistence Mode", ""},
+    {0, 1, K_addressing_mode, "Addressing Mode", ""},
+    {0, 0, K_NONE, "MIG Mode", ""},
+    {1, 1, K_mig_mode_current, "Current", ""},
+    {1, 1, K_mig_mode_pending, "Pending", ""},
+    {0, 1, K_accounting_mode, "Accounting Mode", ""},
+    {0, 1, K_accounting_buffer_size, "Accounting Mode Buffer Size", ""},
+    {0, 0, K_NONE, "Driver Model", ""},
+    {1, 1, K_NONE, "Current", ""},
+    {1, 1, K_NONE, "Pending", ""},
+    {0, 1, K_serial, "Serial Number", ""},
+    {0, 1, K_uuid, "GPU UUID", ""},
+    {0, 1, K_x_minor_number, "Minor Number", ""},
+    {0, 1, K_vbios_version, "VBIOS Version", ""},
+    {0, 1, K_x_multigpu_board, "MultiGPU Board", ""},
+    {0, 1, K_x_board_id, "Board ID", ""},
+    {0, 1, K_x_board_part_number, "Board Part Number", ""},
+    {0, 1, K_x_gpu_part_number, "GPU Part Number", ""},
+    {0, 1, K_NONE, "FRU Part Number", ""},
+    {0, 1, K_platform_module_id, "Module ID", ""},
+    {0, 0, K_NONE, "Inforom Version", ""},
+    {1, 1, K_inforom_img, "Image Version", ""},
+    {1, 1, K_inforom_oem, "OEM Object", ""},
+    {1, 1, K_inforom_ecc, "ECC Object", ""},
+    {1, 1, K_inforom_pwr, "Power Management Object", ""},
+    {0, 0, K_NONE, "Inforom BBX Object Flush", ""},
+    {1, 1, K_NONE, "Latest Timestamp", ""},
+    {1, 1, K_NONE, "Latest Duration", ""},
+    {0, 0, K_NONE, "GPU Operation Mode", ""},
+    {1, 1, K_NONE, "Current", ""},
+    {1, 1, K_NONE, "Pending", ""},
+    {0, 1, K_c2c_mode, "GPU C2C Mode", ""},
+    {0, 0, K_NONE, "GPU Virtualization Mode", ""},
+    {1, 1, K_x_virtualization_mode, "Virtualization Mode", ""},
+    {1, 1, K_NONE, "Host VGPU Mode", ""},
+    {1, 1, K_NONE, "vGPU Heterogeneous Mode", ""},
+    {0, 0, K_NONE, "GPU Reset Status", ""},
+    {1, 1, K_x_reset_required, "Reset Required", ""},
+    {1, 1, K_x_drain_and_reset, "Drain and Reset Recommended", ""},
+    {0, 1, K_x_gsp_firmware_version, "GSP Firmware Version", ""},
+    {0, 0, K_NONE, "IBMNPU", ""},
+    {1, 1, K_NONE, "Relaxed Ordering Mode", ""},
+    {0, 0, K_NONE, "PCI", ""},
+    {1, 1, K_pci_bus, "Bus", ""},
+    {1, 1, K_pci_device, "Device", ""},
+    {1, 1, K_pci_domain, "Domain", ""},
+    {1, 1, K_pci_baseClass, "Base Classcode", ""},
+    {1, 1, K_pci_subClass, "Sub Classcode", ""},
+    {1, 1, K_pci_device_id, "Device Id", ""},
+    {1, 1, K_pci_bus_id, "Bus Id", ""},
+    {1, 1, K_pci_sub_device_id, "Sub System Id", ""},
+    {1, 0, K_NONE, "GPU Link Info", ""},
+    {2, 0, K_NONE, "PCIe Generation", ""},
+    {3, 1, K_pcie_link_gen_max, "Max", ""},
+    {3, 1, K_pcie_link_gen_current, "Current", ""},
+    {3, 1, K_pcie_link_gen_gpucurrent, "Device Current", ""},
+    {3, 1, K_pcie_link_gen_gpumax, "Device Max", ""},
+    {3, 1, K_pcie_link_gen_hostmax, "Host Max", ""},
+    {2, 0, K_NONE, "Link Width", ""},
+    {3, 1, K_pcie_link_width_max, "Max", "x"},
+    {3, 1, K_pcie_link_width_current, "Current", "x"},
+    {1, 0, K_NONE, "Bridge Chip", ""},
+    {2, 1, K_NONE, "Type", ""},
+    {2, 1, K_NONE, "Firmware", ""},
+    {1, 1, K_x_pcie_replay, "Replays Since Reset", ""},
+    {1, 1, K_x_pcie_replay_rollover, "Replay Number Rollovers", ""},
+    {1, 1, K_x_pcie_tx, "Tx Throughput", ""},
+    {1, 1, K_x_pcie_rx, "Rx Throughput", ""},
+    {1, 1, K_NONE, "Atomic Caps Inbound", ""},
+    {1, 1, K_NONE, "Atomic Caps Outbound", ""},
+    {0, 1, K_fan_speed, "Fan Speed", ""},
+    {0, 1, K_pstate, "Performance State", ""},
+    {0, 0, K_NONE, "Clocks Event Reasons", ""},
+    {1, 1, K_clocks_event_reasons_gpu_idle, "Idle", ""},
+    {1, 1, K_clocks_event_reasons_applications_clocks_setting, "Applications Clocks Setting", ""},
+    {1, 1, K_clocks_event_reasons_sw_power_cap, "SW Power Cap", ""},
+    {1, 1, K_clocks_event_reasons_hw_slowdown, "HW Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_thermal_slowdown, "HW Thermal Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_power_brake_slowdown, "HW Power Brake Slowdown", ""},
+    {1, 1, K_clocks_event_reasons_sync_boost, "Sync Boost", ""},
+    {1, 1, K_clocks_event_reasons_sw_thermal_slowdown, "SW Thermal Slowdown", ""},
+    {1, 1, K_x_display_clock_setting, "Display Clock Setting", ""},
+    {0, 1, K_NONE, "Sparse Operation Mode", ""},
+    {0, 0, K_NONE, "FB Memory Usage", ""},
+    {1, 1, K_memory_total, "Total", ""},
+    {1, 1, K_memory_reserved, "Reserved", ""},
+    {1, 1, K_memory_used, "Used", ""},
+    {1, 1, K_memory_free, "Free", ""},
+    {0, 0, K_NONE, "BAR1 Memory Usage", ""},
+    {1, 1, K_x_bar1_total, "Total", ""},
+    {1, 1, K_x_bar1_used, "Used", ""},
+    {1, 1, K_x_bar1_free, "Free", ""},
+    {0, 0, K_NONE, "Conf Compute Protected Memory Usage", ""},
+    {1, 1, K_protected_memory_total, "Total", ""},
+    {1, 1, K_protected_memory_used, "Used", ""},
+    {1, 1, K_protected_memory_free, "Free", ""},
+    {0, 1, K_compute_mode, "Compute Mode", ""},
+    {0, 0, K_NONE, "Utilization", ""},
+    {1, 1, K_utilization_gpu, "Gpu", ""},
+    {1, 1, K_utilization_memory, "Memory", ""},
+    {1, 1, K_utilization_encoder, "Encoder", ""},
+    {1, 1, K_utilization_decoder, "Decoder", ""},
+    {1, 1, K_utilization_jpeg, "JPEG", ""},
+    {1, 1, K_utilization_ofa, "OFA", ""},
+    {0, 0, K_NONE, "Encoder Stats", ""},
+    {1, 1, K_encoder_stats_sessionCount, "Active Sessions", ""},
+    {1, 1, K_encoder_stats_averageFps, "Average FPS", ""},
+    {1, 1, K_encoder_stats_averageLatency, "Average Latency", ""},
+    {0, 0, K_NONE, "FBC Stats", ""},
+    {1, 1, K_x_fbc_sessions, "Active Sessions", ""},
+    {1, 1, K_x_fbc_fps, "Average FPS", ""},
+    {1, 1, K_x_fbc_latency, "Average Latency", ""},
+    {0, 0, K_NONE, "ECC Mode", ""},
+    {1, 1, K_ecc_mode_current, "Current", ""},
+    {1, 1, K_ecc_mode_pending, "Pending", ""},
+    {0, 0, K_NONE, "ECC Errors", ""},
+    {1, 0, K_NONE, "Volatile", ""},
+    {2, 1, K_x_ecc_sram_corr_vol, "SRAM Correctable", ""},
+    {2, 1, K_ecc_errors_uncorrected_volatile_sram_parity, "SRAM Uncorrectable Parity", ""},
+    {2, 1, K_ecc_errors_uncorrected_volatile_sram_secded, "SRAM Uncorrectable SEC-DED", ""},
+    {2, 1, K_x_ecc_dram_corr_vol, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_vol, "DRAM Uncorrectable", ""},
+    {1, 0, K_NONE, "Aggregate", ""},
+    {2, 1, K_x_ecc_sram_corr_agg, "SRAM Correctable", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_parity, "SRAM Uncorrectable Parity", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_secded, "SRAM Uncorrectable SEC-DED", ""},
+    {2, 1, K_x_ecc_dram_corr_agg, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_agg, "DRAM Uncorrectable", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_thresholdExceeded, "SRAM Threshold Exceeded", ""},
+    {1, 0, K_NONE, "Aggregate Uncorrectable SRAM Sources", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_l2, "SRAM L2", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_sm, "SRAM SM", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_mcu, "SRAM Microcontroller", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_pcie, "SRAM PCIE", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_other, "SRAM Other", ""},
+    {0, 0, K_NONE, "Retired Pages", ""},
+    {1, 1, K_retired_pages_single_bit_ecc_count, "Single Bit ECC", ""},
+    {1, 1, K_retired_pages_double_bit_count, "Double Bit ECC", ""},
+    {1, 1, K_retired_pages_pending, "Pending Page Blacklist", ""},
+    {0, 0, K_NONE, "Remapped Rows", ""},
+    {1, 1, K_remapped_rows_correctable, "Correctable Error", ""},
+    {1, 1, K_remapped_rows_uncorrectable, "Uncorrectable Error", ""},
+    {1, 1, K_remapped_rows_pending, "Pending", ""},
+    {1, 1, K_remapped_rows_failure, "Remapping Failure Occurred", ""},
+    {1, 1, K_NONE, "Bank Remap Availability Histogram", ""},
+    {0, 0, K_NONE, "Temperature", ""},
+    {1, 1, K_temperature_gpu, "GPU Current Temp", " C"},
+    {1, 1, K_temperature_gpu_tlimit, "GPU T.Limit Temp", " C"},
+    {1, 1, K_x_temp_shutdown_tlimit, "GPU Shutdown T.Limit Temp", ""},
+    {1, 1, K_x_temp_slowdown_tlimit, "GPU Slowdown T.Limit Temp", ""},
+    {1, 1, K_x_temp_max_gpu_tlimit, "GPU Max Operating T.Limit Temp", ""},
+    {1, 1, K_x_temp_target, "GPU Target Temperature", ""},
+    {1, 1, K_temperature_memory, "Memory Current Temp", " C"},
+    {1, 1, K_x_temp_max_mem_tlimit, "Memory Max Operating T.Limit Temp", ""},
+    {0, 0, K_NONE, "GPU Power Readings", ""},
+    {1, 1, K_power_draw_average, "Average Power Draw", ""},
+    {1, 1, K_power_draw_instant, "Instantaneous Power Draw", ""},
+    {1, 1, K_enforced_power_limit, "Current Power Limit", ""},
+    {1, 1, K_power_limit, "Requested Power Limit", ""},
+    {1, 1, K_power_default_limit, "Default Power Limit", ""},
+    {1, 1, K_power_min_limit, "Min Power Limit", ""},
+    {1, 1, K_power_max_limit, "Max Power Limit", ""},
+    {0, 0, K_NONE, "GPU Memory Power Readings ", ""},
+    {1, 1, K_NONE, "Average Power Draw", ""},
+    {1, 1, K_NONE, "Instantaneous Power Draw", ""},
+    {0, 0, K_NONE, "Module Power Readings", ""},
+    {1, 1, K_NONE, "Average Power Draw", ""},
+    {1, 1, K_NONE, "Instantaneous Power Draw", ""},
+    {1, 1, K_NONE, "Current Power Limit", ""},
+    {1, 1, K_NONE, "Requested Power Limit", ""},
+    {1, 1, K_NONE, "Default Power Limit", ""},
+    {1, 1, K_NONE, "Min Power Limit", ""},
+    {1, 1, K_NONE, "Max Power Limit", ""},
+    {0, 0, K_NONE, "Clocks", ""},
+    {1, 1, K_clocks_current_graphics, "Graphics", ""},
+    {1, 1, K_clocks_current_sm, "SM", ""},
+    {1, 1, K_clocks_current_memory, "Memory", ""},
+    {1, 1, K_clocks_current_video, "Video", ""},
+    {0, 0, K_NONE, "Applications Clocks", ""},
+    {1, 1, K_clocks_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Default Applications Clocks", ""},
+    {1, 1, K_clocks_default_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_default_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Deferred Clocks", ""},
+    {1, 1, K_NONE, "Memory", ""},
+    {0, 0, K_NONE, "Max Clocks", ""},
+    {1, 1, K_clocks_max_graphics, "Graphics", ""},
+    {1, 1, K_clocks_max_sm, "SM", ""},
+    {1, 1, K_clocks_max_memory, "Memory", ""},
+    {1, 1, K_x_clocks_max_video, "Video", ""},
+    {0, 0, K_NONE, "Max Customer Boost Clocks", ""},
+    {1, 1, K_x_clocks_max_boost_graphics, "Graphics", ""},
+    {0, 0, K_NONE, "Clock Policy", ""},
+    {1, 1, K_NONE, "Auto Boost", ""},
+    {1, 1, K_NONE, "Auto Boost Default", ""},
+    {0, 0, K_NONE, "Voltage", ""},
+    {1, 1, K_NONE, "Graphics", ""},
+    {0, 0, K_NONE, "Fabric", ""},
+    {1, 1, K_fabric_state, "State", ""},
+    {1, 1, K_fabric_status, "Status", ""},
+    {1, 1, K_fabric_cliqueId, "CliqueId", ""},
+    {1, 1, K_fabric_clusterUuid, "ClusterUUID", ""},
+    {1, 0, K_NONE, "Health", ""},
+    {2, 1, K_fabric_health_bandwidth, "Bandwidth", ""},
+    {0, 3, K_processes, "Processes", ""},
+    {0, 9, K_NONE, 0, 0},
+};
+static const struct skel TEXT_D_550[] = {
+    {0, 1, K_accounting_mode, "Accounting Mode", ""},
+    {0, 1, K_accounting_buffer_size, "Accounting Mode Buffer Size", ""},
+    {0, 0, K_NONE, "GPU Reset Status", ""},
+    {1, 1, K_x_reset_required, "Reset Required", ""},
+    {1, 1, K_x_drain_and_reset, "Drain and Reset Recommended", ""},
+    {0, 1, K_x_gsp_firmware_version, "GSP Firmware Version", ""},
+    {0, 1, K_pstate, "Performance State", ""},
+    {0, 0, K_NONE, "Clocks Event Reasons", ""},
+    {1, 1, K_clocks_event_reasons_gpu_idle, "Idle", ""},
+    {1, 1, K_clocks_event_reasons_applications_clocks_setting, "Applications Clocks Setting", ""},
+    {1, 1, K_clocks_event_reasons_sw_power_cap, "SW Power Cap", ""},
+    {1, 1, K_clocks_event_reasons_hw_slowdown, "HW Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_thermal_slowdown, "HW Thermal Slowdown", ""},
+    {2, 1, K_clocks_event_reasons_hw_power_brake_slowdown, "HW Power Brake Slowdown", ""},
+    {1, 1, K_clocks_event_reasons_sync_boost, "Sync Boost", ""},
+    {1, 1, K_clocks_event_reasons_sw_thermal_slowdown, "SW Thermal Slowdown", ""},
+    {1, 1, K_x_display_clock_setting, "Display Clock Setting", ""},
+    {0, 1, K_NONE, "Sparse Operation Mode", ""},
+    {0, 0, K_NONE, "FB Memory Usage", ""},
+    {1, 1, K_memory_total, "Total", ""},
+    {1, 1, K_memory_reserved, "Reserved", ""},
+    {1, 1, K_memory_used, "Used", ""},
+    {1, 1, K_memory_free, "Free", ""},
+    {0, 0, K_NONE, "BAR1 Memory Usage", ""},
+    {1, 1, K_x_bar1_total, "Total", ""},
+    {1, 1, K_x_bar1_used, "Used", ""},
+    {1, 1, K_x_bar1_free, "Free", ""},
+    {0, 0, K_NONE, "Conf Compute Protected Memory Usage", ""},
+    {1, 1, K_protected_memory_total, "Total", ""},
+    {1, 1, K_protected_memory_used, "Used", ""},
+    {1, 1, K_protected_memory_free, "Free", ""},
+    {0, 1, K_compute_mode, "Compute Mode", ""},
+    {0, 0, K_NONE, "Utilization", ""},
+    {1, 1, K_utilization_gpu, "Gpu", ""},
+    {1, 1, K_utilization_memory, "Memory", ""},
+    {1, 1, K_utilization_encoder, "Encoder", ""},
+    {1, 1, K_utilization_decoder, "Decoder", ""},
+    {1, 1, K_utilization_jpeg, "JPEG", ""},
+    {1, 1, K_utilization_ofa, "OFA", ""},
+    {0, 0, K_NONE, "GPU Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Memory Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "ENC Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "DEC Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "JPG Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "OFA Utilization Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Encoder Stats", ""},
+    {1, 1, K_encoder_stats_sessionCount, "Active Sessions", ""},
+    {1, 1, K_encoder_stats_averageFps, "Average FPS", ""},
+    {1, 1, K_encoder_stats_averageLatency, "Average Latency", ""},
+    {0, 0, K_NONE, "FBC Stats", ""},
+    {1, 1, K_x_fbc_sessions, "Active Sessions", ""},
+    {1, 1, K_x_fbc_fps, "Average FPS", ""},
+    {1, 1, K_x_fbc_latency, "Average Latency", ""},
+    {0, 0, K_NONE, "ECC Mode", ""},
+    {1, 1, K_ecc_mode_current, "Current", ""},
+    {1, 1, K_ecc_mode_pending, "Pending", ""},
+    {0, 0, K_NONE, "ECC Errors", ""},
+    {1, 0, K_NONE, "Volatile", ""},
+    {2, 1, K_x_ecc_sram_corr_vol, "SRAM Correctable", ""},
+    {2, 1, K_ecc_errors_uncorrected_volatile_sram_parity, "SRAM Uncorrectable Parity", ""},
+    {2, 1, K_ecc_errors_uncorrected_volatile_sram_secded, "SRAM Uncorrectable SEC-DED", ""},
+    {2, 1, K_x_ecc_dram_corr_vol, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_vol, "DRAM Uncorrectable", ""},
+    {1, 0, K_NONE, "Aggregate", ""},
+    {2, 1, K_x_ecc_sram_corr_agg, "SRAM Correctable", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_parity, "SRAM Uncorrectable Parity", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_secded, "SRAM Uncorrectable SEC-DED", ""},
+    {2, 1, K_x_ecc_dram_corr_agg, "DRAM Correctable", ""},
+    {2, 1, K_x_ecc_dram_unc_agg, "DRAM Uncorrectable", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_thresholdExceeded, "SRAM Threshold Exceeded", ""},
+    {1, 0, K_NONE, "Aggregate Uncorrectable SRAM Sources", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_l2, "SRAM L2", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_sm, "SRAM SM", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_mcu, "SRAM Microcontroller", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_pcie, "SRAM PCIE", ""},
+    {2, 1, K_ecc_errors_uncorrected_aggregate_sram_other, "SRAM Other", ""},
+    {0, 0, K_NONE, "Retired Pages", ""},
+    {1, 1, K_retired_pages_single_bit_ecc_count, "Single Bit ECC", ""},
+    {1, 1, K_retired_pages_double_bit_count, "Double Bit ECC", ""},
+    {1, 1, K_retired_pages_pending, "Pending Page Blacklist", ""},
+    {0, 0, K_NONE, "Remapped Rows", ""},
+    {1, 1, K_remapped_rows_correctable, "Correctable Error", ""},
+    {1, 1, K_remapped_rows_uncorrectable, "Uncorrectable Error", ""},
+    {1, 1, K_remapped_rows_pending, "Pending", ""},
+    {1, 1, K_remapped_rows_failure, "Remapping Failure Occurred", ""},
+    {1, 1, K_NONE, "Bank Remap Availability Histogram", ""},
+    {0, 0, K_NONE, "Temperature", ""},
+    {1, 1, K_temperature_gpu, "GPU Current Temp", " C"},
+    {1, 1, K_temperature_gpu_tlimit, "GPU T.Limit Temp", " C"},
+    {1, 1, K_x_temp_shutdown_tlimit, "GPU Shutdown T.Limit Temp", ""},
+    {1, 1, K_x_temp_slowdown_tlimit, "GPU Slowdown T.Limit Temp", ""},
+    {1, 1, K_x_temp_max_gpu_tlimit, "GPU Max Operating T.Limit Temp", ""},
+    {1, 1, K_x_temp_target, "GPU Target Temperature", ""},
+    {1, 1, K_temperature_memory, "Memory Current Temp", " C"},
+    {1, 1, K_x_temp_max_mem_tlimit, "Memory Max Operating T.Limit Temp", ""},
+    {0, 0, K_NONE, "Supported GPU_TARGET_TEMP", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {0, 0, K_NONE, "GPU Power Readings", ""},
+    {1, 1, K_power_draw_average, "Average Power Draw", ""},
+    {1, 1, K_power_draw_instant, "Instantaneous Power Draw", ""},
+    {1, 1, K_enforced_power_limit, "Current Power Limit", ""},
+    {1, 1, K_power_limit, "Requested Power Limit", ""},
+    {1, 1, K_power_default_limit, "Default Power Limit", ""},
+    {1, 1, K_power_min_limit, "Min Power Limit", ""},
+    {1, 1, K_power_max_limit, "Max Power Limit", ""},
+    {0, 0, K_NONE, "Power Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "GPU Memory Power Readings ", ""},
+    {1, 1, K_NONE, "Average Power Draw", ""},
+    {1, 1, K_NONE, "Instantaneous Power Draw", ""},
+    {0, 0, K_NONE, "Module Power Readings", ""},
+    {1, 1, K_NONE, "Average Power Draw", ""},
+    {1, 1, K_NONE, "Instantaneous Power Draw", ""},
+    {1, 1, K_NONE, "Current Power Limit", ""},
+    {1, 1, K_NONE, "Requested Power Limit", ""},
+    {1, 1, K_NONE, "Default Power Limit", ""},
+    {1, 1, K_NONE, "Min Power Limit", ""},
+    {1, 1, K_NONE, "Max Power Limit", ""},
+    {0, 0, K_NONE, "Clocks", ""},
+    {1, 1, K_clocks_current_graphics, "Graphics", ""},
+    {1, 1, K_clocks_current_sm, "SM", ""},
+    {1, 1, K_clocks_current_memory, "Memory", ""},
+    {1, 1, K_clocks_current_video, "Video", ""},
+    {0, 0, K_NONE, "Applications Clocks", ""},
+    {1, 1, K_clocks_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Default Applications Clocks", ""},
+    {1, 1, K_clocks_default_applications_graphics, "Graphics", ""},
+    {1, 1, K_clocks_default_applications_memory, "Memory", ""},
+    {0, 0, K_NONE, "Deferred Clocks", ""},
+    {1, 1, K_NONE, "Memory", ""},
+    {0, 0, K_NONE, "Max Clocks", ""},
+    {1, 1, K_clocks_max_graphics, "Graphics", ""},
+    {1, 1, K_clocks_max_sm, "SM", ""},
+    {1, 1, K_clocks_max_memory, "Memory", ""},
+    {1, 1, K_x_clocks_max_video, "Video", ""},
+    {0, 0, K_NONE, "Max Customer Boost Clocks", ""},
+    {1, 1, K_x_clocks_max_boost_graphics, "Graphics", ""},
+    {0, 0, K_NONE, "SM Clock Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Memory Clock Samples", ""},
+    {1, 1, K_NONE, "Duration", ""},
+    {1, 1, K_NONE, "Number of Samples", ""},
+    {1, 1, K_NONE, "Max", ""},
+    {1, 1, K_NONE, "Min", ""},
+    {1, 1, K_NONE, "Avg", ""},
+    {0, 0, K_NONE, "Clock Policy", ""},
+    {1, 1, K_NONE, "Auto Boost", ""},
+    {1, 1, K_NONE, "Auto Boost Default", ""},
+    {0, 0, K_NONE, "Voltage", ""},
+    {1, 1, K_NONE, "Graphics", ""},
+    {0, 1, K_NONE, "Supported Clocks", ""},
+    {0, 3, K_processes, "Processes", ""},
+    {0, 1, K_NONE, "Accounted Processes", ""},
+    {0, 9, K_NONE, 0, 0},
+};
+static const struct skel XML_550[] = {
+    {2, 1, K_name, "product_name", ""},
+    {2, 1, K_x_product_brand, "product_brand", ""},
+    {2, 1, K_x_product_architecture, "product_architecture", ""},
+    {2, 1, K_display_mode, "display_mode", ""},
+    {2, 1, K_display_active, "display_active", ""},
+    {2, 1, K_persistence_mode, "persistence_mode", ""},
+    {2, 1, K_addressing_mode, "addressing_mode", ""},
+    {2, 0, K_NONE, "mig_mode", ""},
+    {3, 1, K_mig_mode_current, "current_mig", ""},
+    {3, 1, K_mig_mode_pending, "pending_mig", ""},
+    {2, 2, K_NONE, "mig_mode", ""},
+    {2, 3, K_mig_devices, "mig_devices", ""},
+    {2, 1, K_accounting_mode, "accounting_mode", ""},
+    {2, 1, K_accounting_buffer_size, "accounting_mode_buffer_size", ""},
+    {2, 0, K_NONE, "driver_model", ""},
+    {3, 1, K_NONE, "current_dm", ""},
+    {3, 1, K_NONE, "pending_dm", ""},
+    {2, 2, K_NONE, "driver_model", ""},
+    {2, 1, K_serial, "serial", ""},
+    {2, 1, K_uuid, "uuid", ""},
+    {2, 1, K_x_minor_number, "minor_number", ""},
+    {2, 1, K_vbios_version, "vbios_version", ""},
+    {2, 1, K_x_multigpu_board, "multigpu_board", ""},
+    {2, 1, K_x_board_id, "board_id", ""},
+    {2, 1, K_x_board_part_number, "board_part_number", ""},
+    {2, 1, K_x_gpu_part_number, "gpu_part_number", ""},
+    {2, 1, K_NONE, "gpu_fru_part_number", ""},
+    {2, 1, K_platform_module_id, "gpu_module_id", ""},
+    {2, 0, K_NONE, "inforom_version", ""},
+    {3, 1, K_inforom_img, "img_version", ""},
+    {3, 1, K_inforom_oem, "oem_object", ""},
+    {3, 1, K_inforom_ecc, "ecc_object", ""},
+    {3, 1, K_inforom_pwr, "pwr_object", ""},
+    {2, 2, K_NONE, "inforom_version", ""},
+    {2, 0, K_NONE, "inforom_bbx_flush", ""},
+    {3, 1, K_NONE, "latest_timestamp", ""},
+    {3, 1, K_NONE, "latest_duration", ""},
+    {2, 2, K_NONE, "inforom_bbx_flush", ""},
+    {2, 0, K_NONE, "gpu_operation_mode", ""},
+    {3, 1, K_NONE, "current_gom", ""},
+    {3, 1, K_NONE, "pending_gom", ""},
+    {2, 2, K_NONE, "gpu_operation_mode", ""},
+    {2, 1, K_c2c_mode, "c2c_mode", ""},
+    {2, 0, K_NONE, "gpu_virtualization_mode", ""},
+    {3, 1, K_x_virtualization_mode, "virtualization_mode", ""},
+    {3, 1, K_NONE, "host_vgpu_mode", ""},
+    {3, 1, K_NONE, "vgpu_heterogeneous_mode", ""},
+    {2, 2, K_NONE, "gpu_virtualization_mode", ""},
+    {2, 0, K_NONE, "gpu_reset_status", ""},
+    {3, 1, K_x_reset_required, "reset_required", ""},
+    {3, 1, K_x_drain_and_reset, "drain_and_reset_recommended", ""},
+    {2, 2, K_NONE, "gpu_reset_status", ""},
+    {2, 1, K_x_gsp_firmware_version, "gsp_firmware_version", ""},
+    {2, 0, K_NONE, "ibmnpu", ""},
+    {3, 1, K_NONE, "relaxed_ordering_mode", ""},
+    {2, 2, K_NONE, "ibmnpu", ""},
+    {2, 0, K_NONE, "pci", ""},
+    {3, 1, K_pci_bus, "pci_bus", ""},
+    {3, 1, K_pci_device, "pci_device", ""},
+    {3, 1, K_pci_domain, "pci_domain", ""},
+    {3, 1, K_pci_baseClass, "pci_base_class", ""},
+    {3, 1, K_pci_subClass, "pci_sub_class", ""},
+    {3, 1, K_pci_device_id, "pci_device_id", ""},
+    {3, 1, K_pci_bus_id, "pci_bus_id", ""},
+    {3, 1, K_pci_sub_device_id, "pci_sub_system_id", ""},
+    {3, 0, K_NONE, "pci_gpu_link_info", ""},
+    {4, 0, K_NONE, "pcie_gen", ""},
+    {5, 1, K_pcie_link_gen_max, "max_link_gen", ""},
+    {5, 1, K_pcie_link_gen_current, "current_link_gen", ""},
+    {5, 1, K_pcie_link_gen_gpucurrent, "device_current_link_gen", ""},
+    {5, 1, K_pcie_link_gen_gpumax, "max_device_link_gen", ""},
+    {5, 1, K_pcie_link_gen_hostmax, "max_host_link_gen", ""},
+    {4, 2, K_NONE, "pcie_gen", ""},
+    {4, 0, K_NONE, "link_widths", ""},
+    {5, 1, K_pcie_link_width_max, "max_link_width", "x"},
+    {5, 1, K_pcie_link_width_current, "current_link_width", "x"},
+    {4, 2, K_NONE, "link_widths", ""},
+    {3, 2, K_NONE, "pci_gpu_link_info", ""},
+    {3, 0, K_NONE, "pci_bridge_chip", ""},
+    {4, 1, K_NONE, "bridge_chip_type", ""},
+    {4, 1, K_NONE, "bridge_chip_fw", ""},
+    {3, 2, K_NONE, "pci_bridge_chip", ""},
+    {3, 1, K_x_pcie_replay, "replay_counter", ""},
+    {3, 1, K_x_pcie_replay_rollover, "replay_rollover_counter", ""},
+    {3, 1, K_x_pcie_tx, "tx_util", ""},
+    {3, 1, K_x_pcie_rx, "rx_util", ""},
+    {3, 1, K_NONE, "atomic_caps_inbound", ""},
+    {3, 1, K_NONE, "atomic_caps_outbound", ""},
+    {2, 2, K_NONE, "pci", ""},
+    {2, 1, K_fan_speed, "fan_speed", ""},
+    {2, 1, K_pstate, "performance_state", ""},
+    {2, 0, K_NONE, "clocks_event_reasons", ""},
+    {3, 1, K_clocks_event_reasons_gpu_idle, "clocks_event_reason_gpu_idle", ""},
+    {3, 1, K_clocks_event_reasons_applications_clocks_setting, "clocks_event_reason_applications_clocks_setting", ""},
+    {3, 1, K_clocks_event_reasons_sw_power_cap, "clocks_event_reason_sw_power_cap", ""},
+    {3, 1, K_clocks_event_reasons_hw_slowdown, "clocks_event_reason_hw_slowdown", ""},
+    {3, 1, K_clocks_event_reasons_hw_thermal_slowdown, "clocks_event_reason_hw_thermal_slowdown", ""},
+    {3, 1, K_clocks_event_reasons_hw_power_brake_slowdown, "clocks_event_reason_hw_power_brake_slowdown", ""},
+    {3, 1, K_clocks_event_reasons_sync_boost, "clocks_event_reason_sync_boost", ""},
+    {3, 1, K_clocks_event_reasons_sw_thermal_slowdown, "clocks_event_reason_sw_thermal_slowdown", ""},
+    {3, 1, K_x_display_clock_setting, "clocks_event_reason_display_clocks_setting", ""},
+    {2, 2, K_NONE, "clocks_event_reasons", ""},
+    {2, 1, K_NONE, "sparse_operation_mode", ""},
+    {2, 0, K_NONE, "fb_memory_usage", ""},
+    {3, 1, K_memory_total, "total", ""},
+    {3, 1, K_memory_reserved, "reserved", ""},
+    {3, 1, K_memory_used, "used", ""},
+    {3, 1, K_memory_free, "free", ""},
+    {2, 2, K_NONE, "fb_memory_usage", ""},
+    {2, 0, K_NONE, "bar1_memory_usage", ""},
+    {3, 1, K_x_bar1_total, "total", ""},
+    {3, 1, K_x_bar1_used, "used", ""},
+    {3, 1, K_x_bar1_free, "free", ""},
+    {2, 2, K_NONE, "bar1_memory_usage", ""},
+    {2, 0, K_NONE, "cc_protected_memory_usage", ""},
+    {3, 1, K_protected_memory_total, "total", ""},
+    {3, 1, K_protected_memory_used, "used", ""},
+    {3, 1, K_protected_memory_free, "free", ""},
+    {2, 2, K_NONE, "cc_protected_memory_usage", ""},
+    {2, 1, K_compute_mode, "compute_mode", ""},
+    {2, 0, K_NONE, "utilization", ""},
+    {3, 1, K_utilization_gpu, "gpu_util", ""},
+    {3, 1, K_utilization_memory, "memory_util", ""},
+    {3, 1, K_utilization_encoder, "encoder_util", ""},
+    {3, 1, K_utilization_decoder, "decoder_util", ""},
+    {3, 1, K_utilization_jpeg, "jpeg_util", ""},
+    {3, 1, K_utilization_ofa, "ofa_util", ""},
+    {2, 2, K_NONE, "utilization", ""},
+    {2, 0, K_NONE, "encoder_stats", ""},
+    {3, 1, K_encoder_stats_sessionCount, "session_count", ""},
+    {3, 1, K_encoder_stats_averageFps, "average_fps", ""},
+    {3, 1, K_encoder_stats_averageLatency, "average_latency", ""},
+    {2, 2, K_NONE, "encoder_stats", ""},
+    {2, 0, K_NONE, "fbc_stats", ""},
+    {3, 1, K_x_fbc_sessions, "session_count", ""},
+    {3, 1, K_x_fbc_fps, "average_fps", ""},
+    {3, 1, K_x_fbc_latency, "average_latency", ""},
+    {2, 2, K_NONE, "fbc_stats", ""},
+    {2, 0, K_NONE, "ecc_mode", ""},
+    {3, 1, K_ecc_mode_current, "current_ecc", ""},
+    {3, 1, K_ecc_mode_pending, "pending_ecc", ""},
+    {2, 2, K_NONE, "ecc_mode", ""},
+    {2, 0, K_NONE, "ecc_errors", ""},
+    {3, 0, K_NONE, "volatile", ""},
+    {4, 1, K_x_ecc_sram_corr_vol, "sram_correctable", ""},
+    {4, 1, K_ecc_errors_uncorrected_volatile_sram_parity, "sram_uncorrectable_parity", ""},
+    {4, 1, K_ecc_errors_uncorrected_volatile_sram_secded, "sram_uncorrectable_secded", ""},
+    {4, 1, K_x_ecc_dram_corr_vol, "dram_correctable", ""},
+    {4, 1, K_x_ecc_dram_unc_vol, "dram_uncorrectable", ""},
+    {3, 2, K_NONE, "volatile", ""},
+    {3, 0, K_NONE, "aggregate", ""},
+    {4, 1, K_x_ecc_sram_corr_agg, "sram_correctable", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_parity, "sram_uncorrectable_parity", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_secded, "sram_uncorrectable_secded", ""},
+    {4, 1, K_x_ecc_dram_corr_agg, "dram_correctable", ""},
+    {4, 1, K_x_ecc_dram_unc_agg, "dram_uncorrectable", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_thresholdExceeded, "sram_threshold_exceeded", ""},
+    {3, 2, K_NONE, "aggregate", ""},
+    {3, 0, K_NONE, "aggregate_uncorrectable_sram_sources", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_l2, "sram_l2", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_sm, "sram_sm", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_mcu, "sram_microcontroller", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_pcie, "sram_pcie", ""},
+    {4, 1, K_ecc_errors_uncorrected_aggregate_sram_other, "sram_other", ""},
+    {3, 2, K_NONE, "aggregate_uncorrectable_sram_sources", ""},
+    {2, 2, K_NONE, "ecc_errors", ""},
+    {2, 0, K_NONE, "retired_pages", ""},
+    {3, 0, K_NONE, "multiple_single_bit_retirement", ""},
+    {4, 1, K_retired_pages_single_bit_ecc_count, "retired_count", ""},
+    {4, 1, K_NONE, "retired_pagelist", ""},
+    {3, 2, K_NONE, "multiple_single_bit_retirement", ""},
+    {3, 0, K_NONE, "double_bit_retirement", ""},
+    {4, 1, K_retired_pages_double_bit_count, "retired_count", ""},
+    {4, 1, K_NONE, "retired_pagelist", ""},
+    {3, 2, K_NONE, "double_bit_retirement", ""},
+    {3, 1, K_retired_pages_pending, "pending_blacklist", ""},
+    {3, 1, K_retired_pages_pending, "pending_retirement", ""},
+    {2, 2, K_NONE, "retired_pages", ""},
+    {2, 0, K_NONE, "remapped_rows", ""},
+    {3, 1, K_remapped_rows_correctable, "remapped_row_corr", ""},
+    {3, 1, K_remapped_rows_uncorrectable, "remapped_row_unc", ""},
+    {3, 1, K_remapped_rows_pending, "remapped_row_pending", ""},
+    {3, 1, K_remapped_rows_failure, "remapped_row_failure", ""},
+    {3, 1, K_NONE, "row_remapper_histogram", ""},
+    {2, 2, K_NONE, "remapped_rows", ""},
+    {2, 0, K_NONE, "temperature", ""},
+    {3, 1, K_temperature_gpu, "gpu_temp", " C"},
+    {3, 1, K_temperature_gpu_tlimit, "gpu_temp_tlimit", " C"},
+    {3, 1, K_x_temp_shutdown_tlimit, "gpu_temp_max_tlimit_threshold", ""},
+    {3, 1, K_x_temp_slowdown_tlimit, "gpu_temp_slow_tlimit_threshold", ""},
+    {3, 1, K_x_temp_max_gpu_tlimit, "gpu_temp_max_gpu_tlimit_threshold", ""},
+    {3, 1, K_x_temp_target, "gpu_target_temperature", ""},
+    {3, 1, K_temperature_memory, "memory_temp", " C"},
+    {3, 1, K_x_temp_max_mem_tlimit, "gpu_temp_max_mem_tlimit_threshold", ""},
+    {2, 2, K_NONE, "temperature", ""},
+    {2, 0, K_NONE, "supported_gpu_target_temp", ""},
+    {3, 1, K_NONE, "gpu_target_temp_min", ""},
+    {3, 1, K_NONE, "gpu_target_temp_max", ""},
+    {2, 2, K_NONE, "supported_gpu_target_temp", ""},
+    {2, 0, K_NONE, "gpu_power_readings", ""},
+    {3, 1, K_x_power_state, "power_state", ""},
+    {3, 1, K_power_draw_average, "average_power_draw", ""},
+    {3, 1, K_power_draw_instant, "instant_power_draw", ""},
+    {3, 1, K_enforced_power_limit, "current_power_limit", ""},
+    {3, 1, K_power_limit, "requested_power_limit", ""},
+    {3, 1, K_power_default_limit, "default_power_limit", ""},
+    {3, 1, K_power_min_limit, "min_power_limit", ""},
+    {3, 1, K_power_max_limit, "max_power_limit", ""},
+    {2, 2, K_NONE, "gpu_power_readings", ""},
+    {2, 0, K_NONE, "gpu_memory_power_readings", ""},
+    {3, 1, K_NONE, "average_power_draw", ""},
+    {3, 1, K_NONE, "instant_power_draw", ""},
+    {2, 2, K_NONE, "gpu_memory_power_readings", ""},
+    {2, 0, K_NONE, "module_power_readings", ""},
+    {3, 1, K_x_module_power_state, "power_state", ""},
+    {3, 1, K_NONE, "average_power_draw", ""},
+    {3, 1, K_NONE, "instant_power_draw", ""},
+    {3, 1, K_NONE, "current_power_limit", ""},
+    {3, 1, K_NONE, "requested_power_limit", ""},
+    {3, 1, K_NONE, "default_power_limit", ""},
+    {3, 1, K_NONE, "min_power_limit", ""},
+    {3, 1, K_NONE, "max_power_limit", ""},
+    {2, 2, K_NONE, "module_power_readings", ""},
+    {2, 0, K_NONE, "clocks", ""},
+    {3, 1, K_clocks_current_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_current_sm, "sm_clock", ""},
+    {3, 1, K_clocks_current_memory, "mem_clock", ""},
+    {3, 1, K_clocks_current_video, "video_clock", ""},
+    {2, 2, K_NONE, "clocks", ""},
+    {2, 0, K_NONE, "applications_clocks", ""},
+    {3, 1, K_clocks_applications_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_applications_memory, "mem_clock", ""},
+    {2, 2, K_NONE, "applications_clocks", ""},
+    {2, 0, K_NONE, "default_applications_clocks", ""},
+    {3, 1, K_clocks_default_applications_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_default_applications_memory, "mem_clock", ""},
+    {2, 2, K_NONE, "default_applications_clocks", ""},
+    {2, 0, K_NONE, "deferred_clocks", ""},
+    {3, 1, K_NONE, "mem_clock", ""},
+    {2, 2, K_NONE, "deferred_clocks", ""},
+    {2, 0, K_NONE, "max_clocks", ""},
+    {3, 1, K_clocks_max_graphics, "graphics_clock", ""},
+    {3, 1, K_clocks_max_sm, "sm_clock", ""},
+    {3, 1, K_clocks_max_memory, "mem_clock", ""},
+    {3, 1, K_x_clocks_max_video, "video_clock", ""},
+    {2, 2, K_NONE, "max_clocks", ""},
+    {2, 0, K_NONE, "max_customer_boost_clocks", ""},
+    {3, 1, K_x_clocks_max_boost_graphics, "graphics_clock", ""},
+    {2, 2, K_NONE, "max_customer_boost_clocks", ""},
+    {2, 0, K_NONE, "clock_policy", ""},
+    {3, 1, K_NONE, "auto_boost", ""},
+    {3, 1, K_NONE, "auto_boost_default", ""},
+    {2, 2, K_NONE, "clock_policy", ""},
+    {2, 0, K_NONE, "voltage", ""},
+    {3, 1, K_NONE, "graphics_volt", ""},
+    {2, 2, K_NONE, "voltage", ""},
+    {2, 0, K_NONE, "fabric", ""},
+    {3, 1, K_fabric_state, "state", ""},
+    {3, 1, K_fabric_status, "status", ""},
+    {3, 1, K_fabric_cliqueId, "cliqueId", ""},
+    {3, 1, K_fabric_clusterUuid, "clusterUuid", ""},
+    {3, 0, K_NONE, "health", ""},
+    {4, 1, K_fabric_health_bandwidth, "bandwidth", ""},
+    {3, 2, K_NONE, "health", ""},
+    {2, 2, K_NONE, "fabric", ""},
+    {2, 1, K_NONE, "supported_clocks", ""},
+    {2, 3, K_processes, "processes", ""},
+    {2, 3, K_accounted_processes, "accounted_processes", ""},
+    {0, 9, K_NONE, 0, 0},
+};
+struct frame { int width, ts_pad, w_smi, w_drv, w_cuda;
+               const char *rule, *grid, *head, *row_rule, *gap, *procs_head, *no_procs; };
+struct branch { int branch, colon, dtd, unknown_rc; const char *unknown;
+                const char *help, *help_query_gpu, *help_query_apps, *help_query_accounted,
+                *help_query_retired, *help_query_remapped;
+                const struct qfield *fields; const struct skel *text, *text_display, *xml;
+                struct frame table; };
+/* The branches recorded from NVIDIA's own nvidia-smi (record_branches.py), oldest first. */
+static const struct branch BRANCHES[] = {
+    {470, 42, 11, 2, "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+    "\n",
+     HELP_TEXT_470, HELP_QUERY_GPU_470, HELP_QUERY_COMPUTE_APPS_470, HELP_QUERY_ACCOUNTED_APPS_470,
+     HELP_QUERY_RETIRED_PAGES_470, HELP_QUERY_REMAPPED_ROWS_470,
+     QUERY_GPU_FIELDS_470, TEXT_470, TEXT_D_470, XML_470,
+     {79, 7, 13, 13, 9,
+     "+-----------------------------------------------------------------------------+\n",
+     "|-------------------------------+----------------------+----------------------+\n",
+     "| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |\n"
+    "| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |\n"
+    "|                               |                      |               MIG M. |\n"
+    "|===============================+======================+======================|\n",
+     "+-------------------------------+----------------------+----------------------+\n",
+     "                                                                               \n",
+     "| Processes:                                                                  |\n"
+    "|  GPU   GI   CI        PID   Type   Process name                  GPU Memory |\n"
+    "|        ID   ID                                                   Usage      |\n"
+    "|=============================================================================|\n",
+     "|  No running processes found                                                 |\n"}},
+    {525, 42, 12, 255, "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+    "\n",
+     HELP_TEXT_525, HELP_QUERY_GPU_525, HELP_QUERY_COMPUTE_APPS_525, HELP_QUERY_ACCOUNTED_APPS_525,
+     HELP_QUERY_RETIRED_PAGES_525, HELP_QUERY_REMAPPED_ROWS_525,
+     QUERY_GPU_FIELDS_525, TEXT_525, TEXT_D_525, XML_525,
+     {79, 7, 13, 13, 9,
+     "+-----------------------------------------------------------------------------+\n",
+     "|-------------------------------+----------------------+----------------------+\n",
+     "| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |\n"
+    "| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |\n"
+    "|                               |                      |               MIG M. |\n"
+    "|===============================+======================+======================|\n",
+     "+-------------------------------+----------------------+----------------------+\n",
+     "                                                                               \n",
+     "| Processes:                                                                  |\n"
+    "|  GPU   GI   CI        PID   Type   Process name                  GPU Memory |\n"
+    "|        ID   ID                                                   Usage      |\n"
+    "|=============================================================================|\n",
+     "|  No running processes found                                                 |\n"}},
+    {535, 42, 12, 255, "ERROR: Option %s is not recognized. Please run 'nvidia-smi -h'.\n"
+    "\n",
+     HELP_TEXT_535, HELP_QUERY_GPU_535, HELP_QUERY_COMPUTE_APPS_535, HELP_QUERY_ACCOUNTED_APPS_535,
+     HELP_QUERY_RETIRED_PAGES_535, HELP_QUERY_REMAPPED_ROWS_535,
+     QUERY_GPU_FIELDS_535, TEXT_535, TEXT_D_535, XML_535,
+     {89, 7, 23, 13, 9,
+     "+---------------------------------------------------------------------------------------+\n",
+     "|-----------------------------------------+----------------------+----------------------+\n",
+     "| GPU  Name                 Persistence-M | Bus-Id        Disp.A | Volatile Uncorr. ECC |\n"
+    "| Fan  Temp   Perf          Pwr:Usage/Cap |         Memory-Usage | GPU-Util  Compute M. |\n"
+    "|                                         |                      |               MIG M. |\n"
+    "|=========================================+======================+======================|\n",
+     "+-----------------------------------------+----------------------+----------------------+\n",
+     "                                                                                         \n",
+     "| Processes:                                                                            |\n"
+    "|  GPU   GI   CI        PID   Type   Process name                            GPU Memory |\n"
+    "|        ID   ID                                                             Usage      |\n"
+    "|=======================================================================================|\n",
+     "|  No running processes found                                                           |\n"}},
+    {550, 42, 12, 255, "ERROR: Option %s is not recognized. Please run 'nvidia-smi -h'.\n"
+    "\n",
+     HELP_TEXT_550, HELP_QUERY_GPU_550, HELP_QUERY_COMPUTE_APPS_550, HELP_QUERY_ACCOUNTED_APPS_550,
+     HELP_QUERY_RETIRED_PAGES_550, HELP_QUERY_REMAPPED_ROWS_550,
+     QUERY_GPU_FIELDS_550, TEXT_550, TEXT_D_550, XML_550,
+     {91, 7, 23, 15, 9,
+     "+-----------------------------------------------------------------------------------------+\n",
+     "|-----------------------------------------+------------------------+----------------------+\n",
+     "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |\n"
+    "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |\n"
+    "|                                         |                        |               MIG M. |\n"
+    "|=========================================+========================+======================|\n",
+     "+-----------------------------------------+------------------------+----------------------+\n",
+     "                                                                                         \n",
+     "| Processes:                                                                              |\n"
+    "|  GPU   GI   CI        PID   Type   Process name                              GPU Memory |\n"
+    "|        ID   ID                                                               Usage      |\n"
+    "|=========================================================================================|\n",
+     "|  No running processes found                                                             |\n"}},
+    {0},
+};
+
 
 #endif
