@@ -794,6 +794,12 @@ def fill(imported: Imported, board: GpuProfile, board_name: str) -> None:
         captured_switches = imported.values.get("node.nvswitches")
         if key == "node.nvswitch_device_id" and captured_switches not in (None, board.node.nvswitches):
             continue  # a captured switch count of another kind: leave the id at null
+        gpus = imported.values.get("node.gpus")
+        if key == "node.numa_nodes" and gpus and value and value > gpus:
+            # the model gives each NUMA node at least one GPU: a node of fewer GPUs has fewer
+            imported.put(key, gpus, f"FILLED from {board_name} ({value}), at most one per GPU of the capture")
+            imported.filled.append(key)
+            continue
         imported.put(key, value, f"FILLED from {board_name}")
         imported.filled.append(key)
     imported.missing = {k: r for k, r in imported.missing.items() if k not in imported.values}
