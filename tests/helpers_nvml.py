@@ -48,6 +48,7 @@ class Published:
 
 
 SUCCESS, UNINITIALIZED, INVALID_ARGUMENT, NOT_SUPPORTED, NOT_FOUND, INSUFFICIENT_SIZE = 0, 1, 2, 3, 6, 7
+UNKNOWN = 999  # NVML_ERROR_UNKNOWN: what a setter answers when no daemon does
 
 
 class Nvml:

@@ -43,6 +43,7 @@ GOOD = [
     ("gpu=0 nvlink 17 errors 5", NvLinkCommand(0, 17, "errors", 5)),
     ("gpu=5 reset 1", Reset(5)),
     ("gpu=5 reset", Reset(5)),
+    ("gpu=5 reset idle", Reset(5, idle=True)),  # NVIDIA's reset: refused while a process is on it
     ("node reset", Reset(None)),
     ("node reset 1", Reset(None)),
     ("hca=1 port down", IbPortCommand(None, 1, 1, "down")),

@@ -464,6 +464,28 @@ def test_an_allocation_shows_in_nvml_and_memory_used(node_factory, ending):
     assert _wait_for(lambda: json.loads(run_py(env, NVML_PROCS))[1] == [0] and node.read("gpu1/memory_used").strip() == "0")
 
 
+def test_a_node_under_a_path_past_sun_path_accounts_its_cuda_processes(node_factory):
+    """sun_path holds 108 bytes: libcuda reaches the process-table socket beside a long state
+    path through its directory's descriptor (mokka_unix_address), as the daemon binds it, so the
+    allocation is accounted and listed, not lost."""
+    pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is in the test extra")
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    node = node_factory(gpus=2, name="n" * 120)
+    sock = Path(str(node.state_dir / "state") + ".procs.sock")
+    assert len(os.fsencode(sock)) > 108 and sock.is_socket()
+    env = mount_env(node)
+    with killed_at_end(subprocess.Popen([sys.executable, "-c", ALLOC_10G, "60"], env=env, stdout=subprocess.PIPE,
+                                        text=True)) as proc:
+        assert proc.stdout.readline().strip() == "ready"
+
+        def listed():
+            procs = json.loads(run_py(env, NVML_PROCS))
+            return procs if procs[1][:-1] else None
+
+        assert _wait_for(listed) == [[0], [[proc.pid, 10 << 30], 10 << 30]]
+        assert node.read("gpu1/memory_used").strip() == str(10 * 1024)
+
+
 def test_nvitop_maps_cuda_visible_devices_to_uuids(node_factory):
     pytest.importorskip("nvitop", reason="nvitop is in the test extra")
     node = node_factory(gpus=4)

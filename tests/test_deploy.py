@@ -140,6 +140,7 @@ def test_fake_gpu_operator_component(tmp_path):
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mokkafs-agent", "namespace": "mokkafs"}]
     (cm,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    # MOKKA_NODE empty: the base's, the profile's own composition (deploy/base/kustomization.yaml)
     assert cm["data"] == {"MOKKA_PROFILE": "l4", "MOKKA_GPUS": "1", "MOKKA_NODE": "", "MOKKA_FGO_NAMESPACE": "gpu-operator"}
     # without the component the agent publishes nothing and has no rights there
     plain = render(DEPLOY / "overlays" / "l4")

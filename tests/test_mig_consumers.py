@@ -103,10 +103,11 @@ def gi_profiles(n, h):
     """(index, nvmlDeviceGetGpuInstanceProfileInfo) for every GPU instance profile index below
     NVML_GPU_INSTANCE_PROFILE_COUNT the GPU answers: go-nvlib, mig-parted and the DRA driver
     each loop this way, skipping NOT_SUPPORTED and INVALID_ARGUMENT and stopping at any other
-    error."""
+    error. go-nvml's GetGpuInstanceProfileInfo is the unversioned C call (pynvml's version=1;
+    pynvml's default is the versioned one), which answers with MIG off too (docs/mig.md)."""
     for i in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT):
         try:
-            yield i, n.nvmlDeviceGetGpuInstanceProfileInfo(h, i)
+            yield i, n.nvmlDeviceGetGpuInstanceProfileInfo(h, i, 1)
         except n.NVMLError as e:
             if e.value not in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_INVALID_ARGUMENT):
                 raise
@@ -489,7 +490,7 @@ def mig_parted_apply(gpu: int, wanted: dict[str, int]) -> dict:
     for profile in flat:
         g = int(profile.split("g.")[0])
         i, j = gi_index[g], ci_index[g]
-        gi_profile = n.nvmlDeviceGetGpuInstanceProfileInfo(h, i)
+        gi_profile = n.nvmlDeviceGetGpuInstanceProfileInfo(h, i, 1)
         reuse = gi is not None and last == i
         last = i
         while True:
@@ -563,7 +564,7 @@ def dra_driver() -> dict:
             ci_info = n.nvmlComputeInstanceGetInfo(ci)
             found = None
             for p in profiles:
-                if n.nvmlDeviceGetGpuInstanceProfileInfo(h, p["gi"]).id != gi_info.profileId:
+                if n.nvmlDeviceGetGpuInstanceProfileInfo(h, p["gi"], 1).id != gi_info.profileId:
                     continue
                 try:
                     cip = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, p["ci"], 0)
@@ -743,6 +744,10 @@ def test_dra_driver_publishes_full_gpus_and_mig_devices_by_profile_and_placement
     devices = replay(node, "dra_driver")
     gpu1 = devices.pop("gpu-1")
     assert gpu1["minor"] == 1 and gpu1["uuid"].startswith("GPU-")
+    # MIG off, GPU 1 still knows its profiles (v1 answers; docs/mig.md), which the driver's dynamic
+    # MIG announces before it enables MIG on demand: -lgip's seven, each with its full-size compute
+    # profile, the three 1-slice ones twice (compute profiles 1_SLICE and 1_SLICE_REV1, both C == G)
+    assert gpu1["profiles"] == 10
     # each name is the GPU instance's profile id and placement, as the model shows them in gpu0/mig
     instances = [line.split() for line in node.read("gpu0/mig").splitlines() if line.startswith("gi ")]
     assert sorted(devices) == sorted(f"gpu-0-mig-{gi[5]}-{gi[7].replace(':', '-')}" for gi in instances)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers_nvml import INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, SUCCESS, UNINITIALIZED, Published
+from helpers_nvml import (INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, SUCCESS, UNINITIALIZED, UNKNOWN,
+                          Published)
 from mokkafs.model.events import NvLinkCommand, SetProcesses
 from mokkafs.shm.layout import ffi
 
@@ -237,8 +238,10 @@ def test_process_utilization_entry(nvml, node, driver, engines):
 
 
 def test_reset_entries(nvml, node):
-    """Entry 169 (fabric state) answers 0; entry 168 (the reset) refuses a GPU with a process on
-    it (IN_USE, nothing sent) and a handle that is not a GPU's, each in its result slot."""
+    """Entry 169 (fabric state) answers 0; entry 168 (the reset) asks the node, which alone
+    decides whether a GPU is in use (mounted: test_smi_setters): here no daemon answers, so a
+    GPU's reset is UNKNOWN even with a process on it, and a handle that is not a GPU's is
+    INVALID_ARGUMENT, each in its result slot."""
     pub = node("h100", "535.261.03")
     pub.apply(SetProcesses(gpu=1, processes=((os.getpid(), 1 << 30),)))
     assert nvml.nvmlInit_v2() == SUCCESS
@@ -248,6 +251,6 @@ def test_reset_entries(nvml, node):
     reset = entry(words, 168, C.c_uint, C.POINTER(C.c_void_p), C.POINTER(C.c_int))
     devices = (C.c_void_p * 2)(handle(nvml, 1).value, 12345)
     results = (C.c_int * 2)(-1, -1)
-    assert reset(2, devices, results) == 19  # NVML_ERROR_IN_USE
-    assert list(results) == [19, INVALID_ARGUMENT]
+    assert reset(2, devices, results) == UNKNOWN
+    assert list(results) == [UNKNOWN, INVALID_ARGUMENT]
     assert reset(1, None, results) == INVALID_ARGUMENT

@@ -58,7 +58,20 @@ def test_pynvml_walks_the_mig_api_end_to_end(node_factory):
     out = run_py(env, mig_script("""
         h = n.nvmlDeviceGetHandleByIndex(0)
         before = n.nvmlDeviceGetMigMode(h)
-        profile_before = code(n.nvmlDeviceGetGpuInstanceProfileInfo, h, n.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+        # MIG off: v1 answers on a board with MIG (every index the MIG-on loop below finds, the same
+        # values), the versioned calls need MIG on (docs/mig.md, "Profile info with MIG off")
+        def v1(index):
+            i = n.nvmlDeviceGetGpuInstanceProfileInfo(h, index, version=1)
+            return [i.id, i.sliceCount, i.instanceCount, i.multiprocessorCount, i.memorySizeMB]
+        v1_before = {}
+        for index in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT + 1):
+            try:
+                v1_before[index] = v1(index)
+            except n.NVMLError as e:
+                v1_before[index] = e.value
+        profile_before = [code(n.nvmlDeviceGetGpuInstanceProfileInfo, h, n.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 1),
+                          code(n.nvmlDeviceGetGpuInstanceProfileInfo, h, n.NVML_GPU_INSTANCE_PROFILE_1_SLICE),  # V
+                          code(n.nvmlDeviceGetGpuInstanceProfileInfoById, h, 19)]
         status = n.nvmlDeviceSetMigMode(h, n.NVML_DEVICE_MIG_ENABLE)
         status = getattr(status, "value", status)  # pynvml returns the activation status as a c_uint
         after = n.nvmlDeviceGetMigMode(h)
@@ -124,12 +137,18 @@ def test_pynvml_walks_the_mig_api_end_to_end(node_factory):
         gone = walk(h)
         stale = code(n.nvmlDeviceGetName, n.nvmlDeviceGetHandleByUUID(listed[0]["uuid"])) if False else \\
             code(n.nvmlDeviceGetHandleByUUID, listed[0]["uuid"])
-        print(json.dumps(dict(before=list(before), profile_before=profile_before, status=status, after=list(after),
+        v1_after = {index: v1(index) for index, r in v1_before.items() if not isinstance(r, int)}
+        print(json.dumps(dict(before=list(before), profile_before=profile_before, v1_before=v1_before, v1_after=v1_after, status=status, after=list(after),
                               profiles=profiles, placements_3g=placements_3g, gis=gis, listed=listed, full=full,
                               conflict=conflict, bad_place=bad_place, busy=busy, missing=missing, util=util,
                               gone=gone, stale=stale), default=lambda o: o.value))  # pynvml returns some as c_uint
     """))
-    assert out["before"] == [0, 0] and out["profile_before"] == NVML_NOT_SUPPORTED
+    assert out["before"] == [0, 0] and out["profile_before"] == [0, NVML_NOT_SUPPORTED, NVML_NOT_SUPPORTED]
+    v1_before = {int(k): v for k, v in out["v1_before"].items()}
+    assert v1_before[0] == [19, 1, 7, 16, 9984]  # 1g.10gb, as MIG on reports it below
+    assert v1_before[len(v1_before) - 1] == NVML_INVALID_ARGUMENT  # past NVML_GPU_INSTANCE_PROFILE_COUNT
+    assert {k for k, v in v1_before.items() if isinstance(v, list)} == {p["index"] for p in out["profiles"].values()}
+    assert {int(k): v for k, v in out["v1_after"].items()} == {k: v for k, v in v1_before.items() if isinstance(v, list)}
     assert out["status"] == 0 and out["after"] == [1, 1]
     assert out["profiles"]["MIG 1g.10gb"] == dict(index=0, id=19, slices=1, instances=7, sms=16, mib=9984, free=7)
     assert out["profiles"]["MIG 3g.40gb"]["id"] == 9 and out["profiles"]["MIG 7g.80gb"]["free"] == 1
@@ -263,6 +282,7 @@ def test_a_board_without_mig_refuses_every_mig_call(tmp_path):
             count = n.c_uint(8)
             print(json.dumps([code(n.nvmlDeviceGetMigMode, h), code(n.nvmlDeviceSetMigMode, h, 1),
                               code(n.nvmlDeviceGetGpuInstanceProfileInfo, h, 0),
+                              code(n.nvmlDeviceGetGpuInstanceProfileInfo, h, 0, 1),
                               code(n.nvmlDeviceGetGpuInstancePossiblePlacements, h, 19, placements, n.byref(count)),
                               code(n.nvmlDeviceCreateGpuInstance, h, 19),
                               code(n.nvmlDeviceGetGpuInstanceById, h, 0),
@@ -270,7 +290,7 @@ def test_a_board_without_mig_refuses_every_mig_call(tmp_path):
                               n.nvmlDeviceGetMaxMigDeviceCount(h), n.nvmlDeviceIsMigDeviceHandle(h)],
                              default=lambda o: o.value))
         """))
-        assert out == [NVML_NOT_SUPPORTED] * 7 + [0, 0]
+        assert out == [NVML_NOT_SUPPORTED] * 8 + [0, 0]
     finally:
         p.close()
 

@@ -356,9 +356,13 @@ def test_cuda_process_listed(node):
         # a GPU in use is not reset: the driver's IN_USE, as the real tool prints it
         events = node.mounted.state_dir / "events.log"
         resets = events.read_text().count("mokka: gpu1 reset")
+        node.mounted.expect_warning(r"ctl\.sock: in_use from uid 0 pid \d+: 'gpu=1 reset idle'")
+        node.mounted.expect_warning(r"ctl\.sock: in_use from uid 0: and \d+ more like it")
         refused = node.real("-r", "-i", "1")
-        assert refused.returncode == 19, refused.stdout + refused.stderr
-        assert "GPU reset unavailable: In use by another client" in refused.stdout + refused.stderr
+        assert (refused.returncode, refused.stdout, refused.stderr) == (
+            19, "GPU reset unavailable: In use by another client\n", "")
+        ours = node.ours("-r", "-i", "1")  # ours asks the same node the same way: the same answer
+        assert (ours.returncode, ours.stdout, ours.stderr) == (refused.returncode, refused.stdout, refused.stderr)
         assert events.read_text().count("mokka: gpu1 reset") == resets
         node.mounted.path("gpu1/utilization").write_text("auto\n")
     finally:

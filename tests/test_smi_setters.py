@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -161,6 +162,73 @@ ECC_READ = script("""
         errors = e.value
     print(json.dumps([n.nvmlDeviceGetEccMode(h), errors]))
 """)
+
+
+HOLD_GPU1 = """
+import ctypes, sys
+cu = ctypes.CDLL("libcuda.so.1")
+ctx, p = ctypes.c_void_p(), ctypes.c_uint64()
+assert cu.cuInit(0) == 0 and cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 1) == 0
+assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 30)) == 0
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+# NVML's reset, as NVIDIA's nvidia-smi -r calls it: export-table entry 168 on GPUs 1 and 0.
+NVML_RESET = """
+import ctypes as C, json
+nvml = C.CDLL("libnvidia-ml.so.1")
+assert nvml.nvmlInit_v2() == 0
+p = C.c_void_p()
+assert nvml.nvmlInternalGetExportTable(C.byref(p), bytes.fromhex("c4fe3e6cc98f6c4ea327ee696e12f7c4")) == 0
+words = (C.c_void_p * (C.c_uint64.from_address(p.value).value // 8)).from_address(p.value)
+reset = C.CFUNCTYPE(C.c_int, C.c_uint, C.POINTER(C.c_void_p), C.POINTER(C.c_int))(words[168])
+h1, h0 = C.c_void_p(), C.c_void_p()
+assert nvml.nvmlDeviceGetHandleByIndex_v2(1, C.byref(h1)) == 0 and nvml.nvmlDeviceGetHandleByIndex_v2(0, C.byref(h0)) == 0
+results = (C.c_int * 2)(-1, -1)
+first = reset(2, (C.c_void_p * 2)(h1.value, h0.value), results)
+print(json.dumps([first, list(results)]))
+"""
+
+
+def test_a_gpu_in_use_is_refused_by_nvidia_smi_r_and_nvml_but_not_by_the_reset_file(node_factory):
+    """One check, the node's (`reset idle`): our nvidia-smi -r and NVML's reset (what NVIDIA's
+    nvidia-smi -r calls) both get IN_USE for a GPU with a CUDA process on it and print or return
+    the driver's answer; the fault-injection reset file still resets it."""
+    node = node_factory(gpus=2, mount=False)
+    node.mount(("--driver-version", "550.163.01"))  # the export table's branches: 470 to 550
+    node.expect_warning(r"ctl\.sock: in_use from uid 0 pid \d+: 'gpu=1 reset idle'")
+    node.expect_warning(r"ctl\.sock: in_use from uid 0: and \d+ more like it")
+    env = pynvml_env(node)
+    events = node.state_dir / "events.log"
+
+    def resets(i: int) -> int:
+        return events.read_text().count(f"mokka: gpu{i} reset")
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_GPU1], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 10
+        while str(holder.pid) not in smi(node, "--query-compute-apps=pid", "--format=csv,noheader").stdout:
+            assert time.monotonic() < deadline, "the CUDA process never showed"
+            time.sleep(0.05)
+        r = smi(node, "-r", "-i", "1")
+        assert (r.returncode, r.stdout) == (19, "GPU reset unavailable: In use by another client\n")
+        assert resets(1) == 0
+        assert run_py(env, NVML_RESET) == [19, [19, 0]]  # IN_USE for GPU 1; GPU 0 is idle and resets
+        assert (resets(1), resets(0)) == (0, 1)
+        assert node.write("gpu1/reset", b"1\n") == 0  # the fault-clearing reset: whatever runs
+        assert resets(1) == 1
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        holder.stdout.close()
+    deadline = time.monotonic() + 10
+    while (r := smi(node, "-r", "-i", "1")).returncode == 19 and time.monotonic() < deadline:
+        time.sleep(0.1)  # until the daemon has seen the process go
+    assert (r.returncode, r.stdout) == (0, f"GPU {GPU1} was successfully reset.\nAll done.\n")
+    assert resets(1) == 2
 
 
 def test_ecc_mode_is_pending_until_nvidia_smi_r_resets_the_gpu(node_factory):

@@ -8,7 +8,7 @@ agent's annotations and scenario steps are spellings of these commands and parse
     gpu=N      temperature  ... memory_used, throttle (pins)   gpuN/<verb>
     gpu=N      lost         0|1                                gpuN/lost
     gpu=N      nvlink       LINK up|down|reset_errors, LINK errors COUNT   gpuN/nvlink
-    gpu=N      reset        1                                  gpuN/reset
+    gpu=N      reset        1|idle (idle: refused while a process is on it)  gpuN/reset
     gpu=N      persistence  0|1|default                        (control socket; gpuN/config shows it)
     gpu=N      compute_mode default|exclusive_process|prohibited   (control socket)
     gpu=N      power_limit  W|default                          (control socket)
@@ -20,7 +20,7 @@ agent's annotations and scenario steps are spellings of these commands and parse
     gpu=N      clear_ecc    volatile|aggregate                 (control socket)
     gpu=N      clear_accounting 1                              (control socket)
     gpu=N      mig          enable|disable, create LIST, ...   (control socket; gpuN/mig shows it; docs/mig.md)
-    node       reset        1                                  node/reset
+    node       reset        1|idle                             node/reset
     hca=N      port         up|down|errors [COUNTER] COUNT     ib/mlx5_N/port1
 
 A parser returns a complete event or raises `InvalidCommand` with the reason; nothing is applied
@@ -162,9 +162,9 @@ def _lost(i: int, text: str) -> SetLost:
 
 
 def _reset(i: int | None, text: str) -> Reset:
-    if text != "1":
-        raise InvalidCommand("expected 1")
-    return Reset(i)
+    if text not in ("1", "idle"):
+        raise InvalidCommand("expected 1 or idle")
+    return Reset(i, idle=text == "idle")
 
 
 def _clear_ecc(i: int, text: str) -> ClearEcc:
@@ -244,13 +244,13 @@ _VERBS = (
     Verb("throttle", "gpu", "throttle", "REASON...|none|auto", _throttle),
     Verb("lost", "gpu", "lost", "0|1", _lost, default="1"),
     Verb("nvlink", "gpu", "nvlink", "LINK up|down|reset_errors, LINK errors COUNT", _nvlink),
-    Verb("reset", "gpu", "reset", "1", _reset, default="1"),
+    Verb("reset", "gpu", "reset", "1|idle", _reset, default="1"),
     *(Verb(s.name, "gpu", None, s.usage, parse_setting(s.name)) for s in SETTINGS.values()),
     # Actions on a GPU's books, through the control socket like the settings (NVML's setters).
     Verb("clear_ecc", "gpu", None, "volatile|aggregate", _clear_ecc),
     Verb("clear_accounting", "gpu", None, "1", _clear_accounting, default="1"),
     Verb("mig", "gpu", None, mig.USAGE, mig.parse),
-    Verb("reset", "node", "reset", "1", _reset, default="1"),
+    Verb("reset", "node", "reset", "1|idle", _reset, default="1"),
     Verb("port", "hca", "port1", "up|down, errors [COUNTER] COUNT", _ib_port),
 )
 VERBS: dict[str, dict[str, Verb]] = {kind: {v.name: v for v in _VERBS if v.target == kind} for kind in TARGET_KINDS}

@@ -168,7 +168,11 @@ class SetProcesses(Event):
 
 @dataclass(frozen=True)
 class Reset(Event):
-    """`gpu=None` resets the whole node."""
+    """`gpu=None` resets the whole node. `idle`: NVIDIA's reset (nvidia-smi -r, NVML's reset),
+    which the driver refuses (IN_USE) while a process is on a GPU it names; without it, the
+    fault-clearing reset of the control files, which resets whatever runs."""
+
+    idle: bool = False
 
 
 ECC_CLEAR_SCOPES = ("volatile", "aggregate")  # nvmlEccCounterType_t order

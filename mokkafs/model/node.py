@@ -470,6 +470,12 @@ class Node:
                 # nvmlDeviceResetNvLinkErrorCounters on a board without NVLink: NOT_SUPPORTED.
                 raise NotSupported(f"{self.profile.name} has no NVLinks")
             raise InvalidCommand(f"{self.profile.name} has {self.profile.nvlink.links} NVLinks, no link {event.link}")
+        if isinstance(event, Reset) and event.idle:
+            # NVIDIA's reset: the driver refuses a GPU a client holds (nvidia-smi -r: "In use by
+            # another client"); the control files' reset (not idle) resets under processes.
+            for i in range(len(self.gpus)) if event.gpu is None else [event.gpu]:
+                if self.processes[i]:
+                    raise mig.InUse(f"GPU {i} is in use: {len(self.processes[i])} process(es) on it")
         if isinstance(event, IbPortCommand) and event.hca >= len(self.hcas):
             raise InvalidCommand(f"no HCA mlx5_{event.hca} (node has {len(self.hcas)})")
         if isinstance(event, (Configure, ClearEcc, ClearAccounting)) and self.gpus[event.gpu].lost:

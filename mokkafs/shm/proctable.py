@@ -442,8 +442,9 @@ class ProcessTable:
 
     async def serve(self, controller: Controller | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Keep `<path>.sock` bound, any user's CUDA process may ask (`unix_listener`), and give
-        each connection a task of its own. Without a socket (a path too long for sun_path, say)
-        CUDA processes run unaccounted; the daemon runs on."""
+        each connection a task of its own. A path past sun_path's 108 bytes is bound through its
+        directory (unix_path), and libcuda connects the same way. Without a socket (one that
+        cannot be bound) CUDA processes run unaccounted; the daemon runs on."""
         if controller is not None:
             make_locks(self.path, len(controller.node.gpus))
         await serve_unix(sock_path(self.path), lambda conn: self._connection(conn, controller), self.clock,

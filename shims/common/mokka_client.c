@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -412,4 +413,27 @@ int mokka_bus_id_is(const struct mokka_state *s, unsigned index, const struct mo
         device = g->pci_device;
     }
     return domain == id->domain && bus == id->bus && device == id->device && id->function == 0;
+}
+
+/* See mokka_client.h; mokkafs/unix_path.py binds the daemon's sockets the same way. */
+int mokka_unix_address(const char *path, struct sockaddr_un *addr, int *dirfd)
+{
+    *dirfd = -1;
+    if (snprintf(addr->sun_path, sizeof(addr->sun_path), "%s", path) < (int)sizeof(addr->sun_path))
+        return 0;
+    const char *slash = strrchr(path, '/');
+    char dir[PATH_MAX];
+    if (!slash || (size_t)(slash - path) >= sizeof(dir))
+        return -1;
+    memcpy(dir, path, (size_t)(slash - path));
+    dir[slash - path] = '\0';
+    *dirfd = open(dir[0] ? dir : "/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (*dirfd < 0)
+        return -1;
+    if (snprintf(addr->sun_path, sizeof(addr->sun_path), "/proc/self/fd/%d/%s", *dirfd, slash + 1) <
+        (int)sizeof(addr->sun_path))
+        return 0;
+    close(*dirfd);
+    *dirfd = -1;
+    return -1;
 }

@@ -15,7 +15,8 @@
  *     mokka_state_checked); a new valid file there is mapped and used from then on;
  *   - the seqlock read (bounded retries; a writer that died mid-publish costs one wait);
  *   - the one snapshot of a GPU's MIG section and the board's MIG tables, made safe to index;
- *   - PCI bus id parsing.
+ *   - PCI bus id parsing;
+ *   - the address of a socket beside the state, at any path length.
  *
  * The fast path (mokka_state, mokka_read, MOKKA_CONSISTENT) is inline: no call, no syscall.
  * Everything here is hidden: each shim has its own copy and exports none of it.
@@ -52,6 +53,13 @@ const char *mokka_path(void);
 
 /* Where the state would be found now (discovery only, nothing opened). */
 void mokka_discover(char *out, size_t n);
+
+/* An address for unix socket `path` (the control socket, the process table's socket) that fits
+   sun_path's 108 bytes: the path itself, or, for a node mounted under a long directory,
+   /proc/self/fd/N/<name> through *dirfd, a descriptor of its directory (O_PATH) that the caller
+   closes once connected; *dirfd is -1 when none was opened. 0, or -1 when not even that fits. */
+struct sockaddr_un;
+int mokka_unix_address(const char *path, struct sockaddr_un *addr, int *dirfd);
 
 /* ---- the mapping: inline fast path ---------------------------------------------------- */
 

@@ -112,32 +112,6 @@ static enum mokka_ctl_status exchange(int fd, const struct sockaddr_un *addr, co
     return MOKKA_CTL_ERROR; /* a reply longer than any the daemon sends */
 }
 
-/* An address for unix socket `path` that fits sun_path (108 bytes): the path itself, or, for a
-   node mounted under a long directory, /proc/self/fd/N/<name> through *dirfd, a descriptor of its
-   directory that the caller closes after connecting (mokkafs/unix_path.py binds the same way).
-   -1: not even that fits. */
-static int unix_address(const char *path, struct sockaddr_un *addr, int *dirfd)
-{
-    *dirfd = -1;
-    if (snprintf(addr->sun_path, sizeof(addr->sun_path), "%s", path) < (int)sizeof(addr->sun_path))
-        return 0;
-    const char *slash = strrchr(path, '/');
-    char dir[PATH_MAX];
-    if (!slash || (size_t)(slash - path) >= sizeof(dir))
-        return -1;
-    memcpy(dir, path, (size_t)(slash - path));
-    dir[slash - path] = '\0';
-    *dirfd = open(dir[0] ? dir : "/", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (*dirfd < 0)
-        return -1;
-    if (snprintf(addr->sun_path, sizeof(addr->sun_path), "/proc/self/fd/%d/%s", *dirfd, slash + 1) <
-        (int)sizeof(addr->sun_path))
-        return 0;
-    close(*dirfd);
-    *dirfd = -1;
-    return -1;
-}
-
 enum mokka_ctl_status mokka_control(const char *line, char *reason, size_t reason_size)
 {
     int saved = errno;
@@ -152,7 +126,7 @@ enum mokka_ctl_status mokka_control(const char *line, char *reason, size_t reaso
     const char *state = mokka_path();
     int dirfd = -1;
     if (!state[0] || snprintf(path, sizeof(path), "%s%s", state, MOKKA_CONTROL_SUFFIX) >= (int)sizeof(path) ||
-        unix_address(path, &addr, &dirfd) != 0) {
+        mokka_unix_address(path, &addr, &dirfd) != 0) {
         errno = saved;
         return MOKKA_CTL_NO_DAEMON; /* the daemon cannot bind a path this long either */
     }

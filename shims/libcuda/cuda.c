@@ -21,6 +21,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -80,17 +81,25 @@ static int procs_from_daemon(int *conn)
 {
     *conn = -1;
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (snprintf(addr.sun_path, sizeof(addr.sun_path), "%s%s", mokka_path(), MOKKA_PROCS_SOCK_SUFFIX) >=
-        (int)sizeof(addr.sun_path))
+    char path[PATH_MAX];
+    int dirfd = -1; /* a node under a long path: the socket through its directory (mokka_client.h) */
+    if (snprintf(path, sizeof(path), "%s%s", mokka_path(), MOKKA_PROCS_SOCK_SUFFIX) >= (int)sizeof(path) ||
+        mokka_unix_address(path, &addr, &dirfd) != 0)
         return -1;
     int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (sock < 0)
+    if (sock < 0) {
+        if (dirfd >= 0)
+            close(dirfd);
         return -1;
+    }
     struct timeval tv = {0, 250000}; /* connect, then receive: a wedged daemon costs 0.5 s once */
     setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     int fd = -1;
-    if (connect(sock, (struct sockaddr *)&addr, sizeof(addr)) == 0) {
+    int connected = connect(sock, (struct sockaddr *)&addr, sizeof(addr)) == 0;
+    if (dirfd >= 0)
+        close(dirfd);
+    if (connected) {
         char byte = 0;
         struct iovec iov = {&byte, 1};
         union {

@@ -112,31 +112,24 @@ static int handle_gpu(nvmlDevice_t device)
 }
 
 /* (unsigned count, nvmlDevice_t *devices, nvmlReturn_t *results, ...): the reset of each
-   device, through the node's `reset` command (the controller, as our own nvidia-smi sends it),
-   each one's result in results[k]. A GPU with a process on it is not reset: IN_USE, as the
-   driver refuses while a client holds the GPU (the tool then prints "The following GPUs could not
-   be reset"). */
+   device, through the node's `reset idle` command (the controller, as our own nvidia-smi -r
+   sends it), each one's result in results[k]. The node refuses a GPU with a process on it:
+   IN_USE, as the driver refuses while a client holds the GPU (the tool then prints "GPU reset
+   unavailable: In use by another client"); the check is the model's (Node.validate), one place
+   for both tools, decided where the process table is. */
 static nvmlReturn_t entry_reset(unsigned int count, nvmlDevice_t *devices, nvmlReturn_t *results)
 {
     if (!initialized())
         return NVML_ERROR_UNINITIALIZED;
     if (count && !devices)
         return NVML_ERROR_INVALID_ARGUMENT;
-    const struct mokka_state *s = state();
     nvmlReturn_t first = NVML_SUCCESS;
     for (unsigned int k = 0; k < count; k++) {
         int i = handle_gpu(devices[k]);
-        nvmlReturn_t r;
-        uint32_t busy = 0;
-        if (i >= 0)
-            SNAP(s, s->gpus[i].process_count, busy);
-        if (i < 0)
-            r = NVML_ERROR_INVALID_ARGUMENT;
-        else if (busy)
-            r = NVML_ERROR_IN_USE;
-        else {
+        nvmlReturn_t r = NVML_ERROR_INVALID_ARGUMENT;
+        if (i >= 0) {
             char line[48];
-            snprintf(line, sizeof(line), "gpu=%d reset 1", i);
+            snprintf(line, sizeof(line), "gpu=%d reset idle", i);
             r = control_status(mokka_control(line, NULL, 0));
         }
         if (results)

@@ -389,15 +389,19 @@ static int gi_family(const struct mokka_state *s, const struct mokka_gpu *g, uns
     return 0;
 }
 
-/* The same, for the queries that need MIG on (info, capacity, list): an index past NVML's list
-   is INVALID_ARGUMENT, one the board lacks NOT_SUPPORTED (how callers enumerate profiles); an
-   unknown id is the family's unknown profile. */
-static nvmlReturn_t gi_family_enabled(const struct mokka_state *s, const struct mokka_gpu *g, unsigned int key,
-                                      int by_index, struct mokka_mig_profile *p, struct family_profile *f)
+/* The same, for the queries: an index past NVML's list is INVALID_ARGUMENT, one the board lacks
+   NOT_SUPPORTED (how callers enumerate profiles); an unknown id is the family's unknown profile.
+   `need_mig_on`: the query needs MIG on (the versioned info, capacity, list), else only a board
+   with MIG (v1 info: docs/mig.md, "Profile info with MIG off"). */
+static nvmlReturn_t gi_family_checked(const struct mokka_state *s, const struct mokka_gpu *g, unsigned int key,
+                                      int by_index, int need_mig_on, struct mokka_mig_profile *p,
+                                      struct family_profile *f)
 {
     if (by_index && key >= NVML_GPU_INSTANCE_PROFILE_COUNT)
         return NVML_ERROR_INVALID_ARGUMENT;
-    nvmlReturn_t r = mig_enabled(s, g);
+    uint32_t capable;
+    SNAP(s, g->mig_capable, capable);
+    nvmlReturn_t r = need_mig_on ? mig_enabled(s, g) : capable ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
     if (r != NVML_SUCCESS)
         return r;
     if (gi_family(s, g, key, by_index, p, f) < 0)
@@ -405,14 +409,15 @@ static nvmlReturn_t gi_family_enabled(const struct mokka_state *s, const struct 
     return NVML_SUCCESS;
 }
 
-#define GI_FAMILY(key, by_index)                                                \
-    struct mokka_mig_profile p;                                                 \
-    struct family_profile f;                                                    \
-    do {                                                                        \
-        nvmlReturn_t r_ = gi_family_enabled(s, g, (key), (by_index), &p, &f);   \
-        if (r_ != NVML_SUCCESS)                                                 \
-            return r_;                                                          \
+#define GI_FAMILY_IF(key, by_index, need_mig_on)                                        \
+    struct mokka_mig_profile p;                                                         \
+    struct family_profile f;                                                            \
+    do {                                                                                \
+        nvmlReturn_t r_ = gi_family_checked(s, g, (key), (by_index), (need_mig_on), &p, &f); \
+        if (r_ != NVML_SUCCESS)                                                         \
+            return r_;                                                                  \
     } while (0)
+#define GI_FAMILY(key, by_index) GI_FAMILY_IF(key, by_index, 1)
 
 /* The profile's info into any version of the struct (1: nvmlGpuInstanceProfileInfo_t; v3 drops
    isP2pSupported for a capabilities mask). */
@@ -435,12 +440,16 @@ static void fill_gi_info(const struct mokka_mig_profile *p, void *info, int vers
     }
 }
 
+/* v1 answers on a MIG-capable board whatever its mode, as the driver does (nvml.h: NOT_SUPPORTED
+   "if device doesn't support MIG"; the DRA driver's dynamic MIG and go-nvlib enumerate profiles
+   through it on MIG-disabled GPUs: docs/mig.md). The versioned calls below need MIG on (nvml.h:
+   "doesn't have MIG mode enabled"). */
 nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
                                                          nvmlGpuInstanceProfileInfo_t *info)
 {
     DEV(device);
     ARG(info);
-    GI_FAMILY(profile, 1);
+    GI_FAMILY_IF(profile, 1, 0);
     memset(info, 0, sizeof(*info));
     fill_gi_info(&p, info, 1);
     return NVML_SUCCESS;

@@ -2877,20 +2877,19 @@ static void not_supported_warning(const char *what, const char *bus)
 static int set_failed(nvmlReturn_t r);
 
 /* -r: NVML has no public reset, so the tool asks the daemon, as the real one asks its driver:
-   the node's `reset` command for this GPU, through the control socket beside the state file
-   the loaded NVML reads (mokka_control.h). */
+   the node's `reset idle` command for this GPU, through the control socket beside the state
+   file the loaded NVML reads (mokka_control.h). The node refuses a GPU with a process on it
+   (IN_USE), the one check NVML's reset entry meets too. */
 static int reset_gpu(const struct dev *d, const char *bus)
 {
-    static const nvmlReturn_t as_nvml[] = {
-        [MOKKA_CTL_OK] = NVML_SUCCESS, [MOKKA_CTL_NO_PERMISSION] = NVML_ERROR_NO_PERMISSION,
-        [MOKKA_CTL_INVALID_ARGUMENT] = NVML_ERROR_INVALID_ARGUMENT, [MOKKA_CTL_NOT_SUPPORTED] = NVML_ERROR_NOT_SUPPORTED,
-        [MOKKA_CTL_GPU_IS_LOST] = NVML_ERROR_GPU_IS_LOST, [MOKKA_CTL_BUSY] = NVML_ERROR_UNKNOWN,
-        [MOKKA_CTL_ERROR] = NVML_ERROR_UNKNOWN, [MOKKA_CTL_NO_DAEMON] = NVML_ERROR_UNKNOWN,
-    };
     char line[64];
     (void)state_of(d->index); /* maps the node's state, which names the socket */
-    snprintf(line, sizeof(line), "gpu=%u reset 1", d->index);
-    nvmlReturn_t r = as_nvml[mokka_control(line, NULL, 0)];
+    snprintf(line, sizeof(line), "gpu=%u reset idle", d->index);
+    nvmlReturn_t r = mokka_ctl_nvml_error(mokka_control(line, NULL, 0));
+    if (r == NVML_ERROR_IN_USE) { /* the real tool's words, and no "Terminating early" line */
+        printf("GPU reset unavailable: %s\n", nvml_error(r));
+        return (int)r;
+    }
     if (r != NVML_SUCCESS) {
         printf("Unable to reset GPU %s: %s\n", bus, nvml_error(r));
         return set_failed(r);
