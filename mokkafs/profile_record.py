@@ -6,7 +6,8 @@ Reads, never writes: NVML (pynvml against the driver's libnvidia-ml: getters onl
 goes through profile_import's parser and builder, so a recording and an import agree on every
 key both read; NVML then answers each key it has, and a disagreement is noted. The node's
 composition (GPUs, bus ids, NUMA, NVLink and NVSwitch layout, HCAs, CPUs) is read by one
-function, `read_node`. docs/profiles.md ("Recording a node") lists what comes from where.
+function, `read_node`, and written as a composition file beside the profile (`composition_of`).
+docs/profiles.md ("Recording a node") lists what comes from where.
 """
 from __future__ import annotations
 
@@ -85,11 +86,6 @@ class NodeFacts:
     sys_root: str = "/sys"
     origin: dict[str, str] = field(default_factory=dict)
     unreadable: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def numa_nodes(self) -> list[int]:
-        """The NUMA nodes the GPUs sit on (0 where the platform reports none)."""
-        return sorted({max(g.numa_node, 0) for g in self.gpus})
 
 
 def _read(path: Path) -> str | None:

@@ -143,7 +143,8 @@ def test_fake_gpu_operator_component(tmp_path):
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mokkafs-agent", "namespace": "mokkafs"}]
     (cm,) = [o for o in objects if o["kind"] == "ConfigMap"]
-    assert cm["data"] == {"MOKKA_PROFILE": "l4", "MOKKA_GPUS": "1", "MOKKA_NODE": "", "MOKKA_FGO_NAMESPACE": "gpu-operator"}
+    assert cm["data"] == {"MOKKA_PROFILE": "l4", "MOKKA_GPUS": "1", "MOKKA_NODE": "",
+                          "MOKKA_FGO_NAMESPACE": "gpu-operator"}
     # without the component the agent publishes nothing and has no rights there
     plain = render(DEPLOY / "overlays" / "l4")
     assert all(o["metadata"].get("namespace") != "gpu-operator" for o in plain)

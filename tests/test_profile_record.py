@@ -18,7 +18,7 @@ import yaml
 from conftest import MountedNode, force_unmount, mokka_cmd
 from helpers_nvml import consumer_env
 from mokkafs.model.identity import compose
-from mokkafs.profile_record import NodeFacts, RecordRefused, composition_of
+from mokkafs.profile_record import Gpu, NodeFacts, RecordRefused, composition_of
 from mokkafs.profiles import Composition, available_profiles, legacy_node, load_composition_file, load_profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -312,7 +312,6 @@ def test_both_files_or_neither(tmp_path):
 
 
 def facts_of(buses: list[str], numa: list[int]) -> NodeFacts:
-    from mokkafs.profile_record import Gpu
     facts = NodeFacts(gpus=[Gpu(b, 0x2330, n, "0-55,112-167" if n == 0 else "56-111,168-223",
                                 f"/sys/devices/pci{b[:7]}/{b}") for b, n in zip(buses, numa)])
     facts.origin.update(gpus="sysfs", nvswitches="sysfs", hcas="sysfs")
