@@ -348,6 +348,10 @@ def composition_of(facts: NodeFacts, name: str, profile: GpuProfile, versions: d
     rows.append("slots:                                   # per GPU, in bus order (NVML's index order)")
     for i, g in enumerate(facts.gpus):
         d, bus = int(g.bus_id.split(":")[0], 16), int(g.bus_id.split(":")[1], 16)
+        if not g.bus_id.endswith(":00.0"):  # a cloud VM's GPU at 00:1e.0, say
+            raise RecordRefused(f"GPU {i} is at {g.bus_id}: a composition places each GPU at device 00.0 of its "
+                                f"own bus, behind its own root port and switch, so this node's layout cannot be "
+                                f"recorded (mount the profile with a shipped composition: mokka profile nodes)")
         slot = {"bus": f"0x{bus:02x}", **({"domain": d} if d != domain else {}), "numa": max(g.numa_node, 0)}
         origin = f"GPU {i}: /sys/bus/pci/devices/{g.bus_id}, its numa_node"
         if i in near:

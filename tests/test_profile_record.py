@@ -330,6 +330,10 @@ def test_a_node_the_composition_schema_cannot_hold_is_refused():
     assert [(s.bus, s.numa) for s in good.composition.layout()] == [(0x18, 0), (0x1e, 1)]
     with pytest.raises(RecordRefused, match=r"does not load:\n  \(top level\): Value error, slots.1.bus: 0x19 needs"):
         composition_of(facts_of(["0000:18:00.0", "0000:19:00.0"], [0, 0]), "n", h100, VERSIONS)
+    with pytest.raises(RecordRefused, match=r"slots.0.bus: Input should be greater than or equal to 3"):
+        composition_of(facts_of(["0000:01:00.0"], [0]), "n", h100, VERSIONS)  # no room for its root port
+    with pytest.raises(RecordRefused, match=r"GPU 0 is at 0000:00:1e.0: a composition places each GPU at device 00.0"):
+        composition_of(facts_of(["0000:00:1e.0"], [0]), "n", h100, VERSIONS)
     nine = facts_of([f"0000:{0x18 + 6 * i:02x}:00.0" for i in range(9)], [0] * 9)
     with pytest.raises(RecordRefused, match="does not fit the recorded node: composition n has 9 GPUs, but h100 "
                                             "boards sit at most 8"):
