@@ -353,10 +353,15 @@ def cmd_profile_record(args) -> int:
     from mokkafs.profile_record import RecordRefused, record, write_atomically
     from mokkafs.profiles import ProfileError, load_profile
 
+    out = Path(args.output)
+    node_out = args.node_out or str(out.with_name(f"{out.stem}.node.yaml"))
+    if os.path.abspath(node_out) == os.path.abspath(args.output):
+        return _fail(f"profile record: --node-out {node_out} is the profile's own file", 2)
     try:
         board = (args.fill_from, load_profile(args.fill_from)) if args.fill_from else None
-        rec = record(args.name or Path(args.output).stem, board)
-        write_atomically(args.output, rec.text)
+        rec = record(args.name or out.stem, board, profile_file=os.path.basename(args.output),
+                     node_file=os.path.relpath(node_out, os.path.dirname(os.path.abspath(args.output))))
+        write_atomically({node_out: rec.composition.text, args.output: rec.text})
     except (RecordRefused, ProfileError) as e:
         return _fail(f"profile record: {e}", 2)
     except OSError as e:
@@ -367,6 +372,8 @@ def cmd_profile_record(args) -> int:
         print(f"not read, left at the default: {key} ({reason})", file=sys.stderr)
     filled = f"; filled from {rec.imported.fill_name}: {', '.join(rec.imported.filled)}" if rec.imported.filled else ""
     print(f"mokka: wrote {args.output} ({len(rec.node.gpus)} x {rec.profile.product_name}){filled}")
+    print(f"mokka: wrote {node_out} (node composition {rec.composition.composition.name}); mount the two with "
+          f"`mokka mount MNT --profile {args.output} --node {node_out}`")
     return 0
 
 
@@ -510,8 +517,12 @@ def parser() -> argparse.ArgumentParser:
                     help="take what the captures lack from this board (same architecture)")
     pi.add_argument("--driver-version", help="the node's driver when the capture's branch is not modelled")
     pi.set_defaults(func=cmd_profile_import)
-    prr = prs.add_parser("record", help="a profile of this node, read live (NVML, nvidia-smi, CUDA, sysfs); read-only")
+    prr = prs.add_parser("record", help="a profile of this node and its node composition, read live (NVML, "
+                                         "nvidia-smi, CUDA, sysfs); read-only")
     prr.add_argument("-o", "--output", required=True, metavar="FILE")
+    prr.add_argument("--node-out", metavar="FILE",
+                     help="the node composition (bus ids, NUMA, CPUs, NVSwitches, HCAs) beside the profile "
+                          "(default: FILE.node.yaml, FILE without .yaml); mount with --profile FILE --node this")
     prr.add_argument("--name", help="the profile's name (default: FILE without .yaml)")
     prr.add_argument("--fill-from", metavar="PROFILE",
                      help="take what the node cannot show (thermal.max_load_c...) from this board (same architecture)")

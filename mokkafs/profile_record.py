@@ -6,7 +6,8 @@ Reads, never writes: NVML (pynvml against the driver's libnvidia-ml: getters onl
 goes through profile_import's parser and builder, so a recording and an import agree on every
 key both read; NVML then answers each key it has, and a disagreement is noted. The node's
 composition (GPUs, bus ids, NUMA, NVLink and NVSwitch layout, HCAs, CPUs) is read by one
-function, `read_node`. docs/profiles.md ("Recording a node") lists what comes from where.
+function, `read_node`, and written as a composition file beside the profile (`composition_of`).
+docs/profiles.md ("Recording a node") lists what comes from where.
 """
 from __future__ import annotations
 
@@ -21,8 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+from pydantic import ValidationError
+
 from mokkafs import profile_import as imp
-from mokkafs.profiles import ZERO_UUID, GpuProfile
+from mokkafs.profiles import ZERO_UUID, Composition, GpuProfile, ProfileError, check_fits
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,7 @@ class Gpu:
     device_id: int
     numa_node: int  # -1: the platform reports none
     cpulist: str  # local_cpulist
+    path: str = ""  # the device's place in the PCI tree (realpath under /sys/devices)
 
 
 @dataclass
@@ -65,6 +70,7 @@ class Hca:
     fw_ver: str | None
     rate_gbps: int | None
     model: str | None  # from pci.ids
+    path: str = ""  # the device's place in the PCI tree (realpath under /sys/devices)
 
 
 @dataclass
@@ -76,13 +82,10 @@ class NodeFacts:
     hcas: list[Hca] = field(default_factory=list)
     cpus_by_numa: dict[int, str] = field(default_factory=dict)  # the host's /sys/devices/system/node
     driver_version: str | None = None
+    cpu_model: str = ""  # /proc/cpuinfo's first model name
+    sys_root: str = "/sys"
     origin: dict[str, str] = field(default_factory=dict)
     unreadable: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def numa_nodes(self) -> list[int]:
-        """The NUMA nodes the GPUs sit on (0 where the platform reports none)."""
-        return sorted({max(g.numa_node, 0) for g in self.gpus})
 
 
 def _read(path: Path) -> str | None:
@@ -90,6 +93,10 @@ def _read(path: Path) -> str | None:
         return path.read_text().strip()
     except OSError:
         return None
+
+
+def _natural(name: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 def _hex(text: str | None) -> int | None:
@@ -120,7 +127,7 @@ def pci_name(vendor: int, device: int) -> str | None:
 def read_node(sys_root: str = "/sys", proc_root: str = "/proc") -> NodeFacts:
     """The node's composition from sysfs and procfs (read-only). Every fact's path is in
     `origin`; what is absent is in `unreadable` with the reason."""
-    facts = NodeFacts()
+    facts = NodeFacts(sys_root=sys_root)
     devices = Path(sys_root) / "bus" / "pci" / "devices"
     try:
         names = sorted(os.listdir(devices))
@@ -134,7 +141,7 @@ def read_node(sys_root: str = "/sys", proc_root: str = "/proc") -> NodeFacts:
         device = _hex(_read(d / "device")) or 0
         numa = int(_read(d / "numa_node") or -1)
         if cls >> 8 in GPU_CLASSES:
-            facts.gpus.append(Gpu(name, device, numa, _read(d / "local_cpulist") or ""))
+            facts.gpus.append(Gpu(name, device, numa, _read(d / "local_cpulist") or "", os.path.realpath(d)))
         elif cls >> 8 == NVSWITCH_CLASS:
             facts.nvswitches.append((name, device))
     where = f"{devices}/*/{{vendor,class}}"
@@ -148,7 +155,7 @@ def read_node(sys_root: str = "/sys", proc_root: str = "/proc") -> NodeFacts:
     except OSError:
         ib_names = []
         facts.unreadable["hcas"] = f"no {ib} (no RDMA driver loaded, or no HCA)"
-    for name in ib_names:
+    for name in sorted(ib_names, key=_natural):  # mlx5_2 before mlx5_10: the composition's HCA order
         dev = ib / name / "device"
         pci = os.path.basename(os.path.realpath(dev))
         rate = _read(ib / name / "ports" / "1" / "rate")
@@ -162,7 +169,7 @@ def read_node(sys_root: str = "/sys", proc_root: str = "/proc") -> NodeFacts:
             model = bracket.group(1) if bracket else full
         facts.hcas.append(Hca(name, pci, pci_dev, int(_read(dev / "numa_node") or -1), _read(ib / name / "hca_type"),
                               _read(ib / name / "board_id"), _read(ib / name / "fw_ver"),
-                              int(m.group(1)) if m else None, model))
+                              int(m.group(1)) if m else None, model, os.path.realpath(dev)))
     facts.origin["hcas"] = f"{ib}/*"
 
     nodes = Path(sys_root) / "devices" / "system" / "node"
@@ -170,6 +177,10 @@ def read_node(sys_root: str = "/sys", proc_root: str = "/proc") -> NodeFacts:
         facts.cpus_by_numa[int(entry.name[4:])] = _read(entry / "cpulist") or ""
     facts.origin["cpus"] = f"{nodes}/node*/cpulist"
 
+    cpuinfo = _read(Path(proc_root) / "cpuinfo") or ""
+    m = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
+    if m:
+        facts.cpu_model = m.group(1).strip()
     version = _read(Path(proc_root) / "driver" / "nvidia" / "version")
     m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", version or "")
     if m:
@@ -184,8 +195,10 @@ def node_values(facts: NodeFacts) -> list[tuple[str, Any, str]]:
     """The profile's `node:` keys from the composition, as (key, value, origin)."""
     out: list[tuple[str, Any, str]] = [("node.gpus", len(facts.gpus), facts.origin["gpus"])]
     if facts.gpus:
-        out.append(("node.numa_nodes", len(facts.numa_nodes),
-                    facts.origin["numa"] + f" (GPUs on NUMA nodes {','.join(map(str, facts.numa_nodes))})"))
+        # The host's NUMA nodes, as the composition's cpu.numa_nodes (the count does not depend
+        # on the arch, which only settles a one-run cpulist's threads per core).
+        cpu, origin = cpu_layout(facts, "x86_64")
+        out.append(("node.numa_nodes", cpu["numa_nodes"], origin["numa_nodes"]))
         out.append(("node.pci_domain", int(facts.gpus[0].bus_id.split(":")[0], 16),
                     facts.origin["gpus"] + " (GPU 0's domain)"))
     out.append(("node.nvswitches", len(facts.nvswitches), facts.origin["nvswitches"]))
@@ -205,19 +218,187 @@ def node_values(facts: NodeFacts) -> list[tuple[str, Any, str]]:
     return out
 
 
-def composition_lines(facts: NodeFacts) -> list[str]:
-    """The composition beyond today's `node:` keys (bus ids, NUMA and CPUs per GPU, HCAs), as
-    comment lines; a node composition file will hold them as keys."""
-    out = ["composition as recorded (not profile keys):"]
-    for i, g in enumerate(facts.gpus):
-        out.append(f"  GPU {i}: {g.bus_id} device 0x{g.device_id:04x} NUMA {g.numa_node} CPUs {g.cpulist or '?'}")
-    for bus, dev in facts.nvswitches:
-        out.append(f"  NVSwitch: {bus} device 0x{dev:04x}")
-    for h in facts.hcas:
-        out.append(f"  HCA {h.name}: {h.bus_id} {h.model} {h.hca_type} NUMA {h.numa_node} {h.rate_gbps} Gb/s")
-    for n, cpus in facts.cpus_by_numa.items():
-        out.append(f"  host NUMA node {n}: CPUs {cpus}")
+def _runs(cpulist: str) -> list[tuple[int, int]]:
+    """"0-55,112-167" -> [(0, 56), (112, 56)]: (first CPU, length) of each run."""
+    out = []
+    for part in filter(None, cpulist.split(",")):
+        a, _, b = part.partition("-")
+        out.append((int(a), int(b or a) - int(a) + 1))
     return out
+
+
+def cpu_layout(facts: NodeFacts, arch: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The composition's `cpu:` keys (less arch and model) and each one's origin. Linux numbers
+    the first thread of every core, node after node, then the siblings: a NUMA node's cpulist is
+    one run per thread of each core, as long as the node has cores. The host's node directories
+    and thread siblings say it where they agree with the GPUs' local_cpulist; where they do not
+    (a node seen through `mokka run`, whose /sys/devices/system is the host's), the GPUs' own
+    lists say it."""
+    nodes = f"{facts.sys_root}/devices/system/node"
+    gpu_lists = {max(g.numa_node, 0): g.cpulist for g in facts.gpus if g.cpulist}
+    if not gpu_lists:
+        raise RecordRefused("no GPU has a local_cpulist: the node's CPU layout cannot be read")
+    host_agrees = all(facts.cpus_by_numa.get(n) == c for n, c in gpu_lists.items())
+    numa, cpulist = min(gpu_lists.items())
+    runs = _runs(cpulist)
+    total = sum(length for _, length in runs)
+    where = f"/sys/bus/pci/devices/<GPU on NUMA node {numa}>/local_cpulist ({cpulist})"
+    siblings_file = f"{facts.sys_root}/devices/system/cpu/cpu{runs[0][0]}/topology/thread_siblings_list"
+    siblings = _read(Path(siblings_file))
+    if host_agrees and siblings:
+        threads, threads_from = len(_cpus(siblings)), f"{siblings_file} ({siblings})"
+    elif len(runs) > 1 and all(length == runs[0][1] for _, length in runs):
+        threads, threads_from = len(runs), f"{where}: one run per thread of a core"
+    else:
+        # One run: the siblings follow the cores at once, so the list cannot tell them apart.
+        threads = 2 if arch == "x86_64" and total % 2 == 0 else 1
+        threads_from = (f"{where} is one run, which does not show the siblings, and this host's {siblings_file} "
+                        f"is not the GPUs' CPUs: assumed {threads} ({'SMT on x86_64' if threads == 2 else 'no SMT'})")
+    cores = total // threads
+    if host_agrees:
+        count, count_from = len(facts.cpus_by_numa), f"{nodes}/node* ({len(facts.cpus_by_numa)} nodes)"
+    elif len(runs) > 1:
+        count = (runs[1][0] - runs[0][0]) // cores
+        count_from = f"{where}: the sibling threads start {runs[1][0] - runs[0][0]} CPUs on, {cores} cores a node"
+    else:
+        count = max(max(gpu_lists) + 1, (runs[0][0] + total) // total)
+        count_from = "/sys/bus/pci/devices/<GPU>/{numa_node,local_cpulist}: the highest NUMA node a GPU sits on"
+    source = f"{nodes}/node*/cpulist (= the GPUs' local_cpulist)" if host_agrees else where
+    values = {"numa_nodes": count, "cores_per_numa_node": cores, "threads_per_core": threads}
+    origin = {"numa_nodes": count_from, "cores_per_numa_node": f"{source}: CPUs / threads per core",
+              "threads_per_core": threads_from}
+    return values, origin
+
+
+def _cpus(cpulist: str) -> list[int]:
+    return [c for start, length in _runs(cpulist) for c in range(start, start + length)]
+
+
+def _shared_depth(a: str, b: str) -> int:
+    """How many PCI-tree levels below the root complex two device paths share."""
+    pa, pb = a.split("/"), b.split("/")
+    n = 0
+    while n < min(len(pa), len(pb)) and pa[n] == pb[n]:
+        n += 1
+    roots = [i for i, part in enumerate(pa) if part.startswith("pci")]
+    return n - (roots[0] + 1) if roots and n > roots[0] else 0
+
+
+def hca_beside(facts: NodeFacts) -> dict[int, int]:
+    """GPU index -> the HCA (index) on the same PCIe switch: the one sharing the deepest part of
+    its PCI path (more than the root port), one HCA per GPU, as a composition holds them."""
+    out: dict[int, int] = {}
+    for j, h in enumerate(facts.hcas):
+        depths = [(_shared_depth(g.path, h.path), -i) for i, g in enumerate(facts.gpus) if i not in out]
+        if depths and max(depths)[0] >= 2:  # the root port and the switch above both
+            out[-max(depths)[1]] = j
+    return out
+
+
+def _yaml(v: Any) -> str:
+    return yaml.safe_dump(v, default_flow_style=True, width=1000).strip().removesuffix("\n...").strip()
+
+
+@dataclass
+class RecordedComposition:
+    composition: Composition
+    text: str
+
+
+def composition_of(facts: NodeFacts, name: str, profile: GpuProfile, versions: dict[str, tuple[str, str]],
+                   profile_file: str = "PROFILE.yaml", node_file: str = "NODE.yaml",
+                   nvswitches: tuple[int, str] | None = None) -> RecordedComposition:
+    """The node composition (compositions/*.yaml's schema) of what read_node saw, every value
+    with its source as a comment; RecordRefused when it does not validate or the board does not
+    fit it. `versions`: driver_version and cuda_version as (value, NVML call); `nvswitches`: a
+    count from elsewhere (filled) where the switches are no PCI function of this host."""
+    if not facts.gpus:
+        raise RecordRefused("no GPU in sysfs: no composition to record")
+    rows: list[str] = []  # rendered lines
+
+    def put(key: str, value: Any, origin: str, indent: str = "") -> None:
+        text = f"{indent}{key}: {value if isinstance(value, str) and value.startswith('0x') else _yaml(value)}"
+        rows.append(f"{text:<40} # {origin}")
+
+    domain = int(facts.gpus[0].bus_id.split(":")[0], 16)
+    near = hca_beside(facts)
+    machine = os.uname().machine
+    arch = "aarch64" if profile.grace else "x86_64"
+    cpu, cpu_origin = cpu_layout(facts, arch)
+    arch_from = ("the board: a Grace superchip's GPU (addressing mode ATS or a multi-node NVLink domain) sits "
+                 "beside Grace" if profile.grace else "the board: a PCIe/SXM board for x86 hosts")
+    if machine != arch:
+        arch_from += f" (this process runs on {machine})"
+    model = facts.cpu_model if cpu_origin["numa_nodes"].startswith(f"{facts.sys_root}/devices/system") else ""
+    rows += [f"# {name}: the node composition recorded by `mokka profile record` beside {profile_file}.",
+             f"# Mount the two together: mokka mount MNT --profile {profile_file} --node {node_file}",
+             f"# (docs/profiles.md, \"Recording a node\"); each value's source is its comment."]
+    put("name", name, "the profile's name with -node")
+    put("description", f"recorded: {len(facts.gpus)} x {profile.product_name}", "mokka profile record")
+    put("gpus", len(facts.gpus), facts.origin["gpus"])
+    put("driver_version", versions["driver_version"][0], versions["driver_version"][1])
+    put("cuda_version", versions["cuda_version"][0], versions["cuda_version"][1])
+    rows.append("cpu:")
+    put("arch", arch, arch_from, "  ")
+    put("model", model, "/proc/cpuinfo model name" if model else
+        "not read: this host's /sys/devices/system/node is not the GPUs' (their local_cpulist differs)", "  ")
+    for key in ("numa_nodes", "cores_per_numa_node", "threads_per_core"):
+        put(key, cpu[key], cpu_origin[key], "  ")
+    put("pci_domain", domain, f"{facts.gpus[0].bus_id}: GPU 0's PCI domain")
+    rows.append("slots:                                   # per GPU, in bus order (NVML's index order)")
+    for i, g in enumerate(facts.gpus):
+        d, bus = int(g.bus_id.split(":")[0], 16), int(g.bus_id.split(":")[1], 16)
+        if not g.bus_id.endswith(":00.0"):  # a cloud VM's GPU at 00:1e.0, say
+            raise RecordRefused(f"GPU {i} is at {g.bus_id}: a composition places each GPU at device 00.0 of its "
+                                f"own bus, behind its own root port and switch, so this node's layout cannot be "
+                                f"recorded (mount the profile with a shipped composition: mokka profile nodes)")
+        slot = {"bus": f"0x{bus:02x}", **({"domain": d} if d != domain else {}), "numa": max(g.numa_node, 0)}
+        origin = f"GPU {i}: /sys/bus/pci/devices/{g.bus_id}, its numa_node"
+        if i in near:
+            slot["hca"] = near[i]
+            h = facts.hcas[near[i]]
+            origin += f"; {h.name} ({h.bus_id}) shares its PCIe switch"
+        rows.append(f"{'  - {' + ', '.join(f'{k}: {v}' for k, v in slot.items()) + '}':<40} # {origin}")
+    if nvswitches is not None and not facts.nvswitches:
+        put("nvswitches", *nvswitches)
+    else:
+        put("nvswitches", len(facts.nvswitches), facts.origin["nvswitches"])
+    ids = sorted({dev for _, dev in facts.nvswitches})
+    if ids:
+        put("nvswitch_device_id", f"0x{ids[0]:04x}", facts.origin["nvswitches"] + " device")
+    put("hcas", len(facts.hcas), facts.origin["hcas"])
+    if facts.hcas:
+        h = facts.hcas[0]
+        where = f"{facts.origin['hcas'].rstrip('*')}{h.name}"
+        rows.append("hca:                                     # the first HCA's model (every HCA is taken as it)")
+        for key, value, origin in (
+                ("model", h.model, f"pci.ids 15b3:{h.pci_device_id or 0:04x}"),
+                ("hca_type", h.hca_type, f"{where}/hca_type"),
+                ("pci_device_id", None if h.pci_device_id is None else f"0x{h.pci_device_id:04x}",
+                 f"{where}/device/device"),
+                ("board_id", h.board_id, f"{where}/board_id"), ("fw_ver", h.fw_ver, f"{where}/fw_ver"),
+                ("rate_gbps", h.rate_gbps, f"{where}/ports/1/rate")):
+            if value is None:
+                raise RecordRefused(f"HCA {h.name}: {origin} is absent or not understood, and a composition with "
+                                    f"HCAs needs it")
+            put(key, value, origin, "  ")
+        others = {(x.model, x.hca_type, x.rate_gbps) for x in facts.hcas}
+        if len(others) > 1:
+            rows.append(f"# note: the HCAs are not all alike ({len(others)} models or rates); a composition "
+                        f"holds one model")
+    spare = [h.name for j, h in enumerate(facts.hcas) if j not in near.values()]
+    if spare:
+        rows.append(f"# HCAs beside no GPU (on the platform's own buses): {', '.join(spare)}")
+    text = "\n".join(rows) + "\n"
+    try:
+        composition = Composition.model_validate(yaml.safe_load(text))
+        check_fits(profile, composition)
+    except ValidationError as e:
+        lines = [f"  {'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in e.errors()]
+        raise RecordRefused("the recorded node composition does not load:\n" + "\n".join(lines)) from None
+    except ProfileError as e:
+        raise RecordRefused(f"the recorded board does not fit the recorded node: {e}") from None
+    return RecordedComposition(composition, text)
 
 
 # --- the live readers --------------------------------------------------------------------------
@@ -398,6 +579,7 @@ class Recording:
     text: str
     node: NodeFacts
     sources: list[str]
+    composition: RecordedComposition
 
 
 def sysfs_bus_id(nvml_bus_id: str) -> str:
@@ -426,8 +608,10 @@ def overlay(out: imp.Imported, key: str, value: Any, origin: str) -> None:
 
 
 def record(name: str, fill_board: tuple[str, GpuProfile] | None = None, sys_root: str = "/sys",
-           proc_root: str = "/proc") -> Recording:
-    """Read this node and make the profile; RecordRefused when it cannot (nothing is written)."""
+           proc_root: str = "/proc", profile_file: str = "PROFILE.yaml", node_file: str = "NODE.yaml") -> Recording:
+    """Read this node and make the profile and its node composition (to be written as
+    `profile_file` and `node_file`, names the texts mention); RecordRefused when it cannot
+    (nothing is written)."""
     N = _nvml()
     try:
         count = N.nvmlDeviceGetCount()
@@ -469,6 +653,8 @@ def record(name: str, fill_board: tuple[str, GpuProfile] | None = None, sys_root
         driver = N.nvmlSystemGetDriverVersion()
         driver = driver.decode() if isinstance(driver, bytes) else driver
         overlay(out, "node.driver_version", driver, "nvmlSystemGetDriverVersion")
+        versions = {k: (out.values.get(f"node.{k}"), out.origin.get(f"node.{k}", "absent"))
+                    for k in ("driver_version", "cuda_version")}
         if node.driver_version and node.driver_version != driver:
             out.notes.append(f"{node.origin['driver_version']} says {node.driver_version}, NVML {driver}")
     finally:
@@ -512,9 +698,13 @@ def record(name: str, fill_board: tuple[str, GpuProfile] | None = None, sys_root
     sources = [c for c, _ in captures] + ["NVML (pynvml)", "CUDA device attributes", f"{sys_root}, {proc_root}"]
     text = imp.to_yaml(out, name, sources)
     header = f"# {profile.product_name}: recorded by `mokka profile record` on a live node from"
-    text = header + "\n" + text.split("\n", 1)[1]
-    text += "".join(f"# {line}\n" for line in composition_lines(node))
-    return Recording(out, profile, text, node, sources)
+    switches = (profile.node.nvswitches, out.origin["node.nvswitches"]) if "node.nvswitches" in out.filled else None
+    comp = composition_of(node, f"{name}-node", profile, versions, profile_file, node_file, switches)
+    note = (f"# The node it sat in is the composition {node_file} (bus ids, NUMA, CPUs, NVSwitches, HCAs);\n"
+            f"# mount the two together: mokka mount MNT --profile {profile_file} --node {node_file}.\n"
+            f"# The node: section below is that composition's summary, for a mount without --node.\n")
+    text = note + header + "\n" + text.split("\n", 1)[1]
+    return Recording(out, profile, text, node, sources, comp)
 
 
 # Keys no live surface gives (imported ones have their reasons in profile_import).
@@ -523,14 +713,37 @@ RECORD_REASONS = {
 }
 
 
-def write_atomically(path: str, text: str) -> None:
-    """The whole file or none: a temporary file beside it, renamed over it."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".mokka-record-", dir=directory)
+def write_atomically(files: dict[str, str]) -> None:
+    """Every file whole or none: each text goes to a temporary file beside its path first; only
+    when all are written are they renamed over their paths (a failed rename puts back the files
+    already replaced)."""
+    temps: dict[str, str] = {}
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        for path, text in files.items():
+            fd, tmp = tempfile.mkstemp(prefix=".mokka-record-", dir=os.path.dirname(os.path.abspath(path)))
+            temps[path] = tmp
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        backups: dict[str, str | None] = {}
+        try:
+            for path, tmp in temps.items():
+                backup = None
+                if os.path.exists(path):
+                    backup = tmp + ".old"
+                    os.link(path, backup)
+                backups[path] = backup
+                os.replace(tmp, path)
+        except BaseException:
+            for path, backup in backups.items():
+                if backup is not None:
+                    os.replace(backup, path)
+                elif not os.path.exists(temps[path]):
+                    os.unlink(path)
+            raise
+        for backup in backups.values():
+            if backup is not None:
+                os.unlink(backup)
+    finally:
+        for tmp in temps.values():
+            if os.path.exists(tmp):
+                os.unlink(tmp)

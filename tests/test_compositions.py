@@ -269,6 +269,29 @@ def test_more_gpus_than_the_board_sits_per_node(tmp_path):
     assert compose(load_profile("l40s"), node=path).gpus == 16  # a PCIe board has no such limit
 
 
+def test_a_gpu_count_override_is_held_to_the_same_limit():
+    """`--gpus N` lays out N GPUs of the board: no more than a composition of it could hold."""
+    with pytest.raises(ProfileError, match=r"--gpus 9: h100 \(NVIDIA H100 80GB HBM3\) boards sit at most 8 to a node "
+                                           r"\(the profile's max_gpus_per_node\)"):
+        compose(load_profile("h100"), gpus=9)
+    with pytest.raises(ProfileError, match=r"--gpus 5: gb200 .* at most 4 to a node"):
+        compose(load_profile("gb200"), gpus=5)
+    with pytest.raises(ProfileError, match="at most 8 to a node"):  # in any composition, not only its own
+        compose(load_profile("h100"), node="pcie-4", gpus=12)
+    assert compose(load_profile("h100"), gpus=8).gpus == 8 and compose(load_profile("gb200"), gpus=2).gpus == 2
+    assert compose(load_profile("l40s"), gpus=16).gpus == 16  # a PCIe board has no such limit
+
+
+def test_mount_refuses_more_gpus_than_the_board_sits_per_node(tmp_path):
+    node = MountedNode(tmp_path, "b200")
+    res = node.cli("mount", str(node.mnt), "--profile", "b200", "--gpus", "16", "--state-dir",
+                   str(node.state_dir), check=False)
+    assert res.returncode == 1
+    assert "--gpus 16: b200 (NVIDIA B200) boards sit at most 8 to a node (the profile's max_gpus_per_node)" \
+        in res.stderr
+    assert not (node.mnt / "node").exists()  # nothing mounted
+
+
 @pytest.mark.parametrize("change,message", [
     ({"gpus": MAX_GPUS + 1, "slots": None}, r"gpus: Input should be less than or equal to 64"),
     ({"gpuz": 4}, r"gpuz: unknown key; allowed keys here: cpu, cuda_version, description, driver_version, gpus"),

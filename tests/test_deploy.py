@@ -3,7 +3,9 @@ client's models with no unknown field, the DaemonSet mounts what DESIGN says; th
 image, its systemd unit and e2e.sh pass the linters this machine has."""
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import force_unmount, mokka_cmd
 from mokkafs.profiles import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -225,6 +228,52 @@ def test_systemd_unit(tmp_path):
     res = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, timeout=60)
     problems = [line for line in res.stderr.splitlines() if "mokkafs.service" in line]
     assert res.returncode == 0 and not problems, res.stderr
+
+
+def kind_env() -> dict[str, str]:
+    lines = (DEPLOY / "kind" / "mokkafs.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def test_kind_image_takes_the_agents_settings():
+    """The kind image's /etc/default/mokkafs names the node as the agent's ConfigMap does:
+    MOKKA_PROFILE, MOKKA_GPUS and MOKKA_NODE, empty meaning the composition's own."""
+    base = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
+    (cm,) = [g for g in base["configMapGenerator"] if g["name"] == "mokkafs-node"]
+    agent = dict(literal.split("=", 1) for literal in cm["literals"])
+    env = kind_env()
+    assert {k: env[k] for k in agent} == agent  # every key the agent takes, with the same default
+    unit = (DEPLOY / "kind" / "mokkafs.service").read_text()
+    assert all(f"{k}" in unit for k in agent)
+
+
+def _unit_exec_start(mokka: str) -> list[str]:
+    """ExecStart as systemd splits it: continuation lines joined, `$$` the literal `$`."""
+    unit = (DEPLOY / "kind" / "mokkafs.service").read_text().replace("\\\n", " ")
+    (line,) = [x for x in unit.splitlines() if x.startswith("ExecStart=")]
+    return shlex.split(line.removeprefix("ExecStart=").replace("$$", "$").replace("/usr/local/bin/mokka", mokka))
+
+
+@pytest.mark.parametrize("settings,gpus,nvswitches", [({}, 8, 4), ({"MOKKA_NODE": "pcie-4"}, 4, 0),
+                                                       ({"MOKKA_NODE": "pcie-8", "MOKKA_GPUS": "2"}, 2, 0)])
+def test_kind_unit_mounts_the_node_its_settings_name(tmp_path, settings, gpus, nvswitches):
+    """The unit's own command line, run as systemd runs it (its shell, the env file's settings):
+    unset MOKKA_GPUS and MOKKA_NODE pass no option; set ones pass theirs."""
+    mnt, state = tmp_path / "root", tmp_path / "state"
+    env = {**os.environ, **kind_env(), "MOKKA_MOUNTPOINT": str(mnt), "MOKKA_STATE_DIR": str(state),
+           "MOKKA_RUNTIME_DIR": str(tmp_path / "run"), **settings}
+    argv = _unit_exec_start(shlex.join(mokka_cmd()))
+    assert argv[:2] == ["/bin/sh", "-c"]
+    res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    try:
+        assert res.returncode == 0, res.stderr
+        assert (mnt / "node" / "profile").read_text() == "h100\n"
+        assert (mnt / "node" / "gpu_count").read_text() == f"{gpus}\n"
+        classes = [(d / "class").read_text() for d in (mnt / "sys" / "bus" / "pci" / "devices").iterdir()]
+        assert classes.count("0x068000\n") == nvswitches
+    finally:
+        subprocess.run([*mokka_cmd(), "umount", str(mnt)], env=env, capture_output=True, timeout=60)
+        force_unmount(mnt)
 
 
 def test_dockerfiles():

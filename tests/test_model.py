@@ -50,7 +50,8 @@ def test_composition_is_deterministic_and_consistent(h100):
 
 
 def test_64_gpus_fit_in_valid_bus_numbers():
-    node = Node(compose(load_profile("b200"), gpus=64, hostname="big"), T0)
+    # l40s: a PCIe board with no per-node limit (b200's baseboard holds 8).
+    node = Node(compose(load_profile("l40s"), gpus=64, hostname="big"), T0)
     bdfs = [i.bdf for i in node.identities]
     assert len(set(bdfs)) == 64
     assert all(0 < b.bus <= 0xFF for b in bdfs)

@@ -17,7 +17,9 @@ import yaml
 
 from conftest import MountedNode, force_unmount, mokka_cmd
 from helpers_nvml import consumer_env
-from mokkafs.profiles import available_profiles, load_profile
+from mokkafs.model.identity import compose
+from mokkafs.profile_record import Gpu, NodeFacts, RecordRefused, composition_of
+from mokkafs.profiles import Composition, available_profiles, legacy_node, load_composition_file, load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 BOARDS = available_profiles()
@@ -94,6 +96,15 @@ def record(node: MountedNode, out: Path, *args: str, env_prefix: tuple[str, ...]
                           env=node.env, capture_output=True, text=True, timeout=180)
 
 
+def composition_facts(c: Composition) -> dict:
+    """What a composition says about the machine: all but its name, description and CPU model
+    (text for the reader), with every GPU's slot as laid out (bus, domain, NUMA, HCA beside it)."""
+    d = c.model_dump(exclude={"name", "description", "slots"})
+    del d["cpu"]["model"]
+    d["slots"] = [s.model_dump() for s in c.layout()]
+    return d
+
+
 def diff(a: object, b: object, path: str = "") -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         return [d for k in sorted(set(a) | set(b)) for d in diff(a.get(k), b.get(k), f"{path}/{k}")]
@@ -103,11 +114,13 @@ def diff(a: object, b: object, path: str = "") -> list[str]:
 @pytest.mark.parametrize("board", BOARDS)
 def test_recording_a_node_and_mounting_it_gives_the_node_back(board, tmp_path):
     """Identity, limits, clocks, topology (topo -m, NUMA, NVLink) and composition (count, bus ids,
-    HCAs) on every surface: NVML, CUDA, our nvidia-smi -q -x / topo -m / nvlink -s / --query-gpu,
-    sysfs, procfs, /sys/class/infiniband and lspci. The recording is named as the original and
-    mounted under the same host name, so the UUIDs and serials (which the profile does not hold)
-    are derived alike."""
+    NUMA per GPU, HCAs and the GPU each sits beside, NVSwitches, CPUs) on every surface: NVML, CUDA,
+    our nvidia-smi -q -x / topo -m / nvlink -s / --query-gpu, sysfs, procfs,
+    /sys/class/infiniband and lspci. The recording (the profile and, beside it, its node
+    composition) is mounted with `--node` as the documented way, named as the original and under
+    the same host name, so the UUIDs and serials (which the profile does not hold) are derived alike."""
     out = tmp_path / f"{board}.yaml"
+    node_out = tmp_path / f"{board}.node.yaml"
     original = MountedNode(tmp_path, board, name="orig")
     original.mount()
     try:
@@ -132,22 +145,35 @@ def test_recording_a_node_and_mounting_it_gives_the_node_back(board, tmp_path):
         ({"node.nvswitches"} if shipped.node.nvswitches and shipped.node.nvswitch_device_id is None else set())
     recorded = load_profile(str(out))
     # A recording writes the node it saw as a `node:` section; the shipped profile names its
-    # composition instead, which resolves to the same `node`.
+    # composition instead, which resolves to the same `node`. What it saw is the node as mounted:
+    # a one-GPU node spans one NUMA node whatever the profile's node section says (l4's 2).
+    mounted = compose(shipped).composition
     skip = {"thermal": {"max_load_c"}, "mig": True, "composition": True}
-    assert recorded.model_dump(exclude=skip) == shipped.model_dump(exclude=skip)
+    assert recorded.model_dump(exclude=skip) == {**shipped.model_dump(exclude=skip), "node": legacy_node(mounted)}
     text = out.read_text()
     assert "nvmlDeviceGetMaxClockInfo(NVML_CLOCK_GRAPHICS)" in text
     assert ("/sys/class/infiniband/mlx5_0/{hca_type" in text) == bool(shipped.node.hcas)
     assert text.count(" # ") >= 60  # a comment on every key
 
+    # The composition file holds what the shipped profile's composition says of the machine.
+    recorded_node = load_composition_file(node_out)
+    assert composition_facts(recorded_node) == composition_facts(mounted)
+    assert recorded_node.name == f"{board}-node" and f"--node {node_out.name}" in text
+    node_text = node_out.read_text()
+    assert len(re.findall(r"^  - \{bus: 0x[0-9a-f]{2}.*# GPU \d+: /sys/bus/pci/devices/\S+, its numa_node", node_text,
+                          re.M)) == shipped.node.gpus  # a source on every slot
+
     copy = MountedNode(tmp_path, str(out), name="rec")
-    copy.mount()
+    copy.mount(("--node", str(node_out)))
     try:
         again = probe(copy)
     finally:
         copy.umount()
         force_unmount(copy.mnt)
     assert seen["count"] == shipped.node.gpus and seen["xml"] and seen["lspci"]
+    for slot in recorded_node.layout():  # the composition's own facts, seen on the surfaces compared
+        assert re.search(rf"^(?:{slot.domain:04x}:)?{slot.bus:02x}:00\.0 ", seen["lspci"], re.M)
+    assert len(seen["ib"]) == recorded_node.hcas and seen["topo"].count("GPU") >= shipped.node.gpus
     assert diff(seen, again) == []
     assert original.unexpected_log_lines() == [] and copy.unexpected_log_lines() == []
 
@@ -163,8 +189,11 @@ def test_the_recording_names_its_sources_and_the_composition(tmp_path):
         node.umount()
         force_unmount(node.mnt)
     text = out.read_text()
+    node_text = (tmp_path / "h.node.yaml").read_text()
     comments = {line.split(":")[0].strip(): line.split(" # ", 1)[1] for line in text.splitlines()
                 if not line.startswith("#") and " # " in line}
+    node_comments = {line.split(":")[0].strip(): line.split(" # ", 1)[1].strip() for line in node_text.splitlines()
+                     if not line.startswith(("#", "  - ")) and " # " in line}
     assert comments["total_mib"].startswith("nvmlDeviceGetMemoryInfo_v2 total (= <fb_memory_usage/total>)")
     assert comments["gpu_part_number"] == "-q -x <gpu_part_number>"
     assert comments["sm_count"] == "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)"
@@ -172,13 +201,28 @@ def test_the_recording_names_its_sources_and_the_composition(tmp_path):
     assert comments["nvswitches"].startswith("/sys/bus/pci/devices/*/{vendor,class}")
     assert comments["max_load_c"] == "FILLED from h100"
     assert comments["version"] == "nvmlDeviceGetNvLinkVersion (nvmlNvlinkVersion_t)"
-    # The composition beyond today's node keys, as comments: each GPU's bus id and NUMA node,
-    # the NVSwitches and HCAs.
-    gpus = re.findall(r"^#   GPU (\d): (\S+) device 0x2330 NUMA (\d)", text, re.M)
-    assert [(int(i), int(n)) for i, _, n in gpus] == [(i, i * 2 // 8) for i in range(8)]
-    assert len(re.findall(r"^#   NVSwitch: \S+ device 0x22a3$", text, re.M)) == 4
-    assert len(re.findall(r"^#   HCA mlx5_\d: \S+ ConnectX-7 MT4129 NUMA \d 400 Gb/s$", text, re.M)) == 8
     assert yaml.safe_load(text)["name"] == "h"
+    # The node composition beside it: each GPU's bus id, NUMA node and the HCA on its switch,
+    # the NVSwitches, HCAs, CPUs and versions, each with its source.
+    assert "mokka mount MNT --profile h.yaml --node h.node.yaml" in text and "--node h.node.yaml" in node_text
+    slots = re.findall(r"^  - \{bus: (0x\w+), numa: (\d), hca: (\d)\} +# GPU (\d): /sys/bus/pci/devices/(\S+), its "
+                       r"numa_node; (mlx5_\d) \((\S+)\) shares its PCIe switch$", node_text, re.M)
+    assert [(int(n), int(h), int(g), name) for _, n, h, g, _, name, _ in slots] == \
+        [(i * 2 // 8, i, i, f"mlx5_{i}") for i in range(8)]
+    assert all(bdf == f"0000:{bus[2:]}:00.0" and int(hca_bdf.split(":")[1], 16) == int(bus, 16) + 1
+               for bus, _, _, _, bdf, _, hca_bdf in slots)
+    assert node_comments["driver_version"].startswith("nvmlSystemGetDriverVersion")
+    assert node_comments["cuda_version"].startswith("nvmlSystemGetCudaDriverVersion")
+    assert node_comments["nvswitches"].startswith("/sys/bus/pci/devices/*/{vendor,class} (vendor 0x10de, class 0x0680)")
+    assert node_comments["nvswitch_device_id"].endswith("device")
+    assert node_comments["hca_type"] == "/sys/class/infiniband/mlx5_0/hca_type"
+    assert node_comments["model"].startswith("pci.ids 15b3:1021")
+    assert "local_cpulist" in node_comments["threads_per_core"] and "local_cpulist" in node_comments["numa_nodes"]
+    assert node_comments["arch"].startswith("the board")
+    recorded = load_composition_file(tmp_path / "h.node.yaml")
+    assert (recorded.gpus, recorded.nvswitches, recorded.nvswitch_device_id, recorded.hcas, recorded.hca.model) == \
+        (8, 4, 0x22a3, 8, "ConnectX-7")
+    assert (recorded.cpu.numa_nodes, recorded.cpu.cores_per_numa_node, recorded.cpu.threads_per_core) == (2, 56, 2)
 
 
 # --- bad conditions: a clear message, a non-zero exit, no file (not even a partial one) ----------
@@ -244,6 +288,58 @@ def test_without_nvidia_smi_or_fill_it_refuses(tmp_path):
     assert not out.exists()
 
 
+def test_both_files_or_neither(tmp_path):
+    """The composition cannot be written (its directory is missing): the profile is not written
+    either, and an old profile stays; --node-out naming the profile's own file is refused."""
+    node = MountedNode(tmp_path, "t4")
+    node.mount()
+    try:
+        out = tmp_path / "p.yaml"
+        out.write_text("old\n")
+        missing_dir = record(node, out, "--fill-from", "t4", "--node-out", str(tmp_path / "no" / "n.yaml"))
+        same = record(node, out, "--fill-from", "t4", "--node-out", str(out))
+        fine = record(node, tmp_path / "q.yaml", "--fill-from", "t4", "--node-out", str(tmp_path / "elsewhere.yaml"))
+    finally:
+        node.umount()
+        force_unmount(node.mnt)
+    assert missing_dir.returncode == 2 and "No such file or directory" in missing_dir.stderr
+    assert same.returncode == 2 and "is the profile's own file" in same.stderr
+    assert out.read_text() == "old\n" and not (tmp_path / "p.node.yaml").exists()
+    assert not list(tmp_path.glob(".mokka-record-*"))
+    assert fine.returncode == 0, fine.stderr
+    assert load_composition_file(tmp_path / "elsewhere.yaml").gpus == 1
+    assert "--node elsewhere.yaml" in (tmp_path / "q.yaml").read_text()
+
+
+def facts_of(buses: list[str], numa: list[int]) -> NodeFacts:
+    facts = NodeFacts(gpus=[Gpu(b, 0x2330, n, "0-55,112-167" if n == 0 else "56-111,168-223",
+                                f"/sys/devices/pci{b[:7]}/{b}") for b, n in zip(buses, numa)])
+    facts.origin.update(gpus="sysfs", nvswitches="sysfs", hcas="sysfs")
+    return facts
+
+
+VERSIONS = {"driver_version": ("580.105.08", "nvmlSystemGetDriverVersion"),
+            "cuda_version": ("13.0", "nvmlSystemGetCudaDriverVersion")}
+
+
+def test_a_node_the_composition_schema_cannot_hold_is_refused():
+    """Validated by the Composition schema before anything is written: GPUs whose root complexes
+    would overlap, and a board in a node it cannot sit in, are refused by name."""
+    h100 = load_profile("h100")
+    good = composition_of(facts_of(["0000:18:00.0", "0000:1e:00.0"], [0, 1]), "n", h100, VERSIONS)
+    assert [(s.bus, s.numa) for s in good.composition.layout()] == [(0x18, 0), (0x1e, 1)]
+    with pytest.raises(RecordRefused, match=r"does not load:\n  \(top level\): Value error, slots.1.bus: 0x19 needs"):
+        composition_of(facts_of(["0000:18:00.0", "0000:19:00.0"], [0, 0]), "n", h100, VERSIONS)
+    with pytest.raises(RecordRefused, match=r"slots.0.bus: Input should be greater than or equal to 3"):
+        composition_of(facts_of(["0000:01:00.0"], [0]), "n", h100, VERSIONS)  # no room for its root port
+    with pytest.raises(RecordRefused, match=r"GPU 0 is at 0000:00:1e.0: a composition places each GPU at device 00.0"):
+        composition_of(facts_of(["0000:00:1e.0"], [0]), "n", h100, VERSIONS)
+    nine = facts_of([f"0000:{0x18 + 6 * i:02x}:00.0" for i in range(9)], [0] * 9)
+    with pytest.raises(RecordRefused, match="does not fit the recorded node: composition n has 9 GPUs, but h100 "
+                                            "boards sit at most 8"):
+        composition_of(nine, "n", h100, VERSIONS)
+
+
 def test_the_recorder_calls_no_nvml_setter():
     """Read-only by construction too: no NVML call that changes the node appears in the recorder."""
     source = (REPO / "mokkafs" / "profile_record.py").read_text()
@@ -275,3 +371,5 @@ def test_recording_through_nvidias_own_nvidia_smi(tmp_path):
     del shipped["composition"], recorded["composition"]  # a `node:` section against a named composition
     assert recorded == shipped
     assert "gpu_part_number: 2330-885-A1" in out.read_text() and "# -q -x <gpu_part_number>" in out.read_text()
+    node = load_composition_file(tmp_path / "r.node.yaml")
+    assert (node.gpus, node.driver_version) == (2, driver)

@@ -126,6 +126,11 @@ def compose(
     count = base.gpus if gpus is None else gpus
     if not 1 <= count <= MAX_GPUS:
         raise ProfileError(f"gpus must be between 1 and {MAX_GPUS}, got {count}")
+    if gpus is not None and profile.max_gpus_per_node is not None and count > profile.max_gpus_per_node:
+        # The same limit check_fits holds a composition to: a form-factor fact of the board.
+        raise ProfileError(
+            f"--gpus {count}: {profile.name} ({profile.product_name}) boards sit at most "
+            f"{profile.max_gpus_per_node} to a node (the profile's max_gpus_per_node)")
     numa = base.cpu.numa_nodes if numa_nodes is None else numa_nodes
     if not 1 <= numa <= 8:
         raise ProfileError(f"numa_nodes must be between 1 and 8, got {numa}")
