@@ -89,6 +89,7 @@
     X(nvmlDeviceGetJpgUtilization) X(nvmlDeviceGetOfaUtilization) X(nvmlDeviceGetEncoderStats) \
     X(nvmlDeviceGetFBCStats) X(nvmlDeviceGetConfComputeProtectedMemoryUsage)                 \
     X(nvmlDeviceGetSramEccErrorStatus) X(nvmlDeviceGetRowRemapperHistogram)                  \
+    X(nvmlDeviceGetMigDeviceHandleByIndex)                                                   \
     X(nvmlDeviceGetRepairStatus) X(nvmlDeviceGetCapabilities) X(nvmlDeviceGetRemappedRows_v2)  \
     X(nvmlDeviceGetUnrepairableMemoryFlag_v1)
 
@@ -1108,8 +1109,17 @@ static int mig_table(void)
                 snprintf(mem, sizeof(mem), "%34s", "");
                 snprintf(bar1, sizeof(bar1), "%34s", "");
             }
+            /* Vol. Unc. ECC: the instance's volatile uncorrected SRAM count, NVML's answer on its
+               handle (the GPU's: the model keeps no per-instance counts). */
+            unsigned long long unc = 0;
+            nvmlDevice_t mh;
+            char ecc[24] = "N/A";
+            if (NV(nvmlDeviceGetMigDeviceHandleByIndex, g_devs[i].h, m, &mh) == NVML_SUCCESS &&
+                NV(nvmlDeviceGetMemoryErrorCounter, mh, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC,
+                   NVML_MEMORY_LOCATION_SRAM, &unc) == NVML_SUCCESS)
+                snprintf(ecc, sizeof(ecc), "%llu", unc);
             printf("|%3u%5u%4u%4u  |%s| %-3u%6s |%3u%4u%5u%5u%5u |\n", g_devs[i].index, dv->gi_id, dv->ci_id, m, mem,
-                   dv->multiprocessor_count, "0", g->copy_engine_count, g->encoder_count, g->decoder_count,
+                   dv->multiprocessor_count, ecc, g->copy_engine_count, g->encoder_count, g->decoder_count,
                    g->ofa_count, g->jpeg_count);
             printf("|                  |%s|           |                       |\n", bar1);
             printf("%s", last ? sep : "+------------------+                                  +-----------+-----------------------+\n");
@@ -1182,7 +1192,8 @@ static void mig_query_text(unsigned index)
         QN(3, "JPG count", "%u", g->jpeg_count);
         printf("        %s\n", fb);
         QN(2, "Total", "%llu MiB", total);
-        QN(2, "Reserved", "%llu MiB", 0ULL);
+        if (g_branch >= 525) /* 470 has no Reserved row in a MIG device's memory (its real -q) */
+            QN(2, "Reserved", "%llu MiB", 0ULL);
         QN(2, "Used", "%llu MiB", used);
         QN(2, "Free", "%llu MiB", total > used ? total - used : 0);
         printf("        %s\n", bar);
@@ -1225,7 +1236,8 @@ static void mig_query_xml(unsigned index, int depth)
         tabs(d + 1); printf("</device_attributes>\n");
         tabs(d + 1); printf("<fb_memory_usage>\n");
         XE(d + 2, "total", "%llu MiB", total);
-        XE(d + 2, "reserved", "%llu MiB", 0ULL);
+        if (g_branch >= 525) /* as in -q */
+            XE(d + 2, "reserved", "%llu MiB", 0ULL);
         XE(d + 2, "used", "%llu MiB", used);
         XE(d + 2, "free", "%llu MiB", total > used ? total - used : 0);
         tabs(d + 1); printf("</fb_memory_usage>\n");
