@@ -71,8 +71,13 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t device, nvmlMe
                                                      nvmlEccCounterType_t counterType,
                                                      nvmlMemoryLocation_t locationType, unsigned long long *count)
 {
-    DEV(device);
+    DEV_FLAGS(device, DEV_MIG_OK);
     ARG(count);
+    /* A MIG device answers its SRAM counters (NVIDIA's nvidia-smi asks the volatile uncorrected
+       one for the MIG devices table's "Vol Unc ECC" and -q's MIG Device blocks). The model keeps
+       no per-instance counts: an instance shows its GPU's. Other locations are the GPU's alone. */
+    if (mig_dev && locationType != NVML_MEMORY_LOCATION_SRAM)
+        return NVML_ERROR_NOT_SUPPORTED;
     nvmlReturn_t r = ecc_check(s, g, errorType, counterType);
     if (r != NVML_SUCCESS)
         return r;

@@ -442,17 +442,29 @@ struct smi_process_head {
 static nvmlReturn_t process_list(nvmlDevice_t device, unsigned int *count, unsigned char *list, size_t head,
                                  int compute)
 {
-    DEV(device);
+    /* A MIG device's handle lists the processes on it (the public lists' rule, nvml_procs.c). */
+    DEV_FLAGS(device, DEV_MIG_OK);
     ARG(count);
     struct mokka_gpu_process procs[MOKKA_MAX_GPU_PROCS];
-    uint32_t n = 0;
+    uint32_t n = 0, gi = 0, ci = 0;
     if (compute) {
         MOKKA_CONSISTENT(s) {
             n = g->process_count;
             if (n > MOKKA_MAX_GPU_PROCS)
                 n = MOKKA_MAX_GPU_PROCS;
             memcpy(procs, g->processes, n * sizeof(procs[0]));
+            if (mig_dev) {
+                gi = mig_dev->gi_id;
+                ci = mig_dev->ci_id;
+            }
         }
+    }
+    if (mig_dev) {
+        uint32_t kept = 0;
+        for (uint32_t k = 0; k < n; k++)
+            if (procs[k].mig_gi == gi && procs[k].mig_ci == ci)
+                procs[kept++] = procs[k];
+        n = kept;
     }
     if (*count < n) {
         *count = n;
@@ -465,8 +477,9 @@ static nvmlReturn_t process_list(nvmlDevice_t device, unsigned int *count, unsig
         struct smi_process_head h = {
             .pid = procs[k].pid,
             .used_memory = procs[k].used_memory,
-            .gpu_instance_id = 0xFFFFFFFFu,
-            .compute_instance_id = 0xFFFFFFFFu,
+            /* the instance it runs on; 0xFFFFFFFF on none, as the public lists (nvml.h) */
+            .gpu_instance_id = procs[k].mig_gi == MOKKA_NO_MIG ? 0xFFFFFFFFu : procs[k].mig_gi,
+            .compute_instance_id = procs[k].mig_ci == MOKKA_NO_MIG ? 0xFFFFFFFFu : procs[k].mig_ci,
         };
         memcpy(e, &h, head);
         /* the name as nvmlSystemGetProcessName gives it (the real library's one reader);

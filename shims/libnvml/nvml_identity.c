@@ -60,7 +60,22 @@ nvmlReturn_t DECLDIR nvmlDeviceGetInforomVersion(nvmlDevice_t device, nvmlInforo
     }
 }
 
-U32_GETTER(nvmlDeviceGetIndex, index, DEV_STATIC)
+/* A GPU's index; on a MIG device handle, the index nvmlDeviceGetMigDeviceHandleByIndex takes for
+   it on its parent, as nvml.h documents. NVIDIA's nvidia-smi asks it of every MIG device: where it
+   fails, its default table says "No MIG devices found" and -q has no MIG Device blocks. */
+nvmlReturn_t DECLDIR nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    DEV_FLAGS(device, DEV_LOST_OK | DEV_MIG_OK);
+    ARG(index);
+    if (mig_dev) {
+        *index = (unsigned int)(mig_dev - g->mig_devices);
+        return NVML_SUCCESS;
+    }
+    uint32_t v;
+    SNAP(s, g->index, v);
+    *index = v;
+    return NVML_SUCCESS;
+}
 U32_GETTER(nvmlDeviceGetMinorNumber, minor, DEV_STATIC)
 U32_GETTER(nvmlDeviceGetBoardId, board_id, DEV)
 U32_GETTER(nvmlDeviceGetModuleId, module_id, DEV)

@@ -7,8 +7,9 @@
  * (docs/setters.md).
  *
  * The handle is checked through nvmlDeviceGetIndex, NVML's own answer to "is this a device of
- * an initialised library" (a MIG device handle gets NOT_SUPPORTED there, as the driver refuses
- * these setters on one), so this file needs nothing of nvml_internal.h.
+ * an initialised library", and nvmlDeviceIsMigDeviceHandle (a MIG device handle gets
+ * NOT_SUPPORTED, as the driver refuses these setters on one), so this file needs nothing of
+ * nvml_internal.h.
  */
 #define _GNU_SOURCE
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
@@ -38,9 +39,12 @@ static nvmlReturn_t set(unsigned int index, const char *verb, const char *args)
 #define DEVICE_INDEX(device, index)                                  \
     unsigned int index;                                              \
     do {                                                             \
+        unsigned int mig_;                                           \
         nvmlReturn_t r_ = nvmlDeviceGetIndex((device), &index);      \
         if (r_ != NVML_SUCCESS)                                      \
             return r_;                                               \
+        if (nvmlDeviceIsMigDeviceHandle((device), &mig_) == NVML_SUCCESS && mig_) \
+            return NVML_ERROR_NOT_SUPPORTED;                         \
     } while (0)
 
 nvmlReturn_t DECLDIR nvmlDeviceSetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t mode)

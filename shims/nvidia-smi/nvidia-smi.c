@@ -89,6 +89,7 @@
     X(nvmlDeviceGetJpgUtilization) X(nvmlDeviceGetOfaUtilization) X(nvmlDeviceGetEncoderStats) \
     X(nvmlDeviceGetFBCStats) X(nvmlDeviceGetConfComputeProtectedMemoryUsage)                 \
     X(nvmlDeviceGetSramEccErrorStatus) X(nvmlDeviceGetRowRemapperHistogram)                  \
+    X(nvmlDeviceGetMigDeviceHandleByIndex)                                                   \
     X(nvmlDeviceGetRepairStatus) X(nvmlDeviceGetCapabilities) X(nvmlDeviceGetRemappedRows_v2)  \
     X(nvmlDeviceGetUnrepairableMemoryFlag_v1)
 
@@ -1065,27 +1066,51 @@ static void mig_list(unsigned index)
         printf("  MIG %-12sDevice %2u: (UUID: %s)\n", v.dev[m].profile_name, m, v.dev[m].uuid);
 }
 
-/* The default table's "MIG devices:" table, when a selected GPU is in MIG mode; 0 when none is.
-   Layouts: the user guide's 580.65.06 H100 table ("Shared Memory-Usage"), a 570.148.08 one before
-   580. Compute instances of one GPU instance share its memory cells, as the user guide shows. */
-static int mig_table(void)
+/* Is a selected GPU in MIG mode (the default table then has a "MIG devices:" table)? */
+static int mig_table_any(void)
 {
     int any = 0;
     for (unsigned i = 0; i < g_ndevs; i++)
         any |= g_devs[i].err == NVML_SUCCESS && mig_enabled(g_devs[i].index);
-    if (!any)
+    return any;
+}
+
+/* The default table's "MIG devices:" table, when a selected GPU is in MIG mode; 0 when none is;
+   `rule`: the branch's frame rule (its width). Layouts: the user guide's 580.65.06 H100 table
+   ("Shared Memory-Usage"), a 570.148.08 one before 580, and the records of NVIDIA's 470, 525,
+   535 and 550 binaries (tests/fixtures/nvidia-smi-branches/<b>/mig/table.txt): the memory cell is
+   22 wide up to 525, 32 in 535, 34 from 550. Compute instances of one GPU instance share its
+   memory cells, as the user guide shows. */
+static int mig_table(const char *rule)
+{
+    if (!mig_table_any())
         return 0;
-    const char *sep = "+------------------+----------------------------------+-----------+-----------------------+\n";
-    printf("+-----------------------------------------------------------------------------------------+\n"
-           "| MIG devices:                                                                            |\n%s", sep);
+    int width = (int)strlen(rule) - 1;
+    int cell = g_branch < 535 ? 22 : g_branch < 550 ? 32 : 34;
+    char dashes[64], sep[160], inner[160];
+    memset(dashes, '-', (size_t)cell);
+    dashes[cell] = '\0';
+    snprintf(sep, sizeof(sep), "+------------------+%s+-----------+-----------------------+\n", dashes);
+    snprintf(inner, sizeof(inner), "+------------------+%*s+-----------+-----------------------+\n", cell, "");
+    printf("%s| MIG devices:%*s|\n%s", rule, width - 15, "", sep);
     if (g_branch >= 580)
         printf("| GPU  GI  CI  MIG |              Shared Memory-Usage |        Vol|        Shared         |\n"
                "|      ID  ID  Dev |                Shared BAR1-Usage | SM     Unc| CE ENC  DEC  OFA  JPG |\n");
-    else
+    else if (g_branch >= 570)
         printf("| GPU  GI  CI  MIG |                     Memory-Usage |        Vol|        Shared         |\n"
                "|      ID  ID  Dev |                       BAR1-Usage | SM     Unc| CE ENC  DEC  OFA  JPG |\n");
-    printf("|                  |                                  |        ECC|                       |\n"
-           "|==================+==================================+===========+=======================|\n");
+    else if (g_branch >= 535)
+        printf("| GPU  GI  CI  MIG |%*s |        Vol|      Shared           |\n"
+               "|      ID  ID  Dev |%*s | SM     Unc| CE ENC DEC OFA JPG    |\n", cell - 1, "Memory-Usage", cell - 1,
+               "BAR1-Usage");
+    else
+        printf("| GPU  GI  CI  MIG |         Memory-Usage |        Vol|         Shared        |\n"
+               "|      ID  ID  Dev |           BAR1-Usage | SM     Unc| CE  ENC  DEC  OFA  JPG|\n");
+    char eq[64];
+    memset(eq, '=', (size_t)cell);
+    eq[cell] = '\0';
+    printf("|                  |%*s|        ECC|                       |\n"
+           "|==================+%s+===========+=======================|\n", cell, "", eq);
     unsigned rows = 0;
     for (unsigned i = 0; i < g_ndevs; i++) {
         struct mokka_mig_snapshot v;
@@ -1096,29 +1121,43 @@ static int mig_table(void)
             const struct mokka_mig_gi *g = &v.gi[dv->gi_slot];
             int first = m == 0 || v.dev[m - 1].gi_id != dv->gi_id;  /* first of its GPU instance */
             int last = m + 1 == v.dev_count || v.dev[m + 1].gi_id != dv->gi_id;
-            char used[24], total[24], b_used[24], b_total[24], mem[40] = "", bar1[40] = "";
+            char used[24], total[24], b_used[24], b_total[24], mem[48] = "", bar1[48] = "";
             snprintf(used, sizeof(used), "%lluMiB", (unsigned long long)(g->memory_used >> 20));
             snprintf(total, sizeof(total), "%lluMiB", (unsigned long long)(g->memory_total >> 20));
             snprintf(b_used, sizeof(b_used), "%lluMiB", 0ULL);
             snprintf(b_total, sizeof(b_total), "%lluMiB", mig_bar1_mib(&v, g));
-            if (first) {
+            if (!first) {
+                snprintf(mem, sizeof(mem), "%*s", cell, "");
+                snprintf(bar1, sizeof(bar1), "%*s", cell, "");
+            } else if (cell == 22) {
+                snprintf(mem, sizeof(mem), "%10s / %8s ", used, total);
+                snprintf(bar1, sizeof(bar1), "%10s / %8s ", b_used, b_total);
+            } else if (cell == 32) {
+                snprintf(mem, sizeof(mem), "%19s / %8s  ", used, total);
+                snprintf(bar1, sizeof(bar1), "%19s / %8s  ", b_used, b_total);
+            } else {
                 snprintf(mem, sizeof(mem), "%19s / %8s    ", used, total);
                 snprintf(bar1, sizeof(bar1), g_branch >= 580 ? "%19s / %8s    " : "%21s / %8s  ", b_used, b_total);
-            } else {
-                snprintf(mem, sizeof(mem), "%34s", "");
-                snprintf(bar1, sizeof(bar1), "%34s", "");
             }
+            /* Vol. Unc. ECC: the instance's volatile uncorrected SRAM count, NVML's answer on its
+               handle (the GPU's: the model keeps no per-instance counts). */
+            unsigned long long unc = 0;
+            nvmlDevice_t mh;
+            char ecc[24] = "N/A";
+            if (NV(nvmlDeviceGetMigDeviceHandleByIndex, g_devs[i].h, m, &mh) == NVML_SUCCESS &&
+                NV(nvmlDeviceGetMemoryErrorCounter, mh, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC,
+                   NVML_MEMORY_LOCATION_SRAM, &unc) == NVML_SUCCESS)
+                snprintf(ecc, sizeof(ecc), "%llu", unc);
             printf("|%3u%5u%4u%4u  |%s| %-3u%6s |%3u%4u%5u%5u%5u |\n", g_devs[i].index, dv->gi_id, dv->ci_id, m, mem,
-                   dv->multiprocessor_count, "0", g->copy_engine_count, g->encoder_count, g->decoder_count,
+                   dv->multiprocessor_count, ecc, g->copy_engine_count, g->encoder_count, g->decoder_count,
                    g->ofa_count, g->jpeg_count);
             printf("|                  |%s|           |                       |\n", bar1);
-            printf("%s", last ? sep : "+------------------+                                  +-----------+-----------------------+\n");
+            printf("%s", last ? sep : inner);
             rows++;
         }
     }
     if (!rows)
-        printf("|  No MIG devices found                                                                   |\n"
-               "+-----------------------------------------------------------------------------------------+\n");
+        printf("|  No MIG devices found%*s|\n%s", width - 24, "", rule);
     return 1;
 }
 
@@ -1156,13 +1195,29 @@ static void tabs(int n);
 static const char *opt_value(int argc, char **argv, int *i, const char *longname, const char *shortname);
 static int is_opt(const char *a, const char *longname, const char *shortname);
 
+/* MIG device m of GPU `index`: its volatile uncorrected SRAM count, NVML's answer on its handle
+   (as the real tool asks it), into out; "N/A" when NVML has none. */
+static void mig_sram_unc(unsigned index, unsigned m, char *out, size_t n)
+{
+    unsigned long long unc = 0;
+    nvmlDevice_t mh;
+    snprintf(out, n, "N/A");
+    for (unsigned i = 0; i < g_ndevs; i++)
+        if (g_devs[i].index == index && g_devs[i].err == NVML_SUCCESS &&
+            NV(nvmlDeviceGetMigDeviceHandleByIndex, g_devs[i].h, m, &mh) == NVML_SUCCESS &&
+            NV(nvmlDeviceGetMemoryErrorCounter, mh, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC,
+               NVML_MEMORY_LOCATION_SRAM, &unc) == NVML_SUCCESS)
+            snprintf(out, n, "%llu", unc);
+}
+
 static void mig_query_text(unsigned index)
 {
     struct mokka_mig_snapshot v;
     if (mig_read(index, &v) != 0 || !v.capable || !v.mode)
         return;
     const char *fb = g_branch >= 580 ? "Shared FB Memory Usage" : "FB Memory Usage";
-    const char *bar = g_branch >= 580 ? "Shared BAR1 Memory" : "BAR1 Memory Usage";
+    /* 470-550 (their records) say "BAR1 Memory" and list the SRAM count; 555-565 are assumed so */
+    const char *bar = g_branch >= 580 ? "Shared BAR1 Memory" : g_branch >= 570 ? "BAR1 Memory Usage" : "BAR1 Memory";
     for (unsigned m = 0; m < v.dev_count; m++) {
         const struct mokka_mig_device *dv = &v.dev[m];
         const struct mokka_mig_gi *g = &v.gi[dv->gi_slot];
@@ -1180,9 +1235,16 @@ static void mig_query_text(unsigned index)
         QN(3, "Decoder count", "%u", g->decoder_count);
         QN(3, "OFA count", "%u", g->ofa_count);
         QN(3, "JPG count", "%u", g->jpeg_count);
+        if (g_branch < 570) {
+            char unc[24];
+            mig_sram_unc(index, m, unc, sizeof(unc));
+            printf("        ECC Errors\n            Volatile\n");
+            q_line(3, "SRAM Uncorrectable", unc);
+        }
         printf("        %s\n", fb);
         QN(2, "Total", "%llu MiB", total);
-        QN(2, "Reserved", "%llu MiB", 0ULL);
+        if (g_branch >= 525) /* 470 has no Reserved row in a MIG device's memory (its real -q) */
+            QN(2, "Reserved", "%llu MiB", 0ULL);
         QN(2, "Used", "%llu MiB", used);
         QN(2, "Free", "%llu MiB", total > used ? total - used : 0);
         printf("        %s\n", bar);
@@ -1207,7 +1269,7 @@ static void mig_query_xml(unsigned index, int depth)
         const struct mokka_mig_device *dv = &v.dev[m];
         const struct mokka_mig_gi *g = &v.gi[dv->gi_slot];
         unsigned long long total = g->memory_total >> 20, used = g->memory_used >> 20, b1 = mig_bar1_mib(&v, g);
-        int d = depth + 1;
+        int d = g_branch < 570 ? depth : depth + 1; /* 470-550 indent <mig_device> as <mig_devices> */
 #define XE(dd, tag, fmt, val) (tabs(dd), printf("<%s>" fmt "</%s>\n", tag, val, tag))
         tabs(d); printf("<mig_device>\n");
         XE(d + 1, "index", "%u", m);
@@ -1223,9 +1285,19 @@ static void mig_query_xml(unsigned index, int depth)
         XE(d + 3, "jpg_count", "%u", g->jpeg_count);
         tabs(d + 2); printf("</shared>\n");
         tabs(d + 1); printf("</device_attributes>\n");
+        if (g_branch < 570) { /* as in -q */
+            char unc[24];
+            mig_sram_unc(index, m, unc, sizeof(unc));
+            tabs(d + 1); printf("<ecc_error_count>\n");
+            tabs(d + 2); printf("<volatile_count>\n");
+            XE(d + 3, "sram_uncorrectable", "%s", unc);
+            tabs(d + 2); printf("</volatile_count>\n");
+            tabs(d + 1); printf("</ecc_error_count>\n");
+        }
         tabs(d + 1); printf("<fb_memory_usage>\n");
         XE(d + 2, "total", "%llu MiB", total);
-        XE(d + 2, "reserved", "%llu MiB", 0ULL);
+        if (g_branch >= 525) /* as in -q */
+            XE(d + 2, "reserved", "%llu MiB", 0ULL);
         XE(d + 2, "used", "%llu MiB", used);
         XE(d + 2, "free", "%llu MiB", total > used ? total - used : 0);
         tabs(d + 1); printf("</fb_memory_usage>\n");
@@ -1531,8 +1603,16 @@ static int mig_destroy(const struct dev *d, const struct mig_cmd *c, const struc
     return 0;
 }
 
-static const char RULE_LGIP[] = "+-------------------------------------------------------------------------------+\n";
-static const char RULE_LGI[] = "+---------------------------------------------------------+\n";
+static const char RULE_LGIP_WIDE[] = "+-------------------------------------------------------------------------------+\n";
+static const char RULE_LGI_WIDE[] = "+---------------------------------------------------------+\n";
+/* Up to 550 (the records of NVIDIA's 470-550 binaries, tests/fixtures/nvidia-smi-branches/<b>/mig)
+   the Name columns of -lgip and -lgi are two narrower; 570 and later (the captures) print the wide
+   ones. Which 555-565 print is not recorded: they take the older layout. */
+static const char RULE_LGIP_NARROW[] = "+-----------------------------------------------------------------------------+\n";
+static const char RULE_LGI_NARROW[] = "+-------------------------------------------------------+\n";
+#define MIG_NARROW (g_branch < 570)
+#define RULE_LGIP (MIG_NARROW ? RULE_LGIP_NARROW : RULE_LGIP_WIDE)
+#define RULE_LGI (MIG_NARROW ? RULE_LGI_NARROW : RULE_LGI_WIDE)
 static const char RULE_LCI[] = "+--------------------------------------------------------------------+\n";
 static const char RULE_LCIP[] = "+--------------------------------------------------------------------------------------+\n";
 
@@ -1544,6 +1624,12 @@ static unsigned mig_list_rows(const struct dev *d, const struct mig_cmd *c, cons
         for (unsigned k = 0; k < g_mig_profile_count; k++, rows++) {
             const struct mokka_mig_profile *p = &g_mig_profiles[k];
             char a[64] = "", b[16];
+            /* 470's NVML ends at NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1 (7): its tool never asks
+               for the later profiles (the A100's 1g.10gb, index 9, is not in its record). */
+            if (g_branch < 525 && p->index >= 8) {
+                rows--;
+                continue;
+            }
             if (!print)
                 continue;
             if (c->action == MA_LGIPP) {
@@ -1556,9 +1642,10 @@ static unsigned mig_list_rows(const struct dev *d, const struct mig_cmd *c, cons
             }
             snprintf(a, sizeof(a), "%u/%u", v->remaining[k], p->instance_count);
             snprintf(b, sizeof(b), "%.2f", (double)p->memory_mib / 1024.0);
-            printf("|%4u  MIG %-15s%3u     %-11s%-11s%-7s%-7u%-6u%-4u|\n", d->index, p->name, p->id, a, b,
-                   p->p2p ? "Yes" : "No", p->multiprocessor_count, p->decoder_count, p->encoder_count);
-            printf("|%63s%-6u%-6u%-4u|\n%s", "", p->copy_engine_count, p->jpeg_count, p->ofa_count, RULE_LGIP);
+            printf("|%4u  MIG %-*s%3u     %-11s%-11s%-7s%-7u%-6u%-4u|\n", d->index, MIG_NARROW ? 13 : 15, p->name,
+                   p->id, a, b, p->p2p ? "Yes" : "No", p->multiprocessor_count, p->decoder_count, p->encoder_count);
+            printf("|%*s%-6u%-6u%-4u|\n%s", MIG_NARROW ? 61 : 63, "", p->copy_engine_count, p->jpeg_count,
+                   p->ofa_count, RULE_LGIP);
         }
         return rows;
     }
@@ -1569,8 +1656,8 @@ static unsigned mig_list_rows(const struct dev *d, const struct mig_cmd *c, cons
         if (c->action == MA_LGI) {
             snprintf(place, sizeof(place), "%u:%u", g->start, g->size);
             if (print)
-                printf("|%4u  MIG %-17s%3u%9u          %-8s|\n%s", d->index, g->profile_name, g->profile_id, g->id,
-                       place, RULE_LGI);
+                printf("|%4u  MIG %-*s%3u%9u          %-8s|\n%s", d->index, MIG_NARROW ? 15 : 17, g->profile_name,
+                       g->profile_id, g->id, place, RULE_LGI);
             rows++;
         } else if (c->action == MA_LCI) {
             unsigned devs[MOKKA_MAX_MIG_DEVICES], nd = mig_ci_order(v, g->id, c, devs);
@@ -1644,7 +1731,17 @@ static int cmd_mig(const struct mig_cmd *c)
                nvml_error(NVML_ERROR_NOT_FOUND));
         return EXIT_NOT_FOUND;
     }
-    if (c->action == MA_LGIP)
+    if (c->action == MA_LGIP && MIG_NARROW)
+        printf("%s| GPU instance profiles:                                                      |\n"
+               "| GPU   Name             ID    Instances   Memory     P2P    SM    DEC   ENC  |\n"
+               "|                              Free/Total   GiB              CE    JPEG  OFA  |\n"
+               "|=============================================================================|\n", RULE_LGIP);
+    else if (c->action == MA_LGI && MIG_NARROW)
+        printf("%s| GPU instances:                                        |\n"
+               "| GPU   Name             Profile  Instance   Placement  |\n"
+               "|                          ID       ID       Start:Size |\n"
+               "|=======================================================|\n", RULE_LGI);
+    else if (c->action == MA_LGIP)
         printf("%s| GPU instance profiles:                                                        |\n"
                "| GPU   Name               ID    Instances   Memory     P2P    SM    DEC   ENC  |\n"
                "|                                Free/Total   GiB              CE    JPEG  OFA  |\n"
@@ -1902,8 +1999,10 @@ static void table(void)
         printf("%s", fr ? fr->row_rule : "+-----------------------------------------+------------------------+----------------------+\n");
     }
     const char *gap = fr ? fr->gap : g_branch >= 560 ? "\n" : "                                                                                         \n";
-    printf("%s", gap);
-    if (mig_table()) /* between the GPUs and the processes, with a gap of its own */
+    /* Up to 565 the real tool puts an empty line between the GPUs and a MIG table, and the
+       branch's gap after it (the 470-550 records). */
+    printf("%s", g_branch < 570 && mig_table_any() ? "\n" : gap);
+    if (mig_table(rule)) /* between the GPUs and the processes, with a gap of its own */
         printf("%s", gap);
     printf("%s", rule);
     if (fr) {
