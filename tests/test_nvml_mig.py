@@ -375,3 +375,32 @@ def test_an_xid_naming_an_instance_reaches_nvml_events_and_the_kernel_log_with_i
     bad = node.cli("inject", "--root", str(node.mnt), "0", "xid", "31", "gi=9", check=False)
     assert bad.returncode == 2 and "No such file or directory" in bad.stderr  # ENOENT: no such instance
     node.expect_warning(r"ENOENT write gpu0/inject_xid: b'31 gi=9\\n': gpu0 has no GPU instance 9")
+
+
+def test_a_compute_placement_listed_is_one_that_creates_and_reads_back(node_factory):
+    """Possible placements, create-with-placement and the instance's info speak one unit: the
+    span a compute instance takes (a 3-slice one spans 4, as `-lci` shows 0:4 on a real H100)."""
+    node = node_factory(gpus=1)
+    out = run_py(pynvml_env(node), mig_script("""
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        n.nvmlDeviceSetMigMode(h, 1)
+        gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(h, 9, n.byref(n.c_nvmlGpuInstancePlacement_t(0, 4)))
+        rows = []
+        for index in (n.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, n.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+                      n.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE):
+            p = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, index, 0)
+            placements = (n.c_nvmlComputeInstancePlacement_t * 8)()
+            count = n.c_uint(8)
+            n.nvmlGpuInstanceGetComputeInstancePossiblePlacements(gi, p.id, placements, n.byref(count))
+            possible = [(placements[k].start, placements[k].size) for k in range(count.value)]
+            last = placements[count.value - 1]
+            ci = n.nvmlGpuInstanceCreateComputeInstanceWithPlacement(gi, p.id, n.byref(last))
+            i = n.nvmlComputeInstanceGetInfo(ci)
+            rows.append(dict(slices=p.sliceCount, possible=possible, got=(i.placement.start, i.placement.size)))
+            n.nvmlComputeInstanceDestroy(ci)
+        print(json.dumps(rows))
+    """))
+    assert [r["slices"] for r in out] == [1, 2, 3]
+    for r, span in zip(out, (1, 2, 4)):
+        assert r["possible"] and all(size == span for _, size in r["possible"]), r
+        assert r["got"] == r["possible"][-1], r

@@ -17,6 +17,7 @@ from mokkafs.clock import Clock, WallClock
 from mokkafs.model import Node, Notification
 from mokkafs.model.config import COMPUTE_MODES
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS
+from mokkafs.model.mig import ci_span
 from mokkafs.model.node import LogEntry, Readings
 from mokkafs.shm.layout import (
     ACCOUNTING_RECORDS,
@@ -254,6 +255,7 @@ def fill_mig_tables(st, node: Node) -> None:
         for j, c in enumerate(p.compute_profiles):
             rc = r.ci_profiles[j]
             rc.id, rc.slice_count, rc.instance_count, rc.multiprocessor_count = c.profile, c.slices, c.instances, c.sm
+            rc.span = ci_span(c)
             rc.placement_count = len(c.placements)
             rc.placements = list(c.placements) + [0] * (len(rc.placements) - len(c.placements))
             _put(rc.name, c.name + "\0")

@@ -104,7 +104,7 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/shm/layout.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 10
+#define MOKKA_STATE_VERSION 11
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_CPU_WORDS 16         /* 1024 CPUs, what NVML's CPU masks carry */
 #define MOKKA_MAX_NVLINKS 18
@@ -140,10 +140,12 @@ struct mokka_gpu_process {
 struct mokka_mig_ci_profile {  /* nvmlComputeInstanceProfileInfo_v3_t; nvidia-smi mig -lcip */
     uint32_t id;               /* NVML_COMPUTE_INSTANCE_PROFILE_*, also the id the driver reports */
     uint32_t slice_count;
+    uint32_t span;             /* placement units one instance takes (1, 2, 4, 4, 8 for 1-7 slices;
+                                  model/mig.py ci_span; version 11) */
     uint32_t instance_count;   /* in an empty GPU instance */
     uint32_t multiprocessor_count;
     uint32_t placement_count;
-    uint32_t placements[MOKKA_MAX_MIG_PLACEMENTS]; /* first compute slices; each takes slice_count */
+    uint32_t placements[MOKKA_MAX_MIG_PLACEMENTS]; /* first placement units; each takes span */
     char name[32];             /* "1c.3g.40gb"; the full-size one is named as its GPU instance */
 };
 

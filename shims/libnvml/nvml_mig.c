@@ -634,7 +634,7 @@ static nvmlReturn_t ci_family(const struct mokka_state *s, unsigned int gpu, con
         return k_family[COMPUTE_INSTANCES].unknown_profile;
     unsigned int slot = (unsigned int)(*c - p->ci_profiles);
     *sc = (struct scope){COMPUTE_INSTANCES, gpu, gi, m};
-    *f = (struct family_profile){(*c)->id, (*c)->instance_count, gi->ci_remaining[slot], (*c)->slice_count,
+    *f = (struct family_profile){(*c)->id, (*c)->instance_count, gi->ci_remaining[slot], (*c)->span,
                                  (*c)->placement_count, (*c)->placements};
     return NVML_SUCCESS;
 }
@@ -751,7 +751,7 @@ static nvmlReturn_t create_ci(nvmlGpuInstance_t gpuInstance, unsigned int profil
     char reply[MOKKA_CONTROL_MAX];
     nvmlReturn_t r;
     if (placement) {
-        if (placement->size != c->slice_count || placement->start >= MOKKA_MAX_MIG_PLACEMENTS)
+        if (placement->size != c->span || placement->start >= MOKKA_MAX_MIG_PLACEMENTS)
             return NVML_ERROR_INVALID_ARGUMENT;
         r = command(reply, sizeof(reply), "gpu=%u mig create_ci %u %u:%u", gpu, gi->id, profileId, placement->start);
     } else {
