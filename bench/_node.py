@@ -73,6 +73,16 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def nvml_link_flags() -> list[str]:
+    """cc flags that compile a benchmark against our shim's headers and link it to the built
+    libnvidia-ml.so.1 (found at run time through its rpath)."""
+    from mokkafs import native
+
+    lib = native.nvml_library()
+    include = Path(__file__).resolve().parent.parent / "shims" / "include"
+    return ["-I", str(include), f"-L{lib.parent}", f"-Wl,-rpath,{lib.parent}", "-l:libnvidia-ml.so.1"]
+
+
 def run_c_bench(name: str, cc_flags: list[str], run_args, header: str | None = None) -> int:
     """The shape every C benchmark shares: parse --profile/--gpus, build bench/<name>.c with
     `cc_flags`, mount a node, print a header line, and run the binary with `run_args(node)`

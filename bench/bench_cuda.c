@@ -6,16 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include "bench.h"
 
 typedef int (*fn_i)(unsigned);
 #define MAX_FIRST 64
-static double now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
-static int cmp(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
 #define SYM(h, name) ((int (*)())dlsym((h), (name)))
 
 int main(int argc, char **argv)
@@ -48,7 +42,7 @@ int main(int argc, char **argv)
         t[r] = now_ns() - t0;
         dlclose(h);
     }
-    qsort(t, RUNS, sizeof(double), cmp);
+    sort_doubles(t, RUNS);
     printf("| cuInit + enumeration of %d GPUs (fresh dlopen) | p50 %.0f us, p99 %.0f us | <= 2000 us |\n", count,
            t[RUNS / 2] / 1e3, t[RUNS * 99 / 100] / 1e3);
 
@@ -87,7 +81,7 @@ int main(int argc, char **argv)
         first[n] = now_ns() - f0;
     }
     if (n) {
-        qsort(first, (size_t)n, sizeof(double), cmp);
+        sort_doubles(first, (size_t)n);
         printf("| first cuCtxCreate_v2 + cuMemAlloc_v2 on a GPU (daemon folds) | p50 %.0f us over %d GPUs | <= 200000 us |\n",
                first[n / 2] / 1e3, n);
     }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include "bench.h"
 
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
@@ -18,24 +19,10 @@
 #define LAYOUTS 30
 #define SEVEN 7
 
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
+/* percentiles in ms */
 static void report(const char *what, double *v, int n)
 {
-    qsort(v, n, sizeof(double), cmp);
-    printf("%-52s p50 %8.2f ms   p99 %8.2f ms   max %8.2f ms\n", what, v[n / 2] / 1e6, v[n * 99 / 100] / 1e6,
-           v[n - 1] / 1e6);
+    report_percentiles(what, 52, v, n, 1e6, "ms", 2);
 }
 
 #define CHECK(call)                                                                \

@@ -13,27 +13,14 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "bench.h"
 
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
+/* percentiles in us */
 static void report(const char *what, double *v, int n)
 {
-    qsort(v, n, sizeof(double), cmp);
-    printf("%-44s p50 %8.1f us   p99 %8.1f us   max %8.1f us\n", what, v[n / 2] / 1e3, v[n * 99 / 100] / 1e3,
-           v[n - 1] / 1e3);
+    report_percentiles(what, 44, v, n, 1e3, "us", 1);
 }
 
 static void control_write(const char *path, const char *text)

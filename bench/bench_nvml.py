@@ -12,11 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _node import run_c_bench  # noqa: E402
-from mokkafs import native  # noqa: E402
+from _node import nvml_link_flags, run_c_bench  # noqa: E402
 
 if __name__ == "__main__":
-    lib = native.nvml_library()
-    flags = ["-I", str(ROOT / "shims" / "include"), f"-L{lib.parent}", f"-Wl,-rpath,{lib.parent}",
-             "-l:libnvidia-ml.so.1", "-pthread"]
-    sys.exit(run_c_bench("bench_nvml", flags, lambda node: [str(node.mnt)]))
+    sys.exit(run_c_bench("bench_nvml", nvml_link_flags() + ["-pthread"], lambda node: [str(node.mnt)]))
