@@ -34,6 +34,14 @@ static nvmlReturn_t set(unsigned int index, const char *verb, const char *args)
     return control_status(mokka_control(line, NULL, 0));
 }
 
+/* A setting that takes two numbers (a clock range or an applications-clocks pair). */
+static nvmlReturn_t set_pair(unsigned int index, const char *verb, unsigned int a, unsigned int b)
+{
+    char pair[32];
+    snprintf(pair, sizeof(pair), "%u %u", a, b);
+    return set(index, verb, pair);
+}
+
 /* The first check of every setter, as NVML's: a device of an initialised library (then the
    arguments). */
 #define DEVICE_INDEX(device, index)                                  \
@@ -112,9 +120,7 @@ nvmlReturn_t DECLDIR nvmlDeviceSetGpuLockedClocks(nvmlDevice_t device, unsigned 
             return NVML_ERROR_INVALID_ARGUMENT;
         return NVML_ERROR_NOT_SUPPORTED; /* the TDP clock: the profiles do not say what it is */
     }
-    char range[32];
-    snprintf(range, sizeof(range), "%u %u", minGpuClockMHz, maxGpuClockMHz);
-    return set(index, "locked_clocks", range);
+    return set_pair(index, "locked_clocks", minGpuClockMHz, maxGpuClockMHz);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceResetGpuLockedClocks(nvmlDevice_t device)
@@ -127,9 +133,8 @@ nvmlReturn_t DECLDIR nvmlDeviceSetApplicationsClocks(nvmlDevice_t device, unsign
                                                      unsigned int graphicsClockMHz)
 {
     DEVICE_INDEX(device, index);
-    char pair[32];
-    snprintf(pair, sizeof(pair), "%u %u", memClockMHz, graphicsClockMHz);
-    return set(index, "applications_clocks", pair); /* the daemon: a supported pair, or INVALID_ARGUMENT */
+    /* the daemon: a supported pair, or INVALID_ARGUMENT */
+    return set_pair(index, "applications_clocks", memClockMHz, graphicsClockMHz);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceResetApplicationsClocks(nvmlDevice_t device)
@@ -142,9 +147,7 @@ nvmlReturn_t DECLDIR nvmlDeviceSetMemoryLockedClocks(nvmlDevice_t device, unsign
                                                      unsigned int maxMemClockMHz)
 {
     DEVICE_INDEX(device, index);
-    char range[32];
-    snprintf(range, sizeof(range), "%u %u", minMemClockMHz, maxMemClockMHz);
-    return set(index, "locked_memory_clocks", range);
+    return set_pair(index, "locked_memory_clocks", minMemClockMHz, maxMemClockMHz);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceResetMemoryLockedClocks(nvmlDevice_t device)
