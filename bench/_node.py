@@ -76,7 +76,7 @@ def percentile(values: list[float], q: float) -> float:
 def nvml_link_flags() -> list[str]:
     """cc flags that compile a benchmark against our shim's headers and link it to the built
     libnvidia-ml.so.1 (found at run time through its rpath)."""
-    from mokkafs import native
+    from mokkafs.render import native
 
     lib = native.nvml_library()
     include = Path(__file__).resolve().parent.parent / "shims" / "include"

@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _node import run_c_bench  # noqa: E402
-from mokkafs import native  # noqa: E402
+from mokkafs.render import native  # noqa: E402
 
 if __name__ == "__main__":
     lib = native.cuda_library()

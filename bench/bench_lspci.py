@@ -1,5 +1,5 @@
 """`lspci -vvv` through `mokka run` (at the real /sys paths, which it binds from the daemon's
-mirror, mokkafs/mirror.py) vs the same tree copied to tmpfs (`cp -a`, read with
+mirror, mokkafs/daemon/mirror.py) vs the same tree copied to tmpfs (`cp -a`, read with
 `-A linux-sysfs -O sysfs.path=`), and, for reference, straight over the FUSE mount.
 Target: ratio <= 2 (issue 4).
 

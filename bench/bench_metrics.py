@@ -13,7 +13,7 @@ import urllib.request
 from _node import BenchNode, percentile
 
 from mokkafs.model import Node, compose
-from mokkafs.profiles import load_profile
+from mokkafs.model.profiles import load_profile
 from mokkafs.render.metrics import render
 
 TARGET_MS = 20.0

@@ -11,7 +11,7 @@ import time
 
 from _node import BenchNode
 
-from mokkafs import native
+from mokkafs.render import native
 
 QUERY = ["--query-gpu=index,name,temperature.gpu,utilization.gpu,memory.used", "--format=csv"]
 

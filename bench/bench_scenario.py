@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _node import BenchNode  # noqa: E402
-from mokkafs import native  # noqa: E402
+from mokkafs.render import native  # noqa: E402
 from mokkafs.model.scenario import request_bytes  # noqa: E402
 
 WAITER = """

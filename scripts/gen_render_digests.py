@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mokkafs.model import Node, compose  # noqa: E402
-from mokkafs.profiles import available_profiles, load_profile  # noqa: E402
+from mokkafs.model.profiles import available_profiles, load_profile  # noqa: E402
 from mokkafs.render.tree import root  # noqa: E402
-from mokkafs.vfs import CharDev, Ctx, Dir, File, Symlink  # noqa: E402
+from mokkafs.render.vfs import CharDev, Ctx, Dir, File, Symlink  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "render_digests.json.gz"  # gzip of sorted JSON, mtime 0
 BORN = 1_700_000_000.0
@@ -69,8 +69,8 @@ def tree_digests(node: Node, now: float = NOW) -> dict[str, str]:
 
 def state_digests(node: Node, now: float = NOW) -> dict[str, str]:
     """What the publisher writes for this node, record by record (the shims' only input)."""
-    from mokkafs.shm.layout import ffi
-    from mokkafs.shm.publisher import cuda_version_int, fill_gpu, fill_mig_tables
+    from mokkafs.daemon.shm.layout import ffi
+    from mokkafs.daemon.shm.publisher import cuda_version_int, fill_gpu, fill_mig_tables
 
     cfg = node.config
     out = {

@@ -132,7 +132,7 @@ class MountedNode:
     def kill9(self) -> None:
         pid = self.daemon_pid()
         os.kill(pid, signal.SIGKILL)
-        from mokkafs.cli import _alive
+        from mokkafs.cli.main import _alive
 
         deadline = time.monotonic() + 10
         while _alive(pid) and time.monotonic() < deadline:
@@ -291,9 +291,9 @@ def pub(tmp_path):
     """An h100 x 4 node's state published at tmp_path/state, and the daemon's process table
     with its descriptor service."""
     from helpers_nvml import Published
-    from mokkafs.shm.proctable import ProcessTable, procs_path
+    from mokkafs.daemon.shm.proctable import ProcessTable, procs_path
 
-    from mokkafs.controller import Controller
+    from mokkafs.daemon.controller import Controller
 
     p = Published(tmp_path, "h100", 4)
     p.table = ProcessTable(procs_path(p.path))

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from mokkafs import native
+from mokkafs.render import native
 from mokkafs.model import Node, compose
-from mokkafs.profiles import load_profile
-from mokkafs.shm.publisher import Publisher
+from mokkafs.model.profiles import load_profile
+from mokkafs.daemon.shm.publisher import Publisher
 
 
 def nvml_path() -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mokkafs import native
+from mokkafs.render import native
 
 REPO = Path(__file__).resolve().parents[1]
 CAPTURES = REPO / "tests" / "fixtures" / "captures"

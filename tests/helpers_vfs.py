@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 from mokkafs.model import Node, compose
-from mokkafs.profiles import load_profile
+from mokkafs.model.profiles import load_profile
 from mokkafs.render.tree import root
-from mokkafs.vfs import CharDev, Ctx, Dir, File, Symlink, Tree
+from mokkafs.render.vfs import CharDev, Ctx, Dir, File, Symlink, Tree
 
 NOW = 1_700_000_000.0
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mokkafs.ratelimit import RateLimiter
+from mokkafs.daemon.ratelimit import RateLimiter
 from tests.conftest import MountedNode, force_unmount
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]

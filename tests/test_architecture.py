@@ -1,8 +1,8 @@
-"""Level t0: docs/architecture.md stays true. Every module of the package and every hand-written
-or generating source of the shims has a row in its module tables, and every row names a file
-that exists, so a newcomer's map of the code is never out of date. The tables are ordered by
-layer, and the layering holds: no module imports one of a later layer, and the agent's pure
-parts import neither the API client nor anything that does I/O."""
+"""Level t0: the tree is the map. A module's layer is its folder (`mokkafs/model`, `render`,
+`daemon`, `cli` and `agent`), and no module imports one of a later layer; the agent's pure parts
+import neither the API client nor anything that does I/O. docs/architecture.md stays true: every
+module of the package and every hand-written or generating source of the shims has a row under its
+folder's heading, and every row names a file that exists."""
 from __future__ import annotations
 
 import ast
@@ -46,30 +46,43 @@ def test_every_row_names_a_file_that_exists():
 
 # --- the layers --------------------------------------------------------------------------------
 
-
-def _layers(text: str) -> dict[str, int]:
-    """Each row's file -> the number of the `## N. title` section its table is in. A row outside
-    every layer is an error: a module without a layer cannot be checked."""
-    layer, out, stray = None, {}, []
-    for line in text.splitlines():
-        if m := re.match(r"## (\d+)\. ", line):
-            layer = int(m.group(1))
-        elif line.startswith("## "):
-            layer = None
-        elif m := re.match(r"\| `([^`]+)` \|", line):
-            (stray.append(m.group(1)) if layer is None else out.__setitem__(m.group(1), layer))
-    assert stray == [], f"docs/architecture.md has rows outside a numbered layer: {stray}"
-    return out
+# The package's folders in layer order: a module imports from its own folder and the folders
+# before it, never a later one. `cli` and `agent` are one layer (what a user or a cluster runs).
+LAYERS = ("model", "render", "daemon", ("cli", "agent"))
+# Inside the daemon, the lifetime builds the edges; no edge imports it.
+LIFETIME = "mokkafs.daemon.lifetime"
 
 
-def _module_layer(layers: dict[str, int], dotted: str) -> int | None:
-    """The layer of module `mokkafs.x.y` (a file's row), or of package `mokkafs.x` (the latest
-    layer among its modules' rows: importing a package runs its __init__ only)."""
-    path = dotted.replace(".", "/")
-    if f"{path}.py" in layers:
-        return layers[f"{path}.py"]
-    inside = [n for f, n in layers.items() if f.startswith(f"{path}/")]
-    return max(inside) if inside else None
+def _layer(dotted: str) -> int | None:
+    """The layer of module or package `mokkafs.x...`, from its folder alone: 0 for the package
+    itself, None for what is not a layer (the data folders, the built shims)."""
+    parts = dotted.split(".")
+    if parts == ["mokkafs"]:
+        return 0
+    for n, names in enumerate(LAYERS, start=1):
+        if parts[1] in ((names,) if isinstance(names, str) else names):
+            return n
+    return None
+
+
+def _files() -> list[str]:
+    return sorted(
+        p.relative_to(REPO).as_posix()
+        for p in (REPO / "mokkafs").rglob("*.py")
+        if "_native" not in p.parts
+    )
+
+
+def _dotted(rel: str) -> str:
+    return rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def test_every_module_sits_in_a_layer_folder():
+    """A module outside the layer folders could not be checked: there are none."""
+    stray = [rel for rel in _files() if _layer(_dotted(rel)) is None]
+    assert stray == [], f"modules outside the layer folders {LAYERS}: {stray}"
+    top = sorted(p.name for p in (REPO / "mokkafs").iterdir() if p.suffix == ".py" and p.name != "__init__.py")
+    assert top == [], f"mokkafs/ itself holds only the layer packages and data: {top}"
 
 
 def _imports(rel: str, source: str) -> list[tuple[int, str]]:
@@ -91,54 +104,67 @@ def _imports(rel: str, source: str) -> list[tuple[int, str]]:
     return sorted({(line, m) for line, m in out if m == "mokkafs" or m.startswith("mokkafs.")})
 
 
-def _breaches(rel: str, source: str, layers: dict[str, int]) -> list[str]:
-    """What file `rel` imports against the layers (a package's __init__ is in its package's layer)."""
-    own = layers.get(rel) or _module_layer(layers, rel.removesuffix("/__init__.py").replace("/", "."))
-    if own is None:  # mokkafs/__init__.py: the package itself imports nothing of ours
-        return []
+def _breaches(rel: str, source: str) -> list[str]:
+    """What file `rel` imports against the layers its folders say."""
+    own = _layer(_dotted(rel))
     out = []
     for line, module in _imports(rel, source):
-        theirs = _module_layer(layers, module)
-        if theirs is None and module != "mokkafs":
-            out.append(f"{rel}:{line} imports {module}, which has no row")
-        elif theirs is not None and theirs > own:
-            out.append(f"{rel}:{line} (layer {own}) imports {module} (layer {theirs})")
+        theirs = _layer(module)
+        if theirs is None:
+            out.append(f"{rel}:{line} imports {module}, which is in no layer folder")
+        elif theirs > own:
+            out.append(f"{rel}:{line} ({_dotted(rel)}, layer {own}) imports {module} (layer {theirs})")
+        elif module == LIFETIME and own == _layer(LIFETIME) and _dotted(rel) != LIFETIME:
+            out.append(f"{rel}:{line}: an edge imports the daemon's lifetime")
     return out
 
 
-EDGES = ("mokkafs/fuse_ops.py", "mokkafs/shm/layout.py", "mokkafs/shm/publisher.py", "mokkafs/shm/proctable.py",
-         "mokkafs/metrics.py", "mokkafs/mirror.py", "mokkafs/kmsg.py", "mokkafs/persist.py")
-
-
 def test_no_module_imports_a_later_layer():
-    """The pure layers above all: nothing in mokkafs/model imports mokkafs.render, mokkafs.shm or
-    an edge, nothing in mokkafs/render imports an edge; and so on up the document."""
-    layers = _layers(DOC.read_text())
-    model = [n for f, n in layers.items() if f.startswith("mokkafs/model/")]
-    render = [n for f, n in layers.items() if f.startswith("mokkafs/render/")]
-    assert model and render and max(model) < min(render), "the model comes before the renderers"
-    assert max(render) < min(layers[e] for e in EDGES), "the renderers come before the edges"
-    files = {f for f in layers if f.startswith("mokkafs/") and f.endswith(".py")}
-    files |= {p.relative_to(REPO).as_posix() for p in (REPO / "mokkafs").rglob("__init__.py") if "_native" not in p.parts}
-    breaches = [b for rel in sorted(files) for b in _breaches(rel, (REPO / rel).read_text(), layers)]
-    assert breaches == [], "imports against the layers of docs/architecture.md:\n" + "\n".join(breaches)
+    """Nothing in model/ imports render/, daemon/ or cli/; nothing in render/ imports an edge;
+    no edge imports the lifetime; and so on up the folders."""
+    breaches = [b for rel in _files() for b in _breaches(rel, (REPO / rel).read_text())]
+    assert breaches == [], "imports against the layers:\n" + "\n".join(breaches)
 
 
 def test_the_layer_check_sees_a_breach():
     """The check reads imports as Python does: a model module importing the publisher, a
-    renderer an edge (from a package, lazily, relatively), each is caught."""
-    layers = _layers(DOC.read_text())
+    renderer an edge (from a package, lazily, relatively), an edge the lifetime; each is caught."""
     for rel, source, culprit in (
-        ("mokkafs/model/node.py", "from mokkafs.shm.publisher import Publisher\n", "mokkafs.shm.publisher"),
+        ("mokkafs/model/node.py", "from mokkafs.daemon.shm.publisher import Publisher\n", "mokkafs.daemon.shm.publisher"),
         ("mokkafs/model/node.py", "def f():\n    from mokkafs.render import tree\n", "mokkafs.render.tree"),
-        ("mokkafs/model/xid.py", "import mokkafs.fuse_ops\n", "mokkafs.fuse_ops"),
+        ("mokkafs/model/xid.py", "import mokkafs.daemon.fuse_ops\n", "mokkafs.daemon.fuse_ops"),
         ("mokkafs/model/__init__.py", "from ..render import metrics\n", "mokkafs.render.metrics"),
-        ("mokkafs/render/tree.py", "from mokkafs import mirror\n", "mokkafs.mirror"),
-        ("mokkafs/render/driver.py", "from ..shm import layout\n", "mokkafs.shm.layout"),
+        ("mokkafs/render/tree.py", "from mokkafs.daemon import mirror\n", "mokkafs.daemon.mirror"),
+        ("mokkafs/render/driver.py", "from ..daemon.shm import layout\n", "mokkafs.daemon.shm.layout"),
+        ("mokkafs/daemon/mirror.py", "from mokkafs.cli import main\n", "mokkafs.cli.main"),
+        ("mokkafs/daemon/fuse_ops.py", "from mokkafs.daemon.lifetime import Options\n", "lifetime"),
     ):
-        found = _breaches(rel, source, layers)
+        found = _breaches(rel, source)
         assert len(found) == 1 and culprit in found[0], (rel, source, found)
-    assert _breaches("mokkafs/render/tree.py", "from mokkafs.model import Node\nfrom mokkafs import vfs\n", layers) == []
+    assert _breaches("mokkafs/render/tree.py", "from mokkafs.model import Node\nfrom mokkafs.render import vfs\n") == []
+    assert _breaches("mokkafs/cli/main.py", "from mokkafs.daemon.lifetime import serve\n") == []
+
+
+# --- the map: docs/architecture.md is checked against the tree -----------------------------------
+
+
+def _sections(text: str) -> dict[str, str | None]:
+    """Each row's file -> the folder its section's heading names (a `mokkafs/x/` in backticks), or
+    None for a section that names none (the shims, deploy and tooling)."""
+    folder, out = None, {}
+    for line in text.splitlines():
+        if line.startswith("## "):
+            m = re.search(r"`((?:mokkafs|shims)/[^`]*/)`", line)
+            folder = m.group(1) if m else None
+        elif m := re.match(r"\| `([^`]+)` \|", line):
+            out[m.group(1)] = folder
+    return out
+
+
+def test_every_row_sits_in_its_folders_section():
+    wrong = sorted(f"{row} (under {folder})" for row, folder in _sections(DOC.read_text()).items()
+                   if folder is not None and not row.startswith(folder))
+    assert wrong == [], f"docs/architecture.md lists modules under another folder's heading: {wrong}"
 
 
 AGENT_PURE = ("grammar", "decisions", "node_files")

@@ -8,16 +8,16 @@ import re
 
 import pytest
 
-from mokkafs import cli
+from mokkafs.cli import main as cli
 from mokkafs.agent import grammar
 from mokkafs.model import InvalidCommand, Node, compose
 from mokkafs.model.commands import NODE, VERBS, command, gpu, hca, parse_line, parse_target, parse_write
 from mokkafs.model.config import Configure
 from mokkafs.model.events import IbPortCommand, InjectEcc, InjectXid, NvLinkCommand, Pin, Reset, SetLost
-from mokkafs.profiles import load_profile
+from mokkafs.model.profiles import load_profile
 from mokkafs.render.control import gpu_dir, node_dir
 from mokkafs.render.infiniband import control_dir
-from mokkafs.vfs import File
+from mokkafs.render.vfs import File
 
 T0 = 1_800_000_000.0
 
@@ -197,9 +197,9 @@ def _daemon_for_settings(tmp_path, config):
     run/mokka), serving a node of its own; for the commands that have no control file."""
     from conftest import ServedInThread
 
-    from mokkafs.control_socket import ControlSocket, control_path
-    from mokkafs.clock import WallClock
-    from mokkafs.controller import Controller
+    from mokkafs.daemon.control_socket import ControlSocket, control_path
+    from mokkafs.daemon.clock import WallClock
+    from mokkafs.daemon.controller import Controller
 
     state_dir = tmp_path / "driver" / "run" / "mokka"
     state_dir.mkdir(parents=True)
@@ -210,7 +210,7 @@ def _daemon_for_settings(tmp_path, config):
 
 def _socket_outcome(control, line: str):
     """What the control socket answers `line` with, as ('ok', event) or ('error', reason)."""
-    from mokkafs.control_socket import Caller
+    from mokkafs.daemon.control_socket import Caller
 
     reply = control.handle(Caller(os.getpid(), 0, 0), line.encode() + b"\n")
     return ("ok", parse_line(line).event) if reply.ok else ("error", reply.message)

@@ -18,7 +18,7 @@ from conftest import MountedNode, force_unmount, mokka_cmd
 from helpers_nvml import consumer_env
 from helpers_vfs import dump
 from mokkafs.model import Node, compose
-from mokkafs.profiles import (
+from mokkafs.model.profiles import (
     MAX_GPUS, Composition, ProfileError, available_compositions, available_profiles, load_composition,
     load_profile, load_profile_file,
 )
@@ -162,8 +162,8 @@ def test_h100_in_pcie4_keeps_every_board_fact(hgx_and_pcie):
     """GPUs 0-3 publish the same records except where the composition decides: the NUMA node,
     CPU affinity, NVLink far ends and topology levels. Name, UUID, serial, memory, clocks, power
     and thermal limits, VBIOS, bus id, MIG tables and the driver are the board's or unchanged."""
-    from mokkafs.shm.layout import ffi
-    from mokkafs.shm.publisher import fill_gpu
+    from mokkafs.daemon.shm.layout import ffi
+    from mokkafs.daemon.shm.publisher import fill_gpu
 
     hgx, pcie = hgx_and_pcie
     t = ffi.typeof("struct mokka_gpu")
@@ -189,7 +189,7 @@ LAYOUT_OWNED = re.compile(
 
 def test_h100_in_pcie4_changes_no_other_file(hgx_and_pcie):
     from mokkafs.render.tree import root
-    from mokkafs.vfs import Ctx, Tree
+    from mokkafs.render.vfs import Ctx, Tree
 
     hgx, pcie = hgx_and_pcie
     a, b = digests.tree_digests(hgx), digests.tree_digests(pcie)
@@ -403,7 +403,7 @@ def test_agent_takes_the_composition_from_the_label_then_the_configmap():
 def test_a_state_directory_belongs_to_its_composition(tmp_path):
     """State saved by a node of the profile's own composition (or before compositions: the key
     has no `node` then) is not restored into another composition of the same count."""
-    from mokkafs.persist import StateDir, StateError
+    from mokkafs.daemon.persist import StateDir, StateError
 
     p = load_profile("h100")
     own = Node(compose(p, hostname="h"), digests.BORN)

@@ -21,7 +21,7 @@ import pytest
 from conftest import MountedNode, force_unmount, mokka_cmd
 from prometheus_client.parser import text_string_to_metric_families
 
-from mokkafs.profiles import available_profiles
+from mokkafs.model.profiles import available_profiles
 
 PROBE = Path(__file__).with_name("surface_probe.py")
 MIB = 1 << 20
@@ -56,7 +56,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module", params=available_profiles())
 def seen(request, tmp_path_factory):
     """The probe's JSON for one mounted node of this profile."""
-    from mokkafs.profiles import load_profile
+    from mokkafs.model.profiles import load_profile
 
     profile = load_profile(request.param)
     node = MountedNode(tmp_path_factory.mktemp(f"xs-{request.param}"), request.param)
@@ -416,7 +416,7 @@ def test_health_after_each_fault(seen):
 def test_surfaces_show_the_profiles_facts(seen):
     """Board data reaches every surface from the profile, not from a value some layer made up."""
     from mokkafs.model import Node, compose
-    from mokkafs.profiles import FABRIC_STATES
+    from mokkafs.model.profiles import FABRIC_STATES
 
     p = seen["profile"]
     model = Node(compose(p), 0.0)

@@ -18,8 +18,8 @@ import pytest
 
 from conftest import world_readable_node
 from helpers_nvml import consumer_env
-from mokkafs import native
-from mokkafs.controller import Controller
+from mokkafs.render import native
+from mokkafs.daemon.controller import Controller
 from mokkafs.model.events import SetLost, SetProcesses
 from mokkafs.model import InvalidCommand
 
@@ -67,7 +67,7 @@ def test_no_driver_is_no_device(tmp_path):
     assert run_c(tmp_path / "short", code)[0] == 100
     (tmp_path / "dir").mkdir()
     assert run_c(tmp_path / "dir", code)[0] == 100
-    from mokkafs.shm.layout import STATE_SIZE
+    from mokkafs.daemon.shm.layout import STATE_SIZE
 
     (tmp_path / "foreign").write_bytes(b"\x01" * STATE_SIZE)
     assert run_c(tmp_path / "foreign", code)[0] == 803
@@ -353,7 +353,7 @@ def test_cuda_python_enumerates_the_node(node_factory, profile):
                 mem=d.cuDeviceTotalMem(dev)[1]))
         print(json.dumps(dict(version=d.cuDriverGetVersion()[1], devs=devs)))
     """))
-    from mokkafs.profiles import load_profile
+    from mokkafs.model.profiles import load_profile
 
     prof = load_profile(profile)
     major, minor = (int(x) for x in prof.compute_capability.split("."))
@@ -725,7 +725,7 @@ class FakeDaemon:
 
 
 def memfd(size: int, seals: int, others: int = 0) -> int:
-    from mokkafs.shm.proctable import header, SEALS, _OTHERS
+    from mokkafs.daemon.shm.proctable import header, SEALS, _OTHERS
 
     fd = os.memfd_create("mokka-proc", os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, size)
@@ -742,7 +742,7 @@ def test_cuda_works_on_whatever_the_daemon_hands_over(pub, record):
     """What comes over the socket is input: no daemon, a refusal, or a record that could fault
     (unsealed, the wrong size): CUDA works unaccounted; absurd counters fill the GPU but never
     wrap to free."""
-    from mokkafs.shm.proctable import RECORD_SIZE
+    from mokkafs.daemon.shm.proctable import RECORD_SIZE
 
     state = pub.path.parent / "elsewhere" / "state"  # the state without the real daemon's socket
     state.parent.mkdir()
@@ -810,8 +810,8 @@ def own_record(state_dir: Path):
     process gets it."""
     import socket
 
-    from mokkafs.shm.layout import ffi as pffi
-    from mokkafs.shm.proctable import RECORD_SIZE
+    from mokkafs.daemon.shm.layout import ffi as pffi
+    from mokkafs.daemon.shm.proctable import RECORD_SIZE
 
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(state_dir / "state.procs.sock"))

@@ -144,7 +144,7 @@ def test_an_allocation_on_a_mig_device_is_accounted_to_its_instance(mig_node):
 
 def mig_processes(node) -> dict[int, tuple[int, int, int]]:
     """pid -> (gi, ci, bytes) from the shared state, as NVML and nvidia-smi read it."""
-    from mokkafs.shm.layout import ffi
+    from mokkafs.daemon.shm.layout import ffi
 
     data = bytearray((node.state_dir / "state").read_bytes())
     s = ffi.from_buffer("struct mokka_state *", data)
@@ -154,7 +154,7 @@ def mig_processes(node) -> dict[int, tuple[int, int, int]]:
 
 
 def mig_gi_used(node, gi_id: int) -> int:
-    from mokkafs.shm.layout import ffi
+    from mokkafs.daemon.shm.layout import ffi
 
     data = bytearray((node.state_dir / "state").read_bytes())
     g = ffi.from_buffer("struct mokka_state *", data).gpus[1]

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from conftest import force_unmount, mokka_cmd
-from mokkafs.profiles import load_profile
+from mokkafs.model.profiles import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"

@@ -8,12 +8,12 @@ import stat
 import pyfuse3
 import pytest
 
-from mokkafs.controller import Controller
-from mokkafs.fuse_ops import MokkaOperations
+from mokkafs.daemon.controller import Controller
+from mokkafs.daemon.fuse_ops import MokkaOperations
 from mokkafs.model import Node, compose
-from mokkafs.profiles import load_profile
+from mokkafs.model.profiles import load_profile
 from mokkafs.render.tree import root
-from mokkafs.vfs import ROOT_INO, Tree
+from mokkafs.render.vfs import ROOT_INO, Tree
 
 T0 = 1_800_000_000.0
 ROOT = pyfuse3.RequestContext()  # what the kernel says of a root caller: uid 0, gid 0

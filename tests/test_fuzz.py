@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mokkafs.controller import Controller
+from mokkafs.daemon.controller import Controller
 from mokkafs.model import InvalidCommand, Node, compose
-from mokkafs.profiles import load_profile
+from mokkafs.model.profiles import load_profile
 from mokkafs.render.control import gpu_dir, node_dir
-from mokkafs.vfs import File
+from mokkafs.render.vfs import File
 
 T0 = 1_800_000_000.0
 

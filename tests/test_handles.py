@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers_nvml import Published, consumer_env, nvml_path
-from mokkafs import native
+from mokkafs.render import native
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "shims"))

@@ -17,14 +17,14 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from mokkafs import metrics as edge
-from mokkafs.controller import Controller
+from mokkafs.daemon import metrics_server as edge
+from mokkafs.daemon.controller import Controller
 from mokkafs.model import Node, compose
 from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin, Reset
-from mokkafs.profiles import load_profile
+from mokkafs.model.profiles import load_profile
 from mokkafs.render import metrics as rm
 from mokkafs.render.control import gpu_dir
-from mokkafs.vfs import Ctx
+from mokkafs.render.vfs import Ctx
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dcgm-exporter"
 REPO = Path(__file__).resolve().parents[1]
@@ -261,7 +261,7 @@ def test_the_renderer_imports_neither_trio_nor_pyfuse3():
         "import sys\n"
         "for m in ('trio', 'pyfuse3', 'cffi'): sys.modules[m] = None\n"
         "from mokkafs.model import Node, compose\n"
-        "from mokkafs.profiles import load_profile\n"
+        "from mokkafs.model.profiles import load_profile\n"
         "from mokkafs.render.metrics import render\n"
         "n = Node(compose(load_profile('h100'), gpus=2), 0.0)\n"
         "assert b'DCGM_FI_DEV_GPU_TEMP{' in render(n, 1.0)\n"
@@ -294,7 +294,7 @@ def test_parse_listen_refuses(spec):
 
 
 def test_cli_refuses_a_bad_metrics_address_before_mounting(capsys):
-    from mokkafs.cli import parser
+    from mokkafs.cli.main import parser
 
     with pytest.raises(SystemExit) as e:
         parser().parse_args(["mount", "/tmp/nowhere", "--metrics", "nine"])

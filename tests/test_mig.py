@@ -9,17 +9,17 @@ import re
 
 import pytest
 
-from mokkafs.controller import Controller
+from mokkafs.daemon.controller import Controller
 from mokkafs.model import InvalidCommand, Node, compose
 from mokkafs.model import mig
 from mokkafs.model.commands import parse_line
 from mokkafs.model.config import GpuIsLost, NotSupported
 from mokkafs.model.events import SetLost, SetProcesses
 from mokkafs.model.mig import InsufficientResources, InUse, MigState, NotFound
-from mokkafs.persist import StateDir, StateError
-from mokkafs.profiles import load_profile
+from mokkafs.daemon.persist import StateDir, StateError
+from mokkafs.model.profiles import load_profile
 from mokkafs.render.control import render_mig
-from mokkafs.vfs import Ctx
+from mokkafs.render.vfs import Ctx
 
 T0 = 1_800_000_000.0
 DONE_WHEN = "3g.40gb,2g.20gb,1g.10gb,1g.10gb"  # the issue's layout
@@ -341,8 +341,8 @@ def test_restore_refuses_mig_on_a_board_without_it(tmp_path):
 
 
 def test_the_publisher_copies_the_tables_and_each_gpu_s_instances_from_the_model(tmp_path):
-    from mokkafs.shm.layout import NO_MIG, ffi
-    from mokkafs.shm.publisher import Publisher
+    from mokkafs.daemon.shm.layout import NO_MIG, ffi
+    from mokkafs.daemon.shm.publisher import Publisher
 
     node = h100()
     run(node, "gpu=1 mig enable", "gpu=1 mig create_gi 9", "gpu=1 mig create_ci 2 0,0",
@@ -385,7 +385,7 @@ def test_the_publisher_copies_the_tables_and_each_gpu_s_instances_from_the_model
 
 
 def test_the_model_s_limits_are_the_header_s():
-    from mokkafs.shm.layout import MAX_CI_PROFILES, MAX_GPU_INSTANCES, MAX_MIG_DEVICES, MAX_MIG_PLACEMENTS, MAX_MIG_PROFILES
+    from mokkafs.daemon.shm.layout import MAX_CI_PROFILES, MAX_GPU_INSTANCES, MAX_MIG_DEVICES, MAX_MIG_PLACEMENTS, MAX_MIG_PROFILES
 
     assert mig.MAX_GPU_INSTANCES == MAX_GPU_INSTANCES and mig.MAX_COMPUTE_INSTANCES <= MAX_MIG_DEVICES
     assert mig.MAX_LIST <= MAX_MIG_DEVICES
@@ -401,7 +401,7 @@ def test_the_model_s_limits_are_the_header_s():
 def test_every_mig_capable_board_with_tables_places_a_full_layout_of_each_profile():
     """Generic over any board's table: each profile's instances fit alone, at the placements the
     table lists, and the driver-chosen ones are ids of the slice tree."""
-    from mokkafs.profiles import available_profiles
+    from mokkafs.model.profiles import available_profiles
 
     for name in available_profiles():
         profile = load_profile(name)
@@ -421,8 +421,8 @@ def test_every_mig_capable_board_with_tables_places_a_full_layout_of_each_profil
 
 
 def test_the_control_socket_answers_with_the_new_ids_and_the_driver_s_error(expect_log):
-    from mokkafs.clock import WallClock
-    from mokkafs.control_socket import Caller, ControlSocket
+    from mokkafs.daemon.clock import WallClock
+    from mokkafs.daemon.control_socket import Caller, ControlSocket
 
     expect_log(r"ctl\.sock: (insufficient_resources|in_use|not_found|not_supported|invalid_argument) from uid 0")
     node = h100()
@@ -503,8 +503,8 @@ def test_a_scenario_and_an_annotation_set_a_layout_through_the_same_vocabulary()
 
 
 def test_an_xid_can_name_a_mig_instance_as_the_driver_prints_it(tmp_path):
-    from mokkafs.shm.layout import NO_MIG
-    from mokkafs.shm.publisher import Publisher
+    from mokkafs.daemon.shm.layout import NO_MIG
+    from mokkafs.daemon.shm.publisher import Publisher
 
     node = h100()
     run(node, "gpu=0 mig enable", "gpu=0 mig create 3g.40gb")

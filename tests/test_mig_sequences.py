@@ -12,7 +12,7 @@ import yaml
 from conftest import world_readable_node
 from mokkafs.model import Node, compose, mig
 from mokkafs.model.commands import parse_line
-from mokkafs.profiles import load_profile
+from mokkafs.model.profiles import load_profile
 from test_smi_mig import ok
 
 T0 = 1_800_000_000.0

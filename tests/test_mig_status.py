@@ -1,7 +1,7 @@
 """Level 3 (a real mount and the CLI): `mokka status` shows a GPU's MIG mode and layout where it is not the default (off)."""
 from __future__ import annotations
 
-from mokkafs.cli import _mig_summary
+from mokkafs.cli.main import _mig_summary
 
 
 def test_status_lists_the_mig_layout_of_the_gpus_that_have_one(node_factory):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mokkafs.profiles import (
+from mokkafs.model.profiles import (
     GpuProfile,
     Mig,
     MigGpuProfile,

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import mokka_cmd
-from mokkafs.controller import Controller
-from mokkafs.mirror import Mirror, render
+from mokkafs.daemon.controller import Controller
+from mokkafs.daemon.mirror import Mirror, render
 from mokkafs.model import Node, compose
 from mokkafs.model.events import (
     IbPortCommand,
@@ -27,9 +27,9 @@ from mokkafs.model.events import (
     SetLost,
     SetProcesses,
 )
-from mokkafs.profiles import load_profile
+from mokkafs.model.profiles import load_profile
 from mokkafs.render.tree import root
-from mokkafs.vfs import Ctx, Tree
+from mokkafs.render.vfs import Ctx, Tree
 
 T0 = 1_800_000_000.0
 
@@ -234,7 +234,7 @@ def test_mig_changes_update_only_their_trees_and_leave_an_exact_mirror(node_and_
 
 
 def test_a_mig_change_renders_only_the_mig_trees(node_and_mirror, monkeypatch):
-    import mokkafs.mirror as mirror_module
+    import mokkafs.daemon.mirror as mirror_module
     from mokkafs.model.commands import parse_line
 
     node, tree, mirror, ctl = node_and_mirror

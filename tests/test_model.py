@@ -15,7 +15,7 @@ from mokkafs.model.commands import gpu, parse_write
 from mokkafs.model.counters import EccCounter, EccKind, EccScope, MemoryLocation, NvLinkCounter
 from mokkafs.model.events import InjectXid, NvLinkCommand, Pin, Reset, SetLost
 from mokkafs.model.node import EVENT_DBE, EVENT_SBE, EVENT_XID, THERMAL_TAU_S
-from mokkafs.profiles import ProfileError, load_profile
+from mokkafs.model.profiles import ProfileError, load_profile
 
 T0 = 1_800_000_000.0
 
@@ -318,7 +318,7 @@ def test_model_and_renderers_import_without_io_libraries():
     code = (
         "import sys\n"
         "for m in ('trio', 'pyfuse3', 'cffi'): sys.modules[m] = None\n"
-        "import mokkafs.model, mokkafs.render.control, mokkafs.render.tree, mokkafs.vfs\n"
+        "import mokkafs.model, mokkafs.render.control, mokkafs.render.tree, mokkafs.render.vfs\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -389,7 +389,7 @@ def test_nvlink_bridged_pairs_without_switches():
     data = load_profile("a100").model_dump(mode="json")
     data["node"]["nvswitches"] = 0
     data["node"]["nvswitch_device_id"] = None
-    from mokkafs.profiles import GpuProfile
+    from mokkafs.model.profiles import GpuProfile
 
     layout = Node(compose(GpuProfile.model_validate(json.loads(json.dumps(data))), gpus=3), T0).layout
     gpus = {f.index: f.bdf for f in layout.functions if f.kind == "gpu"}

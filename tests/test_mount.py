@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import MountedNode
-from mokkafs.paths import DEAD_MOUNT_ERRNOS
+from mokkafs.daemon.paths import DEAD_MOUNT_ERRNOS
 
 
 def sh(script: str, **kw) -> subprocess.CompletedProcess:
@@ -111,8 +111,8 @@ def test_cli_inject_and_its_errors(mounted: MountedNode):
 
 
 def test_sigterm_unmounts_cleanly(mounted: MountedNode):
-    from mokkafs.cli import _alive
-    from mokkafs.paths import is_mounted
+    from mokkafs.cli.main import _alive
+    from mokkafs.daemon.paths import is_mounted
 
     pid = mounted.daemon_pid()
     os.kill(pid, signal.SIGTERM)
@@ -229,7 +229,7 @@ def test_cached_names_follow_events(mounted: MountedNode):
 
 
 def test_cli_inject_kinds_are_the_control_commands():
-    from mokkafs.cli import INJECT_KINDS
+    from mokkafs.cli.main import INJECT_KINDS
     from mokkafs.model.commands import VERBS
 
     assert sorted(INJECT_KINDS) == sorted(VERBS["gpu"])

@@ -12,7 +12,7 @@ import pytest
 
 from helpers_nvml import INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, SUCCESS, UNINITIALIZED, Published
 from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin
-from mokkafs.shm.layout import STATE_SIZE
+from mokkafs.daemon.shm.layout import STATE_SIZE
 
 DRIVER_NOT_LOADED, TIMEOUT, GPU_IS_LOST, RM_MISMATCH, NO_DATA, VERSION_MISMATCH = 9, 10, 15, 18, 21, 25
 
@@ -311,7 +311,7 @@ def test_a_board_with_a_fan_reports_the_profiles_speed(nvml, tmp_path, monkeypat
     number the publisher picks."""
     import json
 
-    from mokkafs.profiles import load_profile
+    from mokkafs.model.profiles import load_profile
 
     data = load_profile("l40s").model_dump(mode="json") | {"has_fan": True, "fan_speed_pct": 42}
     path = tmp_path / "fan.yaml"

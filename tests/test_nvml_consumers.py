@@ -65,7 +65,7 @@ def test_pynvml_sees_the_profile(node_factory, profile):
         p.nvmlShutdown()
     """))
     from mokkafs.model import compose, gpu_identities
-    from mokkafs.profiles import load_profile
+    from mokkafs.model.profiles import load_profile
 
     prof = load_profile(profile)
     ident = gpu_identities(compose(prof, gpus=2, hostname=__import__("socket").gethostname()))[1]
@@ -144,7 +144,7 @@ def test_a_blocked_event_wait_receives_xid_48(node_factory):
 def test_driver_root_and_mokka_env(node_factory):
     node = node_factory(profile="h100", gpus=1)
     lib64 = node.path("driver/usr/lib64")
-    from mokkafs import native
+    from mokkafs.render import native
 
     versioned = lib64 / "libnvidia-ml.so.580.105.08"
     # A self-contained driver root: the versioned file holds the library's bytes, the soname is

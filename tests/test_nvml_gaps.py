@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from helpers_nvml import consumer_env
-from mokkafs.profiles import load_profile
+from mokkafs.model.profiles import load_profile
 
 pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
 

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import force_unmount, world_readable_node
 from mokkafs.model.mig import mig_uuid
-from mokkafs.profiles import load_profile
+from mokkafs.model.profiles import load_profile
 from test_setters import SETTERS, pynvml_env, run_py
 
 pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")

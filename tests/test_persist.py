@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from mokkafs.controller import Controller
+from mokkafs.daemon.controller import Controller
 from mokkafs.model import Node, compose
 from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin
-from mokkafs.persist import StateDir, StateError
-from mokkafs.profiles import load_profile
+from mokkafs.daemon.persist import StateDir, StateError
+from mokkafs.model.profiles import load_profile
 
 T0 = 1_800_000_000.0
 
@@ -96,7 +96,7 @@ def test_a_torn_last_log_line_is_skipped_with_a_warning(tmp_path, expect_log):
 
 def test_the_event_log_is_bounded_on_disk(tmp_path, monkeypatch):
     import mokkafs.model.node as node_mod
-    import mokkafs.persist as persist_mod
+    import mokkafs.daemon.persist as persist_mod
 
     monkeypatch.setattr(node_mod, "LOG_LIMIT", 10)
     monkeypatch.setattr(persist_mod, "LOG_LIMIT", 10)
@@ -149,7 +149,7 @@ def test_a_saturated_counter_is_logged_once(tmp_path, caplog, expect_log):
 def test_counter_widths_fit_the_shared_state_fields():
     """Every counter published in the shared state holds its saturated value in its C field
     (cffi raises OverflowError where a value does not fit)."""
-    from mokkafs.shm.layout import make_ffi
+    from mokkafs.daemon.shm.layout import make_ffi
 
     gpu = make_ffi().new("struct mokka_gpu *")
     gpu.pcie_replay = counter_max("pcie_replay")
@@ -162,8 +162,8 @@ def test_counter_widths_fit_the_shared_state_fields():
 def test_a_restored_energy_at_its_cap_still_publishes(tmp_path):
     """The largest energy restore accepts keeps growing without overflowing energy_mj."""
     from mokkafs.model.node import MAX_ENERGY_MJ
-    from mokkafs.shm.layout import make_ffi
-    from mokkafs.shm.publisher import fill_gpu
+    from mokkafs.daemon.shm.layout import make_ffi
+    from mokkafs.daemon.shm.publisher import fill_gpu
 
     make(tmp_path)
     (tmp_path / "state" / "gpu0.json").write_bytes(_gpu1(energy0_mj=MAX_ENERGY_MJ))
@@ -318,11 +318,11 @@ def test_a_state_dir_written_with_string_counter_keys_restores_unchanged(tmp_pat
     """tests/fixtures/state-v1 was written by the daemon when GPU state kept ECC counters as
     "volatile.corrected.dram" keys and NVLink errors as {"3": {"replay": N}}; beside it, what
     that daemon rendered from it. It restores, renders the same, and is saved in the same format."""
-    from mokkafs.shm.layout import make_ffi
-    from mokkafs.shm.publisher import fill_gpu
+    from mokkafs.daemon.shm.layout import make_ffi
+    from mokkafs.daemon.shm.publisher import fill_gpu
     from mokkafs.render.control import render_ecc, render_info, render_nvlink
     from mokkafs.render.metrics import render_dcgm
-    from mokkafs.vfs import Ctx
+    from mokkafs.render.vfs import Ctx
 
     shutil.copytree(FIXTURE, tmp_path / "state")
     node = Node(compose(load_profile("h100"), gpus=2, hostname="fixture-v1"), T0)

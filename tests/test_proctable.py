@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mokkafs.shm.layout import ffi
-from mokkafs.shm.proctable import PER_UID, RECORD_SIZE, ProcessTable
+from mokkafs.daemon.shm.layout import ffi
+from mokkafs.daemon.shm.proctable import PER_UID, RECORD_SIZE, ProcessTable
 
 GIB = 1 << 30
 CONTEXTS = ffi.offsetof("struct mokka_proc_record", "contexts")
@@ -89,8 +89,8 @@ def open_pub():
 
     from conftest import _Service
     from helpers_nvml import Published
-    from mokkafs.controller import Controller
-    from mokkafs.shm.proctable import procs_path
+    from mokkafs.daemon.controller import Controller
+    from mokkafs.daemon.shm.proctable import procs_path
 
     base = Path(tempfile.mkdtemp(prefix="mokka-"))
     base.chmod(0o755)
@@ -134,7 +134,7 @@ def test_the_kernels_pid_is_listed_at_once_and_its_exit_frees_the_record(pub):
 
 def test_garbage_counters_are_clamped_without_a_warning(pub, caplog):
     cap = pub.node.profile.memory.total_mib << 20
-    with caplog.at_level(logging.WARNING, logger="mokkafs.shm.proctable"):
+    with caplog.at_level(logging.WARNING, logger="mokkafs.daemon.shm.proctable"):
         c = Claimers(pub, 1, 2, (1 << 63) + 5)
         try:
             for _ in range(3):
@@ -238,7 +238,7 @@ sys.stdin.read()
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run processes as nobody")
 def test_a_connection_flood_is_bounded_per_uid_and_pings_cannot_spin_the_daemon(open_pub, expect_log):
-    from mokkafs.shm.proctable import CONNECTIONS_PER_UID, FOLDS_PER_CONNECTION
+    from mokkafs.daemon.shm.proctable import CONNECTIONS_PER_UID, FOLDS_PER_CONNECTION
 
     pub = open_pub
     folds = []

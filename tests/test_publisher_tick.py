@@ -6,9 +6,9 @@ import pytest
 
 from mokkafs.model import Node, compose
 from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin, SetProcesses
-from mokkafs.profiles import load_profile
-from mokkafs.shm.layout import ffi
-from mokkafs.shm.publisher import Publisher, fill_gpu
+from mokkafs.model.profiles import load_profile
+from mokkafs.daemon.shm.layout import ffi
+from mokkafs.daemon.shm.publisher import Publisher, fill_gpu
 
 RECORD = ffi.sizeof("struct mokka_gpu")
 

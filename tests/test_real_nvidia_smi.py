@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, MountedNode, world_readable_node
-from mokkafs.profiles import load_profile
+from mokkafs.model.profiles import load_profile
 
 CACHE = Path(os.environ.get("MOKKA_NVIDIA_SMI_CACHE", REPO / ".cache" / "nvidia-smi"))
 

@@ -7,8 +7,8 @@ from helpers_vfs import entry, listdir, make_node, read
 
 from mokkafs.model.commands import hca, parse_write
 from mokkafs.model.events import IbPortCommand, InvalidCommand, Reset
-from mokkafs.persist import StateDir
-from mokkafs.vfs import File
+from mokkafs.daemon.persist import StateDir
+from mokkafs.render.vfs import File
 
 IB0 = "sys/class/infiniband/mlx5_0"
 PORT0 = f"{IB0}/ports/1"
@@ -141,7 +141,7 @@ def test_hca_state_survives_a_restart(tmp_path):
 
 
 def test_corrupt_hca_state_is_refused(tmp_path):
-    from mokkafs.persist import StateError
+    from mokkafs.daemon.persist import StateError
 
     StateDir(tmp_path).open(make_node())
     (tmp_path / "hcas.json").write_text('[{"port_down": "maybe"}]')

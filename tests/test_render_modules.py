@@ -10,11 +10,11 @@ import re
 import pytest
 from helpers_vfs import NOW, entry, listdir, make_node, read
 
-from mokkafs.host_modules import HostModules
+from mokkafs.daemon.host_modules import HostModules
 from mokkafs.render.modules import host_lines, render_proc_modules
 from mokkafs.render.proc_nvidia import MigCapability, mig_capabilities, mig_minor, render_mig_minors
 from mokkafs.render.tree import root
-from mokkafs.vfs import Ctx, Symlink, Tree
+from mokkafs.render.vfs import Ctx, Symlink, Tree
 
 # 580.105.08 on 8 x H100 with 8 HCAs: sizes from a 580.126.16 capture, peermem on an RDMA node.
 H100_MODULES = (
@@ -215,7 +215,7 @@ def test_host_modules_never_follows_a_link_nor_blocks_on_a_fifo(tmp_path, caplog
     link.symlink_to(real)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    with caplog.at_level(logging.WARNING, logger="mokkafs.host_modules"):
+    with caplog.at_level(logging.WARNING, logger="mokkafs.daemon.host_modules"):
         via_link = HostModules(str(link))
         assert via_link() == "" and via_link() == ""
         assert HostModules(str(fifo))() == ""  # returns at once: O_NONBLOCK, then not a regular file
@@ -231,7 +231,7 @@ def test_host_modules_reads_at_most_a_mebibyte(tmp_path):
 def test_the_mirror_leaves_proc_modules_to_the_mount():
     """mokka run binds proc/modules from the mount, where it is read from the host at each open;
     a copy in the mirror would be the host's list as it was at the last event."""
-    from mokkafs.mirror import render as mirror_render
+    from mokkafs.daemon.mirror import render as mirror_render
 
     node = make_node("h100")
     items = mirror_render(Tree(root(node.config, host_modules=lambda: "fuse 1 0 - Live 0x0\n")), Ctx(node, NOW))

@@ -8,7 +8,7 @@ import pytest
 from helpers_vfs import entry, listdir, make_node, read
 
 from mokkafs.model.events import InjectXid, Reset
-from mokkafs.vfs import CharDev
+from mokkafs.render.vfs import CharDev
 
 INFO_GPU0 = (
     b"Model: \t\t NVIDIA H100 80GB HBM3\n"

@@ -11,7 +11,7 @@ from helpers_vfs import dump, entry, listdir, make_node, read
 
 from mokkafs.model.events import SetLost
 from mokkafs.model.topology import pci_layout
-from mokkafs.profiles import available_profiles
+from mokkafs.model.profiles import available_profiles
 from mokkafs.render.sysfs_pci import config_space, cpulist, cpumask, resource_file
 
 GPU0 = "sys/bus/pci/devices/0000:18:00.0"

@@ -16,7 +16,7 @@ from mokkafs.model.scenario import (
     parse_request,
     request_bytes,
 )
-from mokkafs.profiles import load_profile
+from mokkafs.model.profiles import load_profile
 
 T0 = 1_800_000_000.0
 

@@ -17,10 +17,10 @@ import trio
 import trio.testing
 
 from helpers_nvml import consumer_env
-from mokkafs.clock import TrioClock
-from mokkafs.daemon import Options, start
+from mokkafs.daemon.clock import TrioClock
+from mokkafs.daemon.lifetime import Options, start
 from mokkafs.model.scenario import expand, load_text, request_bytes, start_text
-from mokkafs.scenarios import shipped_scenarios
+from mokkafs.daemon.scenario_runner import shipped_scenarios
 from test_virtual_time import T0, read, write
 
 GPUS = 8
@@ -210,7 +210,7 @@ def test_each_refusal_names_file_line_and_step():
     """What the daemon refuses with (the message the CLI prints too), per bad file."""
     from mokkafs.model import Node, compose
     from mokkafs.model.scenario import ScenarioError
-    from mokkafs.profiles import load_profile
+    from mokkafs.model.profiles import load_profile
 
     node = Node(compose(load_profile("h100"), gpus=4), T0)
     for text, where in BAD_SCENARIOS:

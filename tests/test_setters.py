@@ -20,20 +20,21 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, MountedNode, ServedInThread, force_unmount, world_readable_node
-from mokkafs.clock import WallClock
-from mokkafs.control_client import NoDaemon, control_path, send
-from mokkafs.control_socket import CONNECTIONS_PER_UID, Caller, ControlSocket
-from mokkafs.controller import Controller
+from mokkafs.daemon.clock import WallClock
+from mokkafs.cli.control_client import NoDaemon, send
+from mokkafs.daemon.control_protocol import control_path
+from mokkafs.daemon.control_socket import CONNECTIONS_PER_UID, Caller, ControlSocket
+from mokkafs.daemon.controller import Controller
 from mokkafs.model import InvalidCommand, Node, compose
 from mokkafs.model.commands import parse_line
 from mokkafs.model.config import SETTINGS, Configure, GpuIsLost, NotSupported
 from mokkafs.model.counters import EccScope
 from mokkafs.model.events import Pin, Reset, SetLost, SetProcesses
-from mokkafs.persist import StateDir
-from mokkafs.profiles import load_profile
+from mokkafs.daemon.persist import StateDir
+from mokkafs.model.profiles import load_profile
 from mokkafs.render.control import render_config
 from mokkafs.render.metrics import render_dcgm
-from mokkafs.vfs import Ctx
+from mokkafs.render.vfs import Ctx
 
 T0 = 1_800_000_000.0
 # What follows locked_clocks in an H100's gpuN/config, all at their defaults.
@@ -266,8 +267,8 @@ def test_gpu_config_shows_every_setting_and_marks_what_differs():
 
 
 def test_the_publisher_copies_every_setting_from_the_model():
-    from mokkafs.shm.layout import make_ffi
-    from mokkafs.shm.publisher import fill_gpu
+    from mokkafs.daemon.shm.layout import make_ffi
+    from mokkafs.daemon.shm.publisher import fill_gpu
 
     node = h100()
     g = make_ffi().new("struct mokka_gpu *")
@@ -335,9 +336,9 @@ def control():
     """A control socket over a 2 x H100 node, with the mount's own rule for who may write
     (MokkaOperations.may_write) and control group 4242; in a directory every user may enter
     (pytest's tmp_path is 0700), so that another user can be refused by the socket itself."""
-    from mokkafs.fuse_ops import MokkaOperations
+    from mokkafs.daemon.fuse_ops import MokkaOperations
     from mokkafs.render.tree import root
-    from mokkafs.vfs import Tree
+    from mokkafs.render.vfs import Tree
 
     base = Path(tempfile.mkdtemp(prefix="mokka-ctl-"))
     base.chmod(0o755)
@@ -462,7 +463,7 @@ def test_a_uid_other_than_root_has_a_bounded_number_of_connections(served, expec
 def pynvml_env(node: MountedNode, from_mount: bool = True) -> dict[str, str]:
     """A consumer's environment: the node's state, and its NVML from the mount's driver root (or,
     for a test that stops the daemon, the built library, which a stopped FUSE daemon cannot hold up)."""
-    from mokkafs import native
+    from mokkafs.render import native
 
     env = dict(os.environ, MOKKA_STATE=str(node.state_dir / "state"))
     env["LD_LIBRARY_PATH"] = str(node.mnt / "driver/usr/lib64") if from_mount else str(native.nvml_library().parent)
@@ -563,7 +564,7 @@ def test_a_power_limit_one_process_sets_is_what_every_surface_reports_when_the_c
 
 
 def test_a_unix_address_is_the_path_or_its_directory_s_descriptor(tmp_path):
-    from mokkafs.unix_path import unix_address
+    from mokkafs.daemon.unix_path import unix_address
 
     with unix_address(tmp_path / "s.sock") as short:
         assert short == str(tmp_path / "s.sock")
@@ -583,7 +584,7 @@ def test_a_unix_address_is_the_path_or_its_directory_s_descriptor(tmp_path):
 def test_a_node_mounted_under_a_path_past_sun_path_has_its_setters(node_factory):
     """sun_path holds 108 bytes; the socket beside a long state path is bound and reached through
     its directory's descriptor (/proc/self/fd/N/state.ctl.sock), by the daemon, the shims and
-    the Python client alike (mokkafs/unix_path.py, mokka_control.c)."""
+    the Python client alike (mokkafs/daemon/unix_path.py, mokka_control.c)."""
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     node = node_factory(gpus=2, name="n" * 120)
     socket_path = control_path(node.state_dir / "state")

@@ -20,9 +20,9 @@ import pytest
 
 from helpers_nvml import Nvml, Published, consumer_env
 from helpers_smi import smi_binary
-from mokkafs import native
+from mokkafs.render import native
 from mokkafs.model.events import Pin
-from mokkafs.profiles import load_profile
+from mokkafs.model.profiles import load_profile
 
 SUCCESS, INVALID_ARGUMENT, NOT_FOUND = 0, 2, 6
 CUDA_INVALID_VALUE, CUDA_INVALID_DEVICE = 1, 101
@@ -314,9 +314,9 @@ def test_the_publisher_logs_one_line_per_incident_and_keeps_its_counters(tmp_pat
     """Without a mount: each kind of damage is one warning however many ticks see it, and the
     event counters consumers hold cursors into come back (or move over) unchanged."""
     from mokkafs.model.events import InjectXid
-    from mokkafs.shm.layout import MAGIC, RETIRED
+    from mokkafs.daemon.shm.layout import MAGIC, RETIRED
 
-    caplog.set_level("WARNING", logger="mokkafs.shm.publisher")
+    caplog.set_level("WARNING", logger="mokkafs.daemon.shm.publisher")
     expect_log(r"the state file('s header)? was (overwritten|replaced by another file|removed)")
     pub = Published(tmp_path, "t4", 1)
     try:
@@ -348,7 +348,7 @@ def test_the_daemon_never_follows_or_blocks_on_what_is_at_the_path(tmp_path, exp
     """A link at the path is replaced, its target untouched even when it is a valid state file
     (which a daemon following the link would adopt and write into); a FIFO is replaced at once.
     One line each."""
-    from mokkafs.shm.layout import MAGIC
+    from mokkafs.daemon.shm.layout import MAGIC
 
     expect_log(r"replacing what is there, not a (state|regular) file")
     path = tmp_path / "state"

@@ -11,9 +11,9 @@ import pytest
 
 from mokkafs.model import Node, compose
 from mokkafs.model.node import Notification
-from mokkafs.profiles import load_profile
-from mokkafs.shm.layout import MAGIC, STATE_SIZE, VERSION, ffi, header_path
-from mokkafs.shm.publisher import Publisher
+from mokkafs.model.profiles import load_profile
+from mokkafs.daemon.shm.layout import MAGIC, STATE_SIZE, VERSION, ffi, header_path
+from mokkafs.daemon.shm.publisher import Publisher
 
 STRUCTS = ["mokka_nvlink", "mokka_gpu_process", "mokka_gpu", "mokka_event", "mokka_state", "mokka_proc_record"]
 
@@ -100,7 +100,7 @@ def test_restart_keeps_event_counters_and_replaces_bad_files(tmp_path, expect_lo
 def test_the_arm_fence_is_built_and_callable():
     """x86 needs no barrier between the daemon's stores; Arm does, from libmokka-fence.so. The
     library must be built and load here too, or an Arm install would first fail on Arm."""
-    from mokkafs.shm.layout import load_fence
+    from mokkafs.daemon.shm.layout import load_fence
 
     assert load_fence(tso=True)() is None
     fence = load_fence(tso=False)

@@ -28,12 +28,12 @@ import pytest
 import trio
 import trio.testing
 
-import mokkafs.metrics  # noqa: F401  (the daemon imports it when asked for /metrics: not inside the timed hour)
-from mokkafs.clock import TrioClock
-from mokkafs.daemon import Options, start
-from mokkafs.profiles import load_profile
-from mokkafs.shm.layout import RING, STATE_SIZE, ffi, state_path
-from mokkafs.vfs import ROOT_INO
+import mokkafs.daemon.metrics_server  # noqa: F401  (the daemon imports it when asked for /metrics: not inside the timed hour)
+from mokkafs.daemon.clock import TrioClock
+from mokkafs.daemon.lifetime import Options, start
+from mokkafs.model.profiles import load_profile
+from mokkafs.daemon.shm.layout import RING, STATE_SIZE, ffi, state_path
+from mokkafs.render.vfs import ROOT_INO
 
 T0 = 1_800_000_000.0  # the simulated node's epoch
 HOUR = 3600.0

@@ -15,7 +15,7 @@ from mokkafs.model.counters import EccCounter, EccKind, EccScope, MemoryLocation
 from mokkafs.model.events import InjectXid
 from mokkafs.model.node import EVENT_DBE, EVENT_SBE, EVENT_XID
 from mokkafs.model.xid import XIDS, Remap, kernel_log_line, xid_rule
-from mokkafs.profiles import load_profile
+from mokkafs.model.profiles import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = 1_800_000_000.0

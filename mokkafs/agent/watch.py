@@ -51,7 +51,7 @@ from mokkafs.agent import fgo
 from mokkafs.agent.grammar import Command, ScenarioRequest, StopRequest, parse_scenario
 from mokkafs.agent.node_files import DRIVER_FILES, GpuDevice, cdi_spec, nfd_features
 from mokkafs.model import InvalidCommand, NodeConfig, compose
-from mokkafs.profiles import GpuProfile, ProfileError, load_profile
+from mokkafs.model.profiles import GpuProfile, ProfileError, load_profile
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,8 @@ class MountedTree:
         A setting goes to the control socket beside the node's state file (driver/run/mokka),
         whose refusal comes back as OSError too."""
         if command.path is None:
-            from mokkafs.control_client import control_path, send
+            from mokkafs.cli.control_client import send
+            from mokkafs.daemon.control_protocol import control_path
 
             reply = send(control_path(self.root / "driver" / "run" / "mokka" / "state"), str(command.command))
             if not reply.ok:
@@ -379,7 +380,7 @@ class Agent:
         from kubernetes.client.rest import ApiException
 
         if request.name is not None:
-            from mokkafs.scenarios import shipped_scenarios
+            from mokkafs.daemon.scenario_runner import shipped_scenarios
 
             path = shipped_scenarios().get(request.name)
             if path is None:
@@ -554,7 +555,7 @@ class _Stop(Exception):
 
 
 def main(args) -> int:
-    """Entry point of `mokka agent` (arguments from mokkafs.cli)."""
+    """Entry point of `mokka agent` (arguments from mokkafs.cli.main)."""
     node_name = args.node_name or os.environ.get("NODE_NAME")
     if not node_name:
         print("mokka: agent: --node-name or NODE_NAME is required", file=sys.stderr)

@@ -28,7 +28,7 @@ until the whole command has parsed, so a bad command never half-changes the node
 event fits this node (its GPU count, NVLinks, clocks, power limits) is `Node.validate`'s to say.
 
 The settings (model/config.py) have no control file: `gpuN/config` only shows them, and they
-reach the daemon through its control socket (mokkafs/control_socket.py), as NVML's setters do.
+reach the daemon through its control socket (mokkafs/daemon/control_socket.py), as NVML's setters do.
 """
 from __future__ import annotations
 

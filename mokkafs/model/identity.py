@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from mokkafs.profiles import (
+from mokkafs.model.profiles import (
     MAX_GPUS, Composition, GpuProfile, GpuSlot, ProfileError, check_driver_drives, check_fits, default_slots,
     load_composition,
 )

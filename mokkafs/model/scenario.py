@@ -1,6 +1,6 @@
 """Scenarios: a named, seeded timeline of commands (docs/scenarios.md). The YAML schema, its
 loading with errors that name the file, the line and the step, and the pure expansion of a
-scenario into `(offset, step, command)` for a node; the daemon's runner (`mokkafs/scenarios.py`)
+scenario into `(offset, step, command)` for a node; the daemon's runner (`mokkafs/daemon/scenario_runner.py`)
 applies them on its clock.
 
 Everything random comes from one `random.Random(seed)`, drawn in the file's order, so the same

@@ -11,7 +11,7 @@ from mokkafs.model.config import SETTINGS
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS, ecc_total
 from mokkafs.model.node import LogEntry
 from mokkafs.model.scenario import parse_request
-from mokkafs.vfs import Ctx, Dir, File, const, static_dir, text
+from mokkafs.render.vfs import Ctx, Dir, File, const, static_dir, text
 
 
 def iso_time(t: float) -> str:

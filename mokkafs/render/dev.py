@@ -22,7 +22,7 @@ from mokkafs.render.proc_nvidia import (
     live_mig_capabilities,
 )
 from mokkafs.render.infiniband import ISSM_MINOR_BASE, UVERBS_MINOR_BASE
-from mokkafs.vfs import CharDev, Ctx, Dir, Entry, static_dir
+from mokkafs.render.vfs import CharDev, Ctx, Dir, Entry, static_dir
 
 NVSWITCHCTL_MINOR = 255
 

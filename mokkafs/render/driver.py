@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from mokkafs import native
+from mokkafs.render import native
 from mokkafs.model import NodeConfig
-from mokkafs.vfs import Dir, Entry, File, Symlink, static_dir
+from mokkafs.render.vfs import Dir, Entry, File, Symlink, static_dir
 
 log = logging.getLogger(__name__)
 

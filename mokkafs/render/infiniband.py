@@ -12,7 +12,7 @@ from mokkafs.model import commands
 from mokkafs.model.events import IB_ERROR_COUNTERS
 from mokkafs.model.identity import NodeConfig
 from mokkafs.model.topology import Layout, PciFunction
-from mokkafs.vfs import Ctx, Dir, Entry, Symlink, const, static_dir, text
+from mokkafs.render.vfs import Ctx, Dir, Entry, Symlink, const, static_dir, text
 
 UMAD_MAJOR = 231
 UVERBS_MINOR_BASE = 192

@@ -2,7 +2,7 @@
 loaded lists them, after the host's own (docs/sysfs.md gives the captures the numbers come from).
 
 `proc/modules` is the one file here that is not a function of the model alone: the host's lines are
-passed in, read at each open by the daemon (mokkafs/host_modules.py), validated here line by line.
+passed in, read at each open by the daemon (mokkafs/daemon/host_modules.py), validated here line by line.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mokkafs.model.identity import NodeConfig
-from mokkafs.vfs import Dir, Entry, File, Symlink, const, static_dir, text
+from mokkafs.render.vfs import Dir, Entry, File, Symlink, const, static_dir, text
 
 # What a reader without CAP_SYSLOG sees (kptr_restrict), and what we show every reader: the
 # daemon reads the host's list as root and must not hand kernel addresses to anyone.

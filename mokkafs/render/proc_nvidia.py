@@ -12,7 +12,7 @@ from mokkafs.model import Node
 from mokkafs.model.identity import NodeConfig
 from mokkafs.model.mig import caps_minor
 from mokkafs.model.topology import Layout
-from mokkafs.vfs import Ctx, Dir, Entry, const, static_dir, text
+from mokkafs.render.vfs import Ctx, Dir, Entry, const, static_dir, text
 
 # Character-device majors. 195 is fixed by the driver; the others are dynamic on a real host,
 # and these are values seen on real nodes (contracts §5).

@@ -16,7 +16,7 @@ from mokkafs.model.topology import (
     Layout,
     PciFunction,
 )
-from mokkafs.vfs import Ctx, Dir, Entry, File, Symlink, const, static_dir, text
+from mokkafs.render.vfs import Ctx, Dir, Entry, File, Symlink, const, static_dir, text
 
 CONFIG_SIZE = 4096  # PCIe: the extended space is there, lspci -vvv reads past 0x100
 PM_CAP, MSI_CAP, PCIE_CAP = 0x40, 0x48, 0x60

@@ -10,7 +10,7 @@ from mokkafs.render.control import control_tree
 from mokkafs.render.driver import driver_tree
 from mokkafs.render.dev import dev_tree
 from mokkafs.render.proc_nvidia import proc_tree
-from mokkafs.vfs import Dir, Entry, const, static_dir
+from mokkafs.render.vfs import Dir, Entry, const, static_dir
 
 
 def sys_tree(config: NodeConfig, layout: Layout) -> Dir:
@@ -38,7 +38,7 @@ def root(
     host_modules: Callable[[], str] = _no_host_modules,
 ) -> Dir:
     """`host_modules` gives the host's /proc/modules at each open of proc/modules (the daemon
-    passes mokkafs.host_modules.HostModules(); without it the list is the driver's modules alone)."""
+    passes mokkafs.daemon.host_modules.HostModules(); without it the list is the driver's modules alone)."""
     top: dict[str, Entry] = dict(control_tree(config.gpus, scenario_status))
     if state_dir is not None:
         # `mokka run` reads this to point MOKKA_STATE at the daemon's shared state file.

@@ -415,7 +415,7 @@ int mokka_bus_id_is(const struct mokka_state *s, unsigned index, const struct mo
     return domain == id->domain && bus == id->bus && device == id->device && id->function == 0;
 }
 
-/* See mokka_client.h; mokkafs/unix_path.py binds the daemon's sockets the same way. */
+/* See mokka_client.h; mokkafs/daemon/unix_path.py binds the daemon's sockets the same way. */
 int mokka_unix_address(const char *path, struct sockaddr_un *addr, int *dirfd)
 {
     *dirfd = -1;

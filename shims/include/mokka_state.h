@@ -102,7 +102,7 @@
 
 #include <stdint.h>
 
-/* BEGIN CDEF -- parsed by mokkafs/shm/layout.py; plain #defines and structs only */
+/* BEGIN CDEF -- parsed by mokkafs/daemon/shm/layout.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
 #define MOKKA_STATE_VERSION 11
 #define MOKKA_MAX_GPUS 64

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import trio
 
-from mokkafs.caller import administrator
-from mokkafs.clock import Clock
-from mokkafs.control_client import (
+from mokkafs.daemon.caller import administrator
+from mokkafs.daemon.clock import Clock
+from mokkafs.daemon.control_protocol import (
     BUSY,
     ERROR,
     GPU_IS_LOST,
@@ -35,13 +35,13 @@ from mokkafs.control_client import (
     Reply,
     control_path,
 )
-from mokkafs.controller import Controller
+from mokkafs.daemon.controller import Controller
 from mokkafs.model import InvalidCommand
 from mokkafs.model.commands import parse_line
 from mokkafs.model.config import GpuIsLost, NotSupported
 from mokkafs.model.mig import InsufficientResources, InUse, MigEvent, NotFound
-from mokkafs.ratelimit import RateLimiter, RefusalLog, Summary
-from mokkafs.unix_listener import serve_unix
+from mokkafs.daemon.ratelimit import RateLimiter, RefusalLog, Summary
+from mokkafs.daemon.unix_listener import serve_unix
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@
     <state-dir>/hcas.json     the InfiniBand ports' state and error counters (absent: all fresh)
     <state-dir>/events.log    the node event log, one JSON array per line, append-only
     <state-dir>/scenario.json the running scenario (its file, seed, speed, start, next step);
-                              absent when none runs (mokkafs/scenarios.py)
+                              absent when none runs (mokkafs/daemon/scenario_runner.py)
 
 Each write completes (write to a temporary file, then rename) before the control write that
 caused it returns, so a killed daemon loses nothing it acknowledged. Files are not fsynced: a

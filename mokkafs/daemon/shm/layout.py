@@ -14,7 +14,7 @@ STATE_FILE = "state"
 STATE_ENV = "MOKKA_STATE"
 DEFAULT_STATE_PATH = "/run/mokka/state"
 
-_PACKAGE = Path(__file__).resolve().parent.parent  # mokkafs/
+_PACKAGE = Path(__file__).resolve().parents[2]  # mokkafs/
 HEADER_CANDIDATES = [
     _PACKAGE.parent / "shims" / "include" / "mokka_state.h",  # a source checkout or editable install
     _PACKAGE / "_native" / "include" / "mokka_state.h",  # a wheel (setup.py copies it there)
@@ -70,7 +70,7 @@ def load_fence(tso: bool = TSO):
     without which a reader could see a seqlock's even count before the records it covers."""
     if tso:
         return lambda: None
-    from mokkafs import native
+    from mokkafs.render import native
 
     return ffi.dlopen(str(native.fence_library())).mokka_fence
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import trio
 
-from mokkafs.clock import Clock
-from mokkafs.controller import Controller
+from mokkafs.daemon.clock import Clock
+from mokkafs.daemon.controller import Controller
 from mokkafs.model.events import InvalidCommand
 from mokkafs.model.scenario import (
     MAX_DURATION_S,
@@ -30,14 +30,14 @@ from mokkafs.model.scenario import (
     load_text,
     plan_length,
 )
-from mokkafs.persist import StateError
+from mokkafs.daemon.persist import StateError
 from mokkafs.render.control import iso_time
 
 log = logging.getLogger(__name__)
 
 SHIPPED = [
-    Path(__file__).resolve().parent.parent / "scenarios",  # a source checkout or editable install
-    Path(__file__).resolve().parent / "scenarios_data",  # a wheel (package-dir mapping)
+    Path(__file__).resolve().parents[2] / "scenarios",  # a source checkout or editable install
+    Path(__file__).resolve().parents[1] / "scenarios_data",  # a wheel (package-dir mapping)
 ]
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from mokkafs.paths import DEAD_MOUNT_ERRNOS, DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, is_mounted, pid_file
+from mokkafs.daemon.paths import DEAD_MOUNT_ERRNOS, DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, is_mounted, pid_file
 
 if TYPE_CHECKING:  # the daemon's modules are heavy; commands import them only when they need them
-    from mokkafs.daemon import Options
+    from mokkafs.daemon.lifetime import Options
 
 log = logging.getLogger("mokka")
 
@@ -74,9 +74,9 @@ def _serve_in_this_process(opts: Options, ready_fd: int | None) -> int:
     """Run the daemon here until unmounted; report readiness (or the error) on `ready_fd`."""
     import trio
 
-    from mokkafs.daemon import serve
-    from mokkafs.persist import StateError
-    from mokkafs.profiles import ProfileError
+    from mokkafs.daemon.lifetime import serve
+    from mokkafs.daemon.persist import StateError
+    from mokkafs.model.profiles import ProfileError
 
     pipe = [ready_fd]  # reported at most once: a crash after "ready" must not write again
 
@@ -109,7 +109,7 @@ def _serve_in_this_process(opts: Options, ready_fd: int | None) -> int:
 
 
 def cmd_mount(args) -> int:
-    from mokkafs.daemon import Options
+    from mokkafs.daemon.lifetime import Options
 
     opts = Options(
         mountpoint=args.mountpoint,
@@ -282,7 +282,8 @@ def cmd_inject(args) -> int:
 def _send_control(root: str, line: str, where: str) -> int:
     """A setting, through the daemon's control socket beside the mounted node's state file;
     a refusal is said as a parse error is (`where: reason`)."""
-    from mokkafs.control_client import NoDaemon, control_path, send
+    from mokkafs.cli.control_client import NoDaemon, send
+    from mokkafs.daemon.control_protocol import control_path
 
     sock = control_path(Path(root) / "driver" / "run" / "mokka" / "state")
     try:
@@ -293,7 +294,7 @@ def _send_control(root: str, line: str, where: str) -> int:
 
 
 def cmd_profiles(args) -> int:
-    from mokkafs.profiles import ProfileError, available_profiles, load_profile
+    from mokkafs.model.profiles import ProfileError, available_profiles, load_profile
 
     for name in available_profiles():
         try:
@@ -310,7 +311,7 @@ def cmd_profiles(args) -> int:
 
 
 def cmd_nodes(args) -> int:
-    from mokkafs.profiles import ProfileError, available_compositions, load_composition
+    from mokkafs.model.profiles import ProfileError, available_compositions, load_composition
 
     for name in available_compositions():
         try:
@@ -327,8 +328,8 @@ def cmd_nodes(args) -> int:
 
 def cmd_profile_import(args) -> int:
     """Captures of a real node -> a profile file; refused (nothing written) when it would not load."""
-    from mokkafs.profile_import import ImportRefused, import_profile
-    from mokkafs.profiles import ProfileError, load_profile
+    from mokkafs.model.profile_import import ImportRefused, import_profile
+    from mokkafs.model.profiles import ProfileError, load_profile
 
     try:
         files = [(path, Path(path).read_text(errors="replace")) for path in args.captures]
@@ -350,8 +351,8 @@ def cmd_profile_import(args) -> int:
 
 def cmd_profile_record(args) -> int:
     """This node, read live (NVML, nvidia-smi, sysfs) -> a profile file; nothing written on refusal."""
-    from mokkafs.profile_record import RecordRefused, record, write_atomically
-    from mokkafs.profiles import ProfileError, load_profile
+    from mokkafs.cli.profile_record import RecordRefused, record, write_atomically
+    from mokkafs.model.profiles import ProfileError, load_profile
 
     out = Path(args.output)
     node_out = args.node_out or str(out.with_name(f"{out.stem}.node.yaml"))
@@ -378,7 +379,7 @@ def cmd_profile_record(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from mokkafs.run import run
+    from mokkafs.cli.run import run
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     return run(args.root, cmd)
@@ -397,7 +398,7 @@ def cmd_agent(args) -> int:
 
 
 def _listen_address(spec: str) -> str:
-    from mokkafs.metrics import parse_listen
+    from mokkafs.daemon.metrics_server import parse_listen
 
     try:
         parse_listen(spec)
@@ -411,8 +412,8 @@ def cmd_env(args) -> int:
     eval "$(mokka env --root /mokka)"."""
     import shlex
 
-    from mokkafs import native
-    from mokkafs.shm.layout import state_path
+    from mokkafs.render import native
+    from mokkafs.daemon.shm.layout import state_path
 
     root = Path(args.root)
     try:
@@ -528,7 +529,7 @@ def parser() -> argparse.ArgumentParser:
                      help="take what the node cannot show (thermal.max_load_c...) from this board (same architecture)")
     prr.set_defaults(func=cmd_profile_record)
 
-    from mokkafs import scenario_cli
+    from mokkafs.cli import scenario as scenario_cli
 
     scenario_cli.add_parser(sub)
     return ap
@@ -538,6 +539,3 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     return args.func(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

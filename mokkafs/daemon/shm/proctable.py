@@ -21,12 +21,12 @@ from pathlib import Path
 
 import trio
 
-from mokkafs.clock import Clock, WallClock
-from mokkafs.controller import Controller
+from mokkafs.daemon.clock import Clock, WallClock
+from mokkafs.daemon.controller import Controller
 from mokkafs.model import InvalidCommand
 from mokkafs.model.events import MAX_PID, MAX_PROCESS_BYTES, SetProcesses
-from mokkafs.shm.layout import MAX_GPU_PROCS, MAX_GPUS, ffi, libc
-from mokkafs.unix_listener import serve_unix
+from mokkafs.daemon.shm.layout import MAX_GPU_PROCS, MAX_GPUS, ffi, libc
+from mokkafs.daemon.unix_listener import serve_unix
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from mokkafs.model import Event, Node, Notification
 from mokkafs.model.node import LogEntry
-from mokkafs.persist import StateDir
+from mokkafs.daemon.persist import StateDir
 
 
 Subscriber = Callable[[Node, list[Notification], list[LogEntry]], None]

@@ -175,7 +175,7 @@ def plan(root: str, live_root: str | None = None) -> tuple[list[tuple[str, str]]
 
 def tree_source(root: str) -> str:
     """Where to bind sys/, proc/ and dev/ from: the daemon's plain-directory mirror of them
-    (mokkafs/mirror.py: the same trees, rewritten on every event, read at page-cache speed), or
+    (mokkafs/daemon/mirror.py: the same trees, rewritten on every event, read at page-cache speed), or
     the mount itself where the daemon keeps none."""
     try:
         with open(f"{root}/node/state_dir") as f:
@@ -247,7 +247,7 @@ def run(root: str, cmd: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m mokkafs.run [--root MNT] -- CMD`: the same as `mokka run`, without the CLI's imports."""
+    """`python -m mokkafs.cli.run [--root MNT] -- CMD`: the same as `mokka run`, without the CLI's imports."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="mokka run")

@@ -27,7 +27,7 @@ from pathlib import Path
 import trio
 
 from mokkafs.model import Node
-from mokkafs.vfs import CharDev, Ctx, Dir, Entry, File, Symlink, Tree
+from mokkafs.render.vfs import CharDev, Ctx, Dir, Entry, File, Symlink, Tree
 
 log = logging.getLogger(__name__)
 

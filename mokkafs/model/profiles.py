@@ -16,12 +16,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PROFILE_DIRS = [
-    Path(__file__).resolve().parent.parent / "profiles",  # a source checkout or editable install
-    Path(__file__).resolve().parent / "profiles_data",  # a wheel (package-dir mapping)
+    Path(__file__).resolve().parents[2] / "profiles",  # a source checkout or editable install
+    Path(__file__).resolve().parents[1] / "profiles_data",  # a wheel (package-dir mapping)
 ]
 COMPOSITION_DIRS = [
-    Path(__file__).resolve().parent.parent / "compositions",
-    Path(__file__).resolve().parent / "compositions_data",
+    Path(__file__).resolve().parents[2] / "compositions",
+    Path(__file__).resolve().parents[1] / "compositions_data",
 ]
 
 MAX_GPUS = 64

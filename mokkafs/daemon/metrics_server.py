@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import trio
 
-from mokkafs.controller import Controller
+from mokkafs.daemon.controller import Controller
 from mokkafs.render.metrics import CONTENT_TYPE, DEFAULT_HOSTNAME_LABEL, render
 
 log = logging.getLogger(__name__)

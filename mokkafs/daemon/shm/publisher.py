@@ -1,5 +1,5 @@
 """The daemon's side of the shared state file: maps `<state-dir>/state` (its layout in
-`mokkafs.shm.layout`) and publishes the node into it under
+`mokkafs.daemon.shm.layout`) and publishes the node into it under
 the seqlock, on every event and on a short tick, appending events and waking futex waiters."""
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import trio
 
-from mokkafs.clock import Clock, WallClock
+from mokkafs.daemon.clock import Clock, WallClock
 from mokkafs.model import Node, Notification
 from mokkafs.model.config import COMPUTE_MODES
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS
 from mokkafs.model.mig import ci_span
 from mokkafs.model.node import LogEntry, Readings
-from mokkafs.shm.layout import (
+from mokkafs.daemon.shm.layout import (
     ACCOUNTING_RECORDS,
     MAGIC,
     MAX_GPU_PROCS,

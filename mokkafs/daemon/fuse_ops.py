@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import pyfuse3
 import trio
 
-from mokkafs.caller import supplementary_groups
-from mokkafs.controller import Controller
+from mokkafs.daemon.caller import supplementary_groups
+from mokkafs.daemon.controller import Controller
 from mokkafs.model import InvalidCommand
-from mokkafs.ratelimit import RateLimiter, RefusalLog, Summary
-from mokkafs.vfs import CharDev, Ctx, Dir, Entry, File, Symlink, Tree, file_type
+from mokkafs.daemon.ratelimit import RateLimiter, RefusalLog, Summary
+from mokkafs.render.vfs import CharDev, Ctx, Dir, Entry, File, Symlink, Tree, file_type
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class MokkaOperations(pyfuse3.Operations):
     def _ctx(self) -> Ctx:
         return Ctx(self.controller.node, self.clock())
 
-    # --- refusals: one log line per file and cause, then a count (mokkafs.ratelimit) ---------
+    # --- refusals: one log line per file and cause, then a count (mokkafs.daemon.ratelimit) ---------
 
     def _limit(self, key) -> bool:
         """True if a refusal of kind `key` should log its line now; logs the summaries due."""

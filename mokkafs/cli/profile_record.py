@@ -25,8 +25,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from mokkafs import profile_import as imp
-from mokkafs.profiles import ZERO_UUID, Composition, GpuProfile, ProfileError, check_fits
+from mokkafs.model import profile_import as imp
+from mokkafs.model.profiles import ZERO_UUID, Composition, GpuProfile, ProfileError, check_fits
 
 log = logging.getLogger(__name__)
 

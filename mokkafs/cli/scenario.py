@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from mokkafs.paths import DEFAULT_MOUNTPOINT
+from mokkafs.daemon.paths import DEFAULT_MOUNTPOINT
 
 POLL_S = 0.02
 
@@ -26,7 +26,7 @@ def _control(root: str) -> Path:
 
 def _resolve(name: str) -> Path | None:
     """A file, or the name of a shipped scenario."""
-    from mokkafs.scenarios import shipped_scenarios
+    from mokkafs.daemon.scenario_runner import shipped_scenarios
 
     p = Path(name)
     if p.is_file():
@@ -36,7 +36,7 @@ def _resolve(name: str) -> Path | None:
 
 def cmd_list(args) -> int:
     from mokkafs.model.scenario import ScenarioError, load_text
-    from mokkafs.scenarios import shipped_scenarios
+    from mokkafs.daemon.scenario_runner import shipped_scenarios
 
     for name, path in shipped_scenarios().items():
         try:
@@ -53,7 +53,7 @@ def _check_against_node(root: Path, text: bytes, where: str, seed: int | None) -
     profile cannot be loaded here, when the daemon alone decides)."""
     from mokkafs.model import Node, compose
     from mokkafs.model.scenario import ScenarioError, expand, load_text
-    from mokkafs.profiles import ProfileError, load_profile
+    from mokkafs.model.profiles import ProfileError, load_profile
 
     try:
         loaded = load_text(text, where)

@@ -18,23 +18,23 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from mokkafs.clock import Clock, TrioClock
-from mokkafs.control_socket import ControlSocket, control_path
-from mokkafs.controller import Controller
-from mokkafs.fuse_ops import MokkaOperations
-from mokkafs.kmsg import KmsgWriter
-from mokkafs.mirror import Mirror, mirror_path
-from mokkafs.paths import DEAD_MOUNT_ERRNOS, DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, is_mounted, pid_file
+from mokkafs.daemon.clock import Clock, TrioClock
+from mokkafs.daemon.control_socket import ControlSocket, control_path
+from mokkafs.daemon.controller import Controller
+from mokkafs.daemon.fuse_ops import MokkaOperations
+from mokkafs.daemon.kmsg import KmsgWriter
+from mokkafs.daemon.mirror import Mirror, mirror_path
+from mokkafs.daemon.paths import DEAD_MOUNT_ERRNOS, DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, is_mounted, pid_file
 from mokkafs.model import Node, compose
-from mokkafs.persist import StateDir, StateError, check_state_dir
-from mokkafs.profiles import load_profile
-from mokkafs.host_modules import HostModules
+from mokkafs.daemon.persist import StateDir, StateError, check_state_dir
+from mokkafs.model.profiles import load_profile
+from mokkafs.daemon.host_modules import HostModules
 from mokkafs.render.tree import root
-from mokkafs.scenarios import ScenarioRunner
-from mokkafs.shm.layout import state_path
-from mokkafs.shm.proctable import ProcessTable, procs_path
-from mokkafs.shm.publisher import TICK_S, Publisher
-from mokkafs.vfs import Tree
+from mokkafs.daemon.scenario_runner import ScenarioRunner
+from mokkafs.daemon.shm.layout import state_path
+from mokkafs.daemon.shm.proctable import ProcessTable, procs_path
+from mokkafs.daemon.shm.publisher import TICK_S, Publisher
+from mokkafs.render.vfs import Tree
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class Options:
     hcas: int | None = None
     kmsg: bool = False
     allow_other: bool = True
-    metrics: str | None = None  # [HOST:]PORT to serve /metrics on (mokkafs.metrics)
+    metrics: str | None = None  # [HOST:]PORT to serve /metrics on (mokkafs.daemon.metrics_server)
     control_group: int | None = None  # gid that may write control files besides root
     tick_s: float = TICK_S  # how often time-varying values are republished and CUDA records folded
 
@@ -232,7 +232,7 @@ async def start(
     await nursery.start(mirror.run, node)
     bound = None
     if opts.metrics is not None:
-        from mokkafs import metrics
+        from mokkafs.daemon import metrics_server as metrics
 
         server = metrics.MetricsServer(controller, lambda: (ops.operations, ops.errors), clock)
         bound = await nursery.start(metrics.serve, opts.metrics, server)

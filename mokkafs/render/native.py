@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-LIB_DIR = Path(__file__).resolve().parent / "_native" / "lib"
+LIB_DIR = Path(__file__).resolve().parents[1] / "_native" / "lib"
 NVML_SONAME = "libnvidia-ml.so.1"
 CUDA_SONAME = "libcuda.so.1"
 FENCE_LIBRARY = "libmokka-fence.so"

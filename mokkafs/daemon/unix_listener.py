@@ -11,8 +11,8 @@ from pathlib import Path
 
 import trio
 
-from mokkafs.clock import Clock
-from mokkafs.unix_path import unix_address
+from mokkafs.daemon.clock import Clock
+from mokkafs.daemon.unix_path import unix_address
 
 log = logging.getLogger(__name__)
 
