@@ -24,7 +24,8 @@ from mokkafs.agent import decisions, grammar, node_files, watch  # noqa: E402
 from mokkafs.model import Node, compose  # noqa: E402
 from mokkafs.model import scenario as scenario_model  # noqa: E402
 from mokkafs.model.events import InvalidCommand, Pin  # noqa: E402
-from mokkafs.model.profiles import ProfileError, load_profile  # noqa: E402
+from mokkafs.model.schema import ProfileError
+from mokkafs.model.profiles import load_profile  # noqa: E402
 
 
 def config(profile: str = "h100", gpus: int = 4):

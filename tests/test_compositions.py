@@ -18,10 +18,8 @@ from conftest import MountedNode, force_unmount, mokka_cmd
 from helpers_nvml import consumer_env
 from helpers_vfs import dump
 from mokkafs.model import Node, compose
-from mokkafs.model.profiles import (
-    MAX_GPUS, Composition, ProfileError, available_compositions, available_profiles, load_composition,
-    load_profile, load_profile_file,
-)
+from mokkafs.model.schema import MAX_GPUS, Composition, ProfileError
+from mokkafs.model.profiles import available_compositions, available_profiles, load_composition, load_profile, load_profile_file
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))

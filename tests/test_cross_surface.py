@@ -416,7 +416,7 @@ def test_health_after_each_fault(seen):
 def test_surfaces_show_the_profiles_facts(seen):
     """Board data reaches every surface from the profile, not from a value some layer made up."""
     from mokkafs.model import Node, compose
-    from mokkafs.model.profiles import FABRIC_STATES
+    from mokkafs.model.schema import FABRIC_STATES
 
     p = seen["profile"]
     model = Node(compose(p), 0.0)

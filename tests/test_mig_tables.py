@@ -15,16 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mokkafs.model.profiles import (
-    GpuProfile,
-    Mig,
-    MigGpuProfile,
-    ProfileError,
-    available_profiles,
-    coexisting_placements,
-    load_profile,
-    load_profile_file,
-)
+from mokkafs.model.schema import GpuProfile, Mig, MigGpuProfile, ProfileError, coexisting_placements
+from mokkafs.model.profiles import available_profiles, load_profile, load_profile_file
 
 PROFILES = {name: load_profile(name) for name in available_profiles()}
 MIG_BOARDS = sorted(n for n, p in PROFILES.items() if p.mig_capable)

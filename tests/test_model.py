@@ -15,7 +15,8 @@ from mokkafs.model.commands import gpu, parse_write
 from mokkafs.model.counters import EccCounter, EccKind, EccScope, MemoryLocation, NvLinkCounter
 from mokkafs.model.events import InjectXid, NvLinkCommand, Pin, Reset, SetLost
 from mokkafs.model.node import EVENT_DBE, EVENT_SBE, EVENT_XID, THERMAL_TAU_S
-from mokkafs.model.profiles import ProfileError, load_profile
+from mokkafs.model.schema import ProfileError
+from mokkafs.model.profiles import load_profile
 
 T0 = 1_800_000_000.0
 
@@ -389,7 +390,7 @@ def test_nvlink_bridged_pairs_without_switches():
     data = load_profile("a100").model_dump(mode="json")
     data["node"]["nvswitches"] = 0
     data["node"]["nvswitch_device_id"] = None
-    from mokkafs.model.profiles import GpuProfile
+    from mokkafs.model.schema import GpuProfile
 
     layout = Node(compose(GpuProfile.model_validate(json.loads(json.dumps(data))), gpus=3), T0).layout
     gpus = {f.index: f.bdf for f in layout.functions if f.kind == "gpu"}

@@ -16,7 +16,8 @@ import yaml
 from conftest import MountedNode, force_unmount, mokka_cmd
 from helpers_nvml import consumer_env
 from mokkafs.model.profile_import import Captures, ImportRefused, _flat, import_profile, parse_query_text
-from mokkafs.model.profiles import GpuProfile, load_profile
+from mokkafs.model.schema import GpuProfile
+from mokkafs.model.profiles import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 CAPTURES = REPO / "tests" / "fixtures" / "captures"

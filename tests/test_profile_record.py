@@ -19,7 +19,8 @@ from conftest import MountedNode, force_unmount, mokka_cmd
 from helpers_nvml import consumer_env
 from mokkafs.model.identity import compose
 from mokkafs.cli.profile_record import Gpu, NodeFacts, RecordRefused, composition_of
-from mokkafs.model.profiles import Composition, available_profiles, legacy_node, load_composition_file, load_profile
+from mokkafs.model.schema import Composition, legacy_node
+from mokkafs.model.profiles import available_profiles, load_composition_file, load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 BOARDS = available_profiles()

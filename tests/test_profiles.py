@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mokkafs.model.profiles import GpuProfile, ProfileError, available_profiles, load_profile, load_profile_file
+from mokkafs.model.schema import GpuProfile, ProfileError
+from mokkafs.model.profiles import available_profiles, load_profile, load_profile_file
 
 SHIPPED = ["a100", "a100-80gb", "a10g", "b200", "gb200", "gb300", "h100", "h100-nvl", "h200", "l4", "l40s", "t4"]
 WITH_CAPTURE = ["a100", "b200", "gb200", "gb300", "h100", "l40s", "t4"]
@@ -370,7 +371,7 @@ def test_a_node_refuses_a_driver_branch_that_cannot_drive_its_board(name, driver
 
 def test_every_board_mounts_at_every_branch_from_its_first():
     from mokkafs.model import compose
-    from mokkafs.model.profiles import FIRST_BRANCH
+    from mokkafs.model.schema import FIRST_BRANCH
 
     for name in SHIPPED:
         p = load_profile(name)

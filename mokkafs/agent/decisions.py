@@ -10,7 +10,7 @@ from mokkafs.agent.grammar import Command, ScenarioRequest, parse_injection
 from mokkafs.model import InvalidCommand, Node, NodeConfig
 from mokkafs.model.scenario import MAX_DURATION_S, ScenarioError, expand, load_text, plan_length, request_bytes
 from mokkafs.model.scenario import start_text as iso
-from mokkafs.model.profiles import ProfileError
+from mokkafs.model.schema import ProfileError
 
 ANNOTATION_INJECT = "mokkafs.io/inject"
 ANNOTATION_APPLIED = "mokkafs.io/applied"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from mokkafs.model.profiles import GpuProfile
+from mokkafs.model.schema import GpuProfile
 
 CM_NAME_PREFIX = "gpu-profile-"  # profile.CmNamePrefix
 CM_PROFILE_KEY = "profile.yaml"  # profile.CmProfileKey

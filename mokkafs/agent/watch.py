@@ -51,7 +51,8 @@ from mokkafs.agent import fgo
 from mokkafs.agent.grammar import Command, ScenarioRequest, StopRequest, parse_scenario
 from mokkafs.agent.node_files import DRIVER_FILES, GpuDevice, cdi_spec, nfd_features
 from mokkafs.model import InvalidCommand, NodeConfig, compose
-from mokkafs.model.profiles import GpuProfile, ProfileError, load_profile
+from mokkafs.model.schema import GpuProfile, ProfileError
+from mokkafs.model.profiles import load_profile
 
 log = logging.getLogger(__name__)
 

@@ -76,7 +76,7 @@ def _serve_in_this_process(opts: Options, ready_fd: int | None) -> int:
 
     from mokkafs.daemon.lifetime import serve
     from mokkafs.daemon.persist import StateError
-    from mokkafs.model.profiles import ProfileError
+    from mokkafs.model.schema import ProfileError
 
     pipe = [ready_fd]  # reported at most once: a crash after "ready" must not write again
 
@@ -294,7 +294,8 @@ def _send_control(root: str, line: str, where: str) -> int:
 
 
 def cmd_profiles(args) -> int:
-    from mokkafs.model.profiles import ProfileError, available_profiles, load_profile
+    from mokkafs.model.schema import ProfileError
+    from mokkafs.model.profiles import available_profiles, load_profile
 
     for name in available_profiles():
         try:
@@ -311,7 +312,8 @@ def cmd_profiles(args) -> int:
 
 
 def cmd_nodes(args) -> int:
-    from mokkafs.model.profiles import ProfileError, available_compositions, load_composition
+    from mokkafs.model.schema import ProfileError
+    from mokkafs.model.profiles import available_compositions, load_composition
 
     for name in available_compositions():
         try:
@@ -329,7 +331,8 @@ def cmd_nodes(args) -> int:
 def cmd_profile_import(args) -> int:
     """Captures of a real node -> a profile file; refused (nothing written) when it would not load."""
     from mokkafs.model.profile_import import ImportRefused, import_profile
-    from mokkafs.model.profiles import ProfileError, load_profile
+    from mokkafs.model.schema import ProfileError
+    from mokkafs.model.profiles import load_profile
 
     try:
         files = [(path, Path(path).read_text(errors="replace")) for path in args.captures]
@@ -352,7 +355,8 @@ def cmd_profile_import(args) -> int:
 def cmd_profile_record(args) -> int:
     """This node, read live (NVML, nvidia-smi, sysfs) -> a profile file; nothing written on refusal."""
     from mokkafs.cli.profile_record import RecordRefused, record, write_atomically
-    from mokkafs.model.profiles import ProfileError, load_profile
+    from mokkafs.model.schema import ProfileError
+    from mokkafs.model.profiles import load_profile
 
     out = Path(args.output)
     node_out = args.node_out or str(out.with_name(f"{out.stem}.node.yaml"))

@@ -26,7 +26,7 @@ import yaml
 from pydantic import ValidationError
 
 from mokkafs.model import profile_import as imp
-from mokkafs.model.profiles import ZERO_UUID, Composition, GpuProfile, ProfileError, check_fits
+from mokkafs.model.schema import ZERO_UUID, Composition, GpuProfile, ProfileError, check_fits
 
 log = logging.getLogger(__name__)
 

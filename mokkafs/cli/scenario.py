@@ -53,7 +53,8 @@ def _check_against_node(root: Path, text: bytes, where: str, seed: int | None) -
     profile cannot be loaded here, when the daemon alone decides)."""
     from mokkafs.model import Node, compose
     from mokkafs.model.scenario import ScenarioError, expand, load_text
-    from mokkafs.model.profiles import ProfileError, load_profile
+    from mokkafs.model.schema import ProfileError
+    from mokkafs.model.profiles import load_profile
 
     try:
         loaded = load_text(text, where)

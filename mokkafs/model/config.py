@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mokkafs.model.events import Event, InvalidCommand
-from mokkafs.model.profiles import GpuProfile
+from mokkafs.model.schema import GpuProfile
 
 # nvmlComputeMode_t, by the names the vocabulary takes (nvidia-smi's, lower case), in NVML's order.
 COMPUTE_MODES = {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}

@@ -8,10 +8,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from mokkafs.model.profiles import (
-    MAX_GPUS, Composition, GpuProfile, GpuSlot, ProfileError, check_driver_drives, check_fits, default_slots,
-    load_composition,
-)
+from mokkafs.model.schema import MAX_GPUS, Composition, GpuProfile, GpuSlot, ProfileError, check_driver_drives, check_fits, default_slots
+from mokkafs.model.profiles import load_composition
 
 # A fixed namespace so UUIDs are stable across runs and machines for the same hostname/index.
 _UUID_NAMESPACE = uuid.UUID("6d6f6b6b-6166-7300-8000-000000000001")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from mokkafs.model.config import NotSupported
 from mokkafs.model.events import Event, InvalidCommand
-from mokkafs.model.profiles import GpuProfile, Mig, MigComputeProfile, MigGpuProfile
+from mokkafs.model.schema import GpuProfile, Mig, MigComputeProfile, MigGpuProfile
 
 MAX_GPU_INSTANCES = 8  # per GPU: a 7-instance layout, and 8 memory slices (mokka_state.h holds this many)
 MAX_COMPUTE_INSTANCES = 8  # per GPU instance (a 7g GPU instance splits into at most 7; NVML counts 8 slices)

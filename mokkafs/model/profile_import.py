@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from mokkafs.model.profiles import GpuProfile
+from mokkafs.model.schema import GpuProfile
 
 # Driver branches whose behaviour mokkafs models: from 470 (the oldest branch whose NVML export
 # table is traced, docs/nvml.md) to 595 (the newest captured nvidia-smi, docs/nvidia-smi.md).

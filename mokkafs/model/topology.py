@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from mokkafs.model.identity import Bdf, NodeConfig, gpu_identities
-from mokkafs.model.profiles import MAX_CPUS, PLATFORM_ROOT_BUS
+from mokkafs.model.schema import MAX_CPUS, PLATFORM_ROOT_BUS
 
 MIB = 1 << 20
 
