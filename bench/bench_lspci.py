@@ -1,7 +1,7 @@
 """`lspci -vvv` through `mokka run` (at the real /sys paths, which it binds from the daemon's
 mirror, mokkafs/daemon/mirror.py) vs the same tree copied to tmpfs (`cp -a`, read with
 `-A linux-sysfs -O sysfs.path=`), and, for reference, straight over the FUSE mount.
-Target: ratio <= 2 (issue 4).
+Target: ratio <= 2.
 
 Both sides run alternately inside one `mokka run` namespace, so the ratio compares the file
 systems only; the cost `mokka run` itself adds (Python start-up, namespace set-up) is printed

@@ -1,5 +1,5 @@
 """A scrape of a 64-GPU node: the pure renderer in this process, and GET /metrics over loopback
-on a mounted node started with --metrics, side by side in one run. Target (issue 7): <= 20 ms."""
+on a mounted node started with --metrics, side by side in one run. Target: <= 20 ms."""
 from __future__ import annotations
 
 import argparse

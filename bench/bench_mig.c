@@ -1,4 +1,4 @@
-/* MIG in NVML (issue 15), side by side in one run: a getter on a MIG device handle beside the
+/* MIG in NVML, side by side in one run: a getter on a MIG device handle beside the
    same getter on a GPU handle (ns per call), and making and taking down a full 7-instance layout
    (seven 1g.10gb GPU instances, each with its compute instance: 14 creates, then 14 destroys,
    each a command to the daemon answered once published).

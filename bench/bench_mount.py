@@ -1,5 +1,5 @@
 """mount -> ready: `mokka mount` returning with the tree answering, 8 and 64 GPUs.
-Targets (issue 2): <= 1 s for 8 GPUs, <= 3 s for 64."""
+Targets: <= 1 s for 8 GPUs, <= 3 s for 64."""
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,5 @@
 """nvidia-smi wall time on a mounted node, side by side with /bin/true in one run (process start
-is most of it). Targets (issue 5): the 5-field --query-gpu CSV on 8 GPUs, median <= 10 ms; the
+is most of it). Targets: the 5-field --query-gpu CSV on 8 GPUs, median <= 10 ms; the
 default table on 64 GPUs, median <= 50 ms."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-/* NVML shim numbers (issue 3): ns per getter call, control-file write -> nvmlEventSetWait
+/* NVML shim numbers: ns per getter call, control-file write -> nvmlEventSetWait
    return, write -> a polling reader sees the new temperature, nvmlInit_v2 + nvmlShutdown.
    Usage: bench_nvml MOUNTPOINT   (MOKKA_STATE and LD_LIBRARY_PATH point at the node). */
 #define _GNU_SOURCE

@@ -1,6 +1,6 @@
 """Reading gpu0/temperature through the mount (open, read, close) against the same loop over a
 tmpfs file and over a do-nothing pyfuse3 file system (the FUSE floor on this machine), side by
-side in one run. Targets (issue 2): p50 <= 150 us, p99 <= 1 ms."""
+side in one run. Targets: p50 <= 150 us, p99 <= 1 ms."""
 from __future__ import annotations
 
 import argparse

@@ -1,6 +1,6 @@
 """Soak: 16 concurrent readers over every file of the tree while a writer injects 100 faults/s.
 Reports read errors, the daemon's RSS growth, and its RSS at 8 and 64 GPUs.
-Targets (issue 2): 0 errors, RSS growth <= 5 MB, RSS <= 80 MB at 8 GPUs and <= 150 MB at 64."""
+Targets: 0 errors, RSS growth <= 5 MB, RSS <= 80 MB at 8 GPUs and <= 150 MB at 64."""
 from __future__ import annotations
 
 import argparse

@@ -20,8 +20,8 @@ HEADER = HERE / "include" / "nvml.h"
 STUBS = HERE / "libnvml" / "nvml_stubs.c"
 EXPORT_MAP = HERE / "libnvml" / "libnvidia-ml.map"
 
-# Exported by the real driver 590.48.01 library but not declared by nvml.h (consumer-contracts
-# §1.1); the real prototypes are not public, so these stubs take no arguments they would read.
+# Exported by the real driver 590.48.01 library but not declared by nvml.h (the
+# probes consumers make to pick an ABI); the real prototypes are not public, so these stubs take no arguments they would read.
 EXTRA_EXPORTS = [
     "nvmlInternalGetExportTable",
     "nvmlGetBlacklistDeviceCount",

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI") == "true"
 
 
-# --- in CI a skip is a failure (STYLE.md: "A skip names what is missing") ---------------------
+# --- in CI a skip is a failure (a skip names what is missing) ---------------------
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -184,3 +184,46 @@ def test_the_agents_pure_parts_do_no_io():
         bad = sorted(m for m in imported if m in NOT_PURE or m.split(".")[0] in NOT_PURE)
         opens = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "open"]
         assert bad == [] and opens == [], f"mokkafs/agent/{name}.py is pure, yet imports {bad}, opens at {opens}"
+
+
+# --- the repository stands alone -----------------------------------------------------------------
+
+# What a clone from the project's home does not have: files beside the checkout, and the numbers
+# of the tracker's issues (an external project's issue is cited by its repository: owner/repo#N).
+OUTSIDE = re.compile(r"\.\./shared|shared/reference|\b[Ii]ssues? \d+")
+
+
+def _tracked_text_files() -> list[Path]:
+    import subprocess
+
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+    out = []
+    for n in names:
+        p = REPO / n.decode()
+        if n and p.is_file() and not p.is_symlink() and p.suffix not in (".gz", ".png", ".so"):
+            out.append(p)
+    return out
+
+
+def test_the_repository_cites_nothing_outside_it():
+    """Docs, code, comments and scripts cite nothing a clone lacks: no `../shared`, no issue of
+    the tracker by number (this file's own pattern aside)."""
+    found = []
+    for p in _tracked_text_files():
+        if p == Path(__file__).resolve():
+            continue
+        try:
+            text = p.read_text()
+        except UnicodeDecodeError:
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            if OUTSIDE.search(line):
+                found.append(f"{p.relative_to(REPO)}:{n}: {line.strip()[:100]}")
+    assert found == [], "the repository cites what a clone lacks:\n" + "\n".join(found)
+
+
+def test_the_outside_check_sees_a_citation():
+    for line in ("see ../shared/DESIGN.md", "(issue 16's N/A count)", "Issue 4. Formats", "shared/reference/x"):
+        assert OUTSIDE.search(line), line
+    for line in ("NVIDIA/DCGM issue #232", "open-mpi/hwloc#658", "a GPU issue", "tissue 3"):
+        assert not OUTSIDE.search(line), line

@@ -1,4 +1,4 @@
-"""Handles are validated, never dereferenced (issue 12, item 9): every NVML and CUDA handle a
+"""Handles are validated, never dereferenced: every NVML and CUDA handle a
 caller hands back, whatever it is (a random number, a pointer to readable garbage, a freed or
 destroyed handle whose slot was reused, a pointer a few bytes into the device array), gets an
 error code, and the host survives. Each scenario runs in a subprocess that must exit 0 with its

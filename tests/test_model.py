@@ -315,7 +315,7 @@ async def test_an_hour_of_dynamics_in_virtual_time(h100, autojump_clock):
 
 
 def test_model_and_renderers_import_without_io_libraries():
-    """STYLE.md 1: the pure core imports neither trio, pyfuse3 nor cffi."""
+    """The pure core imports neither trio, pyfuse3 nor cffi."""
     code = (
         "import sys\n"
         "for m in ('trio', 'pyfuse3', 'cffi'): sys.modules[m] = None\n"

@@ -36,7 +36,7 @@ def test_every_header_function_is_exported():
     names = gen_nvml.exports()
     assert len(names) > 400
     assert [n for n in names if not hasattr(lib, n)] == []
-    # The probes consumers make to pick an ABI must all find their symbol (consumer-contracts §1.1).
+    # The probes consumers make to pick an ABI must all find their symbol.
     for probe in ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTemperatureV", "nvmlDeviceGetComputeRunningProcesses_v3",
                   "nvmlDeviceGetConfComputeMemSizeInfo", "nvmlDeviceGetDriverModel_v2", "nvmlInit_v2", "nvmlEventSetWait_v2"):
         assert hasattr(lib, probe)

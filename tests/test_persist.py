@@ -109,7 +109,7 @@ def test_the_event_log_is_bounded_on_disk(tmp_path, monkeypatch):
     assert json.loads(lines[-1])[2] == node.log[-1].text
 
 
-# --- issue 12: counters saturate, restore validates, no links followed -------------------------
+# --- counters saturate, restore validates, no links followed -------------------------
 
 import os
 

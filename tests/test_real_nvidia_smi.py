@@ -184,7 +184,7 @@ def test_reset_resets_through_the_controller(node):
 
 
 def _known_difference(branch: int, profile: str, field: str) -> str | None:
-    """Where our own nvidia-smi (not NVML: its per-branch fidelity is separate work, issue 16)
+    """Where our own nvidia-smi (not NVML: its per-branch fidelity is tested separately)
     is known to print something else than NVIDIA's on the same NVML answers."""
     if field == "power.draw.average" and profile in ("t4", "a100"):
         return "ours prints the instant power where NVML answers N/A (no 1 s average before Ada)"
@@ -220,7 +220,7 @@ def test_query_gpu_values_equal_ours(node):
 
 
 # -q -x elements where the two differ for a reason known and owned elsewhere: our own
-# nvidia-smi's per-branch fidelity (separate work of issue 16), or an entry of the 525 table not
+# nvidia-smi's per-branch fidelity (tested separately), or an entry of the 525 table not
 # identified yet. Element name -> (branches, reason); None: every branch.
 KNOWN_XML = {
     "sram_correctable": (None, "ours prints an SRAM counter NVIDIA's leaves N/A"),

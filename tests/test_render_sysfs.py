@@ -167,7 +167,7 @@ def test_real_lspci_reads_a_rendered_copy(profile, tmp_path):
 
 
 def test_h100_lspci_name_is_the_issue_s(tmp_path):
-    """Issue 4's line, modulo the Debian pci.ids spelling without a space before '['."""
+    """A real node's line, modulo the Debian pci.ids spelling without a space before '['."""
     dump(make_node(), "sys", tmp_path / "sys")
     listing = _lspci(tmp_path, "-nn")
     wanted = "3D controller [0302]: NVIDIA Corporation GH100 [H100 SXM5 80GB] [10de:2330]"

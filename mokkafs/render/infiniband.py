@@ -1,5 +1,6 @@
 """`sys/class/infiniband{,_mad,_verbs}` and the HCAs' device entries, as rdma-core's libibumad
-and infiniband-diags read them (formats: consumer-contracts.md §4), plus `ib/mlx5_N/port1`, the
+and infiniband-diags read them (formats: rdma-core's libibumad and the kernel's
+drivers/infiniband/core/sysfs.c), plus `ib/mlx5_N/port1`, the
 control file that takes a port down or up and adds error counts.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`proc/driver/nvidia`, `proc/driver/nvidia-caps` and `proc/devices`, byte for byte in the
-driver's formats (open-gpu-kernel-modules nv-procfs.c; consumer-contracts.md §5).
+driver's formats (open-gpu-kernel-modules nv-procfs.c).
 
 A lost GPU leaves `proc/driver/nvidia/gpus/`, as when the driver tears down a fallen-off device.
 """

@@ -1,5 +1,6 @@
 """`sys/bus/pci`, `sys/devices/pciDDDD:BB/...` and `sys/module/nvidia`: the node's PCI functions as
-the kernel's sysfs shows them (formats: consumer-contracts.md §3; layout: model/topology.py).
+the kernel's sysfs shows them (formats: pciutils' lib/sysfs.c and the kernel's
+pci-sysfs.c; layout: model/topology.py).
 
 A lost GPU (Xid 79, `lost`) leaves its device directory, its bus link and its driver link, and the
 switch port above it reports the link down, as after a real fall off the bus.

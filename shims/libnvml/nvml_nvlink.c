@@ -38,7 +38,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned in
     uint32_t v;
     SNAP(s, nl->version, v);
     /* The driver answers with nvmlNvlinkVersion_t, not the generation the profile holds: an A100
-       says 5 (3.1), an H100 6 (4.0), a Blackwell 7 (5.0) (hwloc issue 658, nvtop PR 469). */
+       says 5 (3.1), an H100 6 (4.0), a Blackwell 7 (5.0) (open-mpi/hwloc#658, Syllo/nvtop#469). */
     static const unsigned by_generation[] = {NVML_NVLINK_VERSION_INVALID, NVML_NVLINK_VERSION_1_0,
                                              NVML_NVLINK_VERSION_2_0, NVML_NVLINK_VERSION_3_1,
                                              NVML_NVLINK_VERSION_4_0, NVML_NVLINK_VERSION_5_0};

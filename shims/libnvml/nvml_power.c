@@ -41,7 +41,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *
     ARG(memory);
     struct mem4 m;
     read_mem(s, g, mig_dev, &m);
-    /* v1 counts the reserved memory as used (consumer-contracts §8.4). */
+    /* v1 counts the reserved memory as used, as the real library's v1 does. */
     memory->total = m.total;
     memory->free = m.free;
     memory->used = m.used + m.reserved;

@@ -34,7 +34,7 @@ EXTRA_KEYS = [
     "x.ecc.dram.unc.vol", "x.ecc.dram.corr.agg", "x.ecc.dram.unc.agg", "x.ecc.sram.corr.vol",
     "x.ecc.sram.corr.agg", "x.supported_mem_clock", "x.supported_graphics_clock",
     "x.cuda_version", "x.display_clock_setting",
-    # values the captures have beyond --query-gpu's fields (issue 16's N/A count)
+    # values the captures have beyond --query-gpu's fields (the N/A count)
     "x.pdi", "x.virtualization_mode", "x.pcie.replay_rollover", "x.reset_required", "x.drain_and_reset",
     "x.fbc.sessions", "x.fbc.fps", "x.fbc.latency", "x.repair.channel", "x.repair.tpc", "x.egm",
     "x.module_power_state", "x.remap.corr_inactive", "x.remap.unc_inactive", "x.unrepairable",

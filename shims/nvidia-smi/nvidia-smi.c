@@ -494,7 +494,7 @@ static enum vr yes_no(nvmlReturn_t r, unsigned v, char *out, size_t n)
     return r == NVML_SUCCESS ? PUT("%s", v ? "Yes" : "No") : from(r);
 }
 
-/* The values the captures print beyond --query-gpu's basics (issue 16's N/A count,
+/* The values the captures print beyond --query-gpu's basics (the N/A count,
    tests/test_smi_na.py), each from its NVML getter. */
 static enum vr captured_value(const struct dev *d, int key, char *out, size_t n)
 {
