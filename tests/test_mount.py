@@ -4,13 +4,16 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import MountedNode
+from conftest import MountedNode, mokka_cmd
 from mokkafs.daemon.paths import DEAD_MOUNT_ERRNOS
 
 
@@ -182,6 +185,20 @@ def test_profiles_command_lists_all_shipped(node_factory):
     assert [line.split()[0] for line in lines] == ["a100", "a100-80gb", "a10g", "b200", "gb200", "gb300", "h100",
                                                    "h100-nvl", "h200", "l4", "l40s", "t4"]
     assert "NVIDIA H100 80GB HBM3" in lines[6]
+    # one column for every name, however long; one GPU is "1 GPU"
+    assert len({line.index("NVIDIA") if "NVIDIA" in line else line.index("Tesla") for line in lines}) == 1, lines
+    assert "1 GPU, driver" in lines[2] and "1 GPUs" not in "\n".join(lines)
+
+
+@pytest.mark.parametrize("args", [("status", "--root", "MNT"), ("profile", "list"), ("profile", "nodes")])
+def test_a_reader_that_goes_away_ends_the_listing_quietly(mounted: MountedNode, args):
+    """`mokka status | head -1`: exit 0 with nothing on stderr (no BrokenPipeError traceback)
+    when the reader has gone away, as other tools stop when their reader has what it wanted.
+    `true` reads nothing and exits long before mokka has started, so every write meets EPIPE."""
+    cmd = " ".join(shlex.quote(a.replace("MNT", str(mounted.mnt))) for a in (*mokka_cmd(), *args))
+    res = subprocess.run(["bash", "-o", "pipefail", "-c", f"{cmd} | true"], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0 and res.stderr == "", res
 
 
 def test_state_files_are_plain_json(mounted: MountedNode):
@@ -269,3 +286,18 @@ def test_a_second_daemon_on_the_same_state_directory_is_refused_and_changes_noth
         s.connect(str(sock))
         assert s.recv(1) == b"\0"
     assert not (node.mnt.parent / "elsewhere").is_mount()
+
+
+def test_the_readme_tree_table_lists_every_control_entry(mounted: MountedNode):
+    """The README's table of the tree names every file of `node/`, `gpuN/` and `ib/mlx5_N/`
+    a mounted node has, so a user reading it misses none."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme[readme.index("## The tree"):]
+    table = table[: table.index("\n\n", table.index("| path |"))]
+    named = set(re.findall(r"`((?:node|gpuN|ib/mlx5_N)/\w+)`", table))
+    short = next(line for line in table.splitlines() if "`node/profile`, " in line)  # node/profile, `driver_version`...
+    named |= {f"node/{n}" for n in re.findall(r", `(\w+)`", short)}
+    have = {f"node/{n}" for n in os.listdir(mounted.mnt / "node")}
+    have |= {f"gpuN/{n}" for n in os.listdir(mounted.mnt / "gpu0")}
+    have |= {f"ib/mlx5_N/{n}" for n in os.listdir(mounted.mnt / "ib" / "mlx5_0")}
+    assert sorted(have - named) == [], "README's tree table lacks these"

@@ -297,34 +297,43 @@ def cmd_profiles(args) -> int:
     from mokkafs.model.schema import ProfileError
     from mokkafs.model.profiles import available_profiles, load_profile
 
-    for name in available_profiles():
+    names = available_profiles()
+    width = max(map(len, names), default=0)
+    for name in names:
         try:
             p = load_profile(name)
         except ProfileError as e:
-            print(f"{name:<7} INVALID: {e}")
+            print(f"{name:<{width}} INVALID: {e}")
             continue
         print(
-            f"{name:<7} {p.product_name:<24} {p.architecture:<12} {p.memory.total_mib:>7} MiB "
-            f"{p.power.default_limit_w:>6.0f} W  {p.node.gpus} GPUs, driver {p.node.driver_version}"
+            f"{name:<{width}} {p.product_name:<24} {p.architecture:<12} {p.memory.total_mib:>7} MiB "
+            f"{p.power.default_limit_w:>6.0f} W  {_count(p.node.gpus, 'GPU')}, driver {p.node.driver_version}"
             f"{f', node {p.composition.name}' if p.composition else ''}"
         )
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    """`1 GPU`, `8 GPUs`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def cmd_nodes(args) -> int:
     from mokkafs.model.schema import ProfileError
     from mokkafs.model.profiles import available_compositions, load_composition
 
-    for name in available_compositions():
+    names = available_compositions()
+    width = max(map(len, names), default=0)
+    for name in names:
         try:
             c = load_composition(name)
         except ProfileError as e:
-            print(f"{name:<14} INVALID: {e}")
+            print(f"{name:<{width}} INVALID: {e}")
             continue
-        switches = f"{c.nvswitches} NVSwitches" if c.nvswitches else "no NVSwitch"
+        switches = _count(c.nvswitches, "NVSwitch") if c.nvswitches else "no NVSwitch"
         hcas = f"{c.hcas} x {c.hca.model}" if c.hca and c.hcas else "no HCA"
-        print(f"{name:<14} {c.gpus:>2} GPUs  {c.cpu.numa_nodes} x {c.cpu.arch:<7}  {switches:<13}  {hcas:<16} "
-              f"driver {c.driver_version}")
+        print(f"{name:<{width}} {_count(c.gpus, 'GPU'):>7}  {c.cpu.numa_nodes} x {c.cpu.arch:<7}  {switches:<13}  "
+              f"{hcas:<16} driver {c.driver_version}")
     return 0
 
 
@@ -541,5 +550,13 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    return args.func(args)
+    try:
+        rc = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`mokka status | head -1`): what it wanted it has, so stop quietly,
+        # and point stdout at /dev/null so the interpreter's own flush at exit cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return rc
 
