@@ -30,6 +30,82 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped in CI, which must run everything: {reason}"
 
 
+# --- tests in named levels ------------------------------------------------------------------------
+#
+# Each test file says its level with `pytestmark = pytest.mark.level("...")`; a test of another
+# level inside it says its own. `pytest --level model,render` runs those levels alone (the inner
+# loop: no mount, no subprocess of ours, well under a minute). A file without a level, or a fast
+# level's test that mounts a node, stops the run with a message saying which.
+
+LEVELS = {
+    "model": "the pure model: profiles, events, state, readings, commands, MIG and scenario rules",
+    "render": "the pure renderers: sysfs, procfs, /dev, control files, /metrics text, render digests",
+    "daemon": "the daemon's operations in-process, in virtual time where time matters, no FUSE mount",
+    "mount": "a real FUSE mount driven through the real CLI",
+    "shims": "the native shims, loaded by real consumers (pynvml, cuda-python, our nvidia-smi)",
+    "tools": "real tools on the node: NVIDIA's nvidia-smi, lspci, ibstat, NVIDIA's Go programs",
+    "cross": "one fact, every surface: the cross-surface probe",
+    "deploy": "deployment: the agent, kustomize, the unit and the images",
+}
+FAST_LEVELS = ("model", "render")
+_running_level: str | None = None
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "level(name): the test's level, one of " + ", ".join(LEVELS))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--level", default="", help="run only these levels (comma-separated): " + ", ".join(LEVELS))
+
+
+def _level(item) -> str | None:
+    marker = item.get_closest_marker("level")
+    return marker.args[0] if marker and marker.args else None
+
+
+def pytest_collection_modifyitems(config, items):
+    bad = sorted({item.nodeid.split("::")[0] for item in items if _level(item) not in LEVELS})
+    if bad:
+        raise pytest.UsageError(f"test files without a level (pytestmark = pytest.mark.level(...), one of "
+                                f"{', '.join(LEVELS)}): {', '.join(bad)}")
+    wanted = [w for w in config.getoption("--level").split(",") if w]
+    unknown = [w for w in wanted if w not in LEVELS]
+    if unknown:
+        raise pytest.UsageError(f"--level: unknown level(s) {unknown}; the levels are {', '.join(LEVELS)}")
+    if wanted:
+        keep = [item for item in items if _level(item) in wanted]
+        config.hook.pytest_deselected(items=[item for item in items if _level(item) not in wanted])
+        items[:] = keep
+
+
+_FILE_LEVEL = re.compile(r'^pytestmark = pytest\.mark\.level\("(\w+)"\)', re.M)
+_TEST_LEVEL = re.compile(r'^@pytest\.mark\.level\("(\w+)"\)', re.M)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """With --level, a file none of whose tests is of those levels is not even imported, so the
+    inner loop does not pay for the whole suite's collection."""
+    wanted = {w for w in config.getoption("--level").split(",") if w}
+    if not wanted or not collection_path.name.startswith("test_") or collection_path.suffix != ".py":
+        return None
+    text = collection_path.read_text()
+    levels = set(_FILE_LEVEL.findall(text)) | set(_TEST_LEVEL.findall(text))
+    return True if levels and not levels & wanted else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    global _running_level
+    _running_level = _level(item)
+
+
+def _no_mount_at_a_fast_level() -> None:
+    if _running_level in FAST_LEVELS:
+        pytest.fail(f"a test of level {_running_level!r} mounts a node: mark it pytest.mark.level(\"mount\") "
+                    f"(or the level it is), so `--level {','.join(FAST_LEVELS)}` stays fast", pytrace=False)
+
+
 # --- a test that logs an unexpected warning fails (s3ql's pytest_checklogs) -------------------
 
 
@@ -97,6 +173,7 @@ class MountedNode:
         )
 
     def mount(self, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+        _no_mount_at_a_fast_level()
         args = ["mount", str(self.mnt), "--profile", self.profile, "--state-dir", str(self.state_dir)]
         if self.gpus is not None:
             args += ["--gpus", str(self.gpus)]

@@ -1,4 +1,4 @@
-"""Level t3/t5: who may change the node, on a real mount. Control files are root's (or the
+"""Who may change the node, on a real mount. Control files are root's (or the
 control group's), the kernel and the daemon both refuse everyone else, and refusals cannot grow
 the daemon log without bound. Unit tests of the pure rate limiter come first."""
 from __future__ import annotations
@@ -15,6 +15,8 @@ import pytest
 
 from mokkafs.daemon.ratelimit import RateLimiter
 from tests.conftest import MountedNode, force_unmount
+
+pytestmark = pytest.mark.level("mount")
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.level("deploy")
+
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed (pip install kubernetes)")
 
 from conftest import mokka_cmd  # noqa: E402
@@ -26,6 +28,7 @@ from mokkafs.model import scenario as scenario_model  # noqa: E402
 from mokkafs.model.events import InvalidCommand, Pin  # noqa: E402
 from mokkafs.model.schema import ProfileError
 from mokkafs.model.profiles import load_profile  # noqa: E402
+from helpers import wait_until
 
 
 def config(profile: str = "h100", gpus: int = 4):
@@ -343,16 +346,6 @@ def test_scenario_condition_and_its_events():
 # --- against a fake API server and a real mount ----------------------------------------------------
 
 
-def wait_until(pred, what: str, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture
 def cluster():
     c = FakeCluster()
@@ -610,8 +603,9 @@ def test_two_nodes_start_a_configmap_scenario_at_one_wall_clock_time(start_agent
     firsts = []
     for (_, node, _), name in zip(agents, POOL):
         times = _mark_times(node, "short")
-        assert len(times) == 2 and abs(times[1] - times[0] - 1.0) < 0.1, times
-        assert -0.005 < times[0] - start < 0.1, (name, times[0] - start)  # measured: 1-5 ms
+        # at their times, never early (how late, 1-5 ms, is a benchmark's to say, not a test's)
+        assert len(times) == 2 and abs(times[1] - times[0] - 1.0) < 0.25, times
+        assert -0.005 < times[0] - start < 0.25, (name, times[0] - start)
         firsts.append(times[0])
         assert "xid 31" in node.read("gpu0/events") and node.read("node/scenario").startswith("state: idle\n")
         reasons = _reasons_seen(cluster, name)  # Running only if a resync fell within its 1 s
@@ -620,7 +614,7 @@ def test_two_nodes_start_a_configmap_scenario_at_one_wall_clock_time(start_agent
         assert (cond["status"], cond["message"]) == ("False", "short finished (2 commands)")
         ann = annotations_of(cluster, name)
         assert decisions.ANNOTATION_SCENARIO not in ann and ann[decisions.ANNOTATION_SCENARIO_ACCEPTED].endswith(f" {value}")
-    assert abs(firsts[0] - firsts[1]) < 0.1, "the two nodes' timelines line up"
+    assert abs(firsts[0] - firsts[1]) < 0.25, "the two nodes' timelines line up"
 
 
 def annotations_of(cluster, node_name: str) -> dict:

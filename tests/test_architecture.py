@@ -1,4 +1,4 @@
-"""Level t0: the tree is the map. A module's layer is its folder (`mokkafs/model`, `render`,
+"""The tree is the map. A module's layer is its folder (`mokkafs/model`, `render`,
 `daemon`, `cli` and `agent`), and no module imports one of a later layer; the agent's pure parts
 import neither the API client nor anything that does I/O. docs/architecture.md stays true: every
 module of the package and every hand-written or generating source of the shims has a row under its
@@ -8,6 +8,11 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+
+import pytest
+
+
+pytestmark = pytest.mark.level("model")
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "architecture.md"

@@ -1,4 +1,4 @@
-"""Level 0: the command vocabulary (model/commands.py) — command text to events, bad input to its
+"""The command vocabulary (model/commands.py) — command text to events, bad input to its
 reason, and every surface (control files, `mokka inject`, Node annotations, scenario lines)
 accepting exactly the same commands."""
 from __future__ import annotations
@@ -18,6 +18,8 @@ from mokkafs.model.profiles import load_profile
 from mokkafs.render.control import gpu_dir, node_dir
 from mokkafs.render.infiniband import control_dir
 from mokkafs.render.vfs import File
+
+pytestmark = pytest.mark.level("model")
 
 T0 = 1_800_000_000.0
 

@@ -21,6 +21,8 @@ from mokkafs.model import Node, compose
 from mokkafs.model.schema import MAX_GPUS, Composition, ProfileError
 from mokkafs.model.profiles import available_compositions, available_profiles, load_composition, load_profile, load_profile_file
 
+pytestmark = pytest.mark.level("render")
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import gen_render_digests as digests  # noqa: E402
@@ -205,6 +207,7 @@ def test_h100_in_pcie4_changes_no_other_file(hgx_and_pcie):
     assert not b.keys() - a.keys() - {k for k in b if LAYOUT_OWNED.match(k)}
 
 
+@pytest.mark.level("tools")
 def test_real_lspci_reads_a_composition_with_its_own_bus_layout(tmp_path):
     """pcie-8 lists its buses (two root-complex groups, an HCA beside every other GPU)."""
     node = Node(compose(load_profile("l40s"), node="pcie-8"), digests.BORN)
@@ -342,6 +345,7 @@ def test_a_profile_naming_a_missing_composition_says_so(tmp_path):
 # --- the command line ----------------------------------------------------------------------------
 
 
+@pytest.mark.level("mount")
 def test_mount_with_node_pcie4_on_h100(tmp_path):
     """`mokka mount --profile h100 --node pcie-4`: our nvidia-smi and lspci (under `mokka run`)
     see four GPUs on the composition's buses, NV-bridged pairs, the sockets apart and no NVSwitch."""

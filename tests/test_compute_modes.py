@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
-from test_cuda import mount_env, run_py
+from helpers import mount_env, run_py
+
+pytestmark = pytest.mark.level("shims")
 
 UNAVAILABLE = [46, "CUDA_ERROR_DEVICE_UNAVAILABLE"]
 OK = [0, "CUDA_SUCCESS"]

@@ -1,4 +1,4 @@
-"""Level: real tools against a real mount. One fact, every surface that shows it, one answer.
+"""One fact, every surface that shows it, one answer.
 
 For every shipped profile, one mount (with `--metrics`) and one probe process under `mokka run`
 (tests/surface_probe.py) read the node through NVML (pynvml), CUDA, our nvidia-smi (-q -x,
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,9 @@ from conftest import MountedNode, force_unmount, mokka_cmd
 from prometheus_client.parser import text_string_to_metric_families
 
 from mokkafs.model.profiles import available_profiles
+from helpers import free_port
+
+pytestmark = pytest.mark.level("cross")
 
 PROBE = Path(__file__).with_name("surface_probe.py")
 MIB = 1 << 20
@@ -47,12 +49,6 @@ class Seen(dict):
         return f"<surfaces of a {self['profile'].name} node>"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module", params=available_profiles())
 def seen(request, tmp_path_factory):
     """The probe's JSON for one mounted node of this profile."""
@@ -60,7 +56,7 @@ def seen(request, tmp_path_factory):
 
     profile = load_profile(request.param)
     node = MountedNode(tmp_path_factory.mktemp(f"xs-{request.param}"), request.param)
-    url = f"http://127.0.0.1:{_free_port()}/metrics"
+    url = f"http://127.0.0.1:{free_port()}/metrics"
     node.mount(("--metrics", url.removeprefix("http://").removesuffix("/metrics")))
     try:
         count = int(node.read("node/gpu_count"))

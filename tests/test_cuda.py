@@ -3,7 +3,6 @@ subprocess per scenario, since the driver's state is per process), the daemon's 
 and real consumers (cuda-python, numba, pynvml, nvitop) against a mounted node."""
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -22,6 +21,9 @@ from mokkafs.render import native
 from mokkafs.daemon.controller import Controller
 from mokkafs.model.events import SetLost, SetProcesses
 from mokkafs.model import InvalidCommand
+from helpers import killed_at_end, mount_env, run_py, wait_for
+
+pytestmark = pytest.mark.level("shims")
 
 GIB = 1 << 30
 
@@ -318,20 +320,6 @@ def test_set_processes_is_validated():
 # ---- real consumers against a mounted node ---------------------------------------------------
 
 
-def mount_env(node) -> dict[str, str]:
-    env = dict(os.environ, MOKKA_STATE=str(node.state_dir / "state"))
-    env["LD_LIBRARY_PATH"] = str(node.mnt / "driver/usr/lib64")
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    return env
-
-
-def run_py(env, code: str, timeout: float = 120) -> str:
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                       timeout=timeout)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
-
-
 @pytest.mark.parametrize("profile", ["h100", "l40s"])
 def test_cuda_python_enumerates_the_node(node_factory, profile):
     pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is in the test extra")
@@ -398,29 +386,6 @@ print(json.dumps(out))
 """
 
 
-@contextlib.contextmanager
-def killed_at_end(proc: subprocess.Popen):
-    """The process, killed (kill -9), reaped and its pipes closed when the block ends."""
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe:
-                with contextlib.suppress(BrokenPipeError):
-                    pipe.close()
-
-
-def _wait_for(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("ending", ["exit", "kill -9"])
 def test_an_allocation_shows_in_nvml_and_memory_used(node_factory, ending):
     pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is in the test extra")
@@ -436,7 +401,7 @@ def test_an_allocation_shows_in_nvml_and_memory_used(node_factory, ending):
             procs = json.loads(run_py(env, NVML_PROCS))
             return procs if procs[1][:-1] else None
 
-        procs = _wait_for(listed)
+        procs = wait_for(listed)
         assert procs is not None, "the process never appeared in NVML"
         assert procs[1] == [[proc.pid, 10 << 30], 10 << 30]
         assert procs[0] == [0]  # GPU 0: no processes, nothing used
@@ -461,7 +426,7 @@ def test_an_allocation_shows_in_nvml_and_memory_used(node_factory, ending):
         proc.kill()
         proc.wait()
         proc.stdout.close()
-    assert _wait_for(lambda: json.loads(run_py(env, NVML_PROCS))[1] == [0] and node.read("gpu1/memory_used").strip() == "0")
+    assert wait_for(lambda: json.loads(run_py(env, NVML_PROCS))[1] == [0] and node.read("gpu1/memory_used").strip() == "0")
 
 
 def test_a_node_under_a_path_past_sun_path_accounts_its_cuda_processes(node_factory):
@@ -482,7 +447,7 @@ def test_a_node_under_a_path_past_sun_path_accounts_its_cuda_processes(node_fact
             procs = json.loads(run_py(env, NVML_PROCS))
             return procs if procs[1][:-1] else None
 
-        assert _wait_for(listed) == [[0], [[proc.pid, 10 << 30], 10 << 30]]
+        assert wait_for(listed) == [[0], [[proc.pid, 10 << 30], 10 << 30]]
         assert node.read("gpu1/memory_used").strip() == str(10 * 1024)
 
 
@@ -580,13 +545,13 @@ def test_another_user_gets_accounted_through_the_daemon(tmp_path):
                                   stdout=subprocess.PIPE, text=True, cwd="/")
         with killed_at_end(holder):
             assert holder.stdout.readline().strip() == "ready"
-            procs = _wait_for(lambda: nvml_processes(env)[1][:-1])
+            procs = wait_for(lambda: nvml_processes(env)[1][:-1])
             assert procs == [[holder.pid, GIB]]
             # nobody holds a writable descriptor now, and still cannot resize what others map
             r = subprocess.run(["/usr/bin/python3", "-c", RESIZER, str(sock)], user="nobody", capture_output=True,
                                text=True, timeout=30, cwd="/")
             assert r.stdout.split() == ["1", "1"], r.stderr  # EPERM for shrinking and for growing
-        assert _wait_for(lambda: nvml_processes(env)[1] == [0])
+        assert wait_for(lambda: nvml_processes(env)[1] == [0])
 
 
 def test_a_process_in_a_container_is_accounted_with_its_pid_on_the_node(node_factory, tmp_path):
@@ -607,9 +572,9 @@ def test_a_process_in_a_container_is_accounted_with_its_pid_on_the_node(node_fac
     with killed_at_end(outer):
         assert outer.stdout.readline().strip() == "ready"
         inner = int(Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()[0])
-        procs = _wait_for(lambda: nvml_processes(env)[0][:-1])
+        procs = wait_for(lambda: nvml_processes(env)[0][:-1])
         assert procs == [[inner, GIB]]  # not 1, the pid it has in its own namespace
-    assert _wait_for(lambda: nvml_processes(env)[0] == [0])
+    assert wait_for(lambda: nvml_processes(env)[0] == [0])
 
 
 def test_a_removed_or_replaced_socket_is_bound_again(node_factory):
@@ -629,9 +594,9 @@ def test_a_removed_or_replaced_socket_is_bound_again(node_factory):
         if damage == "replace":
             sock.write_text("not a socket")
         assert not answers()
-        assert _wait_for(answers, timeout=15)
+        assert wait_for(answers, timeout=15)
         with killed_at_end(start_holder(node.state_dir / "state", 1, GIB, 60)) as holder:
-            assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, GIB]]
+            assert wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, GIB]]
     assert node.read("gpu0/temperature").strip().isdigit()  # still serving
 
 
@@ -787,7 +752,7 @@ def test_many_processes_come_and_go_and_leave_no_record_behind(node_factory):
             holders.append(h)
             assert h.stdout.readline().strip() == "ready"
         want = [sorted([h.pid, (i + 1) << 20] for i, h in enumerate(holders) if i % 2 == g) for g in (0, 1)]
-        seen = _wait_for(lambda: [sorted(x[:-1]) for x in nvml_processes(env)] == want or None)
+        seen = wait_for(lambda: [sorted(x[:-1]) for x in nvml_processes(env)] == want or None)
         assert seen, nvml_processes(env)
         for i, h in enumerate(holders):
             if i % 2:
@@ -800,9 +765,9 @@ def test_many_processes_come_and_go_and_leave_no_record_behind(node_factory):
         for h in holders:
             with killed_at_end(h):
                 pass
-    assert _wait_for(lambda: nvml_processes(env) == [[0], [0]]), nvml_processes(env)
+    assert wait_for(lambda: nvml_processes(env) == [[0], [0]]), nvml_processes(env)
     # every record is gone: a restarted daemon would adopt none
-    assert _wait_for(lambda: (node.state_dir / "state.procs.id").read_text() == "")
+    assert wait_for(lambda: (node.state_dir / "state.procs.id").read_text() == "")
 
 
 def own_record(state_dir: Path):
@@ -845,19 +810,19 @@ def test_a_restarted_daemon_adopts_the_record_from_a_live_process(node_factory):
     id_file = node.state_dir / "state.procs.id"
     with killed_at_end(holder):
         assert holder.stdout.readline().strip() == "ready"
-        assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, 3 * GIB]]
+        assert wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, 3 * GIB]]
         before = id_file.read_text()
         assert before.split()[0] == str(holder.pid)
         node.kill9()
         node.mount()
         assert f"adopted the CUDA process record of pid {holder.pid}" in (node.state_dir / "daemon.log").read_text()
-        assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, 3 * GIB]]
+        assert wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, 3 * GIB]]
         holder.stdin.write("\n")
         holder.stdin.flush()
         assert holder.stdout.readline().strip() == "again"
         assert nvml_processes(env)[0][:-1] == [[holder.pid, 0]]  # its new context: listed at once
         assert id_file.read_text() == before  # the same record (pid, start time, dev, ino), not a second
-    assert _wait_for(lambda: nvml_processes(env)[1] == [0])
+    assert wait_for(lambda: nvml_processes(env)[1] == [0])
 
 
 # ---- who may account for whom, and when NVML sees it ---------------------------------------
@@ -934,7 +899,7 @@ def test_nobody_cannot_touch_hide_or_starve_a_root_process(tmp_path):
         env = mount_env(node)
         sock = str(node.state_dir / "state.procs.sock")
         with killed_at_end(start_holder(node.state_dir / "state", 1, GIB, 120)) as holder:
-            assert _wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, GIB]]
+            assert wait_for(lambda: nvml_processes(env)[1][:-1]) == [[holder.pid, GIB]]
             flood = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
                                       "-c", SCRIBBLERS, sock, "100"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, cwd="/")

@@ -1,4 +1,4 @@
-"""Level 4 (shims loaded by real consumers on a real mount): CUDA on MIG (docs/mig.md, "CUDA").
+"""CUDA on MIG (docs/mig.md, "CUDA").
 libcuda.so.1 enumerates MIG devices as the driver does, honours CUDA_VISIBLE_DEVICES=MIG-<uuid>
 (and the MIG-GPU-<uuid>/gi/ci form of drivers before R470), reports the slice's name, UUID, memory
 and SMs, and accounts allocations to the instance, so the process is listed on it. Consumers:
@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
-from test_cuda import _wait_for, killed_at_end, mount_env, run_py
+from helpers import killed_at_end, mount_env, run_py, wait_for
+
+pytestmark = pytest.mark.level("shims")
 
 LAYOUT = "3g.40gb,2g.20gb,1g.10gb,1g.10gb"
 GIB = 1 << 30
@@ -128,7 +130,7 @@ def test_an_allocation_on_a_mig_device_is_accounted_to_its_instance(mig_node):
         free, total = map(int, proc.stdout.readline().split())
         assert (free, total) == (target["mem"] - GIB, target["mem"])
 
-        shown = _wait_for(lambda: proc.pid in mig_processes(mig_node) and mig_processes(mig_node))
+        shown = wait_for(lambda: proc.pid in mig_processes(mig_node) and mig_processes(mig_node))
         assert shown[proc.pid] == (9, 0, GIB)
         # NVML lists it on the parent, and the GPU instance's memory used counts it
         assert nvml_parent_procs(env, 1) == [[proc.pid, GIB]]
@@ -139,7 +141,7 @@ def test_an_allocation_on_a_mig_device_is_accounted_to_its_instance(mig_node):
         assert smi.returncode == 0, smi.stderr
         row = next(line for line in smi.stdout.splitlines() if f" {proc.pid} " in line)
         assert row.split()[1:4] == ["1", "9", "0"] and "1024MiB" in row, smi.stdout
-    assert _wait_for(lambda: proc.pid not in mig_processes(mig_node))
+    assert wait_for(lambda: proc.pid not in mig_processes(mig_node))
 
 
 def mig_processes(node) -> dict[int, tuple[int, int, int]]:
@@ -205,7 +207,7 @@ def test_what_counts_against_a_mig_process_is_its_own_instance_s(mig_node):
                               stdout=subprocess.PIPE, text=True)
     with killed_at_end(holder):
         holder.stdout.readline()
-        assert _wait_for(lambda: holder.pid in mig_processes(mig_node))
+        assert wait_for(lambda: holder.pid in mig_processes(mig_node))
         same = run_py(dict(env, CUDA_VISIBLE_DEVICES=migs[2]["uuid"]), MEMINFO).split()
         other = run_py(dict(env, CUDA_VISIBLE_DEVICES=migs[3]["uuid"]), MEMINFO).split()
         assert [int(x) for x in same] == [migs[2]["mem"] - GIB, migs[2]["mem"]]

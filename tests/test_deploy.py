@@ -16,6 +16,8 @@ import yaml
 from conftest import force_unmount, mokka_cmd
 from mokkafs.model.profiles import load_profile
 
+pytestmark = pytest.mark.level("deploy")
+
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 PROFILES = sorted(p.stem for p in (REPO / "profiles").glob("*.yaml"))

@@ -1,4 +1,4 @@
-"""Level 2: the FUSE operations called directly, without a kernel mount."""
+"""The FUSE operations called directly, without a kernel mount."""
 from __future__ import annotations
 
 import errno
@@ -14,6 +14,8 @@ from mokkafs.model import Node, compose
 from mokkafs.model.profiles import load_profile
 from mokkafs.render.tree import root
 from mokkafs.render.vfs import ROOT_INO, Tree
+
+pytestmark = pytest.mark.level("daemon")
 
 T0 = 1_800_000_000.0
 ROOT = pyfuse3.RequestContext()  # what the kernel says of a root caller: uid 0, gid 0

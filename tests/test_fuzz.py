@@ -15,6 +15,8 @@ from mokkafs.model.profiles import load_profile
 from mokkafs.render.control import gpu_dir, node_dir
 from mokkafs.render.vfs import File
 
+pytestmark = pytest.mark.level("mount")
+
 T0 = 1_800_000_000.0
 
 CONTROL_FILES = sorted(name for name, e in gpu_dir(0).children(None).items() if isinstance(e, File) and e.write)

@@ -18,6 +18,8 @@ import pytest
 from helpers_nvml import Published, consumer_env, nvml_path
 from mokkafs.render import native
 
+pytestmark = pytest.mark.level("shims")
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "shims"))
 import gen_nvml  # noqa: E402

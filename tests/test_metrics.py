@@ -25,6 +25,9 @@ from mokkafs.model.profiles import load_profile
 from mokkafs.render import metrics as rm
 from mokkafs.render.control import gpu_dir
 from mokkafs.render.vfs import Ctx
+from helpers import free_port
+
+pytestmark = pytest.mark.level("render")
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dcgm-exporter"
 REPO = Path(__file__).resolve().parents[1]
@@ -387,12 +390,6 @@ async def test_a_taken_port_is_an_oserror_naming_metrics():
 # --- a real mount ------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _mokka(env, *args, check=True):
     return subprocess.run(
         [sys.executable, "-m", "mokkafs.cli", *args], capture_output=True, text=True, env=env, timeout=60, check=check
@@ -410,7 +407,7 @@ def metrics_mount(tmp_path):
     """A 4 x H100 node mounted by `mokka mount --metrics 127.0.0.1:PORT`; yields (mnt, url)."""
     env = dict(os.environ, MOKKA_RUNTIME_DIR=str(tmp_path / "run"))
     mnt, state = tmp_path / "mnt", tmp_path / "state"
-    port = _free_port()
+    port = free_port()
     _mokka(env, "mount", str(mnt), "--gpus", "4", "--state-dir", str(state), "--metrics", f"127.0.0.1:{port}")
     try:
         yield mnt, f"http://127.0.0.1:{port}/metrics"

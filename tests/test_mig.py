@@ -21,6 +21,8 @@ from mokkafs.model.profiles import load_profile
 from mokkafs.render.control import render_mig
 from mokkafs.render.vfs import Ctx
 
+pytestmark = pytest.mark.level("model")
+
 T0 = 1_800_000_000.0
 DONE_WHEN = "3g.40gb,2g.20gb,1g.10gb,1g.10gb"  # the layout
 
@@ -449,6 +451,7 @@ def test_the_control_socket_answers_with_the_new_ids_and_the_driver_s_error(expe
 # --- a daemon --------------------------------------------------------------------------------------
 
 
+@pytest.mark.level("mount")
 def test_a_layout_set_by_mokka_inject_survives_a_daemon_restart_and_a_kill(node_factory):
     from conftest import force_unmount
 

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from test_setters import pynvml_env
+from helpers import mount_env
+
+pytestmark = pytest.mark.level("shims")
 
 pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
 
@@ -30,7 +32,7 @@ def replay(node, name: str, *args) -> object:
     """This module's `name`(*args) in a process whose NVML is the node's; its result, through JSON."""
     code = (f"import json, sys; sys.path.insert(0, {str(HERE)!r}); import test_mig_consumers as t; "
             f"print(json.dumps(t.{name}(*{args!r})))")
-    r = subprocess.run([sys.executable, "-c", code], env=pynvml_env(node), capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", code], env=mount_env(node), capture_output=True, text=True,
                        timeout=120, cwd="/")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)

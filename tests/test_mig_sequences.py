@@ -15,6 +15,8 @@ from mokkafs.model.commands import parse_line
 from mokkafs.model.profiles import load_profile
 from test_smi_mig import ok
 
+pytestmark = pytest.mark.level("model")
+
 T0 = 1_800_000_000.0
 FIXTURE = yaml.safe_load((Path(__file__).parent / "fixtures" / "mig_sequences.yaml").read_text())
 SEQUENCES = FIXTURE["sequences"]
@@ -73,6 +75,7 @@ LGI_ROW = re.compile(r"^\|\s+(\d+)\s+MIG \S+\s+\d+\s+(\d+)\s+(\d+:\d+)\s+\|$")
 LCI_ROW = re.compile(r"^\|\s+(\d+)\s+(\d+)\s+MIG \S+\s+\d+\s+(\d+)\s+(\d+:\d+)\s+\|$")
 
 
+@pytest.mark.level("shims")
 def test_our_nvidia_smi_gives_the_real_driver_s_ids_and_placements(mounted):
     node = mounted
     node.expect_warning(r"ctl\.sock: in_use from uid 0")

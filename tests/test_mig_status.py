@@ -1,7 +1,12 @@
-"""Level 3 (a real mount and the CLI): `mokka status` shows a GPU's MIG mode and layout where it is not the default (off)."""
+"""`mokka status` shows a GPU's MIG mode and layout where it is not the default (off)."""
 from __future__ import annotations
 
+import pytest
+
 from mokkafs.cli.main import _mig_summary
+
+
+pytestmark = pytest.mark.level("mount")
 
 
 def test_status_lists_the_mig_layout_of_the_gpus_that_have_one(node_factory):

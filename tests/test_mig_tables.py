@@ -1,4 +1,4 @@
-"""Level: profile data. Every MIG-capable board's GPU- and compute-instance tables are internally
+"""Every MIG-capable board's GPU- and compute-instance tables are internally
 consistent: the slices add up, every placement fits, every layout the placements allow fits the
 board, and the instance counts are exactly what the placements and the engines allow.
 
@@ -17,6 +17,8 @@ import yaml
 
 from mokkafs.model.schema import GpuProfile, Mig, MigGpuProfile, ProfileError, coexisting_placements
 from mokkafs.model.profiles import available_profiles, load_profile, load_profile_file
+
+pytestmark = pytest.mark.level("model")
 
 PROFILES = {name: load_profile(name) for name in available_profiles()}
 MIG_BOARDS = sorted(n for n, p in PROFILES.items() if p.mig_capable)

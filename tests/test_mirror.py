@@ -31,6 +31,8 @@ from mokkafs.model.profiles import load_profile
 from mokkafs.render.tree import root
 from mokkafs.render.vfs import Ctx, Tree
 
+pytestmark = pytest.mark.level("daemon")
+
 T0 = 1_800_000_000.0
 
 

@@ -1,4 +1,4 @@
-"""Level 0: the pure model — composition, every Xid's consequences, reset, and dynamics in
+"""The pure model — composition, every Xid's consequences, reset, and dynamics in
 virtual time."""
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from mokkafs.model.events import InjectXid, NvLinkCommand, Pin, Reset, SetLost
 from mokkafs.model.node import EVENT_DBE, EVENT_SBE, EVENT_XID, THERMAL_TAU_S
 from mokkafs.model.schema import ProfileError
 from mokkafs.model.profiles import load_profile
+
+pytestmark = pytest.mark.level("model")
 
 T0 = 1_800_000_000.0
 

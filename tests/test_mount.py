@@ -1,4 +1,4 @@
-"""Level 3: a real mount in a subprocess, driven from a shell the way a user drives it."""
+"""A real mount in a subprocess, driven from a shell the way a user drives it."""
 from __future__ import annotations
 
 import errno
@@ -15,6 +15,8 @@ import pytest
 
 from conftest import MountedNode, mokka_cmd
 from mokkafs.daemon.paths import DEAD_MOUNT_ERRNOS
+
+pytestmark = pytest.mark.level("mount")
 
 
 def sh(script: str, **kw) -> subprocess.CompletedProcess:

@@ -15,6 +15,8 @@ from mokkafs.model.events import SetProcesses
 from helpers_smi import (CAPTURES, TEXT_H100, TEXT_L40S, XML_PROFILES, capture_section, element_paths, shape,
                          smi_binary)
 
+pytestmark = pytest.mark.level("shims")
+
 
 @pytest.fixture(scope="session")
 def smi(tmp_path_factory) -> Path:

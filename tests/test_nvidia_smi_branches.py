@@ -21,6 +21,8 @@ from helpers_nvml import Published, consumer_env, nvml_path
 from helpers_smi import REPO, smi_binary
 from mokkafs.model.events import SetProcesses
 
+pytestmark = pytest.mark.level("tools")
+
 CACHE = Path(os.environ.get("MOKKA_NVIDIA_SMI_CACHE", REPO / ".cache" / "nvidia-smi"))
 RECORDS = REPO / "tests" / "fixtures" / "nvidia-smi-branches"
 # One board per branch that branch drives (470 predates Hopper), plus an A100 at 535: its

@@ -14,6 +14,8 @@ from helpers_nvml import INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, NOT_SUP
 from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin
 from mokkafs.daemon.shm.layout import STATE_SIZE
 
+pytestmark = pytest.mark.level("shims")
+
 DRIVER_NOT_LOADED, TIMEOUT, GPU_IS_LOST, RM_MISMATCH, NO_DATA, VERSION_MISMATCH = 9, 10, 15, 18, 21, 25
 
 
@@ -182,7 +184,7 @@ def test_faults_lost_gpu_and_counters(nvml, published):
     assert nvml.nvmlDeviceGetUUID(h, buf, 96) == SUCCESS  # identity stays, for health checkers
 
 
-def test_event_wait_wakes_within_a_millisecond_and_every_set_gets_each_event(nvml, published):
+def test_event_wait_wakes_on_the_write_and_every_set_gets_each_event(nvml, published):
     assert nvml.nvmlInit_v2() == SUCCESS
     h = handle(nvml, 3)
     sets = [C.c_void_p(), C.c_void_p()]
@@ -211,7 +213,8 @@ def test_event_wait_wakes_within_a_millisecond_and_every_set_gets_each_event(nvm
     for t in threads:
         t.join(10)
     assert sorted((t, d) for t, d, _ in got) == [(0x2, 0), (0x2, 0), (0x8, 48), (0x8, 48)]
-    assert max(at for _, _, at in got) - t_inject < 0.05  # generous for a loaded CI box; bench/ measures
+    # woken by the write, not by a tick or the 5 s wait's end; bench/bench_nvml.c measures how fast
+    assert max(at for _, _, at in got) - t_inject < 0.5
     assert nvml.nvmlEventSetWait_v2(sets[0], C.byref(data), 0) == TIMEOUT  # each event once
     for s in sets:
         assert nvml.nvmlEventSetFree(s) == SUCCESS
@@ -253,7 +256,7 @@ def test_a_writer_that_died_mid_publish_costs_one_wait_not_one_per_call(nvml, pu
     t0 = time.perf_counter()
     for _ in range(200):
         assert nvml.nvmlDeviceGetTemperature(h, 0, C.byref(temp)) == SUCCESS
-    assert time.perf_counter() - t0 < 0.05  # 200 calls: microseconds each, not 50 ms each
+    assert time.perf_counter() - t0 < 1.0  # 200 calls: microseconds each, not a 50 ms wait each (10 s)
     assert temp.value == 29
     published.publisher._st.seq += 1
 

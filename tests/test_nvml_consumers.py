@@ -11,15 +11,11 @@ import textwrap
 import pytest
 
 from helpers_nvml import consumer_env
+from helpers import run_py
+
+pytestmark = pytest.mark.level("shims")
 
 pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
-
-
-def run_py(env, code: str, timeout: float = 60) -> str:
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                       timeout=timeout)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
 
 
 def tool(name: str) -> str:

@@ -15,6 +15,8 @@ from helpers_nvml import (INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, NOT_SU
 from mokkafs.model.events import NvLinkCommand, SetProcesses
 from mokkafs.daemon.shm.layout import ffi
 
+pytestmark = pytest.mark.level("shims")
+
 SMI_TABLE = bytes.fromhex("c4fe3e6cc98f6c4ea327ee696e12f7c4")
 SIZES = {"470.256.02": 0x6A8, "525.147.05": 0x770, "535.261.03": 0x7A8, "550.163.01": 0x7D8}
 

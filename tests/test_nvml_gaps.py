@@ -2,32 +2,24 @@
 and metrics, SRAM ECC status and the field values, through pynvml on a mounted node."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 from helpers_nvml import consumer_env
 from mokkafs.model.profiles import load_profile
+from helpers import run_py_json
+
+pytestmark = pytest.mark.level("shims")
 
 pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
 
 PROFILES = ["a100", "b200", "gb200", "gb300", "h100", "h200", "l40s", "t4"]
 
 
-def run_py(env, code: str, timeout: float = 60) -> dict:
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                       timeout=timeout)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
-
-
 @pytest.mark.parametrize("profile", PROFILES)
 def test_addressing_mode_is_the_boards(node_factory, profile):
     node = node_factory(profile=profile, gpus=1)
-    out = run_py(consumer_env(node.state_dir / "state"), """
+    out = run_py_json(consumer_env(node.state_dir / "state"), """
         import json, ctypes, pynvml as p
         p.nvmlInit()
         h = p.nvmlDeviceGetHandleByIndex(0)
@@ -90,7 +82,7 @@ GPM_PROBE = """
 def test_gpm_metrics_follow_the_load(node_factory, profile):
     node = node_factory(profile=profile, gpus=2)
     assert node.write("gpu1/utilization", b"90 40\n") == 0
-    out = run_py(consumer_env(node.state_dir / "state"), GPM_PROBE)
+    out = run_py_json(consumer_env(node.state_dir / "state"), GPM_PROBE)
     prof = load_profile(profile)
     assert out["util"] == 90 and out["mem_util"] == 40
     if prof.architecture not in ("Hopper", "Blackwell"):
@@ -116,7 +108,7 @@ def test_gpm_metrics_follow_the_load(node_factory, profile):
 
 def test_gpm_metrics_at_idle_are_zero(node_factory):
     node = node_factory(profile="h100", gpus=2)
-    out = run_py(consumer_env(node.state_dir / "state"), GPM_PROBE)
+    out = run_py_json(consumer_env(node.state_dir / "state"), GPM_PROBE)
     ok = {int(k): v[1] for k, v in out["metrics"].items() if v[0] == 0}
     assert ok[1] == ok[2] == ok[5] == 0
 
@@ -135,7 +127,7 @@ SRAM_PROBE = """
 @pytest.mark.parametrize("profile", PROFILES)
 def test_sram_ecc_status_is_zero_on_a_healthy_board(node_factory, profile):
     node = node_factory(profile=profile, gpus=1)
-    out = run_py(consumer_env(node.state_dir / "state"), SRAM_PROBE)
+    out = run_py_json(consumer_env(node.state_dir / "state"), SRAM_PROBE)
     prof = load_profile(profile)
     if prof.architecture == "Turing" or not prof.memory.ecc:
         assert out["r"] == 3
@@ -147,7 +139,7 @@ def test_sram_ecc_status_counts_the_models_sram_and_unit_errors(node_factory):
     node = node_factory(profile="h100", gpus=1)
     for cmd in (b"sbe 3 sram\n", b"dbe 2 sram\n", b"dbe 4 l2\n", b"dbe 1 register\n", b"dbe 5 dram\n"):
         assert node.write("gpu0/inject_ecc", cmd) == 0
-    out = run_py(consumer_env(node.state_dir / "state"), SRAM_PROBE)
+    out = run_py_json(consumer_env(node.state_dir / "state"), SRAM_PROBE)
     assert out["r"] == 0
     st = out["status"]
     assert st["volatileCor"] == st["aggregateCor"] == 3
@@ -207,7 +199,7 @@ def test_field_values_equal_the_getters(node_factory, profile):
     if prof.nvlink.links:
         assert node.write("gpu0/nvlink", b"1 errors 5\n") == 0
         assert node.write("gpu0/nvlink", b"7 errors 2\n") == 0
-    out = run_py(consumer_env(node.state_dir / "state"), FIELDS_PROBE)
+    out = run_py_json(consumer_env(node.state_dir / "state"), FIELDS_PROBE)
     assert out["ecc"] == out["ecc_getter"]
     if "ecc_after_set" in out:  # ECC off is pending until a reset: field 2 is the pending mode
         assert out["ecc_after_set"] == [1, 0, [1, 0]]
@@ -238,7 +230,7 @@ def test_field_values_equal_the_getters(node_factory, profile):
 def test_field_recovery_action_follows_a_reset_needing_xid(node_factory):
     node = node_factory(profile="h100", gpus=1)
     assert node.write("gpu0/inject_xid", b"62\n") == 0
-    out = run_py(consumer_env(node.state_dir / "state"), FIELDS_PROBE)
+    out = run_py_json(consumer_env(node.state_dir / "state"), FIELDS_PROBE)
     assert out["recovery"] == [1, 1]  # NVML_GPU_RECOVERY_ACTION_GPU_RESET; reset required
 
 
@@ -268,10 +260,10 @@ def test_process_utilization_follows_the_load(node_factory):
     env_state = node.state_dir / "state"
     holder = start_holder(env_state, 1, 1 << 30, 60)
     try:
-        idle = run_py(consumer_env(env_state), PROC_UTIL_PROBE)
+        idle = run_py_json(consumer_env(env_state), PROC_UTIL_PROBE)
         assert idle["first"] == 6  # NOT_FOUND: an idle GPU has no process with utilization
         assert node.write("gpu1/utilization", b"90 40\n") == 0
-        out = run_py(consumer_env(env_state), PROC_UTIL_PROBE)
+        out = run_py_json(consumer_env(env_state), PROC_UTIL_PROBE)
     finally:
         holder.kill()
         holder.wait()

@@ -12,7 +12,10 @@ import pytest
 from conftest import force_unmount, world_readable_node
 from mokkafs.model.mig import mig_uuid
 from mokkafs.model.profiles import load_profile
-from test_setters import SETTERS, pynvml_env, run_py
+from helpers import mount_env, run_py_json
+from test_setters import SETTERS
+
+pytestmark = pytest.mark.level("shims")
 
 pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
 
@@ -54,8 +57,8 @@ def mig_script(body: str) -> str:
 
 def test_pynvml_walks_the_mig_api_end_to_end(node_factory):
     node = node_factory(gpus=2)
-    env = pynvml_env(node)
-    out = run_py(env, mig_script("""
+    env = mount_env(node)
+    out = run_py_json(env, mig_script("""
         h = n.nvmlDeviceGetHandleByIndex(0)
         before = n.nvmlDeviceGetMigMode(h)
         # MIG off: v1 answers on a board with MIG (every index the MIG-on loop below finds, the same
@@ -186,7 +189,7 @@ def test_pynvml_walks_the_mig_api_end_to_end(node_factory):
 
 def test_compute_instances_with_placement_capacity_and_their_own_names(node_factory):
     node = node_factory(gpus=1)
-    out = run_py(pynvml_env(node), mig_script("""
+    out = run_py_json(mount_env(node), mig_script("""
         h = n.nvmlDeviceGetHandleByIndex(0)
         n.nvmlDeviceSetMigMode(h, 1)
         gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(h, 9, n.byref(n.c_nvmlGpuInstancePlacement_t(0, 4)))
@@ -253,7 +256,7 @@ def test_processes_on_a_mig_device_are_listed_there_and_on_its_gpu_with_their_in
                                   parent_of_gpu=code(n.nvmlDeviceGetDeviceHandleFromMigDeviceHandle, h),
                                   uuids=[n.nvmlDeviceGetUUID(d) for d in devices]), default=lambda o: o.value))
         """)
-        out = run_py(consumer_env(p.path), code)
+        out = run_py_json(consumer_env(p.path), code)
         none = 0xFFFFFFFF
         assert out["parent"] == [[55, 3 << 20, 2, 0], [56, 1 << 20, none, none]]
         assert out["mig"] == [[[55, 3 << 20, 2, 0]], []]
@@ -263,7 +266,7 @@ def test_processes_on_a_mig_device_are_listed_there_and_on_its_gpu_with_their_in
         assert (out["gi_of_gpu"], out["parent_of_gpu"]) == (NVML_NOT_SUPPORTED, NVML_INVALID_ARGUMENT)
 
         p.apply(SetLost(1, True))  # the GPU takes its instances with it
-        lost = run_py(consumer_env(p.path), mig_script(f"""
+        lost = run_py_json(consumer_env(p.path), mig_script(f"""
             print(json.dumps([code(n.nvmlDeviceGetHandleByUUID, u) for u in {out["uuids"]!r}]))
         """))
         assert lost == [NVML_NOT_FOUND, NVML_NOT_FOUND]
@@ -276,7 +279,7 @@ def test_a_board_without_mig_refuses_every_mig_call(tmp_path):
 
     p = Published(tmp_path, "l40s", 1)
     try:
-        out = run_py(consumer_env(p.path), mig_script("""
+        out = run_py_json(consumer_env(p.path), mig_script("""
             h = n.nvmlDeviceGetHandleByIndex(0)
             placements = (n.c_nvmlGpuInstancePlacement_t * 8)()
             count = n.c_uint(8)
@@ -325,17 +328,17 @@ def test_nobody_gets_no_permission_from_every_mig_write_and_reads_what_root_read
     show = "print(json.dumps(seen, default=lambda o: o.value))"
     reads, writes = textwrap.dedent(reads), textwrap.dedent(writes)
     code = f"import sys; sys.path.insert(0, {os.path.dirname(pynvml.__file__)!r})\n" + mig_script(reads + writes + show)
-    nobody = run_py(pynvml_env(node), code, python="/usr/bin/python3", user=True)
+    nobody = run_py_json(mount_env(node), code, python="/usr/bin/python3", user=True)
     assert nobody["codes"] == [NVML_NO_PERMISSION] * 6
     assert node.read("gpu1/mig") == before
-    root = run_py(pynvml_env(node), mig_script(reads + show))
+    root = run_py_json(mount_env(node), mig_script(reads + show))
     assert nobody["devices"] == root["devices"] and len(root["devices"]) == 1
     assert nobody["mode"] == root["mode"] == [1, 1] and nobody["free"] == root["free"] == 4
 
 
 def test_a_layout_made_through_nvml_survives_a_daemon_restart_and_a_kill(node_factory):
     node = node_factory(gpus=2)
-    env = pynvml_env(node)
+    env = mount_env(node)
     make = mig_script("""
         h = n.nvmlDeviceGetHandleByIndex(1)
         n.nvmlDeviceSetMigMode(h, 1)
@@ -346,22 +349,22 @@ def test_a_layout_made_through_nvml_survives_a_daemon_restart_and_a_kill(node_fa
         print(json.dumps(walk(h), default=lambda o: o.value))
     """)
     read = mig_script("print(json.dumps(walk(n.nvmlDeviceGetHandleByIndex(1)), default=lambda o: o.value))")
-    made = run_py(env, make)
+    made = run_py_json(env, make)
     assert len(made) == 4
     node.umount()
     assert node.mount().returncode == 0
-    assert run_py(env, read) == made
+    assert run_py_json(env, read) == made
     node.kill9()
     force_unmount(node.mnt)
     assert node.mount().returncode == 0
-    assert run_py(env, read) == made
+    assert run_py_json(env, read) == made
 
 
 def test_an_xid_naming_an_instance_reaches_nvml_events_and_the_kernel_log_with_it(node_factory):
     node = node_factory(gpus=1)
     assert node.cli("inject", "--root", str(node.mnt), "0", "mig", "enable").returncode == 0
     assert node.cli("inject", "--root", str(node.mnt), "0", "mig", "create", "3g.40gb").returncode == 0
-    out = run_py(pynvml_env(node), mig_script(f"""
+    out = run_py_json(mount_env(node), mig_script(f"""
         h = n.nvmlDeviceGetHandleByIndex(0)
         s = n.nvmlEventSetCreate()
         n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, s)
@@ -381,7 +384,7 @@ def test_a_compute_placement_listed_is_one_that_creates_and_reads_back(node_fact
     """Possible placements, create-with-placement and the instance's info speak one unit: the
     span a compute instance takes (a 3-slice one spans 4, as `-lci` shows 0:4 on a real H100)."""
     node = node_factory(gpus=1)
-    out = run_py(pynvml_env(node), mig_script("""
+    out = run_py_json(mount_env(node), mig_script("""
         h = n.nvmlDeviceGetHandleByIndex(0)
         n.nvmlDeviceSetMigMode(h, 1)
         gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(h, 9, n.byref(n.c_nvmlGpuInstancePlacement_t(0, 4)))

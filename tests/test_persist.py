@@ -14,6 +14,8 @@ from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin
 from mokkafs.daemon.persist import StateDir, StateError
 from mokkafs.model.profiles import load_profile
 
+pytestmark = pytest.mark.level("daemon")
+
 T0 = 1_800_000_000.0
 
 

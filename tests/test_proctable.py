@@ -17,6 +17,8 @@ import pytest
 from mokkafs.daemon.shm.layout import ffi
 from mokkafs.daemon.shm.proctable import PER_UID, RECORD_SIZE, ProcessTable
 
+pytestmark = pytest.mark.level("daemon")
+
 GIB = 1 << 30
 CONTEXTS = ffi.offsetof("struct mokka_proc_record", "contexts")
 MEM = ffi.offsetof("struct mokka_proc_record", "mem")

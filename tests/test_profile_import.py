@@ -19,6 +19,8 @@ from mokkafs.model.profile_import import Captures, ImportRefused, _flat, import_
 from mokkafs.model.schema import GpuProfile
 from mokkafs.model.profiles import load_profile
 
+pytestmark = pytest.mark.level("model")
+
 REPO = Path(__file__).resolve().parents[1]
 CAPTURES = REPO / "tests" / "fixtures" / "captures"
 XML_BOARDS = ["a100", "b200", "gb200", "gb300", "h100", "l40s", "t4"]
@@ -309,6 +311,7 @@ def capture_identity(board: str) -> tuple[str, str, dict[str, str]]:
     return caps.driver_version, str(caps.attached_gpus), caps.gpus[0].values
 
 
+@pytest.mark.level("shims")
 @pytest.mark.parametrize("board", BOARDS)
 def test_imported_profile_mounts_and_gives_the_capture_back(board, tmp_path):
     """`mokka profile import` (the CLI), `mokka mount --profile FILE` (a real FUSE mount), then our
@@ -360,6 +363,7 @@ def test_imported_profile_mounts_and_gives_the_capture_back(board, tmp_path):
     assert node.unexpected_log_lines() == []
 
 
+@pytest.mark.level("mount")
 def test_mount_takes_a_profile_file(tmp_path):
     """`mokka mount --profile FILE` with a shipped profile copied under another name."""
     path = tmp_path / "my-board.yaml"
@@ -382,6 +386,7 @@ def test_profile_list_and_its_alias():
     assert a == b and a.splitlines()[0].startswith("a100 ")
 
 
+@pytest.mark.level("shims")
 def test_node_captures_round_trip_through_a_mounted_node(tmp_path):
     """topo -m, nvlink -s, --query-gpu compute_cap (our nvidia-smi) and Debian's lspci -vvv (under
     `mokka run`) of a mounted h100 node, imported with the real H100 -q -x: the node's NUMA

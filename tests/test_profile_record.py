@@ -22,6 +22,8 @@ from mokkafs.cli.profile_record import Gpu, NodeFacts, RecordRefused, compositio
 from mokkafs.model.schema import Composition, legacy_node
 from mokkafs.model.profiles import available_profiles, load_composition_file, load_profile
 
+pytestmark = pytest.mark.level("tools")
+
 REPO = Path(__file__).resolve().parents[1]
 BOARDS = available_profiles()
 

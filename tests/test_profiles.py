@@ -15,6 +15,8 @@ import pytest
 from mokkafs.model.schema import GpuProfile, ProfileError
 from mokkafs.model.profiles import available_profiles, load_profile, load_profile_file
 
+pytestmark = pytest.mark.level("model")
+
 SHIPPED = ["a100", "a100-80gb", "a10g", "b200", "gb200", "gb300", "h100", "h100-nvl", "h200", "l4", "l40s", "t4"]
 WITH_CAPTURE = ["a100", "b200", "gb200", "gb300", "h100", "l40s", "t4"]
 

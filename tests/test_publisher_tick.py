@@ -1,4 +1,4 @@
-"""Level 1 (the publisher in this process, no mount): the tick rewrites only what time changes,
+"""The tick rewrites only what time changes,
 and every record it leaves is the record a whole publish would write at that moment."""
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin, SetPr
 from mokkafs.model.profiles import load_profile
 from mokkafs.daemon.shm.layout import ffi
 from mokkafs.daemon.shm.publisher import Publisher, fill_gpu
+
+pytestmark = pytest.mark.level("daemon")
 
 RECORD = ffi.sizeof("struct mokka_gpu")
 

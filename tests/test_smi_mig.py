@@ -15,7 +15,9 @@ from conftest import MountedNode, world_readable_node
 from helpers_nvml import Published, consumer_env
 from mokkafs.model.commands import parse_line
 from mokkafs.model.events import SetProcesses
-from test_setters import pynvml_env
+from helpers import mount_env
+
+pytestmark = pytest.mark.level("shims")
 
 GPU0, GPU1 = "00000000:18:00.0", "00000000:1E:00.0"  # an H100 node's first two bus ids
 LAYOUT = "3g.40gb,2g.20gb,1g.10gb,1g.10gb"  # the issue's layout
@@ -67,7 +69,7 @@ GPU  0 Profile ID  0 Placement : {0}:8
 def smi(node: MountedNode, *args: str, user: bool = False) -> subprocess.CompletedProcess:
     """Our nvidia-smi from the mount's driver root, as a consumer runs it (as nobody if `user`)."""
     return subprocess.run([*(NOBODY if user else []), str(node.mnt / "driver/usr/bin/nvidia-smi"), *args],
-                          env=pynvml_env(node), capture_output=True, text=True, timeout=30, cwd="/")
+                          env=mount_env(node), capture_output=True, text=True, timeout=30, cwd="/")
 
 
 def ok(node: MountedNode, *args: str) -> str:
@@ -262,7 +264,6 @@ def test_what_does_not_fit_is_refused_with_the_driver_s_error_after_the_ones_tha
 def test_a_busy_gpu_s_mode_waits_for_a_reset_with_the_driver_s_warning(node_factory):
     pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is in the test extra")
     from test_compute_modes import Cuda
-    from test_cuda import mount_env
 
     node = node_factory(gpus=2)
     holder = Cuda(mount_env(node))

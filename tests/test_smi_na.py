@@ -12,6 +12,8 @@ import pytest
 from helpers_nvml import Published, consumer_env, nvml_path
 from helpers_smi import CAPTURES, TEXT_H100, TEXT_L40S, XML_PROFILES, capture_section, smi_binary
 
+pytestmark = pytest.mark.level("shims")
+
 NA = ("N/A", "[N/A]", "")
 
 # -q label path (headers joined by "/") or -q -x element path -> why the model has no value.

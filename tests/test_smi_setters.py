@@ -13,7 +13,10 @@ import pytest
 
 from conftest import MountedNode
 from helpers_smi import TEXT_H100, capture_section
-from test_setters import NVML_NOT_SUPPORTED, DEFAULT_CONFIG, open_node, pynvml_env, run_py, script  # noqa: F401 (open_node: fixture)
+from helpers import mount_env, run_py_json, wait_until
+from test_setters import NVML_NOT_SUPPORTED, DEFAULT_CONFIG, open_node, script  # noqa: F401 (open_node: fixture)
+
+pytestmark = pytest.mark.level("shims")
 
 GPU0, GPU1 = "00000000:18:00.0", "00000000:1E:00.0"  # an H100 node's first two bus ids
 TERMINATING = "Terminating early due to previous errors.\n"
@@ -32,7 +35,7 @@ QUERY = "--query-gpu=persistence_mode,compute_mode,power.limit,clocks.sm"
 def smi(node: MountedNode, *args: str, user: bool = False) -> subprocess.CompletedProcess:
     """Our nvidia-smi from the mount's driver root, as a consumer runs it (as nobody if `user`)."""
     return subprocess.run([*(NOBODY if user else []), str(node.mnt / "driver/usr/bin/nvidia-smi"), *args],
-                          env=pynvml_env(node), capture_output=True, text=True, timeout=30, cwd="/")
+                          env=mount_env(node), capture_output=True, text=True, timeout=30, cwd="/")
 
 
 def query(node: MountedNode) -> list[str]:
@@ -42,9 +45,9 @@ def query(node: MountedNode) -> list[str]:
 def test_each_command_prints_the_real_lines_and_every_process_sees_what_it_set(node_factory):
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     node = node_factory(gpus=2)
-    env = pynvml_env(node)
+    env = mount_env(node)
     idle = [[1, 0, 700000, 345]] * 2
-    assert run_py(env, READ_BACK) == idle
+    assert run_py_json(env, READ_BACK) == idle
     steps = [
         (("-pm", "0", "-i", "1"), f"Disabled persistence mode for GPU {GPU1}.\n",
          [[1, 0, 700000, 345], [0, 0, 700000, 345]], ["Enabled, Default, 700.00 W, 345 MHz",
@@ -71,7 +74,7 @@ def test_each_command_prints_the_real_lines_and_every_process_sees_what_it_set(n
     for args, lines, pynvml_sees, smi_sees in steps:
         r = smi(node, *args)
         assert (r.returncode, r.stdout, r.stderr) == (0, lines + "All done.\n", ""), args
-        assert run_py(env, READ_BACK) == pynvml_sees, args
+        assert run_py_json(env, READ_BACK) == pynvml_sees, args
         if smi_sees:
             assert query(node) == smi_sees, args
     assert node.read("gpu1/config") == DEFAULT_CONFIG.replace("power_limit: 700", "power_limit: 450.5 (default 700)")
@@ -105,7 +108,7 @@ def test_nobody_gets_the_permission_messages_exit_4_and_nothing_changes(open_nod
         pytest.skip("needs root to run a process as another user")
     node = open_node
     node.expect_warning(r"ctl\.sock: no_permission from uid 65534")
-    before = (query(node), run_py(pynvml_env(node), READ_BACK), node.read("gpu1/config"))
+    before = (query(node), run_py_json(mount_env(node), READ_BACK), node.read("gpu1/config"))
     cases = [
         (("-pm", "0", "-i", "1"), f"Unable to set persistence mode for GPU {GPU1}: Insufficient Permissions\n"),
         (("-c", "3", "-i", "1"), f"Unable to set compute mode for GPU {GPU1}: Insufficient Permissions\n"),
@@ -131,7 +134,7 @@ def test_nobody_gets_the_permission_messages_exit_4_and_nothing_changes(open_nod
     # A value out of range is found before any write: the range message, for nobody too.
     r = smi(node, "-pl", "100", "-i", "1", user=True)
     assert r.returncode == 2 and r.stdout.startswith("Provided power limit 100.00 W is not a valid power limit")
-    assert (query(node), run_py(pynvml_env(node), READ_BACK), node.read("gpu1/config")) == before
+    assert (query(node), run_py_json(mount_env(node), READ_BACK), node.read("gpu1/config")) == before
 
 
 def test_a_malformed_configuration_command_is_the_invalid_combination_message(node_factory):
@@ -199,7 +202,7 @@ def test_a_gpu_in_use_is_refused_by_nvidia_smi_r_and_nvml_but_not_by_the_reset_f
     node.mount(("--driver-version", "550.163.01"))  # the export table's branches: 470 to 550
     node.expect_warning(r"ctl\.sock: in_use from uid 0 pid \d+: 'gpu=1 reset idle'")
     node.expect_warning(r"ctl\.sock: in_use from uid 0: and \d+ more like it")
-    env = pynvml_env(node)
+    env = mount_env(node)
     events = node.state_dir / "events.log"
 
     def resets(i: int) -> int:
@@ -216,7 +219,7 @@ def test_a_gpu_in_use_is_refused_by_nvidia_smi_r_and_nvml_but_not_by_the_reset_f
         r = smi(node, "-r", "-i", "1")
         assert (r.returncode, r.stdout) == (19, "GPU reset unavailable: In use by another client\n")
         assert resets(1) == 0
-        assert run_py(env, NVML_RESET) == [19, [19, 0]]  # IN_USE for GPU 1; GPU 0 is idle and resets
+        assert run_py_json(env, NVML_RESET) == [19, [19, 0]]  # IN_USE for GPU 1; GPU 0 is idle and resets
         assert (resets(1), resets(0)) == (0, 1)
         assert node.write("gpu1/reset", b"1\n") == 0  # the fault-clearing reset: whatever runs
         assert resets(1) == 1
@@ -234,11 +237,11 @@ def test_a_gpu_in_use_is_refused_by_nvidia_smi_r_and_nvml_but_not_by_the_reset_f
 def test_ecc_mode_is_pending_until_nvidia_smi_r_resets_the_gpu(node_factory):
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     node = node_factory(gpus=2)
-    env = pynvml_env(node)
+    env = mount_env(node)
     assert node.write("gpu1/inject_ecc", b"sbe 4\n") == 0
     r = smi(node, "-e", "0", "-i", "1")
     assert (r.returncode, r.stdout) == (0, f"Disabled ECC support for GPU {GPU1}.\nAll done.\nReboot required.\n")
-    assert run_py(env, ECC_READ) == [[1, 0], 4]  # pending: ECC still on, its counters still there
+    assert run_py_json(env, ECC_READ) == [[1, 0], 4]  # pending: ECC still on, its counters still there
     mode = "--query-gpu=ecc.mode.current,ecc.mode.pending"
     assert smi(node, mode, "--format=csv,noheader").stdout.splitlines() == ["Enabled, Enabled", "Enabled, Disabled"]
     assert "ecc_mode: 0 (default 1) (current 1 until a reset)\n" in node.read("gpu1/config")
@@ -246,7 +249,7 @@ def test_ecc_mode_is_pending_until_nvidia_smi_r_resets_the_gpu(node_factory):
     assert re.search(r"^    ECC Mode\n        Current +: Enabled\n        Pending +: Disabled$", q, re.M), q
     r = smi(node, "-r", "-i", "1")
     assert (r.returncode, r.stdout) == (0, f"GPU {GPU1} was successfully reset.\nAll done.\n")
-    assert run_py(env, ECC_READ) == [[0, 0], NVML_NOT_SUPPORTED]  # off: no counters
+    assert run_py_json(env, ECC_READ) == [[0, 0], NVML_NOT_SUPPORTED]  # off: no counters
     assert smi(node, mode, "--format=csv,noheader").stdout.splitlines() == ["Enabled, Enabled", "Disabled, Disabled"]
     assert "<current_ecc>Disabled</current_ecc>" in smi(node, "-q", "-x", "-i", "1").stdout
     # Clearing counts needs ECC on: refused on gpu1 now; on gpu0 it zeroes the chosen scope.
@@ -264,7 +267,7 @@ def test_ecc_mode_is_pending_until_nvidia_smi_r_resets_the_gpu(node_factory):
     assert smi(node, "-i", "0", totals, "--format=csv,noheader").stdout == "0, 0\n"
     # ECC mode lives on the board: a node reset (a driver reload) keeps it.
     assert node.write("node/reset", b"1\n") == 0
-    assert run_py(env, ECC_READ)[0] == [0, 0]
+    assert run_py_json(env, ECC_READ)[0] == [0, 0]
 
 
 def test_applications_and_memory_clocks_through_nvidia_smi(node_factory):
@@ -283,14 +286,14 @@ def test_applications_and_memory_clocks_through_nvidia_smi(node_factory):
                           n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
                           n.nvmlDeviceGetCurrentClocksEventReasons(h) & 0x2]))
     """)
-    assert run_py(pynvml_env(node), read) == [1500, 2619, 1980, 1500, 1500, 2]
+    assert run_py_json(mount_env(node), read) == [1500, 2619, 1980, 1500, 1500, 2]
     r = smi(node, "-ac", "1000,1500", "-i", "1")
     assert (r.returncode, r.stdout) == (2, f'Specified clock combination "(MEM 1000, SM 1500)" is not supported for '
                                            f"GPU {GPU1}. Run 'nvidia-smi -q -d SUPPORTED_CLOCKS' to see list of "
                                            f"supported clock combinations\n" + TERMINATING)
     r = smi(node, "-rac", "-i", "1")
     assert (r.returncode, r.stdout) == (0, "All done.\n")
-    assert run_py(pynvml_env(node), read) == [1980, 2619, 1980, 1980, 1980, 0]
+    assert run_py_json(mount_env(node), read) == [1980, 2619, 1980, 1980, 1980, 0]
     r = smi(node, "-lmc", "2619", "-i", "1")
     assert (r.returncode, r.stdout) == (0, f'Memory clocks set to "(memClkMin 2619, memClkMax 2619)" for GPU '
                                            f"{GPU1}\nAll done.\n")
@@ -320,12 +323,10 @@ def test_boards_without_auto_boost_or_operation_modes_warn_and_go_on(node_factor
 def test_accounting_reports_a_finished_cuda_process_pid_time_and_max_memory(node_factory):
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is in the test extra")
-    from test_agent import wait_until
     from test_compute_modes import Cuda
-    from test_cuda import mount_env
 
     node = node_factory(gpus=2)
-    env = pynvml_env(node)
+    env = mount_env(node)
     before = Cuda(mount_env(node))  # running before accounting is switched on: never accounted
     try:
         assert before("create", 0) == [0, "CUDA_SUCCESS"]
@@ -340,7 +341,7 @@ def test_accounting_reports_a_finished_cuda_process_pid_time_and_max_memory(node
         # The daemon folds the process table every ~100 ms: the peak it records is the most it saw.
         used = script(f"print(json.dumps([p.usedGpuMemory for p in n.nvmlDeviceGetComputeRunningProcesses("
                       f"n.nvmlDeviceGetHandleByIndex(0)) if p.pid == {pid}]))")
-        wait_until(lambda: run_py(env, used) == [3 << 20], "the job's 3 MiB to be folded in")
+        wait_until(lambda: run_py_json(env, used) == [3 << 20], "the job's 3 MiB to be folded in")
         job.stop()
     finally:
         before.stop()
@@ -352,8 +353,8 @@ def test_accounting_reports_a_finished_cuda_process_pid_time_and_max_memory(node
                               pids=pids, stats=s and [s.isRunning, s.maxMemoryUsage, s.time, s.startTime,
                                                       s.gpuUtilization])))
     """)
-    wait_until(lambda: (run_py(env, stats)["stats"] or [1])[0] == 0, "the job's record to say it exited")
-    out = run_py(env, stats)
+    wait_until(lambda: (run_py_json(env, stats)["stats"] or [1])[0] == 0, "the job's record to say it exited")
+    out = run_py_json(env, stats)
     assert (out["mode"], out["size"], out["pids"]) == (1, 4000, [pid])  # `before` is not accounted
     running, max_memory, time_ms, start_us, util = out["stats"]
     assert (running, max_memory, util) == (0, 3 << 20, 60)
@@ -367,5 +368,5 @@ def test_accounting_reports_a_finished_cuda_process_pid_time_and_max_memory(node
     assert re.search(r"^    Accounting Mode +: Enabled$", smi(node, "-q", "-i", "0").stdout, re.M)
     r = smi(node, "-caa", "-i", "0")
     assert (r.returncode, r.stdout) == (0, f"Cleared Accounted PIDs for GPU {GPU0}.\nAll done.\n")
-    assert run_py(env, stats)["pids"] == []
+    assert run_py_json(env, stats)["pids"] == []
     assert "accounting: 1 (default 0)\n" in node.read("gpu0/config")

@@ -24,6 +24,8 @@ from mokkafs.render import native
 from mokkafs.model.events import Pin
 from mokkafs.model.profiles import load_profile
 
+pytestmark = pytest.mark.level("shims")
+
 SUCCESS, INVALID_ARGUMENT, NOT_FOUND = 0, 2, 6
 CUDA_INVALID_VALUE, CUDA_INVALID_DEVICE = 1, 101
 

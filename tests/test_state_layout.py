@@ -15,6 +15,8 @@ from mokkafs.model.profiles import load_profile
 from mokkafs.daemon.shm.layout import MAGIC, STATE_SIZE, VERSION, ffi, header_path
 from mokkafs.daemon.shm.publisher import Publisher
 
+pytestmark = pytest.mark.level("daemon")
+
 STRUCTS = ["mokka_nvlink", "mokka_gpu_process", "mokka_gpu", "mokka_event", "mokka_state", "mokka_proc_record"]
 
 

@@ -1,4 +1,4 @@
-"""Level 2, a whole daemon: an hour of a node in virtual time, in well under a second.
+"""A whole daemon: an hour of a node in virtual time, in well under a second.
 
 The daemon is started as `mokka mount` starts it (`daemon.start`: controller and persistence,
 the publisher's tick into the state file, the process table, the mirror, /metrics, the refusal
@@ -35,10 +35,11 @@ from mokkafs.model.profiles import load_profile
 from mokkafs.daemon.shm.layout import RING, STATE_SIZE, ffi, state_path
 from mokkafs.render.vfs import ROOT_INO
 
+pytestmark = pytest.mark.level("daemon")
+
 T0 = 1_800_000_000.0  # the simulated node's epoch
 HOUR = 3600.0
 TICK_S = 1.0
-CPU_LIMIT_S = 1.0
 ROOT = pyfuse3.RequestContext()  # uid 0, as the kernel reports a root caller
 
 H100 = load_profile("h100")
@@ -288,7 +289,5 @@ def test_an_hour_in_virtual_time(state_base, expect_log):
     assert out["mem_after_process"] == "0\n"
     # The mirror followed the Xid 79 (the GPU left the bus), as `mokka run` would see it.
     assert out["mirror_had_gpu1"] and not out["mirror_has_gpu1"]
-
-    # CPU time, not wall time: the hour's cost is the daemon's work, which other load on a
-    # 2-core machine does not change (wall time is printed above).
-    assert cpu < CPU_LIMIT_S, f"an hour of simulated time took {cpu:.3f} s of CPU ({wall:.3f} s wall)"
+    # What the hour costs (target: under 1 s of CPU) is bench/bench_virtual_time.py's to measure,
+    # on a quiet machine: CPU time too moves with other load on 2 cores.

@@ -1,4 +1,4 @@
-"""Level 0: the Xid catalogue (model/xid.py) against the model, nvml.h and docs/faults.md, and the
+"""The Xid catalogue (model/xid.py) against the model, nvml.h and docs/faults.md, and the
 typed counter keys (model/counters.py) against nvml.h."""
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from mokkafs.model.events import InjectXid
 from mokkafs.model.node import EVENT_DBE, EVENT_SBE, EVENT_XID
 from mokkafs.model.xid import XIDS, Remap, kernel_log_line, xid_rule
 from mokkafs.model.profiles import load_profile
+
+pytestmark = pytest.mark.level("model")
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = 1_800_000_000.0

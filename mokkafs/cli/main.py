@@ -313,9 +313,9 @@ def cmd_profiles(args) -> int:
     return 0
 
 
-def _count(n: int, noun: str) -> str:
-    """`1 GPU`, `8 GPUs`."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+def _count(n: int, noun: str, plural: str = "") -> str:
+    """`1 GPU`, `8 GPUs`; `4 NVSwitches` given its plural."""
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
 
 
 def cmd_nodes(args) -> int:
@@ -323,16 +323,16 @@ def cmd_nodes(args) -> int:
     from mokkafs.model.profiles import available_compositions, load_composition
 
     names = available_compositions()
-    width = max(map(len, names), default=0)
+    width = max([14, *map(len, names)])
     for name in names:
         try:
             c = load_composition(name)
         except ProfileError as e:
             print(f"{name:<{width}} INVALID: {e}")
             continue
-        switches = _count(c.nvswitches, "NVSwitch") if c.nvswitches else "no NVSwitch"
+        switches = _count(c.nvswitches, "NVSwitch", "NVSwitches") if c.nvswitches else "no NVSwitch"
         hcas = f"{c.hcas} x {c.hca.model}" if c.hca and c.hcas else "no HCA"
-        print(f"{name:<{width}} {_count(c.gpus, 'GPU'):>7}  {c.cpu.numa_nodes} x {c.cpu.arch:<7}  {switches:<13}  "
+        print(f"{name:<{width}} {c.gpus:>2} {'GPU ' if c.gpus == 1 else 'GPUs'}  {c.cpu.numa_nodes} x {c.cpu.arch:<7}  {switches:<13}  "
               f"{hcas:<16} driver {c.driver_version}")
     return 0
 
