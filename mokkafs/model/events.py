@@ -6,6 +6,7 @@ import errno
 from dataclasses import dataclass
 
 from mokkafs.model.counters import MemoryLocation
+from mokkafs.model.nvml_consts import CLOCKS_EVENT_REASONS
 
 # nvmlMemoryLocation_t order; names are what `inject_ecc` accepts.
 MEMORY_LOCATIONS = tuple(loc.spelling for loc in MemoryLocation)
@@ -13,17 +14,21 @@ MEMORY_LOCATIONS = tuple(loc.spelling for loc in MemoryLocation)
 # The signals a `Pin` holds at fixed values (each a control file and a command of the same name).
 PIN_SIGNALS = ("temperature", "power", "utilization", "clocks", "memory_used", "throttle")
 
-# nvmlClocksEventReasons bits, by the names `throttle` accepts (nvidia-smi's spelling, snake case).
+# nvmlClocksEventReasons bits (nvml.h's values), by the names `throttle` accepts (nvidia-smi's
+# spelling, snake case) in bit order.
 THROTTLE_REASONS = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clocks_setting": 0x100,
+    name: CLOCKS_EVENT_REASONS[nvml]
+    for name, nvml in (
+        ("gpu_idle", "GpuIdle"),
+        ("applications_clocks_setting", "ApplicationsClocksSetting"),
+        ("sw_power_cap", "SwPowerCap"),
+        ("hw_slowdown", "HwSlowdown"),
+        ("sync_boost", "SyncBoost"),
+        ("sw_thermal_slowdown", "SwThermalSlowdown"),
+        ("hw_thermal_slowdown", "HwThermalSlowdown"),
+        ("hw_power_brake_slowdown", "HwPowerBrakeSlowdown"),
+        ("display_clocks_setting", "DisplayClockSetting"),
+    )
 }
 # hw_thermal_slowdown and hw_power_brake_slowdown also set hw_slowdown, as the driver does.
 _IMPLIED = {"hw_thermal_slowdown": "hw_slowdown", "hw_power_brake_slowdown": "hw_slowdown"}

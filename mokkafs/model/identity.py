@@ -42,6 +42,11 @@ class Bdf:
         """`0000:53:00`, as the driver prints it in Xid lines (no function)."""
         return f"{self.domain:04x}:{self.bus:02x}:{self.device:02x}"
 
+    @property
+    def board_id(self) -> int:
+        """nvmlDeviceGetBoardId: one number per board, from where it sits (domain and bus)."""
+        return (self.domain << 16) | (self.bus << 8)
+
 
 @dataclass(frozen=True)
 class GpuIdentity:

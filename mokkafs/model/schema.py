@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mokkafs.model.nvml_consts import ADDRESSING_MODES, BRANDS, DEVICE_ARCHS
+
 
 MAX_GPUS = 64
 
@@ -613,6 +615,30 @@ class GpuProfile(_Strict):
         sits in a multi-node NVLink domain (GB200/GB300 NVL); its host is a 72-core Arm Grace
         CPU, never an x86 server."""
         return self.addressing_mode == "ATS" or (self.fabric is not None and self.fabric.multi_node)
+
+    # What NVML reports of these facts, as nvml.h numbers them (the publisher copies them).
+    @property
+    def nvml_brand(self) -> int:
+        """nvmlBrandType_t of `product_brand` ("NVIDIA RTX" is NVML_BRAND_NVIDIA_RTX)."""
+        return BRANDS.get(self.product_brand.upper().replace(" ", "_"), BRANDS["UNKNOWN"])
+
+    @property
+    def nvml_architecture(self) -> int:
+        """NVML_DEVICE_ARCH_* of `architecture` ("Ada Lovelace" is NVML_DEVICE_ARCH_ADA)."""
+        return DEVICE_ARCHS[self.architecture.split()[0].upper()]
+
+    @property
+    def nvml_addressing_mode(self) -> int:
+        """nvmlDeviceAddressingModeType_t of `addressing_mode`."""
+        return ADDRESSING_MODES[self.addressing_mode.upper()]
+
+    @property
+    def c2c_mode(self) -> int:
+        """The NVLink-C2C interface (mokka_state.h's c2c_mode): 0 none (before Hopper), 1 present
+        but disabled, 2 enabled, where a Grace CPU hosts the GPU."""
+        if self.architecture not in ("Hopper", "Blackwell"):
+            return 0
+        return 2 if self.grace else 1
 
     def default_composition(self) -> Composition:
         """The node this board sits in unless told otherwise."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from mokkafs.model.identity import Bdf, NodeConfig, gpu_identities
+from mokkafs.model.nvml_consts import TOPOLOGY_LEVELS
 from mokkafs.model.schema import MAX_CPUS, PLATFORM_ROOT_BUS
 
 MIB = 1 << 20
@@ -107,7 +108,7 @@ class PciFunction:
 
 # nvmlGpuTopologyLevel_t: how far apart two GPUs are on the PCI tree (nvidia-smi topo -m).
 TOPOLOGY_INTERNAL, TOPOLOGY_SINGLE, TOPOLOGY_MULTIPLE, TOPOLOGY_HOSTBRIDGE, TOPOLOGY_NODE, TOPOLOGY_SYSTEM = (
-    0, 10, 20, 30, 40, 50)
+    TOPOLOGY_LEVELS[k] for k in ("INTERNAL", "SINGLE", "MULTIPLE", "HOSTBRIDGE", "NODE", "SYSTEM"))
 
 
 @dataclass(frozen=True)

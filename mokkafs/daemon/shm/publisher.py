@@ -19,6 +19,7 @@ from mokkafs.model.config import COMPUTE_MODES
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS
 from mokkafs.model.mig import ci_span
 from mokkafs.model.node import LogEntry, Readings
+from mokkafs.model.nvml_consts import NVLINK_DEVICE_TYPES
 from mokkafs.daemon.shm.layout import (
     ACCOUNTING_RECORDS,
     MAGIC,
@@ -42,10 +43,6 @@ _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
 _FUTEX_WAKE = 1
 _INT_MAX = 0x7FFFFFFF
 
-BRANDS = {"Quadro": 1, "Tesla": 2, "NVS": 3, "GeForce": 5, "Titan": 6, "NVIDIA RTX": 13, "NVIDIA": 14}
-ARCHITECTURES = {"Turing": 6, "Ampere": 7, "Ada Lovelace": 8, "Hopper": 9, "Blackwell": 10}
-NVLINK_DEVICE_TYPES = {"gpu": 0, "switch": 2}  # nvmlIntNvLinkDeviceType_t
-ADDRESSING_MODES = {"None": 0, "HMM": 1, "ATS": 2}  # nvmlDeviceAddressingModeType_t
 CPU_WORD_BITS = 64
 
 
@@ -77,10 +74,10 @@ def fill_static(g, node: Node, i: int) -> None:
     _put(g.bus_id, ident.bdf.nvml)
     _put(g.bus_id_legacy, ident.bdf.legacy)
     g.index, g.minor = ident.index, ident.minor
-    g.brand = BRANDS.get(p.product_brand, 0)
-    g.architecture = ARCHITECTURES.get(p.architecture, 0xFFFFFFFF)
+    g.brand = p.nvml_brand
+    g.architecture = p.nvml_architecture
     g.cc_major, g.cc_minor = (int(x) for x in p.compute_capability.split("."))
-    g.board_id = (ident.bdf.domain << 16) | (ident.bdf.bus << 8)
+    g.board_id = ident.bdf.board_id
     g.module_id = ident.module_id
     g.numa_node = ident.numa_node
     g.multiprocessor_count = p.sm_count
@@ -93,10 +90,9 @@ def fill_static(g, node: Node, i: int) -> None:
     g.has_fan = int(p.has_fan)
     g.fan_speed = p.fan_speed_pct or 0
     g.mig_capable = int(p.mig_capable)
-    g.addressing_mode = ADDRESSING_MODES[p.addressing_mode]
+    g.addressing_mode = p.nvml_addressing_mode
     g.pdi = ident.pdi
-    # Hopper and later have the C2C interface; it is up where a Grace CPU hosts the GPU
-    g.c2c_mode = 0 if p.architecture not in ("Hopper", "Blackwell") else 2 if p.grace else 1
+    g.c2c_mode = p.c2c_mode
     g.row_remap_banks = p.memory.row_remap_banks or 0
     g.has_row_remapper = int(node.has_row_remapper)
     g.has_fabric = int(p.fabric is not None)
@@ -129,7 +125,7 @@ def fill_static(g, node: Node, i: int) -> None:
     for link, remote in enumerate(node.layout.nvlinks[i]):
         nl = g.nvlink[link]
         nl.version = p.nvlink.version
-        nl.remote_type = NVLINK_DEVICE_TYPES[remote.kind]
+        nl.remote_type = NVLINK_DEVICE_TYPES[remote.kind.upper()]
         if remote.bdf is not None:
             nl.remote_has_pci = 1
             nl.remote_domain, nl.remote_bus, nl.remote_device = remote.bdf.domain, remote.bdf.bus, remote.bdf.device
