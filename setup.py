@@ -35,6 +35,7 @@ def build_nvml(out: Path) -> None:
     (out / "lib").mkdir(parents=True, exist_ok=True)
     (out / "include").mkdir(parents=True, exist_ok=True)
     shutil.copy2(SHIMS / "include" / "mokka_state.h", out / "include" / "mokka_state.h")
+    shutil.copy2(SHIMS / "common" / "mokka_control.h", out / "include" / "mokka_control.h")
     src = SHIMS / "libnvml"
     target = out / "lib" / "libnvidia-ml.so.1"
     cmd = [

@@ -38,21 +38,12 @@ static int time_left(int fd, long long deadline)
     return 1;
 }
 
+#define MOKKA_CTL_WORD(name, word) {word, MOKKA_CTL_##name},
 static const struct {
     const char *word;
     enum mokka_ctl_status status;
-} g_words[] = {
-    {"ok", MOKKA_CTL_OK},
-    {"no_permission", MOKKA_CTL_NO_PERMISSION},
-    {"invalid_argument", MOKKA_CTL_INVALID_ARGUMENT},
-    {"not_supported", MOKKA_CTL_NOT_SUPPORTED},
-    {"gpu_is_lost", MOKKA_CTL_GPU_IS_LOST},
-    {"busy", MOKKA_CTL_BUSY},
-    {"error", MOKKA_CTL_ERROR},
-    {"insufficient_resources", MOKKA_CTL_INSUFFICIENT_RESOURCES},
-    {"in_use", MOKKA_CTL_IN_USE},
-    {"not_found", MOKKA_CTL_NOT_FOUND},
-};
+} g_words[] = {MOKKA_CTL_REPLIES(MOKKA_CTL_WORD)};
+#undef MOKKA_CTL_WORD
 
 static enum mokka_ctl_status parse_reply(char *reply, char *reason, size_t reason_size)
 {

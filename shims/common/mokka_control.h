@@ -15,24 +15,32 @@
 
 #pragma GCC visibility push(hidden)
 
+/* BEGIN PROTOCOL -- the one definition of the control protocol: the daemon
+   (mokkafs/daemon/control_protocol.py parses this region) and the shims read these lines. */
 #define MOKKA_CONTROL_SUFFIX ".ctl.sock"
-#define MOKKA_CONTROL_TIMEOUT_MS 2000
-#define MOKKA_CONTROL_MAX 512 /* bytes of a request or reply line, newline included */
+#define MOKKA_CONTROL_TIMEOUT_MS 2000 /* what a caller waits, all told, before it gives up on the daemon */
+#define MOKKA_CONTROL_MAX 512         /* bytes of a request or reply line, newline included */
+/* A reply's first word, in this order. Each shim maps it to its API's error (docs/setters.md). */
+#define MOKKA_CTL_REPLIES(X)                                                                   \
+    X(OK, "ok")                                                                                \
+    X(NO_PERMISSION, "no_permission")       /* neither root nor the control group */           \
+    X(INVALID_ARGUMENT, "invalid_argument") /* refused: it did not parse or fit; nothing changed */ \
+    X(NOT_SUPPORTED, "not_supported")       /* the board does not offer it */                  \
+    X(GPU_IS_LOST, "gpu_is_lost")           /* the GPU fell off the bus */                     \
+    X(BUSY, "busy")                         /* too many connections from this uid */           \
+    X(ERROR, "error")                       /* the daemon failed (its log says why), or a reply no client knows */ \
+    X(INSUFFICIENT_RESOURCES, "insufficient_resources") /* no room for a MIG instance */      \
+    X(IN_USE, "in_use")                     /* MIG instances or processes are on it */         \
+    X(NOT_FOUND, "not_found")               /* no MIG instance of that id */
+/* END PROTOCOL */
 
 /* The reply's first word, and what happened when there was none. */
+#define MOKKA_CTL_ENUM(name, word) MOKKA_CTL_##name,
 enum mokka_ctl_status {
-    MOKKA_CTL_OK = 0,
-    MOKKA_CTL_NO_PERMISSION,    /* "no_permission": neither root nor the control group */
-    MOKKA_CTL_INVALID_ARGUMENT, /* "invalid_argument": refused, nothing changed */
-    MOKKA_CTL_NOT_SUPPORTED,    /* "not_supported": the board does not offer it */
-    MOKKA_CTL_GPU_IS_LOST,      /* "gpu_is_lost" */
-    MOKKA_CTL_BUSY,             /* "busy": too many connections from this uid */
-    MOKKA_CTL_ERROR,            /* "error", or a reply no client knows */
-    MOKKA_CTL_NO_DAEMON,        /* no socket, nobody listening, or no reply in time */
-    MOKKA_CTL_INSUFFICIENT_RESOURCES, /* "insufficient_resources": no room for a MIG instance */
-    MOKKA_CTL_IN_USE,           /* "in_use": MIG instances or processes are on it */
-    MOKKA_CTL_NOT_FOUND,        /* "not_found": no MIG instance of that id */
+    MOKKA_CTL_REPLIES(MOKKA_CTL_ENUM)
+    MOKKA_CTL_NO_DAEMON, /* no socket, nobody listening, or no reply in time */
 };
+#undef MOKKA_CTL_ENUM
 
 /* Send `line` (no newline) to the control socket beside the state file the shim mapped
    (mokka_path(); MOKKA_CTL_NO_DAEMON before one was mapped). `reason` (may be NULL) gets the

@@ -10,9 +10,7 @@ from pathlib import Path
 
 from cffi import FFI
 
-STATE_FILE = "state"
-STATE_ENV = "MOKKA_STATE"
-DEFAULT_STATE_PATH = "/run/mokka/state"
+STATE_FILE = "state"  # in the state directory (the driver root's run/mokka links to it)
 
 _PACKAGE = Path(__file__).resolve().parents[2]  # mokkafs/
 HEADER_CANDIDATES = [
@@ -45,9 +43,19 @@ def make_ffi() -> FFI:
     return ffi
 
 
+def string_defines(path: Path | None = None) -> dict[str, str]:
+    """The header's `#define MOKKA_X "text"` lines (paths, names and suffixes the shims use)."""
+    return dict(re.findall(r'^#define (MOKKA_\w+) "([^"]*)"', (path or header_path()).read_text(), re.M))
+
+
 ffi = make_ffi()
 libc = ffi.dlopen(None)  # the header's constants, and libc's syscall for the futex wake
-MAGIC = 0x4554415453414B4D
+_STRINGS = string_defines()
+STATE_ENV = _STRINGS["MOKKA_STATE_ENV"]
+DEFAULT_STATE_PATH = _STRINGS["MOKKA_STATE_DEFAULT_PATH"]
+PROCS_SOCK_SUFFIX = _STRINGS["MOKKA_PROCS_SOCK_SUFFIX"]
+PROCS_LOCK_SUFFIX = _STRINGS["MOKKA_PROCS_LOCK_SUFFIX"]
+MAGIC = libc.MOKKA_STATE_MAGIC
 RETIRED = libc.MOKKA_STATE_RETIRED  # the magic of a file the daemon left for a new one
 VERSION = libc.MOKKA_STATE_VERSION
 MAX_GPUS = libc.MOKKA_MAX_GPUS

@@ -25,14 +25,17 @@ from mokkafs.daemon.clock import Clock, WallClock
 from mokkafs.daemon.controller import Controller
 from mokkafs.model import InvalidCommand
 from mokkafs.model.events import MAX_PID, MAX_PROCESS_BYTES, SetProcesses
-from mokkafs.daemon.shm.layout import MAX_GPU_PROCS, MAX_GPUS, ffi, libc
+from mokkafs.daemon.shm.layout import MAX_GPU_PROCS, MAX_GPUS, PROCS_LOCK_SUFFIX, PROCS_SOCK_SUFFIX, ffi, libc
 from mokkafs.daemon.unix_listener import serve_unix
 
 log = logging.getLogger(__name__)
 
 TICK_S = 0.1
-SUFFIX = ".procs"
-MAGIC = 0x53434F5250414B4D
+# `<state>.procs` is the stem of the accounting files: `.sock` and `.lock<N>` after it, as the
+# header names them for the shims.
+SUFFIX = PROCS_SOCK_SUFFIX.removesuffix(".sock")
+assert PROCS_LOCK_SUFFIX == f"{SUFFIX}.lock", "mokka_state.h's process-table suffixes share one stem"
+MAGIC = libc.MOKKA_PROCS_MAGIC
 VERSION = libc.MOKKA_PROCS_VERSION
 # Live records per uid. A node of 8 GPUs runs a few CUDA processes per GPU per user (a
 # DataLoader's workers do not take contexts); 64 leaves room for that and bounds what one user
