@@ -345,7 +345,7 @@ def test_a_node_the_composition_schema_cannot_hold_is_refused():
 
 def test_the_recorder_calls_no_nvml_setter():
     """Read-only by construction too: no NVML call that changes the node appears in the recorder."""
-    source = (REPO / "mokkafs" / "profile_record.py").read_text()
+    source = (REPO / "mokkafs" / "cli" / "profile_record.py").read_text()
     calls = set(re.findall(r"\bnvml\w+", source))
     assert calls and not {c for c in calls if re.search(r"(Set|Clear|Reset|Create|Destroy|Register)", c)}
 

@@ -323,7 +323,8 @@ def test_mokka_scenario_run_wait_and_an_nvml_waiter_gets_its_xids(node_factory, 
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert waiter.stdout.readline() == "waiting\n"
-        start = round(time.time() + 1.0, 3)  # a wall-clock zero, so each Xid has a scheduled time
+        start = round(time.time() + 5.0, 3)  # a wall-clock zero, so each Xid has a scheduled time; 5 s
+        # ahead, since a loaded machine can take seconds to start the command that sets it
         done = node.cli("scenario", "run", str(good), "--root", str(node.mnt), "--speed", "2",
                         "--start", start_text(start), "--wait")  # fmt: skip
         assert done.stdout == "short finished (3 commands)\n"
