@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
-"""Write tests/fixtures/render_digests.json: for every shipped profile, a digest of every entry of
-its whole rendered tree (sys/, proc/, dev/, node/, gpuN/, ib/, driver/) and of every record the
-shims read (each GPU's state record, the MIG tables, the driver strings), for a node built with
-the profile's default composition at a fixed instant. The fixture was first written by the code
-before node compositions were split out of the profiles; tests/test_compositions.py checks that
-every shipped profile still renders to it. `--check` fails where the committed file differs.
+"""Write tests/fixtures/render/<profile>.txt, readable golden files: for every shipped profile,
+every entry of its whole rendered tree (sys/, proc/, dev/, node/, gpuN/, ib/, driver/) with its
+kind, mode and content (text up to 512 bytes as one escaped line, anything larger or binary as a
+digest), and every field of every record the shims read (each GPU's state record, the MIG tables,
+the driver strings) that is not zero, for a node built with the profile's default composition at a
+fixed instant. One line per entry or field, so an intended render change reads as a diff.
+tests/test_compositions.py checks that every shipped profile still renders to it. `--check` fails
+where a committed file differs.
 
     python scripts/gen_render_digests.py [--check]
 """
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
-import json
 import sys
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from mokkafs.model.profiles import available_profiles, load_profile  # noqa: E40
 from mokkafs.render.tree import root  # noqa: E402
 from mokkafs.render.vfs import CharDev, Ctx, Dir, File, Symlink  # noqa: E402
 
-FIXTURE = ROOT / "tests" / "fixtures" / "render_digests.json.gz"  # gzip of sorted JSON, mtime 0
+FIXTURES = ROOT / "tests" / "fixtures" / "render"  # <profile>.txt: `key<TAB>what it is`, sorted
 BORN = 1_700_000_000.0
 NOW = BORN + 3600.0  # an hour in: drifted readings, energy, counters
 HOSTNAME = "digest-host"
@@ -36,30 +36,45 @@ PROFILES = ("a100", "b200", "gb200", "gb300", "h100", "h200", "l40s", "t4")
 BUILT = ("driver/usr/lib64/", "driver/usr/bin/")
 
 
+TEXT_LIMIT = 512  # bytes of content a golden line shows; past it, a digest
+
+
 def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:20]
+    return "sha256:" + hashlib.sha256(data).hexdigest()[:20]
+
+
+def _content(data: bytes) -> str:
+    """Short text as one escaped line; larger or binary content as its digest."""
+    if len(data) <= TEXT_LIMIT:
+        try:
+            text = data.decode("ascii")
+        except UnicodeDecodeError:
+            return _digest(data)
+        if text.isprintable() or all(c.isprintable() or c in "\n\t" for c in text):
+            return repr(text)
+    return _digest(data)
 
 
 def tree_digests(node: Node, now: float = NOW) -> dict[str, str]:
-    """path -> digest of what that entry is (kind, mode, content, target, device numbers)."""
+    """path -> what that entry is (kind, mode, content or its digest, target, device numbers)."""
     ctx = Ctx(node, now)
     out: dict[str, str] = {}
 
     def walk(path: str, entry) -> None:
         if isinstance(entry, Dir):
             children = entry.children(ctx)
-            out[path or "."] = _digest(f"d {entry.mode:o} {' '.join(sorted(children))}".encode())
+            out[path or "."] = f"d {entry.mode:o} {' '.join(sorted(children))}"
             for name, child in children.items():
                 walk(f"{path}/{name}" if path else name, child)
         elif isinstance(entry, Symlink):
-            out[path] = _digest(f"l {entry.resolve(ctx)}".encode())
+            out[path] = f"l {entry.resolve(ctx)}"
         elif isinstance(entry, CharDev):
-            out[path] = _digest(f"c {entry.major} {entry.minor} {entry.mode:o}".encode())
+            out[path] = f"c {entry.major}:{entry.minor} {entry.mode:o}"
         elif isinstance(entry, File):
             if path.startswith(BUILT):
-                out[path] = _digest(f"f {entry.perm:o} built".encode())
+                out[path] = f"f {entry.perm:o} built"
             else:
-                out[path] = _digest(f"f {entry.perm:o} {entry.size} ".encode() + entry.read(ctx))
+                out[path] = f"f {entry.perm:o} {entry.size} {_content(entry.read(ctx))}"
         else:
             raise TypeError(f"{path}: {entry!r}")
 
@@ -67,25 +82,48 @@ def tree_digests(node: Node, now: float = NOW) -> dict[str, str]:
     return out
 
 
+def _fields(cdata, prefix: str, out: dict[str, str]) -> None:
+    """Every non-zero primitive under the cffi struct `cdata`, as `prefix.field[i]...`; char
+    arrays as their string."""
+    from mokkafs.daemon.shm.layout import ffi
+
+    for name, field in ffi.typeof(cdata).fields:
+        _value(getattr(cdata, name), field.type, f"{prefix}.{name}", out)
+
+
+def _value(value, ctype, key: str, out: dict[str, str]) -> None:
+    from mokkafs.daemon.shm.layout import ffi
+
+    if ctype.kind == "struct":
+        _fields(value, key, out)
+    elif ctype.kind == "array" and ctype.item.cname == "char":
+        if text := ffi.string(value).decode("latin-1"):
+            out[key] = repr(text)
+    elif ctype.kind == "array":
+        for i in range(ctype.length):
+            _value(value[i], ctype.item, f"{key}[{i}]", out)
+    elif value:
+        out[key] = str(value)
+
+
 def state_digests(node: Node, now: float = NOW) -> dict[str, str]:
-    """What the publisher writes for this node, record by record (the shims' only input)."""
+    """What the publisher writes for this node, field by field (the shims' only input)."""
     from mokkafs.daemon.shm.layout import ffi
     from mokkafs.daemon.shm.publisher import cuda_version_int, fill_gpu, fill_mig_tables
 
     cfg = node.config
-    out = {
-        "state/header": _digest(
-            f"{len(node.gpus)} {cuda_version_int(cfg.cuda_version)} {cfg.driver_version} {cfg.hostname}".encode()
-        )
-    }
+    out = {"state/header": f"{len(node.gpus)} {cuda_version_int(cfg.cuda_version)} {cfg.driver_version} {cfg.hostname}"}
     for i in range(len(node.gpus)):
         g = ffi.new("struct mokka_gpu *")
         fill_gpu(g[0], node, i, now)
-        out[f"state/gpu{i}"] = _digest(bytes(ffi.buffer(g)))
+        _fields(g[0], f"state/gpu{i}", out)
     st = ffi.new("struct mokka_state *")
     fill_mig_tables(st, node)
     start = ffi.offsetof("struct mokka_state", "mig_memory_slices")
-    out["state/mig_tables"] = _digest(bytes(ffi.buffer(st))[start:])
+    # the MIG tables: the fields from mig_memory_slices on (the GPUs are above, the header apart)
+    for name, field in ffi.typeof("struct mokka_state").fields:
+        if field.offset >= start:
+            _value(getattr(st[0], name), field.type, f"state/mig_tables.{name}", out)
     return out
 
 
@@ -101,22 +139,31 @@ def generate() -> dict[str, dict[str, str]]:
     return {p: digests(p) for p in PROFILES}
 
 
+def _text(body: dict[str, str]) -> str:
+    return "".join(f"{key}\t{value}\n" for key, value in sorted(body.items()))
+
+
 def load_fixture() -> dict[str, dict[str, str]]:
-    return json.loads(gzip.decompress(FIXTURE.read_bytes()))
+    return {p.stem: dict(line.split("\t", 1) for line in p.read_text().splitlines())
+            for p in sorted(FIXTURES.glob("*.txt"))}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="fail if the committed fixture is stale")
+    ap.add_argument("--check", action="store_true", help="fail if a committed golden file is stale")
     args = ap.parse_args()
     body = generate()
     if args.check:
-        if not FIXTURE.is_file() or load_fixture() != body:
-            print(f"{FIXTURE.relative_to(ROOT)} is stale; run scripts/gen_render_digests.py", file=sys.stderr)
+        stale = [p for p, d in body.items() if not (FIXTURES / f"{p}.txt").is_file()
+                 or (FIXTURES / f"{p}.txt").read_text() != _text(d)]
+        if stale:
+            print(f"{FIXTURES.relative_to(ROOT)}/{{{','.join(stale)}}}.txt stale; run scripts/gen_render_digests.py",
+                  file=sys.stderr)
             return 1
         return 0
-    text = json.dumps(body, indent=0, sort_keys=True) + "\n"
-    FIXTURE.write_bytes(gzip.compress(text.encode(), mtime=0))
+    FIXTURES.mkdir(exist_ok=True)
+    for p, d in body.items():
+        (FIXTURES / f"{p}.txt").write_text(_text(d))
     return 0
 
 

@@ -19,7 +19,7 @@ GENERATORS = {
     "cuda": ("shims/gen_cuda.py", "libcuda's exports, stubs, cuGetProcAddress table and error names from cuda.h"),
     "nvidia-smi": ("shims/nvidia-smi/gen_smi.py", "smi_gen.h from the real captures and NVIDIA's binaries' records"),
     "faults-doc": ("scripts/gen_faults_doc.py", "docs/faults.md's Xid tables from the catalogue"),
-    "render-digests": ("scripts/gen_render_digests.py", "tests/fixtures/render_digests.json.gz"),
+    "render-digests": ("scripts/gen_render_digests.py", "tests/fixtures/render/<profile>.txt, the readable golden renders"),
 }
 
 
