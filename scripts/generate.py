@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # name -> (the generator, what it writes)
 GENERATORS = {
-    "nvml-consts": ("scripts/gen_nvml_consts.py", "mokkafs/model/nvml_consts.py from nvml.h"),
+    "consts": ("scripts/gen_consts.py", "mokkafs/model/nvml_consts.py from nvml.h, state_limits.py from mokka_state.h"),
     "nvml-stubs": ("shims/gen_nvml.py", "libnvidia-ml's export list and NOT_SUPPORTED stubs from nvml.h"),
     "cuda": ("shims/gen_cuda.py", "libcuda's exports, stubs, cuGetProcAddress table and error names from cuda.h"),
     "nvidia-smi": ("shims/nvidia-smi/gen_smi.py", "smi_gen.h from the real captures and NVIDIA's binaries' records"),

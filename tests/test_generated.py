@@ -50,3 +50,14 @@ def test_every_generator_is_fresh():
     res = subprocess.run([sys.executable, str(REPO / "scripts" / "generate.py"), "--check"], capture_output=True,
                          text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_models_state_limits_are_the_layouts():
+    """mokkafs/model/state_limits.py (generated) holds what cffi reads in mokka_state.h, the header
+    the shims compile against: the model's bounds (GPUs, NVLinks, MIG instances) are the layout's."""
+    from mokkafs.daemon.shm.layout import libc
+    from mokkafs.model import state_limits
+
+    names = [n for n in dir(state_limits) if n.isupper()]
+    assert len(names) > 10
+    assert {n: getattr(state_limits, n) for n in names} == {n: getattr(libc, f"MOKKA_{n}") for n in names}

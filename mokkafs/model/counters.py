@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from enum import IntEnum
 from typing import NamedTuple, TypeVar
+from mokkafs.model import state_limits
 
 _E = TypeVar("_E", bound="_Spelled")
 
@@ -112,7 +113,7 @@ class NvLinkCounter(_Spelled):
 
 
 NVLINK_COUNTERS: tuple[NvLinkCounter, ...] = tuple(NvLinkCounter)
-MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
+MAX_NVLINKS = state_limits.MAX_NVLINKS  # NVML_NVLINK_MAX_LINKS, what the shared state holds
 
 
 def zero_nvlink() -> dict[NvLinkCounter, int]:

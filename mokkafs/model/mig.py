@@ -22,8 +22,9 @@ from dataclasses import dataclass, field, replace
 from mokkafs.model.config import NotSupported
 from mokkafs.model.events import Event, InvalidCommand
 from mokkafs.model.schema import GpuProfile, Mig, MigComputeProfile, MigGpuProfile
+from mokkafs.model import state_limits
 
-MAX_GPU_INSTANCES = 8  # per GPU: a 7-instance layout, and 8 memory slices (mokka_state.h holds this many)
+MAX_GPU_INSTANCES = state_limits.MAX_GPU_INSTANCES  # per GPU: a 7-instance layout, and 8 memory slices
 MAX_COMPUTE_INSTANCES = 8  # per GPU instance (a 7g GPU instance splits into at most 7; NVML counts 8 slices)
 MAX_LIST = 8  # instances one command may create
 # The driver's minors of the MIG capability files (proc/driver/nvidia-caps/mig-minors): 15 GPU

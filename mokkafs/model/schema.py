@@ -15,9 +15,10 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mokkafs.model.nvml_consts import ADDRESSING_MODES, BRANDS, DEVICE_ARCHS
+from mokkafs.model import state_limits
 
 
-MAX_GPUS = 64
+MAX_GPUS = state_limits.MAX_GPUS  # what the shared state holds
 
 
 class ProfileError(ValueError):
@@ -151,7 +152,7 @@ class InfoRom(_Strict):
 
 
 class NvLink(_Strict):
-    links: Annotated[int, Field(ge=0, le=18)]
+    links: Annotated[int, Field(ge=0, le=state_limits.MAX_NVLINKS)]
     version: Annotated[int, Field(ge=0, le=5)]
     link_speed_gbps: Annotated[float, Field(ge=0)]  # per-link, per direction
 
@@ -258,7 +259,7 @@ class NodeDefaults(_Strict):
         return self
 
 
-MAX_CPUS = 1024  # what NVML's CPU masks carry ("currently supports up to 1024 processors")
+MAX_CPUS = state_limits.CPU_WORDS * 64  # what NVML's CPU masks carry ("currently supports up to 1024 processors")
 PLATFORM_ROOT_BUS = 0xD8  # the platform complex (NVSwitches, HCAs beside no GPU) takes buses from here
 
 
