@@ -1,0 +1,135 @@
+/* nvidia-smi's values: the shapes of getter that fields.yaml's rows name, for the generated
+   dispatch (smi_values_gen.c) and the getters written by hand (smi_values.c).
+
+   A shape expands inside value(d, key, out, n): it calls NVML for GPU d, writes the value into
+   out and answers V_OK, or answers the NVML error as V_NA / V_DEPRECATED (from()). An UPPERCASE
+   shape is a macro, since the NVML getter it calls is an argument; every output of an NVML call
+   is read after the call (a by-value argument could be read before). */
+#ifndef SMI_VALUES_H
+#define SMI_VALUES_H
+
+#include "smi.h"
+
+enum vr from(nvmlReturn_t r);
+__attribute__((format(printf, 3, 4))) enum vr put(char *out, size_t n, const char *fmt, ...);
+
+/* A string getter: f(h, ARGS..., out, n). */
+#define STR(f, ...) from(NV(f, d->h, ##__VA_ARGS__, out, (unsigned)(n)))
+/* A string getter that takes no length (its buffer has NVML's fixed size, which out has). */
+#define STR_UNSIZED(f) from(NV(f, d->h, out))
+/* One scalar output of `type` (an unsigned or an enum: 4 bytes; or unsigned long long), printed
+   with fmt: f(h, ARGS..., &v). */
+#define SCALAR(type, fmt, f, ...)                                                                 \
+    ({                                                                                            \
+        type v_ = 0;                                                                              \
+        nvmlReturn_t r_ = NV(f, d->h, ##__VA_ARGS__, (void *)&v_);                                \
+        r_ == NVML_SUCCESS ? put(out, n, fmt, v_) : from(r_);                                     \
+    })
+#define U32(f, ...) SCALAR(unsigned, "%u", f, ##__VA_ARGS__)
+/* Milliwatts, printed as watts with two decimals. */
+#define WATTS(f, ...)                                                                             \
+    ({                                                                                            \
+        unsigned mw_ = 0;                                                                         \
+        nvmlReturn_t r_ = NV(f, d->h, ##__VA_ARGS__, &mw_);                                       \
+        r_ == NVML_SUCCESS ? put(out, n, "%u.%02u", mw_ / 1000, (mw_ % 1000) / 10) : from(r_);    \
+    })
+/* An enumerated output as the tool's word for it: word(v), NULL for no word (N/A). */
+#define WORD(f, word)                                                                             \
+    ({                                                                                            \
+        unsigned v_ = 0;                                                                          \
+        nvmlReturn_t r_ = NV(f, d->h, (void *)&v_);                                               \
+        const char *w_ = r_ == NVML_SUCCESS ? word(v_) : NULL;                                    \
+        r_ != NVML_SUCCESS ? from(r_) : w_ ? put(out, n, "%s", w_) : V_NA;                        \
+    })
+/* An engine's utilization (f(h, &percent, &sampling period)). */
+#define UTILIZATION(f)                                                                            \
+    ({                                                                                            \
+        unsigned u_ = 0, period_ = 0;                                                             \
+        nvmlReturn_t r_ = NV(f, d->h, &u_, &period_);                                             \
+        r_ == NVML_SUCCESS ? put(out, n, "%u", u_) : from(r_);                                    \
+    })
+/* One member of the struct a fill function of smi_values.c reads (`expr` is the member, with any
+   arithmetic on it: "total >> 20"). */
+#define MEMBER(fill, fmt, expr)                                                                   \
+    ({                                                                                            \
+        nvmlReturn_t r_ = NVML_SUCCESS;                                                           \
+        __typeof__(fill(d, &r_)) s_ = fill(d, &r_);                                               \
+        r_ == NVML_SUCCESS ? put(out, n, fmt, s_.expr) : from(r_);                                \
+    })
+/* One field value (nvmlDeviceGetFieldValues) divided by `scale`. */
+#define FIELD(id, fmt, scale)                                                                     \
+    ({                                                                                            \
+        unsigned long long v_ = 0;                                                                \
+        nvmlReturn_t r_ = field_u64(d, (id), &v_);                                                \
+        r_ == NVML_SUCCESS ? put(out, n, fmt, v_ / (scale)) : from(r_);                           \
+    })
+/* One field value as the tool's word for it. */
+#define FIELD_WORD(id, word)                                                                      \
+    ({                                                                                            \
+        unsigned long long v_ = 0;                                                                \
+        nvmlReturn_t r_ = field_u64(d, (id), &v_);                                                \
+        const char *w_ = r_ == NVML_SUCCESS ? word(v_) : NULL;                                    \
+        r_ != NVML_SUCCESS ? from(r_) : w_ ? put(out, n, "%s", w_) : V_NA;                        \
+    })
+/* A string of GPU d the daemon publishes in the shared state, for what NVML has no call for. */
+#define STATE(member) (STATE_STRING(d->index, member, out, n) ? V_OK : V_NA)
+/* A value of the run (driver, CUDA version, GPU count, index). */
+#define TEXT(fmt, expr) put(out, n, fmt, expr)
+
+nvmlReturn_t field_u64(const struct dev *d, unsigned id, unsigned long long *v);
+
+/* The tool's words for enumerated values; NULL where it has none. */
+const char *enabled_word(unsigned long long v);
+const char *yes_no_word(unsigned long long v);
+const char *supported_word(unsigned long long v);
+const char *arch_name(unsigned long long a);
+const char *brand_name(unsigned long long b);
+const char *compute_mode_name(unsigned long long m);
+const char *virtualization_word(unsigned long long m);
+const char *recovery_action_word(unsigned long long a);
+
+/* Fill functions for MEMBER: one NVML call's struct, its error in *r. */
+nvmlPciInfo_t pci_info(const struct dev *d, nvmlReturn_t *r);
+nvmlPciInfoExt_t pci_info_ext(const struct dev *d, nvmlReturn_t *r);
+nvmlMemory_v2_t memory_info(const struct dev *d, nvmlReturn_t *r);
+nvmlBAR1Memory_t bar1_memory_info(const struct dev *d, nvmlReturn_t *r);
+nvmlUtilization_t utilization_rates(const struct dev *d, nvmlReturn_t *r);
+struct ecc_mode { nvmlEnableState_t current, pending; };
+struct ecc_mode ecc_mode(const struct dev *d, nvmlReturn_t *r);
+struct remapped_rows { unsigned correctable, uncorrectable, pending, failure; };
+struct remapped_rows remapped_rows(const struct dev *d, nvmlReturn_t *r);
+nvmlMarginTemperature_t margin_temperature(const struct dev *d, nvmlReturn_t *r);
+nvmlPdi_t pdi(const struct dev *d, nvmlReturn_t *r);
+nvmlC2cModeInfo_v1_t c2c_mode_info(const struct dev *d, nvmlReturn_t *r);
+nvmlMemory_t protected_memory(const struct dev *d, nvmlReturn_t *r);
+struct encoder_stats { unsigned sessions, fps, latency; };
+struct encoder_stats encoder_stats(const struct dev *d, nvmlReturn_t *r);
+nvmlFBCStats_t fbc_stats(const struct dev *d, nvmlReturn_t *r);
+nvmlEccSramErrorStatus_t sram_ecc_status(const struct dev *d, nvmlReturn_t *r);
+nvmlRepairStatus_t repair_status(const struct dev *d, nvmlReturn_t *r);
+nvmlRowRemapperHistogramValues_t row_remapper_histogram(const struct dev *d, nvmlReturn_t *r);
+nvmlDeviceCapabilities_t capabilities(const struct dev *d, nvmlReturn_t *r);
+nvmlRemappedRowsInfo_v2_t remapped_rows_v2(const struct dev *d, nvmlReturn_t *r);
+nvmlUnrepairableMemoryStatus_v1_t unrepairable_memory(const struct dev *d, nvmlReturn_t *r);
+
+/* Getters of more than one call or output: (d, out, n, ARGS...) as value(). */
+enum vr csv_timestamp(const struct dev *d, char *out, size_t n);
+enum vr mig_mode(const struct dev *d, char *out, size_t n, int pending);
+enum vr addressing_mode(const struct dev *d, char *out, size_t n);
+enum vr compute_cap(const struct dev *d, char *out, size_t n);
+enum vr pstate(const struct dev *d, char *out, size_t n);
+enum vr reason(const struct dev *d, char *out, size_t n, unsigned long long bit);
+enum vr ecc_count(const struct dev *d, char *out, size_t n, nvmlMemoryErrorType_t t, nvmlEccCounterType_t c,
+                  nvmlMemoryLocation_t loc);
+enum vr ecc_total(const struct dev *d, char *out, size_t n, nvmlMemoryErrorType_t t, nvmlEccCounterType_t c);
+enum vr retired(const struct dev *d, char *out, size_t n, nvmlPageRetirementCause_t cause);
+enum vr temp_threshold(const struct dev *d, char *out, size_t n, nvmlTemperatureThresholds_t t);
+enum vr temp_tlimit(const struct dev *d, char *out, size_t n, unsigned field);
+enum vr power_limit_range(const struct dev *d, char *out, size_t n, int max);
+enum fabric_part { FABRIC_STATE, FABRIC_STATUS, FABRIC_CLIQUE_ID, FABRIC_CLUSTER_UUID };
+enum vr fabric(const struct dev *d, char *out, size_t n, enum fabric_part part);
+enum fabric_health_part { HEALTH_SUMMARY, HEALTH_BANDWIDTH, HEALTH_ROUTE_RECOVERY, HEALTH_ROUTE_UNHEALTHY,
+                          HEALTH_ACCESS_TIMEOUT_RECOVERY, HEALTH_INCORRECT_CONFIGURATION };
+enum vr fabric_health(const struct dev *d, char *out, size_t n, enum fabric_health_part part);
+
+#endif
