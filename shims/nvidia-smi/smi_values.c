@@ -84,11 +84,11 @@ const char *recovery_action_word(unsigned long long a)
     return a < sizeof(ACTIONS) / sizeof(ACTIONS[0]) ? ACTIONS[a] : NULL;
 }
 
-/* ---- fill functions (MEMBER) ----------------------------------------------------------- */
+/* ---- what MEMBER reads: the outputs of one NVML getter ----------------------------------------------------------- */
 
-/* A struct filled by one call; `init` sets its version where NVML wants one. */
-#define FILL(type, name, f, init)                                                                 \
-    type name(const struct dev *d, nvmlReturn_t *r)                                               \
+/* fill_f: the struct NVML getter f fills; `init` sets its version where NVML wants one. */
+#define FILL(type, f, init)                                                                       \
+    type fill_##f(const struct dev *d, nvmlReturn_t *r)                                           \
     {                                                                                             \
         type s;                                                                                   \
         memset(&s, 0, sizeof(s));                                                                 \
@@ -97,47 +97,47 @@ const char *recovery_action_word(unsigned long long a)
         return s;                                                                                 \
     }
 
-FILL(nvmlPciInfo_t, pci_info, nvmlDeviceGetPciInfo_v3, (void)0)
-FILL(nvmlMemory_v2_t, memory_info, nvmlDeviceGetMemoryInfo_v2, s.version = nvmlMemory_v2)
-FILL(nvmlBAR1Memory_t, bar1_memory_info, nvmlDeviceGetBAR1MemoryInfo, (void)0)
-FILL(nvmlUtilization_t, utilization_rates, nvmlDeviceGetUtilizationRates, (void)0)
-FILL(nvmlMarginTemperature_t, margin_temperature, nvmlDeviceGetMarginTemperature, s.version = nvmlMarginTemperature_v1)
-FILL(nvmlPdi_t, pdi, nvmlDeviceGetPdi, s.version = nvmlPdi_v1)
-FILL(nvmlC2cModeInfo_v1_t, c2c_mode_info, nvmlDeviceGetC2cModeInfoV, (void)0)
-FILL(nvmlMemory_t, protected_memory, nvmlDeviceGetConfComputeProtectedMemoryUsage, (void)0)
-FILL(nvmlFBCStats_t, fbc_stats, nvmlDeviceGetFBCStats, (void)0)
-FILL(nvmlEccSramErrorStatus_t, sram_ecc_status, nvmlDeviceGetSramEccErrorStatus, s.version = nvmlEccSramErrorStatus_v1)
-FILL(nvmlRepairStatus_t, repair_status, nvmlDeviceGetRepairStatus, s.version = nvmlRepairStatus_v1)
-FILL(nvmlRowRemapperHistogramValues_t, row_remapper_histogram, nvmlDeviceGetRowRemapperHistogram, (void)0)
-FILL(nvmlDeviceCapabilities_t, capabilities, nvmlDeviceGetCapabilities, s.version = nvmlDeviceCapabilities_v1)
-FILL(nvmlRemappedRowsInfo_v2_t, remapped_rows_v2, nvmlDeviceGetRemappedRows_v2, (void)0)
-FILL(nvmlUnrepairableMemoryStatus_v1_t, unrepairable_memory, nvmlDeviceGetUnrepairableMemoryFlag_v1, (void)0)
+FILL(nvmlPciInfo_t, nvmlDeviceGetPciInfo_v3, (void)0)
+FILL(nvmlMemory_v2_t, nvmlDeviceGetMemoryInfo_v2, s.version = nvmlMemory_v2)
+FILL(nvmlBAR1Memory_t, nvmlDeviceGetBAR1MemoryInfo, (void)0)
+FILL(nvmlUtilization_t, nvmlDeviceGetUtilizationRates, (void)0)
+FILL(nvmlMarginTemperature_t, nvmlDeviceGetMarginTemperature, s.version = nvmlMarginTemperature_v1)
+FILL(nvmlPdi_t, nvmlDeviceGetPdi, s.version = nvmlPdi_v1)
+FILL(nvmlC2cModeInfo_v1_t, nvmlDeviceGetC2cModeInfoV, (void)0)
+FILL(nvmlMemory_t, nvmlDeviceGetConfComputeProtectedMemoryUsage, (void)0)
+FILL(nvmlFBCStats_t, nvmlDeviceGetFBCStats, (void)0)
+FILL(nvmlEccSramErrorStatus_t, nvmlDeviceGetSramEccErrorStatus, s.version = nvmlEccSramErrorStatus_v1)
+FILL(nvmlRepairStatus_t, nvmlDeviceGetRepairStatus, s.version = nvmlRepairStatus_v1)
+FILL(nvmlRowRemapperHistogramValues_t, nvmlDeviceGetRowRemapperHistogram, (void)0)
+FILL(nvmlDeviceCapabilities_t, nvmlDeviceGetCapabilities, s.version = nvmlDeviceCapabilities_v1)
+FILL(nvmlRemappedRowsInfo_v2_t, nvmlDeviceGetRemappedRows_v2, (void)0)
+FILL(nvmlUnrepairableMemoryStatus_v1_t, nvmlDeviceGetUnrepairableMemoryFlag_v1, (void)0)
 
 /* The PCI class codes; the tool asks for them after the PCI info, so a GPU without PCI info has none. */
-nvmlPciInfoExt_t pci_info_ext(const struct dev *d, nvmlReturn_t *r)
+nvmlPciInfoExt_t fill_nvmlDeviceGetPciInfoExt(const struct dev *d, nvmlReturn_t *r)
 {
     nvmlPciInfoExt_t ext = {.version = nvmlPciInfoExt_v1};
-    pci_info(d, r);
+    fill_nvmlDeviceGetPciInfo_v3(d, r);
     if (*r == NVML_SUCCESS)
         *r = NV(nvmlDeviceGetPciInfoExt, d->h, &ext);
     return ext;
 }
 
-struct ecc_mode ecc_mode(const struct dev *d, nvmlReturn_t *r)
+struct ecc_mode fill_nvmlDeviceGetEccMode(const struct dev *d, nvmlReturn_t *r)
 {
     struct ecc_mode m = {NVML_FEATURE_DISABLED, NVML_FEATURE_DISABLED};
     *r = NV(nvmlDeviceGetEccMode, d->h, &m.current, &m.pending);
     return m;
 }
 
-struct remapped_rows remapped_rows(const struct dev *d, nvmlReturn_t *r)
+struct remapped_rows fill_nvmlDeviceGetRemappedRows(const struct dev *d, nvmlReturn_t *r)
 {
     struct remapped_rows m = {0, 0, 0, 0};
     *r = NV(nvmlDeviceGetRemappedRows, d->h, &m.correctable, &m.uncorrectable, &m.pending, &m.failure);
     return m;
 }
 
-struct encoder_stats encoder_stats(const struct dev *d, nvmlReturn_t *r)
+struct encoder_stats fill_nvmlDeviceGetEncoderStats(const struct dev *d, nvmlReturn_t *r)
 {
     struct encoder_stats s = {0, 0, 0};
     *r = NV(nvmlDeviceGetEncoderStats, d->h, &s.sessions, &s.fps, &s.latency);

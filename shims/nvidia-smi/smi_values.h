@@ -48,12 +48,13 @@ __attribute__((format(printf, 3, 4))) enum vr put(char *out, size_t n, const cha
         nvmlReturn_t r_ = NV(f, d->h, &u_, &period_);                                             \
         r_ == NVML_SUCCESS ? put(out, n, "%u", u_) : from(r_);                                    \
     })
-/* One member of the struct a fill function of smi_values.c reads (`expr` is the member, with any
-   arithmetic on it: "total >> 20"). */
-#define MEMBER(fill, fmt, expr)                                                                   \
+/* One member of what NVML getter f fills (its struct, or the outputs of a getter of several, in
+   a struct of smi_values.c: fill_f); `expr` is the member, with any arithmetic on it
+   ("total >> 20"). */
+#define MEMBER(f, fmt, expr)                                                                      \
     ({                                                                                            \
         nvmlReturn_t r_ = NVML_SUCCESS;                                                           \
-        __typeof__(fill(d, &r_)) s_ = fill(d, &r_);                                               \
+        __typeof__(fill_##f(d, &r_)) s_ = fill_##f(d, &r_);                                       \
         r_ == NVML_SUCCESS ? put(out, n, fmt, s_.expr) : from(r_);                                \
     })
 /* One field value (nvmlDeviceGetFieldValues) divided by `scale`. */
@@ -88,29 +89,29 @@ const char *compute_mode_name(unsigned long long m);
 const char *virtualization_word(unsigned long long m);
 const char *recovery_action_word(unsigned long long a);
 
-/* Fill functions for MEMBER: one NVML call's struct, its error in *r. */
-nvmlPciInfo_t pci_info(const struct dev *d, nvmlReturn_t *r);
-nvmlPciInfoExt_t pci_info_ext(const struct dev *d, nvmlReturn_t *r);
-nvmlMemory_v2_t memory_info(const struct dev *d, nvmlReturn_t *r);
-nvmlBAR1Memory_t bar1_memory_info(const struct dev *d, nvmlReturn_t *r);
-nvmlUtilization_t utilization_rates(const struct dev *d, nvmlReturn_t *r);
+/* What MEMBER reads: the outputs of one NVML getter, its error in *r. */
+nvmlPciInfo_t fill_nvmlDeviceGetPciInfo_v3(const struct dev *d, nvmlReturn_t *r);
+nvmlPciInfoExt_t fill_nvmlDeviceGetPciInfoExt(const struct dev *d, nvmlReturn_t *r);
+nvmlMemory_v2_t fill_nvmlDeviceGetMemoryInfo_v2(const struct dev *d, nvmlReturn_t *r);
+nvmlBAR1Memory_t fill_nvmlDeviceGetBAR1MemoryInfo(const struct dev *d, nvmlReturn_t *r);
+nvmlUtilization_t fill_nvmlDeviceGetUtilizationRates(const struct dev *d, nvmlReturn_t *r);
 struct ecc_mode { nvmlEnableState_t current, pending; };
-struct ecc_mode ecc_mode(const struct dev *d, nvmlReturn_t *r);
+struct ecc_mode fill_nvmlDeviceGetEccMode(const struct dev *d, nvmlReturn_t *r);
 struct remapped_rows { unsigned correctable, uncorrectable, pending, failure; };
-struct remapped_rows remapped_rows(const struct dev *d, nvmlReturn_t *r);
-nvmlMarginTemperature_t margin_temperature(const struct dev *d, nvmlReturn_t *r);
-nvmlPdi_t pdi(const struct dev *d, nvmlReturn_t *r);
-nvmlC2cModeInfo_v1_t c2c_mode_info(const struct dev *d, nvmlReturn_t *r);
-nvmlMemory_t protected_memory(const struct dev *d, nvmlReturn_t *r);
+struct remapped_rows fill_nvmlDeviceGetRemappedRows(const struct dev *d, nvmlReturn_t *r);
+nvmlMarginTemperature_t fill_nvmlDeviceGetMarginTemperature(const struct dev *d, nvmlReturn_t *r);
+nvmlPdi_t fill_nvmlDeviceGetPdi(const struct dev *d, nvmlReturn_t *r);
+nvmlC2cModeInfo_v1_t fill_nvmlDeviceGetC2cModeInfoV(const struct dev *d, nvmlReturn_t *r);
+nvmlMemory_t fill_nvmlDeviceGetConfComputeProtectedMemoryUsage(const struct dev *d, nvmlReturn_t *r);
 struct encoder_stats { unsigned sessions, fps, latency; };
-struct encoder_stats encoder_stats(const struct dev *d, nvmlReturn_t *r);
-nvmlFBCStats_t fbc_stats(const struct dev *d, nvmlReturn_t *r);
-nvmlEccSramErrorStatus_t sram_ecc_status(const struct dev *d, nvmlReturn_t *r);
-nvmlRepairStatus_t repair_status(const struct dev *d, nvmlReturn_t *r);
-nvmlRowRemapperHistogramValues_t row_remapper_histogram(const struct dev *d, nvmlReturn_t *r);
-nvmlDeviceCapabilities_t capabilities(const struct dev *d, nvmlReturn_t *r);
-nvmlRemappedRowsInfo_v2_t remapped_rows_v2(const struct dev *d, nvmlReturn_t *r);
-nvmlUnrepairableMemoryStatus_v1_t unrepairable_memory(const struct dev *d, nvmlReturn_t *r);
+struct encoder_stats fill_nvmlDeviceGetEncoderStats(const struct dev *d, nvmlReturn_t *r);
+nvmlFBCStats_t fill_nvmlDeviceGetFBCStats(const struct dev *d, nvmlReturn_t *r);
+nvmlEccSramErrorStatus_t fill_nvmlDeviceGetSramEccErrorStatus(const struct dev *d, nvmlReturn_t *r);
+nvmlRepairStatus_t fill_nvmlDeviceGetRepairStatus(const struct dev *d, nvmlReturn_t *r);
+nvmlRowRemapperHistogramValues_t fill_nvmlDeviceGetRowRemapperHistogram(const struct dev *d, nvmlReturn_t *r);
+nvmlDeviceCapabilities_t fill_nvmlDeviceGetCapabilities(const struct dev *d, nvmlReturn_t *r);
+nvmlRemappedRowsInfo_v2_t fill_nvmlDeviceGetRemappedRows_v2(const struct dev *d, nvmlReturn_t *r);
+nvmlUnrepairableMemoryStatus_v1_t fill_nvmlDeviceGetUnrepairableMemoryFlag_v1(const struct dev *d, nvmlReturn_t *r);
 
 /* Getters of more than one call or output: (d, out, n, ARGS...) as value(). */
 enum vr csv_timestamp(const struct dev *d, char *out, size_t n);
