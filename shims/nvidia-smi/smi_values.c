@@ -227,25 +227,6 @@ enum vr reason(const struct dev *d, char *out, size_t n, unsigned long long bit)
     return PUT("%s", (m & bit) ? "Active" : "Not Active");
 }
 
-enum vr ecc_count(const struct dev *d, char *out, size_t n, nvmlMemoryErrorType_t t, nvmlEccCounterType_t c,
-                  nvmlMemoryLocation_t loc)
-{
-    unsigned long long v = 0;
-    nvmlReturn_t r = NV(nvmlDeviceGetMemoryErrorCounter, d->h, t, c, loc, &v);
-    if (r != NVML_SUCCESS)
-        return from(r);
-    return PUT("%llu", v);
-}
-
-enum vr ecc_total(const struct dev *d, char *out, size_t n, nvmlMemoryErrorType_t t, nvmlEccCounterType_t c)
-{
-    unsigned long long v = 0;
-    nvmlReturn_t r = NV(nvmlDeviceGetTotalEccErrors, d->h, t, c, &v);
-    if (r != NVML_SUCCESS)
-        return from(r);
-    return PUT("%llu", v);
-}
-
 /* The count of pages retired for `cause` (a call without a buffer answers INSUFFICIENT_SIZE with
    the count). */
 enum vr retired(const struct dev *d, char *out, size_t n, nvmlPageRetirementCause_t cause)
@@ -255,15 +236,6 @@ enum vr retired(const struct dev *d, char *out, size_t n, nvmlPageRetirementCaus
     if (r != NVML_SUCCESS && r != NVML_ERROR_INSUFFICIENT_SIZE)
         return from(r);
     return PUT("%u", count);
-}
-
-enum vr temp_threshold(const struct dev *d, char *out, size_t n, nvmlTemperatureThresholds_t t)
-{
-    unsigned v = 0;
-    nvmlReturn_t r = NV(nvmlDeviceGetTemperatureThreshold, d->h, t, &v);
-    if (r != NVML_SUCCESS)
-        return from(r);
-    return PUT("%d C", (int)v);
 }
 
 /* A threshold relative to T.Limit (fields 193-196, signed degrees), as boards from Ada on report

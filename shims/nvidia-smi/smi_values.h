@@ -120,11 +120,7 @@ enum vr addressing_mode(const struct dev *d, char *out, size_t n);
 enum vr compute_cap(const struct dev *d, char *out, size_t n);
 enum vr pstate(const struct dev *d, char *out, size_t n);
 enum vr reason(const struct dev *d, char *out, size_t n, unsigned long long bit);
-enum vr ecc_count(const struct dev *d, char *out, size_t n, nvmlMemoryErrorType_t t, nvmlEccCounterType_t c,
-                  nvmlMemoryLocation_t loc);
-enum vr ecc_total(const struct dev *d, char *out, size_t n, nvmlMemoryErrorType_t t, nvmlEccCounterType_t c);
 enum vr retired(const struct dev *d, char *out, size_t n, nvmlPageRetirementCause_t cause);
-enum vr temp_threshold(const struct dev *d, char *out, size_t n, nvmlTemperatureThresholds_t t);
 enum vr temp_tlimit(const struct dev *d, char *out, size_t n, unsigned field);
 enum vr power_limit_range(const struct dev *d, char *out, size_t n, int max);
 enum fabric_part { FABRIC_STATE, FABRIC_STATUS, FABRIC_CLIQUE_ID, FABRIC_CLUSTER_UUID };

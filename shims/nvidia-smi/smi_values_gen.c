@@ -111,16 +111,16 @@ enum vr value(const struct dev *d, int key, char *out, size_t n)
     case K_x_fbc_latency: return MEMBER(nvmlDeviceGetFBCStats, "%u", averageLatency);
     case K_ecc_mode_current: return MEMBER(nvmlDeviceGetEccMode, "%s", current ? "Enabled" : "Disabled");
     case K_ecc_mode_pending: return MEMBER(nvmlDeviceGetEccMode, "%s", pending ? "Enabled" : "Disabled");
-    case K_ecc_errors_corrected_volatile_sram: return ecc_count(d, out, n, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_SRAM);
+    case K_ecc_errors_corrected_volatile_sram: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetMemoryErrorCounter, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_SRAM);
     case K_ecc_errors_uncorrected_volatile_sram_parity: return MEMBER(nvmlDeviceGetSramEccErrorStatus, "%llu", volatileUncParity);
     case K_ecc_errors_uncorrected_volatile_sram_secded: return MEMBER(nvmlDeviceGetSramEccErrorStatus, "%llu", volatileUncSecDed);
-    case K_ecc_errors_corrected_volatile_dram: return ecc_count(d, out, n, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_DRAM);
-    case K_ecc_errors_uncorrected_volatile_dram: return ecc_count(d, out, n, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_DRAM);
-    case K_ecc_errors_corrected_aggregate_sram: return ecc_count(d, out, n, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_SRAM);
+    case K_ecc_errors_corrected_volatile_dram: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetMemoryErrorCounter, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_DRAM);
+    case K_ecc_errors_uncorrected_volatile_dram: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetMemoryErrorCounter, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_DRAM);
+    case K_ecc_errors_corrected_aggregate_sram: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetMemoryErrorCounter, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_SRAM);
     case K_ecc_errors_uncorrected_aggregate_sram_parity: return MEMBER(nvmlDeviceGetSramEccErrorStatus, "%llu", aggregateUncParity);
     case K_ecc_errors_uncorrected_aggregate_sram_secded: return MEMBER(nvmlDeviceGetSramEccErrorStatus, "%llu", aggregateUncSecDed);
-    case K_ecc_errors_corrected_aggregate_dram: return ecc_count(d, out, n, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_DRAM);
-    case K_ecc_errors_uncorrected_aggregate_dram: return ecc_count(d, out, n, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_DRAM);
+    case K_ecc_errors_corrected_aggregate_dram: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetMemoryErrorCounter, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_DRAM);
+    case K_ecc_errors_uncorrected_aggregate_dram: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetMemoryErrorCounter, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_DRAM);
     case K_ecc_errors_uncorrected_aggregate_sram_thresholdExceeded: return MEMBER(nvmlDeviceGetSramEccErrorStatus, "%s", bThresholdExceeded ? "Yes" : "No");
     case K_ecc_errors_uncorrected_aggregate_sram_l2: return MEMBER(nvmlDeviceGetSramEccErrorStatus, "%llu", aggregateUncBucketL2);
     case K_ecc_errors_uncorrected_aggregate_sram_sm: return MEMBER(nvmlDeviceGetSramEccErrorStatus, "%llu", aggregateUncBucketSm);
@@ -147,7 +147,7 @@ enum vr value(const struct dev *d, int key, char *out, size_t n)
     case K_x_temp_shutdown_tlimit: return temp_tlimit(d, out, n, NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT);
     case K_x_temp_slowdown_tlimit: return temp_tlimit(d, out, n, NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT);
     case K_x_temp_max_gpu_tlimit: return temp_tlimit(d, out, n, NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT);
-    case K_x_temp_target: return temp_threshold(d, out, n, NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_CURR);
+    case K_x_temp_target: return SCALAR(int, "%d C", nvmlDeviceGetTemperatureThreshold, NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_CURR);
     case K_temperature_memory: return FIELD(NVML_FI_DEV_MEMORY_TEMP, "%llu", 1);
     case K_x_temp_max_mem_tlimit: return temp_tlimit(d, out, n, NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT);
     case K_power_draw_average: return WATTS(nvmlDeviceGetPowerUsage);
@@ -202,14 +202,14 @@ enum vr value(const struct dev *d, int key, char *out, size_t n)
     case K_fabric_health_access_timeout_recovery: return fabric_health(d, out, n, HEALTH_ACCESS_TIMEOUT_RECOVERY);
     case K_fabric_health_incorrect_configuration: return fabric_health(d, out, n, HEALTH_INCORRECT_CONFIGURATION);
     case K_x_egm: return MEMBER(nvmlDeviceGetCapabilities, "%s", capMask & NVML_DEV_CAP_EGM ? "enabled" : "disabled");
-    case K_ecc_errors_uncorrected_volatile_sram: return ecc_count(d, out, n, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_SRAM);
-    case K_ecc_errors_uncorrected_aggregate_sram: return ecc_count(d, out, n, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_SRAM);
+    case K_ecc_errors_uncorrected_volatile_sram: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetMemoryErrorCounter, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_SRAM);
+    case K_ecc_errors_uncorrected_aggregate_sram: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetMemoryErrorCounter, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_SRAM);
     case K_x_remap_corr_inactive: return MEMBER(nvmlDeviceGetRemappedRows_v2, "%u", corrInactiveRemaps);
     case K_x_remap_unc_inactive: return MEMBER(nvmlDeviceGetRemappedRows_v2, "%u", uncInactiveRemaps);
-    case K_x_temp_shutdown: return temp_threshold(d, out, n, NVML_TEMPERATURE_THRESHOLD_SHUTDOWN);
-    case K_x_temp_slowdown: return temp_threshold(d, out, n, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN);
-    case K_x_temp_max_gpu: return temp_threshold(d, out, n, NVML_TEMPERATURE_THRESHOLD_GPU_MAX);
-    case K_x_temp_max_mem: return temp_threshold(d, out, n, NVML_TEMPERATURE_THRESHOLD_MEM_MAX);
+    case K_x_temp_shutdown: return SCALAR(int, "%d C", nvmlDeviceGetTemperatureThreshold, NVML_TEMPERATURE_THRESHOLD_SHUTDOWN);
+    case K_x_temp_slowdown: return SCALAR(int, "%d C", nvmlDeviceGetTemperatureThreshold, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN);
+    case K_x_temp_max_gpu: return SCALAR(int, "%d C", nvmlDeviceGetTemperatureThreshold, NVML_TEMPERATURE_THRESHOLD_GPU_MAX);
+    case K_x_temp_max_mem: return SCALAR(int, "%d C", nvmlDeviceGetTemperatureThreshold, NVML_TEMPERATURE_THRESHOLD_MEM_MAX);
     case K_x_module_power_state:
         if (g_branch >= 570)
             return V_DEPRECATED;
@@ -221,14 +221,14 @@ enum vr value(const struct dev *d, int key, char *out, size_t n)
     case K_clocks_event_reasons_supported: return SCALAR(unsigned long long, "0x%016llX", nvmlDeviceGetSupportedClocksEventReasons);
     case K_clocks_event_reasons_active: return SCALAR(unsigned long long, "0x%016llX", nvmlDeviceGetCurrentClocksEventReasons);
     case K_compute_cap: return compute_cap(d, out, n);
-    case K_ecc_errors_corrected_volatile_l2_cache: return ecc_count(d, out, n, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_L2_CACHE);
-    case K_ecc_errors_corrected_volatile_total: return ecc_total(d, out, n, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC);
-    case K_ecc_errors_corrected_aggregate_l2_cache: return ecc_count(d, out, n, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_L2_CACHE);
-    case K_ecc_errors_corrected_aggregate_total: return ecc_total(d, out, n, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC);
-    case K_ecc_errors_uncorrected_volatile_l2_cache: return ecc_count(d, out, n, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_L2_CACHE);
-    case K_ecc_errors_uncorrected_volatile_total: return ecc_total(d, out, n, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC);
-    case K_ecc_errors_uncorrected_aggregate_l2_cache: return ecc_count(d, out, n, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_L2_CACHE);
-    case K_ecc_errors_uncorrected_aggregate_total: return ecc_total(d, out, n, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC);
+    case K_ecc_errors_corrected_volatile_l2_cache: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetMemoryErrorCounter, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_L2_CACHE);
+    case K_ecc_errors_corrected_volatile_total: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetTotalEccErrors, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC);
+    case K_ecc_errors_corrected_aggregate_l2_cache: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetMemoryErrorCounter, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_L2_CACHE);
+    case K_ecc_errors_corrected_aggregate_total: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetTotalEccErrors, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC);
+    case K_ecc_errors_uncorrected_volatile_l2_cache: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetMemoryErrorCounter, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, NVML_MEMORY_LOCATION_L2_CACHE);
+    case K_ecc_errors_uncorrected_volatile_total: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetTotalEccErrors, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC);
+    case K_ecc_errors_uncorrected_aggregate_l2_cache: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetMemoryErrorCounter, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC, NVML_MEMORY_LOCATION_L2_CACHE);
+    case K_ecc_errors_uncorrected_aggregate_total: return SCALAR(unsigned long long, "%llu", nvmlDeviceGetTotalEccErrors, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC);
     case K_power_management:
         if (g_branch >= 590)
             return V_DEPRECATED;
