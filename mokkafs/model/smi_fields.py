@@ -211,7 +211,6 @@ FIELDS: dict[str, Field] = {
     'ecc.errors.uncorrected.aggregate.total': Field('ecc.errors.uncorrected.aggregate.total', query=('ecc.errors.uncorrected.aggregate.total',), get='SCALAR(unsigned long long, "%llu", nvmlDeviceGetTotalEccErrors, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC)', nvml='nvmlDeviceGetTotalEccErrors', nvml_args=('NVML_MEMORY_ERROR_TYPE_UNCORRECTED', 'NVML_AGGREGATE_ECC')),
     'power.management': Field('power.management', query=('power.management',), get='WORD(nvmlDeviceGetPowerManagementMode, supported_word)', nvml='nvmlDeviceGetPowerManagementMode', q=('Power Readings/Power Management',), x=('power_readings/power_management',)),
     'power.draw': Field('power.draw', query=('power.draw',), unit='W', get='WATTS(nvmlDeviceGetPowerUsage)', nvml='nvmlDeviceGetPowerUsage', q=('GPU Power Readings/Power Draw', 'Power Readings/Power Draw'), x=('gpu_power_readings/power_draw', 'power_readings/power_draw')),
-    'x.cuda_version': Field('x.cuda_version', get='TEXT("%s", g_cuda)'),
 }
 # The fact a GPU profile key is read from.
 BY_PROFILE: dict[str, Field] = {f.profile: f for f in FIELDS.values() if f.profile}

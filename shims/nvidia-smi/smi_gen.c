@@ -191,7 +191,6 @@ const struct fact FACTS[K_COUNT] = {
     [K_ecc_errors_uncorrected_aggregate_total] = {"ecc.errors.uncorrected.aggregate.total", "", 0},
     [K_power_management] = {"power.management", "", 0},
     [K_power_draw] = {"power.draw", "W", 0},
-    [K_x_cuda_version] = {"x.cuda_version", "", 0},
 };
 
 const struct qfield QUERY_GPU_FIELDS[] = {

@@ -193,10 +193,9 @@ enum key {
     K_ecc_errors_uncorrected_aggregate_total = 185,
     K_power_management = 186,
     K_power_draw = 187,
-    K_x_cuda_version = 188,
-    K_processes = 189,
-    K_accounted_processes = 190,
-    K_mig_devices = 191,
+    K_processes = 188,
+    K_accounted_processes = 189,
+    K_mig_devices = 190,
     K_COUNT
 };
 

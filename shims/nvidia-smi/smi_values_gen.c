@@ -234,7 +234,6 @@ enum vr value(const struct dev *d, int key, char *out, size_t n)
             return V_DEPRECATED;
         return WORD(nvmlDeviceGetPowerManagementMode, supported_word);
     case K_power_draw: return WATTS(nvmlDeviceGetPowerUsage);
-    case K_x_cuda_version: return TEXT("%s", g_cuda);
     default:
         return V_NA;
     }
