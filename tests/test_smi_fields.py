@@ -1,8 +1,8 @@
-"""Level t0: nvidia-smi's field table (shims/nvidia-smi/fields.yaml) names only what is real. Each
+"""nvidia-smi's field table (shims/nvidia-smi/fields.yaml) names only what is real. Each
 -q label path and -q -x element path of a row is one that a real capture or a record of NVIDIA's
 own nvidia-smi prints (a misspelt path would leave its value N/A without a word), each profile key
-is a key of the GPU profile schema, and each row is shown somewhere. gen_smi.py --check, run by
-test_nvidia_smi_branches.py, holds the generated C and Python to the table."""
+is a key of the GPU profile schema, and each row is shown somewhere. scripts/generate.py --check
+(test_generated.py) holds the generated C and Python to the table."""
 from __future__ import annotations
 
 import importlib.util
@@ -14,6 +14,8 @@ from pydantic import BaseModel
 from helpers_smi import REPO
 from mokkafs.model.schema import GpuProfile
 from mokkafs.model.smi_fields import BY_PROFILE, FIELDS
+
+pytestmark = pytest.mark.level("model")
 
 
 @pytest.fixture(scope="module")
