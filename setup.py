@@ -30,6 +30,12 @@ def nvml_sources() -> list[str]:
     return [str(p) for p in sorted((SHIMS / "libnvml").glob("*.c"))]
 
 
+def smi_sources() -> list[str]:
+    """Every C file of shims/nvidia-smi: one per mode behind smi.h, and the generated smi_gen.c
+    and smi_values_gen.c."""
+    return [str(p) for p in sorted((SHIMS / "nvidia-smi").glob("*.c"))]
+
+
 def build_nvml(out: Path) -> None:
     cc = shlex.split(os.environ.get("CC", "cc"))
     (out / "lib").mkdir(parents=True, exist_ok=True)
@@ -71,7 +77,7 @@ def build_smi(out: Path) -> None:
     cc = shlex.split(os.environ.get("CC", "cc"))
     (out / "bin").mkdir(parents=True, exist_ok=True)
     target = out / "bin" / "nvidia-smi"
-    cmd = [*cc, *CFLAGS, "-I", str(SHIMS / "include"), str(SHIMS / "nvidia-smi" / "nvidia-smi.c"), *CLIENT, *CONTROL,
+    cmd = [*cc, *CFLAGS, "-I", str(SHIMS / "include"), *smi_sources(), *CLIENT, *CONTROL,
            "-Wl,--enable-new-dtags,-rpath,$ORIGIN/../lib64", "-pthread", "-ldl", "-o", str(target) + ".tmp"]
     print(" ".join(cmd))
     subprocess.run(cmd, check=True)

@@ -17,7 +17,8 @@ GENERATORS = {
     "consts": ("scripts/gen_consts.py", "mokkafs/model/nvml_consts.py from nvml.h, state_limits.py from mokka_state.h"),
     "nvml-stubs": ("shims/gen_nvml.py", "libnvidia-ml's export list and NOT_SUPPORTED stubs from nvml.h"),
     "cuda": ("shims/gen_cuda.py", "libcuda's exports, stubs, cuGetProcAddress table and error names from cuda.h"),
-    "nvidia-smi": ("shims/nvidia-smi/gen_smi.py", "smi_gen.h from the real captures and NVIDIA's binaries' records"),
+    "nvidia-smi": ("shims/nvidia-smi/gen_smi.py", "smi_gen.[ch], smi_values_gen.c and mokkafs/model/smi_fields.py "
+                   "from fields.yaml, the real captures and NVIDIA's binaries' records"),
     "faults-doc": ("scripts/gen_faults_doc.py", "docs/faults.md's Xid tables from the catalogue"),
     "render-digests": ("scripts/gen_render_digests.py", "tests/fixtures/render/<profile>.txt, the readable golden renders"),
 }

@@ -28,7 +28,7 @@ def smi_binary(tmp_factory) -> Path:
         pytest.skip("no C compiler to build shims/nvidia-smi")
     out = tmp_factory.mktemp("smi") / "nvidia-smi"
     subprocess.run([cc, "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-I", str(REPO / "shims" / "include"),
-                    "-I", str(REPO / "shims" / "common"), str(REPO / "shims" / "nvidia-smi" / "nvidia-smi.c"),
+                    "-I", str(REPO / "shims" / "common"), *map(str, sorted((REPO / "shims" / "nvidia-smi").glob("*.c"))),
                     str(REPO / "shims" / "common" / "mokka_client.c"),
                     str(REPO / "shims" / "common" / "mokka_control.c"), "-pthread", "-o", str(out)], check=True)
     return out

@@ -21,11 +21,29 @@ from pathlib import Path
 
 import pynvml as N
 
-QUERY = ("index,name,uuid,serial,pci.bus_id,pci.device_id,pci.sub_device_id,memory.total,memory.reserved,"
-         "memory.used,memory.free,power.limit,power.default_limit,power.min_limit,power.max_limit,"
-         "clocks.current.graphics,clocks.current.sm,clocks.current.memory,clocks.max.graphics,clocks.max.sm,"
-         "clocks.max.memory,remapped_rows.pending,remapped_rows.failure,retired_pages.pending,"
-         "ecc.errors.uncorrected.volatile.total,fan.speed,fabric.state")
+from mokkafs.model.smi_fields import FIELDS
+
+# The facts read through nvidia-smi, by nvidia-smi's field table (shims/nvidia-smi/fields.yaml):
+# --query-gpu by their names, -q -x at their elements (the newest layout's), each under the name
+# tests/test_cross_surface.py compares.
+QUERY = ",".join(FIELDS[f].query[0] for f in (
+    "index", "name", "uuid", "serial", "pci.bus_id", "pci.device_id", "pci.sub_device_id", "memory.total",
+    "memory.reserved", "memory.used", "memory.free", "power.limit", "power.default_limit", "power.min_limit",
+    "power.max_limit", "clocks.current.graphics", "clocks.current.sm", "clocks.current.memory", "clocks.max.graphics",
+    "clocks.max.sm", "clocks.max.memory", "remapped_rows.pending", "remapped_rows.failure", "retired_pages.pending",
+    "ecc.errors.uncorrected.volatile.total", "fan.speed", "fabric.state"))
+XML_FACTS = {
+    "name": "name", "uuid": "uuid", "serial": "serial", "minor": "x.minor_number", "bus_id": "pci.bus_id",
+    "device_id": "pci.device_id", "subsystem_id": "pci.sub_device_id", "fb_total": "memory.total",
+    "fb_reserved": "memory.reserved", "fb_used": "memory.used", "fb_free": "memory.free", "bar1_total": "x.bar1.total",
+    "bar1_used": "x.bar1.used", "shutdown": "x.temp.shutdown", "slowdown": "x.temp.slowdown", "gpu_max": "x.temp.max_gpu",
+    "mem_max": "x.temp.max_mem", "power_limit": "enforced.power.limit", "power_default": "power.default_limit",
+    "power_min": "power.min_limit", "power_max": "power.max_limit", "clock_graphics": "clocks.current.graphics",
+    "clock_sm": "clocks.current.sm", "clock_mem": "clocks.current.memory", "max_graphics": "clocks.max.graphics",
+    "max_sm": "clocks.max.sm", "max_mem": "clocks.max.memory", "fan": "fan.speed", "fabric_state": "fabric.state",
+    "remap_pending": "remapped_rows.pending", "remap_failure": "remapped_rows.failure",
+    "retired_pending": "retired_pages.pending", "dbe_volatile": "ecc.errors.uncorrected.volatile.dram",
+}
 LEVELS = (N.NVML_TOPOLOGY_INTERNAL, N.NVML_TOPOLOGY_SINGLE, N.NVML_TOPOLOGY_MULTIPLE, N.NVML_TOPOLOGY_HOSTBRIDGE,
           N.NVML_TOPOLOGY_NODE, N.NVML_TOPOLOGY_SYSTEM)
 THRESHOLDS = {"shutdown": 0, "slowdown": 1, "mem_max": 2, "gpu_max": 3}
@@ -169,24 +187,7 @@ def smi_xml(only: int | None = None) -> dict:
             e = g.find(path)
             return None if e is None else (e.text or "").strip()
 
-        gpus[g.get("id")] = {k: t(p) for k, p in {
-            "name": "product_name", "uuid": "uuid", "serial": "serial", "minor": "minor_number",
-            "bus_id": "pci/pci_bus_id", "device_id": "pci/pci_device_id", "subsystem_id": "pci/pci_sub_system_id",
-            "fb_total": "fb_memory_usage/total", "fb_reserved": "fb_memory_usage/reserved",
-            "fb_used": "fb_memory_usage/used", "fb_free": "fb_memory_usage/free",
-            "bar1_total": "bar1_memory_usage/total", "bar1_used": "bar1_memory_usage/used",
-            "shutdown": "temperature/gpu_temp_max_threshold", "slowdown": "temperature/gpu_temp_slow_threshold",
-            "gpu_max": "temperature/gpu_temp_max_gpu_threshold", "mem_max": "temperature/gpu_temp_max_mem_threshold",
-            "power_limit": "gpu_power_readings/current_power_limit",
-            "power_default": "gpu_power_readings/default_power_limit",
-            "power_min": "gpu_power_readings/min_power_limit", "power_max": "gpu_power_readings/max_power_limit",
-            "clock_graphics": "clocks/graphics_clock", "clock_sm": "clocks/sm_clock", "clock_mem": "clocks/mem_clock",
-            "max_graphics": "max_clocks/graphics_clock", "max_sm": "max_clocks/sm_clock",
-            "max_mem": "max_clocks/mem_clock", "fan": "fan_speed", "fabric_state": "fabric/state",
-            "remap_pending": "remapped_rows/remapped_row_pending", "remap_failure": "remapped_rows/remapped_row_failure",
-            "retired_pending": "retired_pages/pending_retirement",
-            "dbe_volatile": "ecc_errors/volatile/dram_uncorrectable",
-        }.items()}
+        gpus[g.get("id")] = {k: t(FIELDS[fact].x[0]) for k, fact in XML_FACTS.items()}
     return {"rc": r.returncode, "gpus": gpus}
 
 

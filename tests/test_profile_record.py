@@ -344,9 +344,12 @@ def test_a_node_the_composition_schema_cannot_hold_is_refused():
 
 
 def test_the_recorder_calls_no_nvml_setter():
-    """Read-only by construction too: no NVML call that changes the node appears in the recorder."""
+    """Read-only by construction too: no NVML call that changes the node appears in the recorder,
+    nor among the getters of nvidia-smi's field table, through which it reads most keys."""
+    from mokkafs.model.smi_fields import BY_PROFILE
+
     source = (REPO / "mokkafs" / "cli" / "profile_record.py").read_text()
-    calls = set(re.findall(r"\bnvml\w+", source))
+    calls = set(re.findall(r"\bnvml\w+", source)) | {f.nvml for f in BY_PROFILE.values() if f.nvml}
     assert calls and not {c for c in calls if re.search(r"(Set|Clear|Reset|Create|Destroy|Register)", c)}
 
 

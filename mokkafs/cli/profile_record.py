@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from mokkafs.model import profile_import as imp
 from mokkafs.model.schema import ZERO_UUID, Composition, GpuProfile, ProfileError, check_fits
+from mokkafs.model.smi_fields import BY_PROFILE
 
 log = logging.getLogger(__name__)
 
@@ -467,7 +468,13 @@ def nvml_values(N, h) -> list[tuple[str, Any, str]]:
         out.append((key, conv(v), call))
         return v
 
-    put("product_name", "nvmlDeviceGetName", lambda: N.nvmlDeviceGetName(h))
+    def from_table(key: str, conv=lambda v: v) -> Any:
+        """Profile key `key` through the NVML call nvidia-smi's field table reads its fact with."""
+        f = BY_PROFILE[key]
+        call = f.nvml + (f"({', '.join(f.nvml_args)})" if f.nvml_args else "")
+        return put(key, call, lambda: getattr(N, f.nvml)(h, *(getattr(N, a) for a in f.nvml_args)), conv)
+
+    from_table("product_name")
     put("compute_capability", "nvmlDeviceGetCudaComputeCapability",
         lambda: N.nvmlDeviceGetCudaComputeCapability(h), lambda v: f"{v[0]}.{v[1]}")
     pci = put("pci.device_id", "nvmlDeviceGetPciInfo_v3 pciDeviceId (high 16 bits)", lambda: N.nvmlDeviceGetPciInfo_v3(h),
@@ -478,8 +485,8 @@ def nvml_values(N, h) -> list[tuple[str, Any, str]]:
                     "nvmlDeviceGetPciInfo_v3 pciSubSystemId (high 16 bits)"))
         out.append(("pci.subsystem_vendor_id", pci.pciSubSystemId & 0xFFFF,
                     "nvmlDeviceGetPciInfo_v3 pciSubSystemId (low 16 bits)"))
-    put("pci.max_link_gen", "nvmlDeviceGetMaxPcieLinkGeneration", lambda: N.nvmlDeviceGetMaxPcieLinkGeneration(h))
-    put("pci.max_link_width", "nvmlDeviceGetMaxPcieLinkWidth", lambda: N.nvmlDeviceGetMaxPcieLinkWidth(h))
+    from_table("pci.max_link_gen")
+    from_table("pci.max_link_width")
     mem = put("memory.total_mib", "nvmlDeviceGetMemoryInfo_v2 total", lambda: N.nvmlDeviceGetMemoryInfo(h, N.nvmlMemory_v2),
               lambda m: m.total // MIB)
     if mem is not None:
@@ -490,30 +497,15 @@ def nvml_values(N, h) -> list[tuple[str, Any, str]]:
         out.append(("memory.bar1_used_mib", bar1.bar1Used // MIB, "nvmlDeviceGetBAR1MemoryInfo bar1Used"))
     put("memory.bus_width_bits", "nvmlDeviceGetMemoryBusWidth", lambda: N.nvmlDeviceGetMemoryBusWidth(h))
     put("memory.ecc", "nvmlDeviceGetEccMode (current)", lambda: N.nvmlDeviceGetEccMode(h), lambda v: bool(v[0]))
-    put("power.default_limit_w", "nvmlDeviceGetPowerManagementDefaultLimit",
-        lambda: N.nvmlDeviceGetPowerManagementDefaultLimit(h), lambda v: v / 1000)
+    from_table("power.default_limit_w", lambda v: v / 1000)
     lim = put("power.min_limit_w", "nvmlDeviceGetPowerManagementLimitConstraints (min)",
               lambda: N.nvmlDeviceGetPowerManagementLimitConstraints(h), lambda v: v[0] / 1000)
     if lim is not None:
         out.append(("power.max_limit_w", lim[1] / 1000, "nvmlDeviceGetPowerManagementLimitConstraints (max)"))
-    for key, fn, clock in (("clocks.idle_graphics", "nvmlDeviceGetClockInfo", N.NVML_CLOCK_GRAPHICS),
-                           ("clocks.idle_video", "nvmlDeviceGetClockInfo", N.NVML_CLOCK_VIDEO),
-                           ("clocks.max_graphics", "nvmlDeviceGetMaxClockInfo", N.NVML_CLOCK_GRAPHICS),
-                           ("clocks.max_sm", "nvmlDeviceGetMaxClockInfo", N.NVML_CLOCK_SM),
-                           ("clocks.max_mem", "nvmlDeviceGetMaxClockInfo", N.NVML_CLOCK_MEM),
-                           ("clocks.max_video", "nvmlDeviceGetMaxClockInfo", N.NVML_CLOCK_VIDEO),
-                           ("clocks.default_app_graphics", "nvmlDeviceGetDefaultApplicationsClock", N.NVML_CLOCK_GRAPHICS),
-                           ("clocks.default_app_mem", "nvmlDeviceGetDefaultApplicationsClock", N.NVML_CLOCK_MEM)):
-        name = {N.NVML_CLOCK_GRAPHICS: "GRAPHICS", N.NVML_CLOCK_SM: "SM", N.NVML_CLOCK_MEM: "MEM",
-                N.NVML_CLOCK_VIDEO: "VIDEO"}[clock]
-        put(key, f"{fn}(NVML_CLOCK_{name})", lambda fn=fn, clock=clock: getattr(N, fn)(h, clock))
-    put("thermal.idle_c", "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)",
-        lambda: N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU))
-    for key, kind, name in (("thermal.shutdown_c", N.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN, "SHUTDOWN"),
-                            ("thermal.slowdown_c", N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, "SLOWDOWN"),
-                            ("thermal.max_operating_c", N.NVML_TEMPERATURE_THRESHOLD_GPU_MAX, "GPU_MAX")):
-        put(key, f"nvmlDeviceGetTemperatureThreshold(NVML_TEMPERATURE_THRESHOLD_{name})",
-            lambda kind=kind: N.nvmlDeviceGetTemperatureThreshold(h, kind))
+    for key in ("clocks.idle_graphics", "clocks.idle_video", "clocks.max_graphics", "clocks.max_sm", "clocks.max_mem",
+                "clocks.max_video", "clocks.default_app_graphics", "clocks.default_app_mem", "thermal.idle_c",
+                "thermal.shutdown_c", "thermal.slowdown_c", "thermal.max_operating_c"):
+        from_table(key)
     try:
         out.append(("thermal.memory_max_operating_c",
                     N.nvmlDeviceGetTemperatureThreshold(h, N.NVML_TEMPERATURE_THRESHOLD_MEM_MAX),
@@ -523,13 +515,8 @@ def nvml_values(N, h) -> list[tuple[str, Any, str]]:
                     "nvmlDeviceGetTemperatureThreshold(NVML_TEMPERATURE_THRESHOLD_MEM_MAX): NOT_SUPPORTED"))
     except N.NVMLError as e:
         log.info("nvmlDeviceGetTemperatureThreshold(MEM_MAX): %s", e)
-    put("vbios_version", "nvmlDeviceGetVbiosVersion", lambda: N.nvmlDeviceGetVbiosVersion(h))
-    put("board_part_number", "nvmlDeviceGetBoardPartNumber", lambda: N.nvmlDeviceGetBoardPartNumber(h))
-    put("inforom.image", "nvmlDeviceGetInforomImageVersion", lambda: N.nvmlDeviceGetInforomImageVersion(h))
-    for key, obj, name in (("inforom.oem", N.NVML_INFOROM_OEM, "OEM"), ("inforom.ecc", N.NVML_INFOROM_ECC, "ECC"),
-                           ("inforom.power", N.NVML_INFOROM_POWER, "POWER")):
-        put(key, f"nvmlDeviceGetInforomVersion(NVML_INFOROM_{name})",
-            lambda obj=obj: N.nvmlDeviceGetInforomVersion(h, obj))
+    for key in ("vbios_version", "board_part_number", "inforom.image", "inforom.oem", "inforom.ecc", "inforom.power"):
+        from_table(key)
     put("addressing_mode", "nvmlDeviceGetAddressingMode", lambda: N.nvmlDeviceGetAddressingMode(h),
         lambda v: {0: "None", 1: "HMM", 2: "ATS"}.get(v, str(v)))
     try:

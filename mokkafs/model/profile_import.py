@@ -22,6 +22,7 @@ import yaml
 from pydantic import ValidationError
 
 from mokkafs.model.schema import GpuProfile
+from mokkafs.model.smi_fields import BY_PROFILE, FIELDS, TEXT_TO_XML
 
 # Driver branches whose behaviour mokkafs models: from 470 (the oldest branch whose NVML export
 # table is traced, docs/nvml.md) to 595 (the newest captured nvidia-smi, docs/nvidia-smi.md).
@@ -110,77 +111,29 @@ def parse_xml(text: str, name: str, into: Captures) -> None:
         into.gpus.append(gpu)
 
 
-# `nvidia-smi -q` labels (section/label, as printed) -> the -q -x element path, and how the text
-# value is written in the XML.
 def _hex_plain(v: str) -> str:
     return v[2:] if v.lower().startswith("0x") else v
 
 
+def _xml_spelling(path: str):
+    """How -q -x writes what -q prints at the same place: PCI numbers without 0x (every <pci_*>
+    leaf), the domain in four digits; None: the same text."""
+    if path == "pci/pci_domain":
+        return lambda v: _hex_plain(v).zfill(4)
+    return _hex_plain if path.rsplit("/", 1)[-1].startswith("pci_") else None
+
+
+# The facts of nvidia-smi's field table read from a capture beyond those a profile key is read from
+# (the table's `profile` column): the board's ids and class, the readings the old layouts and the
+# T.Limit thresholds are relative to, the fabric's status.
+ALSO_READ = ("pci.device_id", "pci.sub_device_id", "pci.baseClass", "pci.subClass", "power.draw", "power.draw.instant",
+             "temperature.gpu.tlimit", "x.temp.shutdown_tlimit", "x.temp.slowdown_tlimit", "x.temp.max_gpu_tlimit",
+             "x.temp.max_mem_tlimit", "fabric.status")
+# `nvidia-smi -q` labels of those facts (section/label, as printed, every layout from 470 to 595)
+# -> the -q -x element of the same value, and how the XML writes it.
 TEXT_LABELS: dict[str, tuple[str, Any]] = {
-    "Product Name": ("product_name", None),
-    "Product Brand": ("product_brand", None),
-    "Product Architecture": ("product_architecture", None),
-    "Addressing Mode": ("addressing_mode", None),
-    "MIG Mode/Current": ("mig_mode/current_mig", None),
-    "VBIOS Version": ("vbios_version", None),
-    "Board Part Number": ("board_part_number", None),
-    "GPU Part Number": ("gpu_part_number", None),
-    "Inforom Version/Image Version": ("inforom_version/img_version", None),
-    "Inforom Version/OEM Object": ("inforom_version/oem_object", None),
-    "Inforom Version/ECC Object": ("inforom_version/ecc_object", None),
-    "Inforom Version/Power Management Object": ("inforom_version/pwr_object", None),
-    "PCI/Domain": ("pci/pci_domain", lambda v: _hex_plain(v).zfill(4)),
-    "PCI/Base Classcode": ("pci/pci_base_class", _hex_plain),
-    "PCI/Sub Classcode": ("pci/pci_sub_class", _hex_plain),
-    "PCI/Device Id": ("pci/pci_device_id", _hex_plain),
-    "PCI/Sub System Id": ("pci/pci_sub_system_id", _hex_plain),
-    "PCI/GPU Link Info/PCIe Generation/Max": ("pci/pci_gpu_link_info/pcie_gen/max_link_gen", None),
-    "PCI/GPU Link Info/Link Width/Max": ("pci/pci_gpu_link_info/link_widths/max_link_width", None),
-    "Fan Speed": ("fan_speed", None),
-    "FB Memory Usage/Total": ("fb_memory_usage/total", None),
-    "FB Memory Usage/Reserved": ("fb_memory_usage/reserved", None),
-    "BAR1 Memory Usage/Total": ("bar1_memory_usage/total", None),
-    "BAR1 Memory Usage/Used": ("bar1_memory_usage/used", None),
-    "ECC Mode/Current": ("ecc_mode/current_ecc", None),
-    "Temperature/GPU Current Temp": ("temperature/gpu_temp", None),
-    "Temperature/GPU T.Limit Temp": ("temperature/gpu_temp_tlimit", None),
-    "Temperature/GPU Shutdown T.Limit Temp": ("temperature/gpu_temp_max_tlimit_threshold", None),
-    "Temperature/GPU Slowdown T.Limit Temp": ("temperature/gpu_temp_slow_tlimit_threshold", None),
-    "Temperature/GPU Max Operating T.Limit Temp": ("temperature/gpu_temp_max_gpu_tlimit_threshold", None),
-    "Temperature/GPU Shutdown Temp": ("temperature/gpu_temp_max_threshold", None),
-    "Temperature/GPU Slowdown Temp": ("temperature/gpu_temp_slow_threshold", None),
-    "Temperature/GPU Max Operating Temp": ("temperature/gpu_temp_max_gpu_threshold", None),
-    "Temperature/Memory Current Temp": ("temperature/memory_temp", None),
-    "Temperature/Memory Max Operating Temp": ("temperature/gpu_temp_max_mem_threshold", None),
-    "Temperature/Memory Max Operating T.Limit Temp": ("temperature/gpu_temp_max_mem_tlimit_threshold", None),
-    "GPU Power Readings/Power Draw": ("gpu_power_readings/power_draw", None),  # 535-555: one reading
-    "Power Readings/Power Draw": ("power_readings/power_draw", None),  # 525 and before
-    "Power Readings/Default Power Limit": ("power_readings/default_power_limit", None),
-    "Power Readings/Min Power Limit": ("power_readings/min_power_limit", None),
-    "Power Readings/Max Power Limit": ("power_readings/max_power_limit", None),
-    "GPU Power Readings/Average Power Draw": ("gpu_power_readings/average_power_draw", None),
-    "GPU Power Readings/Instantaneous Power Draw": ("gpu_power_readings/instant_power_draw", None),
-    "GPU Power Readings/Default Power Limit": ("gpu_power_readings/default_power_limit", None),
-    "GPU Power Readings/Min Power Limit": ("gpu_power_readings/min_power_limit", None),
-    "GPU Power Readings/Max Power Limit": ("gpu_power_readings/max_power_limit", None),
-    "Clocks/Graphics": ("clocks/graphics_clock", None),
-    "Clocks/Video": ("clocks/video_clock", None),
-    "Default Applications Clocks/Graphics": ("default_applications_clocks/graphics_clock", None),
-    "Default Applications Clocks/Memory": ("default_applications_clocks/mem_clock", None),
-    "Max Clocks/Graphics": ("max_clocks/graphics_clock", None),
-    "Max Clocks/SM": ("max_clocks/sm_clock", None),
-    "Max Clocks/Memory": ("max_clocks/mem_clock", None),
-    "Max Clocks/Video": ("max_clocks/video_clock", None),
-    "Fabric/State": ("fabric/state", None),
-    "Fabric/Status": ("fabric/status", None),
-    "Fabric/CliqueId": ("fabric/cliqueId", None),
-    "Fabric/ClusterUUID": ("fabric/clusterUuid", None),
-    "Fabric/Health/Summary": ("fabric/health/summary", None),
-    "Fabric/Health/Bandwidth": ("fabric/health/bandwidth", None),
-    "Fabric/Health/Route Recovery in progress": ("fabric/health/route_recovery_in_progress", None),
-    "Fabric/Health/Route Unhealthy": ("fabric/health/route_unhealthy", None),
-    "Fabric/Health/Access Timeout Recovery": ("fabric/health/access_timeout_recovery", None),
-    "Fabric/Health/Incorrect Configuration": ("fabric/health/incorrect_configuration", None),
+    label: (TEXT_TO_XML[label], _xml_spelling(TEXT_TO_XML[label]))
+    for name in [*(f.name for f in BY_PROFILE.values()), *ALSO_READ] for label in FIELDS[name].q
 }
 _KV = re.compile(r"^( *)(\S.*?)\s+: ?(.*)$")
 
@@ -557,7 +510,9 @@ def build(caps: Captures, driver_override: str | None = None, fill_board: tuple[
         """Where GPU 0's elements were read (-q -x <path> or -q 'Label')."""
         return ", ".join(g.origin.get(p, f"<{p}>") for p in paths)
 
-    def take(key: str, path: str, conv=lambda v: v, when=lambda v: v not in (None, "N/A")) -> bool:
+    def take(key: str, conv=lambda v: v, when=lambda v: v not in (None, "N/A"), path: str | None = None) -> bool:
+        """Profile key `key` from the element nvidia-smi's field table reads it from (or `path`)."""
+        path = path or BY_PROFILE[key].x[0]
         v = text(path)
         if when(v):
             out.put(key, conv(v), g.origin[path])
@@ -577,9 +532,9 @@ def build(caps: Captures, driver_override: str | None = None, fill_board: tuple[
     if arch not in ARCHITECTURES:
         raise ImportRefused(f"architecture {arch!r} ({text('product_name')}) is not modelled; "
                             f"mokkafs models {', '.join(ARCHITECTURES)}")
-    take("product_name", "product_name")
-    take("product_brand", "product_brand")
-    take("architecture", "product_architecture")
+    take("product_name")
+    take("product_brand")
+    take("architecture")
     if caps.device_query:
         dq = caps.device_query
         if dq["name"] != text("product_name"):
@@ -606,14 +561,14 @@ def build(caps: Captures, driver_override: str | None = None, fill_board: tuple[
                 src("pci/pci_base_class", "pci/pci_sub_class"))
     if caps.lspci and caps.lspci["revision"] is not None:
         out.put("pci.revision", caps.lspci["revision"], caps.lspci["origin"] + " (rev)")
-    take("pci.max_link_gen", "pci/pci_gpu_link_info/pcie_gen/max_link_gen", lambda v: int(_num(v)))
-    take("pci.max_link_width", "pci/pci_gpu_link_info/link_widths/max_link_width", lambda v: int(_num(v)))
+    take("pci.max_link_gen", lambda v: int(_num(v)))
+    take("pci.max_link_width", lambda v: int(_num(v)))
 
-    take("memory.total_mib", "fb_memory_usage/total", lambda v: int(_num(v)))
-    take("memory.reserved_mib", "fb_memory_usage/reserved", lambda v: int(_num(v)))
-    take("memory.bar1_mib", "bar1_memory_usage/total", lambda v: int(_num(v)))
-    take("memory.bar1_used_mib", "bar1_memory_usage/used", lambda v: int(_num(v)))
-    take("memory.ecc", "ecc_mode/current_ecc", lambda v: v == "Enabled", when=lambda v: v is not None)
+    take("memory.total_mib", lambda v: int(_num(v)))
+    take("memory.reserved_mib", lambda v: int(_num(v)))
+    take("memory.bar1_mib", lambda v: int(_num(v)))
+    take("memory.bar1_used_mib", lambda v: int(_num(v)))
+    take("memory.ecc", lambda v: v == "Enabled", when=lambda v: v is not None)
     # every bank is in one bucket of the row remapper's histogram: their sum is the bank count
     buckets = [text(f"remapped_rows/row_remapper_histogram/row_remapper_histogram_{x}")
                for x in ("max", "high", "partial", "low", "none")]
@@ -621,26 +576,26 @@ def build(caps: Captures, driver_override: str | None = None, fill_board: tuple[
         out.put("memory.row_remap_banks", sum(int(_num(v)) for v in buckets),
                 g.origin["remapped_rows/row_remapper_histogram/row_remapper_histogram_max"] + " (all five buckets)")
 
-    if not take("power.idle_w", "gpu_power_readings/average_power_draw", lambda v: round(_num(v), 2)):
-        take("power.idle_w", "gpu_power_readings/instant_power_draw", lambda v: round(_num(v), 2))
-    take("power.default_limit_w", "gpu_power_readings/default_power_limit", _num)
-    take("power.min_limit_w", "gpu_power_readings/min_power_limit", _num)
-    take("power.max_limit_w", "gpu_power_readings/max_power_limit", _num)
+    if not take("power.idle_w", lambda v: round(_num(v), 2)):
+        take("power.idle_w", lambda v: round(_num(v), 2), path=FIELDS["power.draw.instant"].x[0])
+    take("power.default_limit_w", _num)
+    take("power.min_limit_w", _num)
+    take("power.max_limit_w", _num)
 
     mhz = lambda v: int(_num(v))  # noqa: E731
     is_mhz = lambda v: v is not None and v.endswith("MHz")  # noqa: E731
-    take("clocks.idle_graphics", "clocks/graphics_clock", mhz, is_mhz)
-    take("clocks.idle_video", "clocks/video_clock", mhz, is_mhz)
-    take("clocks.max_graphics", "max_clocks/graphics_clock", mhz, is_mhz)
-    take("clocks.max_sm", "max_clocks/sm_clock", mhz, is_mhz)
-    take("clocks.max_mem", "max_clocks/mem_clock", mhz, is_mhz)
-    take("clocks.max_video", "max_clocks/video_clock", mhz, is_mhz)
-    take("clocks.default_app_graphics", "default_applications_clocks/graphics_clock", mhz, is_mhz)
-    take("clocks.default_app_mem", "default_applications_clocks/mem_clock", mhz, is_mhz)
+    take("clocks.idle_graphics", mhz, is_mhz)
+    take("clocks.idle_video", mhz, is_mhz)
+    take("clocks.max_graphics", mhz, is_mhz)
+    take("clocks.max_sm", mhz, is_mhz)
+    take("clocks.max_mem", mhz, is_mhz)
+    take("clocks.max_video", mhz, is_mhz)
+    take("clocks.default_app_graphics", mhz, is_mhz)
+    take("clocks.default_app_mem", mhz, is_mhz)
 
     deg = lambda v: int(_num(v))  # noqa: E731
-    take("thermal.idle_c", "temperature/gpu_temp", deg)
-    if not take("thermal.memory_idle_c", "temperature/memory_temp", deg):
+    take("thermal.idle_c", deg)
+    if not take("thermal.memory_idle_c", deg):
         out.put("thermal.memory_idle_c", None, src("temperature/memory_temp") + " N/A")
     tl = text("temperature/gpu_temp_tlimit")
     if tl not in (None, "N/A") and text("temperature/gpu_temp") not in (None, "N/A"):
@@ -656,19 +611,19 @@ def build(caps: Captures, driver_override: str | None = None, fill_board: tuple[
             out.put("thermal.memory_max_operating_c", None, src("temperature/gpu_temp_max_mem_tlimit_threshold") + " N/A")
     else:
         out.put("thermal.tlimit_c", None, src("temperature/gpu_temp_tlimit") + " N/A: absolute thresholds")
-        take("thermal.shutdown_c", "temperature/gpu_temp_max_threshold", deg)
-        take("thermal.slowdown_c", "temperature/gpu_temp_slow_threshold", deg)
-        take("thermal.max_operating_c", "temperature/gpu_temp_max_gpu_threshold", deg)
-        if not take("thermal.memory_max_operating_c", "temperature/gpu_temp_max_mem_threshold", deg):
+        take("thermal.shutdown_c", deg)
+        take("thermal.slowdown_c", deg)
+        take("thermal.max_operating_c", deg)
+        if not take("thermal.memory_max_operating_c", deg):
             out.put("thermal.memory_max_operating_c", None, src("temperature/gpu_temp_max_mem_threshold") + " N/A")
 
-    take("vbios_version", "vbios_version")
-    take("board_part_number", "board_part_number")
-    take("gpu_part_number", "gpu_part_number")
-    take("inforom.image", "inforom_version/img_version", when=lambda v: v is not None)
-    take("inforom.oem", "inforom_version/oem_object", when=lambda v: v is not None)
-    take("inforom.ecc", "inforom_version/ecc_object", when=lambda v: v is not None)
-    take("inforom.power", "inforom_version/pwr_object", when=lambda v: v is not None)
+    take("vbios_version")
+    take("board_part_number")
+    take("gpu_part_number")
+    take("inforom.image", when=lambda v: v is not None)
+    take("inforom.oem", when=lambda v: v is not None)
+    take("inforom.ecc", when=lambda v: v is not None)
+    take("inforom.power", when=lambda v: v is not None)
 
     if caps.nvlink:
         links, speed, origin = caps.nvlink
@@ -682,15 +637,15 @@ def build(caps: Captures, driver_override: str | None = None, fill_board: tuple[
             out.put("nvlink.version", 0, caps.topo["origin"])
             out.put("nvlink.link_speed_gbps", 0.0, caps.topo["origin"])
 
-    take("mig_capable", "mig_mode/current_mig", lambda v: v != "N/A", when=lambda v: v is not None)
-    take("addressing_mode", "addressing_mode", when=lambda v: v in ("None", "HMM", "ATS"))
+    take("mig_capable", lambda v: v != "N/A", when=lambda v: v is not None)
+    take("addressing_mode", when=lambda v: v in ("None", "HMM", "ATS"))
     state = text("fabric/state")
     if state is None or state == "N/A":
         out.put("fabric", None, src("fabric/state") + " N/A" if state else "no <fabric> in the capture")
     else:
         out.put("fabric.state", state, g.origin["fabric/state"])
-        take("fabric.clique_id", "fabric/cliqueId", int)
-        take("fabric.cluster_uuid", "fabric/clusterUuid")
+        take("fabric.clique_id", int)
+        take("fabric.cluster_uuid")
         flags = {"True": True, "False": False}
         for key, conv in (("summary", str), ("bandwidth", str), ("route_recovery_in_progress", flags.get),
                           ("route_unhealthy", flags.get), ("access_timeout_recovery", flags.get),

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Generates shims/nvidia-smi/smi_gen.h from real output: the 590/595 captures (help texts, the
---query-gpu field table with names, aliases and units, per captured board the -q -x element
-skeleton, the -q text skeletons of 590 and 595) and the records of NVIDIA's own nvidia-smi of
-each Debian-shipped branch (tests/fixtures/nvidia-smi-branches, made by record_branches.py):
-per branch its help texts, --query-gpu fields with their units and printed names, -q and -q -x
-skeletons, -q colon column, DTD version and default-table frame. nvidia-smi.c fills the
-skeletons with values from NVML. `--check` fails if the committed header is stale (CI runs it)."""
+"""Generates nvidia-smi's tables from real output and from fields.yaml: smi_gen.h (the key of every
+fact, the structs) and smi_gen.c (its data) from the 590/595 captures (help texts, the --query-gpu
+field table with names, aliases and units, per captured board the -q -x element skeleton, the -q
+text skeletons of 590 and 595) and the records of NVIDIA's own nvidia-smi of each Debian-shipped
+branch (tests/fixtures/nvidia-smi-branches, made by record_branches.py): per branch its help
+texts, --query-gpu fields with their units and printed names, -q and -q -x skeletons, -q colon
+column, DTD version and default-table frame; and smi_values_gen.c, the value dispatch, from
+fields.yaml, which also names the fact behind each field, label and element. The smi_*.c files
+fill the skeletons with values from NVML. `--check` fails if an output is stale (CI runs it)."""
 from __future__ import annotations
 
 import re
@@ -13,313 +15,58 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import yaml
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 CAPTURES = ROOT / "tests" / "fixtures" / "captures"
 OUT = HERE / "smi_gen.h"
+PY_OUT = ROOT / "mokkafs" / "model" / "smi_fields.py"
 TEXT_H100 = "nvidia-smi-text.h100-80gb-hbm3.590.48.01.txt"
 TEXT_L40S = "nvidia-smi-text.l40s.595.80.txt"
 XML_BOARDS = ["a100", "h100", "b200", "gb200", "gb300", "l40s", "t4"]
 RECORDS = ROOT / "tests" / "fixtures" / "nvidia-smi-branches"
 BRANCHES = [470, 525, 535, 550]  # the Debian-shipped branches recorded by record_branches.py
 
-# Extra value keys (beyond the --query-gpu fields) used by -q and -q -x.
-EXTRA_KEYS = [
-    "x.product_brand", "x.product_architecture", "x.minor_number", "x.multigpu_board", "x.board_id",
-    "x.board_part_number", "x.gpu_part_number", "x.gsp_firmware_version", "x.module_id", "x.bar1.total", "x.bar1.used",
-    "x.bar1.free", "x.clocks.max.video", "x.clocks.max_boost.graphics", "x.numa", "x.power_state",
-    "x.temp.shutdown", "x.temp.slowdown", "x.temp.max_gpu", "x.temp.max_mem", "x.temp.target",
-    "x.temp.shutdown_tlimit", "x.temp.slowdown_tlimit", "x.temp.max_gpu_tlimit",
-    "x.temp.max_mem_tlimit", "x.pcie.replay", "x.pcie.tx", "x.pcie.rx", "x.ecc.dram.corr.vol",
-    "x.ecc.dram.unc.vol", "x.ecc.dram.corr.agg", "x.ecc.dram.unc.agg", "x.ecc.sram.corr.vol",
-    "x.ecc.sram.corr.agg", "x.supported_mem_clock", "x.supported_graphics_clock",
-    "x.cuda_version", "x.display_clock_setting",
-    # values the captures have beyond --query-gpu's fields (the N/A count)
-    "x.pdi", "x.virtualization_mode", "x.pcie.replay_rollover", "x.reset_required", "x.drain_and_reset",
-    "x.fbc.sessions", "x.fbc.fps", "x.fbc.latency", "x.repair.channel", "x.repair.tpc", "x.egm",
-    "x.module_power_state", "x.remap.corr_inactive", "x.remap.unc_inactive", "x.unrepairable",
-]
+FIELDS_FILE = HERE / "fields.yaml"
+FIELD_COLUMNS = {"also", "unit", "get", "deprecated_from", "na_before", "na_in_mig", "na_plain", "q", "x", "suffix",
+                 "profile"}
 
-# The same -q -x leaves of both tables below and their keys: what the captures print and NVML
-# answers (tests/test_smi_na.py counts the N/A left).
-_COUNTERS = {"sw_power_cap": "sw_power_cap", "sync_boost": "sync_boost", "sw_therm_slowdown": "sw_thermal_slowdown",
-             "hw_therm_slowdown": "hw_thermal_slowdown", "hw_power_brake": "hw_power_brake_slowdown"}
-_HISTOGRAM = ("max", "high", "partial", "low", "none")
-_SRAM_SOURCES = {"l2": "l2", "sm": "sm", "microcontroller": "mcu", "pcie": "pcie", "other": "other"}
-XML_VALUES = {
-    "display_mode": "display_mode", "display_active": "display_active", "pdi": "x.pdi", "c2c_mode": "c2c.mode",
-    "gpu_virtualization_mode/virtualization_mode": "x.virtualization_mode",
-    "gpu_reset_status/reset_required": "x.reset_required",
-    "gpu_reset_status/drain_and_reset_recommended": "x.drain_and_reset",
-    "gpu_recovery_action": "gpu_recovery_action", "pci/replay_rollover_counter": "x.pcie.replay_rollover",
-    **{f"clocks_event_reasons_counters/clocks_event_reasons_counters_{x}": f"clocks_event_reasons_counters.{k}"
-       for x, k in _COUNTERS.items()},
-    **{f"cc_protected_memory_usage/{x}": f"protected_memory.{x}" for x in ("total", "used", "free")},
-    "utilization/jpeg_util": "utilization.jpeg", "utilization/ofa_util": "utilization.ofa",
-    "encoder_stats/session_count": "encoder.stats.sessionCount", "encoder_stats/average_fps": "encoder.stats.averageFps",
-    "encoder_stats/average_latency": "encoder.stats.averageLatency",
-    "fbc_stats/session_count": "x.fbc.sessions", "fbc_stats/average_fps": "x.fbc.fps",
-    "fbc_stats/average_latency": "x.fbc.latency",
-    "ecc_errors/volatile/sram_uncorrectable": "ecc.errors.uncorrected.volatile.sram",
-    "ecc_errors/aggregate/sram_uncorrectable": "ecc.errors.uncorrected.aggregate.sram",
-    **{f"ecc_errors/{scope}/sram_uncorrectable_{x}": f"ecc.errors.uncorrected.{scope}.sram.{x}"
-       for scope in ("volatile", "aggregate") for x in ("parity", "secded")},
-    "ecc_errors/aggregate/sram_threshold_exceeded": "ecc.errors.uncorrected.aggregate.sram.thresholdExceeded",
-    **{f"ecc_errors/aggregate_uncorrectable_sram_sources/sram_{x}": f"ecc.errors.uncorrected.aggregate.sram.{k}"
-       for x, k in _SRAM_SOURCES.items()},
-    "ecc_errors/channel_repair_pending": "x.repair.channel", "ecc_errors/tpc_repair_pending": "x.repair.tpc",
-    **{f"remapped_rows/row_remapper_histogram/row_remapper_histogram_{x}": (f"remapped_rows.histogram.{x}", " bank(s)")
-       for x in _HISTOGRAM},
-    "retired_pages/pending_blacklist": "retired_pages.pending",
-    "module_power_readings/power_state": "x.module_power_state",
-    "edpp_multiplier": "edpp_multiplier", "capabilities/egm": "x.egm",
-    "remapped_rows/remapped_row_corr_inactive": "x.remap.corr_inactive",
-    "remapped_rows/remapped_row_unc_inactive": "x.remap.unc_inactive",
-    "ecc_errors/unrepairable_memory": "x.unrepairable",
-}
-TEXT_VALUES = {
-    "Display Mode": "display_mode", "Display Active": "display_active", "GPU PDI": "x.pdi", "GPU C2C Mode": "c2c.mode",
-    "GPU Virtualization Mode/Virtualization Mode": "x.virtualization_mode",
-    "GPU Reset Status/Reset Required": "x.reset_required",
-    "GPU Reset Status/Drain and Reset Recommended": "x.drain_and_reset",
-    "GPU Recovery Action": "gpu_recovery_action", "PCI/Replay Number Rollovers": "x.pcie.replay_rollover",
-    **{f"Clocks Event Reasons Counters/{label}": f"clocks_event_reasons_counters.{k}"
-       for label, k in (("SW Power Capping", "sw_power_cap"), ("Sync Boost", "sync_boost"),
-                        ("SW Thermal Slowdown", "sw_thermal_slowdown"), ("HW Thermal Slowdown", "hw_thermal_slowdown"),
-                        ("HW Power Braking", "hw_power_brake_slowdown"))},
-    **{f"Conf Compute Protected Memory Usage/{x.title()}": f"protected_memory.{x}" for x in ("total", "used", "free")},
-    "Utilization/JPEG": "utilization.jpeg", "Utilization/OFA": "utilization.ofa",
-    "Encoder Stats/Active Sessions": "encoder.stats.sessionCount", "Encoder Stats/Average FPS": "encoder.stats.averageFps",
-    "Encoder Stats/Average Latency": "encoder.stats.averageLatency",
-    "FBC Stats/Active Sessions": "x.fbc.sessions", "FBC Stats/Average FPS": "x.fbc.fps",
-    "FBC Stats/Average Latency": "x.fbc.latency",
-    **{f"ECC Errors/{scope.title()}/SRAM Uncorrectable {label}": f"ecc.errors.uncorrected.{scope}.sram.{x}"
-       for scope in ("volatile", "aggregate") for label, x in (("Parity", "parity"), ("SEC-DED", "secded"))},
-    "ECC Errors/Aggregate/SRAM Threshold Exceeded": "ecc.errors.uncorrected.aggregate.sram.thresholdExceeded",
-    **{f"ECC Errors/Aggregate Uncorrectable SRAM Sources/SRAM {label}": f"ecc.errors.uncorrected.aggregate.sram.{k}"
-       for label, k in (("L2", "l2"), ("SM", "sm"), ("Microcontroller", "mcu"), ("PCIE", "pcie"), ("Other", "other"))},
-    "ECC Errors/Channel Repair Pending": "x.repair.channel", "ECC Errors/TPC Repair Pending": "x.repair.tpc",
-    **{f"Remapped Rows/Bank Remap Availability Histogram/{x.title()}": (f"remapped_rows.histogram.{x}", " bank(s)")
-       for x in _HISTOGRAM},
-    "EDPp Multiplier": "edpp_multiplier", "Capabilities/EGM": "x.egm",
-    "Remapped Rows/Inactive Correctable Error": "x.remap.corr_inactive",
-    "Remapped Rows/Inactive Uncorrectable Error": "x.remap.unc_inactive",
-    "ECC Errors/Unrepairable Memory": "x.unrepairable",
-}
 
-# -q -x leaf path -> (value key, suffix appended to a value that is available)
-XML_MAP = {
-    "product_name": "name", "product_brand": "x.product_brand",
-    "product_architecture": "x.product_architecture", "persistence_mode": "persistence_mode",
-    "addressing_mode": "addressing_mode", "accounting_mode": "accounting.mode", "accounting_mode_buffer_size": "accounting.buffer_size",
-    "mig_mode/current_mig": "mig.mode.current", "mig_mode/pending_mig": "mig.mode.pending",
-    "serial": "serial", "uuid": "uuid", "minor_number": "x.minor_number",
-    "vbios_version": "vbios_version", "multigpu_board": "x.multigpu_board", "board_id": "x.board_id",
-    "board_part_number": "x.board_part_number", "gpu_part_number": "x.gpu_part_number",
-    "platformInfo/module_id": "platform.module_id",
-    "inforom_version/img_version": "inforom.img", "inforom_version/oem_object": "inforom.oem",
-    "inforom_version/ecc_object": "inforom.ecc", "inforom_version/pwr_object": "inforom.pwr",
-    "gsp_firmware_version": "x.gsp_firmware_version",
-    "pci/pci_bus": "pci.bus", "pci/pci_device": "pci.device", "pci/pci_domain": "pci.domain",
-    "pci/pci_base_class": "pci.baseClass", "pci/pci_sub_class": "pci.subClass",
-    "pci/pci_device_id": "pci.device_id", "pci/pci_bus_id": "pci.bus_id",
-    "pci/pci_sub_system_id": "pci.sub_device_id",
-    "pci/pci_gpu_link_info/pcie_gen/max_link_gen": "pcie.link.gen.max",
-    "pci/pci_gpu_link_info/pcie_gen/current_link_gen": "pcie.link.gen.current",
-    "pci/pci_gpu_link_info/pcie_gen/device_current_link_gen": "pcie.link.gen.gpucurrent",
-    "pci/pci_gpu_link_info/pcie_gen/max_device_link_gen": "pcie.link.gen.gpumax",
-    "pci/pci_gpu_link_info/pcie_gen/max_host_link_gen": "pcie.link.gen.hostmax",
-    "pci/pci_gpu_link_info/link_widths/max_link_width": ("pcie.link.width.max", "x"),
-    "pci/pci_gpu_link_info/link_widths/current_link_width": ("pcie.link.width.current", "x"),
-    "pci/replay_counter": "x.pcie.replay", "pci/tx_util": "x.pcie.tx", "pci/rx_util": "x.pcie.rx",
-    "fan_speed": "fan.speed", "performance_state": "pstate",
-    "clocks_event_reasons/clocks_event_reason_gpu_idle": "clocks_event_reasons.gpu_idle",
-    "clocks_event_reasons/clocks_event_reason_applications_clocks_setting":
-        "clocks_event_reasons.applications_clocks_setting",
-    "clocks_event_reasons/clocks_event_reason_sw_power_cap": "clocks_event_reasons.sw_power_cap",
-    "clocks_event_reasons/clocks_event_reason_hw_slowdown": "clocks_event_reasons.hw_slowdown",
-    "clocks_event_reasons/clocks_event_reason_hw_thermal_slowdown": "clocks_event_reasons.hw_thermal_slowdown",
-    "clocks_event_reasons/clocks_event_reason_hw_power_brake_slowdown":
-        "clocks_event_reasons.hw_power_brake_slowdown",
-    "clocks_event_reasons/clocks_event_reason_sync_boost": "clocks_event_reasons.sync_boost",
-    "clocks_event_reasons/clocks_event_reason_sw_thermal_slowdown": "clocks_event_reasons.sw_thermal_slowdown",
-    "clocks_event_reasons/clocks_event_reason_display_clocks_setting": "x.display_clock_setting",
-    "fb_memory_usage/total": "memory.total", "fb_memory_usage/reserved": "memory.reserved",
-    "fb_memory_usage/used": "memory.used", "fb_memory_usage/free": "memory.free",
-    "bar1_memory_usage/total": "x.bar1.total", "bar1_memory_usage/used": "x.bar1.used",
-    "bar1_memory_usage/free": "x.bar1.free", "compute_mode": "compute_mode",
-    "utilization/gpu_util": "utilization.gpu", "utilization/memory_util": "utilization.memory",
-    "utilization/encoder_util": "utilization.encoder", "utilization/decoder_util": "utilization.decoder",
-    "ecc_mode/current_ecc": "ecc.mode.current", "ecc_mode/pending_ecc": "ecc.mode.pending",
-    "ecc_errors/volatile/sram_correctable": "x.ecc.sram.corr.vol",
-    "ecc_errors/volatile/dram_correctable": "x.ecc.dram.corr.vol",
-    "ecc_errors/volatile/dram_uncorrectable": "x.ecc.dram.unc.vol",
-    "ecc_errors/aggregate/sram_correctable": "x.ecc.sram.corr.agg",
-    "ecc_errors/aggregate/dram_correctable": "x.ecc.dram.corr.agg",
-    "ecc_errors/aggregate/dram_uncorrectable": "x.ecc.dram.unc.agg",
-    "retired_pages/multiple_single_bit_retirement/retired_count": "retired_pages.single_bit_ecc.count",
-    "retired_pages/double_bit_retirement/retired_count": "retired_pages.double_bit.count",
-    "retired_pages/pending_retirement": "retired_pages.pending",
-    "remapped_rows/remapped_row_corr": "remapped_rows.correctable",
-    "remapped_rows/remapped_row_unc": "remapped_rows.uncorrectable",
-    "remapped_rows/remapped_row_pending": "remapped_rows.pending",
-    "remapped_rows/remapped_row_failure": "remapped_rows.failure",
-    "temperature/gpu_temp": ("temperature.gpu", " C"),
-    "temperature/gpu_temp_tlimit": ("temperature.gpu.tlimit", " C"),
-    "temperature/gpu_temp_max_threshold": "x.temp.shutdown",
-    "temperature/gpu_temp_slow_threshold": "x.temp.slowdown",
-    "temperature/gpu_temp_max_gpu_threshold": "x.temp.max_gpu",
-    "temperature/gpu_temp_max_mem_threshold": "x.temp.max_mem",
-    "temperature/gpu_temp_max_tlimit_threshold": "x.temp.shutdown_tlimit",
-    "temperature/gpu_temp_slow_tlimit_threshold": "x.temp.slowdown_tlimit",
-    "temperature/gpu_temp_max_gpu_tlimit_threshold": "x.temp.max_gpu_tlimit",
-    "temperature/gpu_temp_max_mem_tlimit_threshold": "x.temp.max_mem_tlimit",
-    "temperature/gpu_target_temperature": "x.temp.target",
-    "temperature/memory_temp": ("temperature.memory", " C"),
-    "gpu_power_readings/power_state": "x.power_state",
-    "gpu_power_readings/power_draw": "power.draw",
-    "gpu_power_readings/average_power_draw": "power.draw.average",
-    "gpu_power_readings/instant_power_draw": "power.draw.instant",
-    "gpu_power_readings/current_power_limit": "enforced.power.limit",
-    "gpu_power_readings/requested_power_limit": "power.limit",
-    "gpu_power_readings/default_power_limit": "power.default_limit",
-    "gpu_power_readings/min_power_limit": "power.min_limit",
-    "gpu_power_readings/max_power_limit": "power.max_limit",
-    "clocks/graphics_clock": "clocks.current.graphics", "clocks/sm_clock": "clocks.current.sm",
-    "clocks/mem_clock": "clocks.current.memory", "clocks/video_clock": "clocks.current.video",
-    "applications_clocks/graphics_clock": "clocks.applications.graphics",
-    "applications_clocks/mem_clock": "clocks.applications.memory",
-    "default_applications_clocks/graphics_clock": "clocks.default_applications.graphics",
-    "default_applications_clocks/mem_clock": "clocks.default_applications.memory",
-    "max_clocks/graphics_clock": "clocks.max.graphics", "max_clocks/sm_clock": "clocks.max.sm",
-    "max_clocks/mem_clock": "clocks.max.memory", "max_clocks/video_clock": "x.clocks.max.video",
-    "max_customer_boost_clocks/graphics_clock": "x.clocks.max_boost.graphics",
-    "fabric/state": "fabric.state", "fabric/status": "fabric.status", "fabric/cliqueId": "fabric.cliqueId",
-    "fabric/clusterUuid": "fabric.clusterUuid",
-    "fabric/health/summary": "fabric.health.summary", "fabric/health/bandwidth": "fabric.health.bandwidth",
-    "fabric/health/route_recovery_in_progress": "fabric.health.route_recovery_in_progress",
-    "fabric/health/route_unhealthy": "fabric.health.route_unhealthy",
-    "fabric/health/access_timeout_recovery": "fabric.health.access_timeout_recovery",
-    "fabric/health/incorrect_configuration": "fabric.health.incorrect_configuration",
-    "supported_clocks/supported_mem_clock/value": "x.supported_mem_clock",
-    "supported_clocks/supported_mem_clock/supported_graphics_clock": "x.supported_graphics_clock",
-    **XML_VALUES,
-}
+def _paths(v) -> list[str]:
+    return v if isinstance(v, list) else [v] if v else []
 
-# -q text label path -> value key (same values, the text spelling of the same data)
-TEXT_MAP = {
-    "Product Name": "name", "Product Brand": "x.product_brand",
-    "Product Architecture": "x.product_architecture", "Persistence Mode": "persistence_mode",
-    "Addressing Mode": "addressing_mode",
-    "Accounting Mode": "accounting.mode", "Accounting Mode Buffer Size": "accounting.buffer_size",
-    "MIG Mode/Current": "mig.mode.current", "MIG Mode/Pending": "mig.mode.pending",
-    "Serial Number": "serial", "GPU UUID": "uuid", "Minor Number": "x.minor_number",
-    "VBIOS Version": "vbios_version", "MultiGPU Board": "x.multigpu_board", "Board ID": "x.board_id",
-    "Board Part Number": "x.board_part_number", "GPU Part Number": "x.gpu_part_number", "Platform Info/Module Id": "platform.module_id",
-    "Inforom Version/Image Version": "inforom.img", "Inforom Version/OEM Object": "inforom.oem",
-    "Inforom Version/ECC Object": "inforom.ecc", "Inforom Version/Power Management Object": "inforom.pwr",
-    "GSP Firmware Version": "x.gsp_firmware_version",
-    "PCI/Bus": "pci.bus", "PCI/Device": "pci.device", "PCI/Domain": "pci.domain",
-    "PCI/Base Classcode": "pci.baseClass", "PCI/Sub Classcode": "pci.subClass",
-    "PCI/Device Id": "pci.device_id", "PCI/Bus Id": "pci.bus_id", "PCI/Sub System Id": "pci.sub_device_id",
-    "PCI/GPU Link Info/PCIe Generation/Max": "pcie.link.gen.max",
-    "PCI/GPU Link Info/PCIe Generation/Current": "pcie.link.gen.current",
-    "PCI/GPU Link Info/PCIe Generation/Device Current": "pcie.link.gen.gpucurrent",
-    "PCI/GPU Link Info/PCIe Generation/Device Max": "pcie.link.gen.gpumax",
-    "PCI/GPU Link Info/PCIe Generation/Host Max": "pcie.link.gen.hostmax",
-    "PCI/GPU Link Info/Link Width/Max": ("pcie.link.width.max", "x"),
-    "PCI/GPU Link Info/Link Width/Current": ("pcie.link.width.current", "x"),
-    "PCI/Replays Since Reset": "x.pcie.replay", "PCI/Tx Throughput": "x.pcie.tx",
-    "PCI/Rx Throughput": "x.pcie.rx", "Fan Speed": "fan.speed", "Performance State": "pstate",
-    "Clocks Event Reasons/Idle": "clocks_event_reasons.gpu_idle",
-    "Clocks Event Reasons/Applications Clocks Setting": "clocks_event_reasons.applications_clocks_setting",
-    "Clocks Event Reasons/SW Power Cap": "clocks_event_reasons.sw_power_cap",
-    "Clocks Event Reasons/HW Slowdown": "clocks_event_reasons.hw_slowdown",
-    "Clocks Event Reasons/HW Slowdown/HW Thermal Slowdown": "clocks_event_reasons.hw_thermal_slowdown",
-    "Clocks Event Reasons/HW Slowdown/HW Power Brake Slowdown": "clocks_event_reasons.hw_power_brake_slowdown",
-    "Clocks Event Reasons/Sync Boost": "clocks_event_reasons.sync_boost",
-    "Clocks Event Reasons/SW Thermal Slowdown": "clocks_event_reasons.sw_thermal_slowdown",
-    "Clocks Event Reasons/Display Clock Setting": "x.display_clock_setting",
-    "FB Memory Usage/Total": "memory.total", "FB Memory Usage/Reserved": "memory.reserved",
-    "FB Memory Usage/Used": "memory.used", "FB Memory Usage/Free": "memory.free",
-    "BAR1 Memory Usage/Total": "x.bar1.total", "BAR1 Memory Usage/Used": "x.bar1.used",
-    "BAR1 Memory Usage/Free": "x.bar1.free", "Compute Mode": "compute_mode",
-    "Utilization/GPU": "utilization.gpu", "Utilization/Memory": "utilization.memory",
-    "Utilization/Encoder": "utilization.encoder", "Utilization/Decoder": "utilization.decoder",
-    "ECC Mode/Current": "ecc.mode.current", "ECC Mode/Pending": "ecc.mode.pending",
-    "ECC Errors/Volatile/SRAM Correctable": "x.ecc.sram.corr.vol",
-    "ECC Errors/Volatile/DRAM Correctable": "x.ecc.dram.corr.vol",
-    "ECC Errors/Volatile/DRAM Uncorrectable": "x.ecc.dram.unc.vol",
-    "ECC Errors/Aggregate/SRAM Correctable": "x.ecc.sram.corr.agg",
-    "ECC Errors/Aggregate/DRAM Correctable": "x.ecc.dram.corr.agg",
-    "ECC Errors/Aggregate/DRAM Uncorrectable": "x.ecc.dram.unc.agg",
-    "Retired Pages/Single Bit ECC": "retired_pages.single_bit_ecc.count",
-    "Retired Pages/Double Bit ECC": "retired_pages.double_bit.count",
-    "Retired Pages/Pending Page Blacklist": "retired_pages.pending",
-    "Remapped Rows/Correctable Error": "remapped_rows.correctable",
-    "Remapped Rows/Uncorrectable Error": "remapped_rows.uncorrectable",
-    "Remapped Rows/Pending": "remapped_rows.pending",
-    "Remapped Rows/Remapping Failure Occurred": "remapped_rows.failure",
-    "Temperature/GPU Current Temp": ("temperature.gpu", " C"),
-    "Temperature/GPU T.Limit Temp": ("temperature.gpu.tlimit", " C"),
-    "Temperature/GPU Shutdown T.Limit Temp": "x.temp.shutdown_tlimit",
-    "Temperature/GPU Slowdown T.Limit Temp": "x.temp.slowdown_tlimit",
-    "Temperature/GPU Max Operating T.Limit Temp": "x.temp.max_gpu_tlimit",
-    "Temperature/GPU Shutdown Temp": "x.temp.shutdown",
-    "Temperature/GPU Slowdown Temp": "x.temp.slowdown",
-    "Temperature/GPU Max Operating Temp": "x.temp.max_gpu",
-    "Temperature/GPU Target Temperature": "x.temp.target",
-    "Temperature/Memory Current Temp": ("temperature.memory", " C"),
-    "Temperature/Memory Max Operating T.Limit Temp": "x.temp.max_mem_tlimit",
-    "Temperature/Memory Max Operating Temp": "x.temp.max_mem",
-    "GPU Power Readings/Average Power Draw": "power.draw.average",
-    "GPU Power Readings/Instantaneous Power Draw": "power.draw.instant",
-    "GPU Power Readings/Current Power Limit": "enforced.power.limit",
-    "GPU Power Readings/Requested Power Limit": "power.limit",
-    "GPU Power Readings/Default Power Limit": "power.default_limit",
-    "GPU Power Readings/Min Power Limit": "power.min_limit",
-    "GPU Power Readings/Max Power Limit": "power.max_limit",
-    "Clocks/Graphics": "clocks.current.graphics", "Clocks/SM": "clocks.current.sm",
-    "Clocks/Memory": "clocks.current.memory", "Clocks/Video": "clocks.current.video",
-    "Applications Clocks/Graphics": "clocks.applications.graphics",
-    "Applications Clocks/Memory": "clocks.applications.memory",
-    "Default Applications Clocks/Graphics": "clocks.default_applications.graphics",
-    "Default Applications Clocks/Memory": "clocks.default_applications.memory",
-    "Max Clocks/Graphics": "clocks.max.graphics", "Max Clocks/SM": "clocks.max.sm",
-    "Max Clocks/Memory": "clocks.max.memory", "Max Clocks/Video": "x.clocks.max.video",
-    "Max Customer Boost Clocks/Graphics": "x.clocks.max_boost.graphics",
-    "Fabric/State": "fabric.state", "Fabric/Status": "fabric.status", "Fabric/CliqueId": "fabric.cliqueId",
-    "Fabric/ClusterUUID": "fabric.clusterUuid",
-    "Fabric/Health/Summary": "fabric.health.summary", "Fabric/Health/Bandwidth": "fabric.health.bandwidth",
-    "Fabric/Health/Route Recovery in progress": "fabric.health.route_recovery_in_progress",
-    "Fabric/Health/Route Unhealthy": "fabric.health.route_unhealthy",
-    "Fabric/Health/Access Timeout Recovery": "fabric.health.access_timeout_recovery",
-    "Fabric/Health/Incorrect Configuration": "fabric.health.incorrect_configuration",
-    **TEXT_VALUES,
-}
 
-# Older branches' names of the same values (records of 470-550).
-XML_MAP.update({
-    "gpu_module_id": "platform.module_id",
-    **{f"clocks_throttle_reasons/clocks_throttle_reason_{k.split('_reason_', 1)[1]}": v
-       for k, v in XML_MAP.items() if k.startswith("clocks_event_reasons/")},
-    "power_readings/power_state": "x.power_state", "power_readings/power_management": "power.management",
-    "power_readings/power_draw": "power.draw", "power_readings/power_limit": "power.limit",
-    "power_readings/default_power_limit": "power.default_limit",
-    "power_readings/enforced_power_limit": "enforced.power.limit",
-    "power_readings/min_power_limit": "power.min_limit", "power_readings/max_power_limit": "power.max_limit",
-})
-TEXT_MAP.update({
-    "Module ID": "platform.module_id", "Utilization/Gpu": "utilization.gpu",
-    "Ecc Mode/Current": "ecc.mode.current", "Ecc Mode/Pending": "ecc.mode.pending",
-    **{k.replace("Clocks Event Reasons", "Clocks Throttle Reasons"): v
-       for k, v in TEXT_MAP.items() if k.startswith("Clocks Event Reasons/")},
-    "Power Readings/Power Management": "power.management", "Power Readings/Power Draw": "power.draw",
-    "Power Readings/Power Limit": "power.limit", "Power Readings/Default Power Limit": "power.default_limit",
-    "Power Readings/Enforced Power Limit": "enforced.power.limit",
-    "Power Readings/Min Power Limit": "power.min_limit", "Power Readings/Max Power Limit": "power.max_limit",
-    "GPU Power Readings/Power Draw": "power.draw",
-})
+def load_fields() -> dict[str, dict]:
+    """fields.yaml: each fact once (see its header), checked for what a typo would break."""
+    facts = yaml.safe_load(FIELDS_FILE.read_text())
+    for name, row in facts.items():
+        unknown = set(row) - FIELD_COLUMNS
+        if unknown:
+            raise SystemExit(f"{FIELDS_FILE.name}: {name}: unknown column(s) {sorted(unknown)}")
+        q, x = _paths(row.get("q")), _paths(row.get("x"))
+        if len(q) > 1 and len(x) > 1 and len(q) != len(x):
+            raise SystemExit(f"{FIELDS_FILE.name}: {name}: q and x list several spellings but not in parallel")
+        get = row.get("get")
+        if get is not None and not re.fullmatch(r"[A-Za-z_]\w*\((.*)\)", get):
+            raise SystemExit(f"{FIELDS_FILE.name}: {name}: get {get!r} is not SHAPE(ARGS)")
+    return facts
+
+
+FACTS = load_fields()
+# The facts --query-gpu shows, by every name it accepts for them (590's; aliases come with them).
+QUERY_FACT = {q: name for name, row in FACTS.items()
+              for q in ([] if name.startswith("x.") else [name]) + _paths(row.get("also"))}
+# -q -x leaf path / -q text label path -> (fact, suffix appended to a value that is available)
+XML_MAP: dict[str, tuple[str, str]] = {}
+TEXT_MAP: dict[str, tuple[str, str]] = {}
+for _name, _row in FACTS.items():
+    for _col, _map in (("x", XML_MAP), ("q", TEXT_MAP)):
+        for _p in _paths(_row.get(_col)):
+            if _p in _map:
+                raise SystemExit(f"{FIELDS_FILE.name}: {_col} {_p!r} is both {_map[_p][0]} and {_name}")
+            _map[_p] = (_name, _row.get("suffix", ""))
+
 
 # Leaves whose structure is rebuilt at run time (lists): their subtree is not copied.
 DYNAMIC = {"processes": "processes", "accounted_processes": "accounted_processes", "mig_devices": "mig_devices"}
@@ -448,9 +195,9 @@ def help_body(text: str) -> str:
 
 
 def record_fields(branch: int, fields590: list[tuple[str, str, str]]) -> list[tuple[str, str, str, str]]:
-    """(name, alias, unit, key) of a branch's --query-gpu fields, in its --help-query-gpu order.
-    The unit is the one its CSV header printed; the key is the value key of the 590 field of the
-    same name or alias (\"\" when 590 has no such field: the tool knows it, we print [N/A])."""
+    """(name, alias, unit, fact) of a branch's --query-gpu fields, in its --help-query-gpu order.
+    The unit is the one its CSV header printed; the fact is the one of the 590 field of the same
+    name or alias (\"\" when fields.yaml has none: the tool knows it, we print [N/A])."""
     d = RECORDS / str(branch)
     fields = []
     for line in (d / "help-query-gpu.txt").read_text().splitlines():
@@ -476,7 +223,7 @@ def record_fields(branch: int, fields590: list[tuple[str, str, str]]) -> list[tu
         keys.setdefault(n, n)
         if a:
             keys.setdefault(a, n)
-    return [(n, a, units[n], keys.get(n) or keys.get(a, "")) for n, a in fields]
+    return [(n, a, units[n], QUERY_FACT.get(keys.get(n) or keys.get(a, ""), "")) for n, a in fields]
 
 
 def table_frame(text: str) -> dict:
@@ -513,15 +260,7 @@ def branch_parts(fields590, keys: dict[str, int]) -> list[str]:
         # -q -d: the same sections, with the sample blocks only -d prints
         parts.append(rows_c(f"TEXT_D_{b}", text_skeleton((d / "query-display.txt").read_text(), record=True), keys))
         parts.append(rows_c(f"XML_{b}", xml_skeleton(d / "query.xml")[1], keys))
-    parts.append("struct frame { int width, ts_pad, w_smi, w_drv, w_cuda;\n"
-                 "               const char *rule, *grid, *head, *row_rule, *gap, *procs_head, *no_procs; };")
-    parts.append("struct branch { int branch, colon, dtd, unknown_rc; const char *unknown;\n"
-                 "                const char *help, *help_query_gpu, *help_query_apps, *help_query_accounted,\n"
-                 "                *help_query_retired, *help_query_remapped;\n"
-                 "                const struct qfield *fields; const struct skel *text, *text_display, *xml;\n"
-                 "                struct frame table; };")
-    parts.append("/* The branches recorded from NVIDIA's own nvidia-smi (record_branches.py), oldest first. */")
-    parts.append("static const struct branch BRANCHES[] = {")
+    parts.append("const struct branch BRANCHES[] = {")
     for b in BRANCHES:
         d = RECORDS / str(b)
         query = (d / "query.txt").read_text().splitlines()
@@ -541,8 +280,8 @@ def branch_parts(fields590, keys: dict[str, int]) -> list[str]:
     return parts
 
 
-def rows_c(name: str, rows, keys: dict[str, int]) -> str:
-    out = [f"static const struct skel {name}[] = {{"]
+def rows_c(name: str, rows, keys: dict[str, int], exported: bool = False) -> str:
+    out = [f"{'' if exported else 'static '}const struct skel {name}[] = {{"]
     for depth, kind, tag, key, suffix in rows:
         k = ident(key) if key else "K_NONE"
         if key and key not in keys:
@@ -552,57 +291,198 @@ def rows_c(name: str, rows, keys: dict[str, int]) -> str:
     return "\n".join(out)
 
 
-def generate() -> str:
+def check_fields(fields: list[tuple[str, str, str]]) -> None:
+    """Every --query-gpu name of fields.yaml is one the 590 tool accepts, with the unit it prints."""
+    units = {n: u for n, _, u in fields}
+    for q, fact in QUERY_FACT.items():
+        if q not in units:
+            raise SystemExit(f"{FIELDS_FILE.name}: {q} is not a --query-gpu field of the 590 capture")
+        if units[q] != FACTS[fact].get("unit", ""):
+            raise SystemExit(f"{FIELDS_FILE.name}: {fact}: unit {FACTS[fact].get('unit', '')!r}, but the 590 "
+                             f"capture prints {q} in {units[q]!r}")
+
+
+def dispatch(keys: dict[str, int]) -> str:
+    """smi_values_gen.c: value() as one case per fact of fields.yaml."""
+    out = ["/* Generated by shims/nvidia-smi/gen_smi.py from fields.yaml; do not edit. */",
+           '#include "smi_values.h"', "",
+           "/* One value, without its unit. V_NA / V_DEPRECATED leave `out` unspecified. */",
+           "enum vr value(const struct dev *d, int key, char *out, size_t n)", "{",
+           "    switch (key) {"]
+    for name, row in FACTS.items():
+        get = row.get("get")
+        body = []
+        if "deprecated_from" in row:
+            body.append(f"if (g_branch >= {int(row['deprecated_from'])})\n            return V_DEPRECATED;")
+        if "na_before" in row:
+            body.append(f"if (g_branch < {int(row['na_before'])})\n            return V_NA;")
+        if row.get("na_in_mig"):
+            body.append("if (mig_enabled(d->index))\n            return V_NA;")
+        if get is None and not body:
+            continue
+        if get is None:
+            call = "V_NA"
+        elif get[0].isupper():
+            call = get
+        else:
+            fn, args = get.split("(", 1)
+            call = f"{fn}(d, out, n{', ' if args != ')' else ''}{args}"
+        body.append(f"return {call};")
+        if len(body) == 1:
+            out.append(f"    case {ident(name)}: {body[0]}")
+        else:
+            out.append(f"    case {ident(name)}:")
+            out += [f"        {b}" for b in body]
+    out += ["    default:", "        return V_NA;", "    }", "}", ""]
+    return "\n".join(out)
+
+
+def facts_c() -> str:
+    out = ["/* Each fact's name and unit (-q, -q -x), and whether --query-gpu prints its N/A bare. */",
+           "const struct fact FACTS[K_COUNT] = {"]
+    for name, row in FACTS.items():
+        out.append(f'    [{ident(name)}] = {{"{name}", "{row.get("unit", "")}", {int(bool(row.get("na_plain")))}}},')
+    out.append("};\n")
+    return "\n".join(out)
+
+
+def c_args(text: str) -> list[str]:
+    """The arguments of a C call's argument list, split at its top-level commas."""
+    args, depth, quoted, cur = [], 0, False, ""
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted
+        elif not quoted and ch in "([":
+            depth += 1
+        elif not quoted and ch in ")]":
+            depth -= 1
+        if ch == "," and not depth and not quoted:
+            args.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return [a for a in args + [cur.strip()] if a]
+
+
+def python_table() -> str:
+    """mokkafs/model/smi_fields.py: the same table for Python (the profile importer and recorder,
+    the cross-surface probe)."""
+    out = ['"""nvidia-smi\'s field table for Python: generated by shims/nvidia-smi/gen_smi.py from',
+           "shims/nvidia-smi/fields.yaml (whose header says what each column means); do not edit.", "",
+           "`FIELDS` holds one `Field` per fact a GPU shows; `nvml` is the NVML getter its value comes from",
+           "and `nvml_args` the arguments after the device handle, where the getter is one NVML call.", '"""',
+           "from __future__ import annotations", "", "from typing import NamedTuple", "", "",
+           "class Field(NamedTuple):",
+           "    name: str",
+           "    query: tuple[str, ...] = ()  # --query-gpu names",
+           "    unit: str = \"\"",
+           "    get: str | None = None  # the getter as fields.yaml writes it",
+           "    nvml: str | None = None",
+           "    nvml_args: tuple[str, ...] = ()",
+           "    q: tuple[str, ...] = ()  # -q label paths, newest branch first",
+           "    x: tuple[str, ...] = ()  # -q -x element paths, newest branch first",
+           "    suffix: str = \"\"",
+           "    profile: str | None = None  # the GPU profile key read from it", "", "",
+           "FIELDS: dict[str, Field] = {"]
+    for name, row in FACTS.items():
+        get = row.get("get")
+        nvml, nvml_args = None, ()
+        if get and get[0].isupper():
+            shape, args = get.split("(", 1)
+            args = c_args(args[:-1])
+            at = next((i for i, a in enumerate(args) if re.fullmatch(r"nvml\w+", a)), None)
+            if at is not None:
+                nvml = args[at]
+                nvml_args = tuple(args[at + 1:]) if shape in ("STR", "SCALAR", "U32", "WATTS") else ()
+        query = tuple(([] if name.startswith("x.") else [name]) + _paths(row.get("also")))
+        values = {"query": query, "unit": row.get("unit", ""), "get": get, "nvml": nvml, "nvml_args": nvml_args,
+                  "q": tuple(_paths(row.get("q"))), "x": tuple(_paths(row.get("x"))),
+                  "suffix": row.get("suffix", ""), "profile": row.get("profile")}
+        given = "".join(f", {k}={v!r}" for k, v in values.items() if v not in ((), "", None))
+        out.append(f"    {name!r}: Field({name!r}{given}),")
+    out += ["}", "# The fact a GPU profile key is read from.",
+            "BY_PROFILE: dict[str, Field] = {f.profile: f for f in FIELDS.values() if f.profile}",
+            "# A -q label path -> the -q -x element path of the same value in the same layout.",
+            "TEXT_TO_XML: dict[str, str] = {",
+            "    q: f.x[i if len(f.x) == len(f.q) else 0] for f in FIELDS.values() if f.x for i, q in enumerate(f.q)",
+            "}", ""]
+    return "\n".join(out)
+
+
+def generate() -> dict[Path, str]:
     h100 = (CAPTURES / TEXT_H100).read_text()
     l40s = (CAPTURES / TEXT_L40S).read_text()
     fields = query_fields(h100)
+    check_fields(fields)
     keys: dict[str, int] = {}
-    for n, _, _ in fields:
-        keys.setdefault(n, len(keys))
-    for k in EXTRA_KEYS + ["processes", "accounted_processes", "mig_devices"]:
+    for k in list(FACTS) + list(DYNAMIC.values()):
         keys.setdefault(k, len(keys))
-    parts = ["/* Generated by shims/nvidia-smi/gen_smi.py from tests/fixtures/captures; do not edit. */",
-             "#ifndef SMI_GEN_H", "#define SMI_GEN_H", "", "enum key {", "    K_NONE = -1,"]
-    parts += [f"    {ident(k)} = {v}," for k, v in keys.items()]
-    parts += ["    K_COUNT", "};", ""]
-    parts.append("struct qfield { const char *name, *alias, *unit; enum key key; };")
-    parts.append("struct skel { signed char depth, kind; short key; const char *tag, *suffix; };")
-    parts.append("static const struct qfield QUERY_GPU_FIELDS[] = {")
-    parts += [f'    {{"{n}", "{a}", "{u}", {ident(n)}}},' for n, a, u in fields]
+    decl = ["/* Generated by shims/nvidia-smi/gen_smi.py from tests/fixtures/captures and fields.yaml; do not "
+            "edit. */", "#ifndef SMI_GEN_H", "#define SMI_GEN_H", "",
+            "/* The facts of fields.yaml, then the lists -q and -q -x build at run time. */",
+            "enum key {", "    K_NONE = -1,"]
+    decl += [f"    {ident(k)} = {v}," for k, v in keys.items()]
+    decl += ["    K_COUNT", "};", "",
+             "struct fact { const char *name, *unit; unsigned char na_plain; };",
+             "struct qfield { const char *name, *alias, *unit; enum key key; };",
+             "struct skel { signed char depth, kind; short key; const char *tag, *suffix; };",
+             "struct board { const char *profile, *product; const struct skel *xml; };",
+             "struct frame { int width, ts_pad, w_smi, w_drv, w_cuda;",
+             "               const char *rule, *grid, *head, *row_rule, *gap, *procs_head, *no_procs; };",
+             "struct branch { int branch, colon, dtd, unknown_rc; const char *unknown;",
+             "                const char *help, *help_query_gpu, *help_query_apps, *help_query_accounted,",
+             "                *help_query_retired, *help_query_remapped;",
+             "                const struct qfield *fields; const struct skel *text, *text_display, *xml;",
+             "                struct frame table; };", ""]
+    parts = ["/* Generated by shims/nvidia-smi/gen_smi.py from tests/fixtures/captures and fields.yaml; do not "
+             "edit. */", '#include "smi_gen.h"', "", facts_c()]
+    parts.append("const struct qfield QUERY_GPU_FIELDS[] = {")
+    parts += [f'    {{"{n}", "{a}", "{u}", {ident(QUERY_FACT[n]) if n in QUERY_FACT else "K_NONE"}}},'
+              for n, a, u in fields]
     parts.append("    {0, 0, 0, K_NONE},\n};\n")
     for var, title in [("HELP_TEXT", "capabilities :: help (-h)"),
                        ("HELP_QUERY_GPU", "capabilities :: help-query-gpu"),
                        ("HELP_QUERY_COMPUTE_APPS", "capabilities :: help-query-compute-apps")]:
         text = section(h100, title)
         if var == "HELP_TEXT":
-            parts.append(f'static const char HELP_VERSION[] = "{text.split(" -- v", 1)[1].split(chr(10), 1)[0]}";')
-        parts.append(f"static const char {var}[] =\n{c_str(help_body(text) if var == 'HELP_TEXT' else text)};\n")
+            parts.append(f'const char HELP_VERSION[] = "{text.split(" -- v", 1)[1].split(chr(10), 1)[0]}";')
+        parts.append(f"const char {var}[] =\n{c_str(help_body(text) if var == 'HELP_TEXT' else text)};\n")
     boards = []
     for b in XML_BOARDS:
         product, rows = xml_skeleton(CAPTURES / f"nvidia-smi-q-x.{b}.xml")
         parts.append(rows_c(f"XML_{b.upper()}", rows, keys))
         boards.append((b, product))
-    parts.append("struct board { const char *profile, *product; const struct skel *xml; };")
-    parts.append("static const struct board XML_BOARDS[] = {")
+    parts.append("const struct board XML_BOARDS[] = {")
     parts += [f'    {{"{b}", "{p}", XML_{b.upper()}}},' for b, p in boards]
     parts.append("    {0, 0, 0},\n};\n")
-    parts.append(rows_c("TEXT_590", text_skeleton(h100), keys))
-    parts.append(rows_c("TEXT_595", text_skeleton(l40s), keys))
-    parts.append(f"static const int TEXT_590_COLON = {colon_column(section(h100, 'idle :: query (-q)').splitlines())}, "
+    parts.append(rows_c("TEXT_590", text_skeleton(h100), keys, exported=True))
+    parts.append(rows_c("TEXT_595", text_skeleton(l40s), keys, exported=True))
+    parts.append(f"const int TEXT_590_COLON = {colon_column(section(h100, 'idle :: query (-q)').splitlines())}, "
                  f"TEXT_595_COLON = {colon_column(section(l40s, 'idle :: query (-q)').splitlines())};\n")
     parts += branch_parts(fields, keys)
-    parts.append("\n#endif")
-    return "\n".join(parts) + "\n"
+    decl += ["extern const struct fact FACTS[K_COUNT];",
+             "extern const struct qfield QUERY_GPU_FIELDS[];",
+             "extern const char HELP_VERSION[], HELP_TEXT[], HELP_QUERY_GPU[], HELP_QUERY_COMPUTE_APPS[];",
+             "/* The -q -x skeleton of each captured board, and the -q skeletons of 590 and 595. */",
+             "extern const struct board XML_BOARDS[];",
+             "extern const struct skel TEXT_590[], TEXT_595[];",
+             "extern const int TEXT_590_COLON, TEXT_595_COLON;",
+             "/* The branches recorded from NVIDIA's own nvidia-smi (record_branches.py), oldest first. */",
+             "extern const struct branch BRANCHES[];", "", "#endif"]
+    return {OUT: "\n".join(decl) + "\n", HERE / "smi_gen.c": "\n".join(parts) + "\n",
+            HERE / "smi_values_gen.c": dispatch(keys), PY_OUT: python_table()}
 
 
 def main() -> int:
-    out = generate()
+    outputs = generate()
     if "--check" in sys.argv[1:]:
-        if not OUT.exists() or OUT.read_text() != out:
-            print(f"{OUT} is stale: run {Path(__file__).name}", file=sys.stderr)
+        stale = [p.name for p, text in outputs.items() if not p.exists() or p.read_text() != text]
+        if stale:
+            print(f"{', '.join(stale)} stale: run {Path(__file__).name}", file=sys.stderr)
             return 1
         return 0
-    OUT.write_text(out)
+    for path, text in outputs.items():
+        path.write_text(text)
     return 0
 
 
