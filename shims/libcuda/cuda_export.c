@@ -41,6 +41,13 @@ int mokka_trace_on(void)
     return v;
 }
 
+CUresult mokka_not_supported(const char *name)
+{
+    if (mokka_trace_on())
+        fprintf(stderr, "mokka-cuda: %s: not supported\n", name);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 #define TRACE(...)                                                   \
     do {                                                             \
         if (mokka_trace_on())                                        \

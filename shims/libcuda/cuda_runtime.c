@@ -1458,3 +1458,24 @@ MOKKA_ALIAS(cuEventRecordWithFlags_ptsz, cuEventRecordWithFlags);
 MOKKA_ALIAS(cuLaunchKernel_ptsz, cuLaunchKernel);
 MOKKA_ALIAS(cuLaunchKernelEx_ptsz, cuLaunchKernelEx);
 MOKKA_ALIAS(cuLaunchCooperativeKernel_ptsz, cuLaunchCooperativeKernel);
+
+/* ---- CUDA 13's context-taking variants ------------------------------------------------------ */
+
+int cuCtxSynchronize(void);
+
+CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
+{
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx)
+        return mokka_current_device(device);
+    return mokka_ctx_device(ctx, device) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    CUdevice dev;
+    if (!ctx)
+        return cuCtxSynchronize();
+    return mokka_ctx_device(ctx, &dev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
