@@ -862,6 +862,10 @@ static size_t g_nranges, g_ranges_cap;
 static uint64_t g_bump[MOKKA_MAX_GPUS];
 static uint64_t g_window[MOKKA_MAX_GPUS]; /* each GPU's reserved address window; 0: not yet */
 static unsigned g_primary_refs[MOKKA_MAX_GPUS]; /* guarded by g_lock */
+/* Made: the primary context exists on its GPU (compute mode passed, the process listed there). The
+   runtime holds every device's primary context from init (cuda_export.c) but makes it only when
+   it first makes it current, as the driver creates a context lazily. Guarded by g_lock. */
+static unsigned char g_primary_made[MOKKA_MAX_GPUS];
 static __thread int t_depth;
 
 /* Is descriptor fd still what we opened (dev, ino)? One the program closed, or whose number now
@@ -901,6 +905,7 @@ static void after_fork_child(void)
     memset(g_mine, 0, sizeof(g_mine));
     memset(g_ctx_refs, 0, sizeof(g_ctx_refs));
     memset(g_primary_refs, 0, sizeof(g_primary_refs));
+    memset(g_primary_made, 0, sizeof(g_primary_made));
     memset(g_bump, 0, sizeof(g_bump));
     g_allocs = NULL;
     g_cap = g_used_slots = g_live = 0;
@@ -1295,21 +1300,35 @@ static inline int ctx_ok(CUcontext c)
     return ctx_lookup(c, &ci) > 0;
 }
 
-CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+/* Make primary context `dev` on its GPU (g_lock held): the compute mode rules, the process is
+   listed there. */
+static CUresult primary_make(CUdevice dev)
+{
+    if (g_primary_made[dev])
+        return CUDA_SUCCESS;
+    unsigned gi = g_visible[dev];
+    /* under g_lock (then g_acct_lock, the one order): a racing last release is whole */
+    CUresult r = compute_mode(gi) == CU_COMPUTEMODE_PROHIBITED ? CUDA_ERROR_DEVICE_UNAVAILABLE : context_ref(gi, +1);
+    if (r == CUDA_SUCCESS)
+        g_primary_made[dev] = 1;
+    return r;
+}
+
+/* One reference more on primary context `dev`; with make, the context is made too. */
+static CUresult primary_retain(CUcontext *pctx, CUdevice dev, int make)
 {
     ARG(pctx);
     LIVE_DEVICE(dev);
-    unsigned gi = g_visible[dev];
     pthread_mutex_lock(&g_lock);
     struct ctx_slot *sl = &g_ctx[dev];
-    if (g_primary_refs[dev] == 0) { /* the first retain makes the context: the compute mode rules */
-        /* under g_lock (then g_acct_lock, the one order): a racing last release is whole */
-        CUresult r = compute_mode(gi) == CU_COMPUTEMODE_PROHIBITED ? CUDA_ERROR_DEVICE_UNAVAILABLE
-                                                                   : context_ref(gi, +1);
+    if (make) {
+        CUresult r = primary_make(dev);
         if (r != CUDA_SUCCESS) {
             pthread_mutex_unlock(&g_lock);
             return r;
         }
+    }
+    if (g_primary_refs[dev] == 0) { /* the first retain brings the one handle (back) to life */
         __atomic_store_n(&sl->dev, dev, __ATOMIC_RELAXED);
         __atomic_store_n(&sl->gen, 1, __ATOMIC_RELEASE);
     }
@@ -1318,6 +1337,23 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     pthread_mutex_unlock(&g_lock);
     *pctx = c;
     return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) { return primary_retain(pctx, dev, 1); }
+
+/* What the runtime's CUDART_INTERFACE slot 2 answers (cuda_export.c): retained, not yet made. */
+CUresult mokka_primary_handle(CUcontext *pctx, CUdevice dev) { return primary_retain(pctx, dev, 0); }
+
+/* A context about to be current: a primary one the runtime holds unmade is made now. */
+static CUresult ctx_materialize(CUcontext c)
+{
+    unsigned slot = ctx_slot_of(c);
+    if (slot >= MOKKA_MAX_GPUS || LOAD(&g_primary_made[slot]))
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    CUresult r = g_primary_refs[slot] ? primary_make((CUdevice)slot) : CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_unlock(&g_lock);
+    return r;
 }
 
 static CUresult primary_release(CUdevice dev)
@@ -1335,7 +1371,9 @@ static CUresult primary_release(CUdevice dev)
            Inactive, its handle is refused until the next retain. */
         __atomic_store_n(&g_ctx[dev].gen, 0, __ATOMIC_RELEASE);
         free_context_memory(ctx_handle((unsigned)dev, 1));
-        context_ref(g_visible[dev], -1);
+        if (g_primary_made[dev])
+            context_ref(g_visible[dev], -1);
+        g_primary_made[dev] = 0;
     }
     pthread_mutex_unlock(&g_lock);
     if (last) /* the runtime's per-context state goes with it (cuda_export.c) */
@@ -1362,7 +1400,7 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
     ARG(active);
     DEVICE(dev);
     *flags = __atomic_load_n(&g_ctx[dev].flags, __ATOMIC_RELAXED);
-    *active = LOAD(&g_primary_refs[dev]) > 0;
+    *active = LOAD(&g_primary_made[dev]) && LOAD(&g_primary_refs[dev]) > 0;
     return CUDA_SUCCESS;
 }
 
@@ -1486,7 +1524,8 @@ static CUresult ctx_push(CUcontext ctx)
     INIT();
     if (!ctx_ok(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
-    return push(ctx);
+    CUresult r = ctx_materialize(ctx);
+    return r != CUDA_SUCCESS ? r : push(ctx);
 }
 
 CUresult cuCtxPushCurrent(CUcontext ctx) { return ctx_push(ctx); }
@@ -1516,6 +1555,9 @@ CUresult cuCtxSetCurrent(CUcontext ctx)
     }
     if (!ctx_ok(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult r = ctx_materialize(ctx);
+    if (r != CUDA_SUCCESS)
+        return r;
     if (t_depth == 0)
         return push(ctx);
     t_stack[t_depth - 1] = ctx;
@@ -1933,6 +1975,7 @@ int mokka_ctx_device(CUcontext c, CUdevice *dev)
 }
 
 unsigned mokka_gpu_index(CUdevice dev) { return g_visible[dev]; }
+
 
 int mokka_device_address(uint64_t p)
 {

@@ -26,7 +26,6 @@ int cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
 int cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
 int cuDriverGetVersion(int *version);
 int cuCtxGetCurrent(CUcontext *pctx);
-int cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
 CUresult mokka_module_from_fatbin(void **module, const void *image); /* cuda_runtime.c */
 
 int mokka_trace_on(void)
@@ -75,14 +74,13 @@ static CUresult cudart_module_from_wrapper(void **module, const void *wrapper)
     return mokka_module_from_fatbin(module, wrapper);
 }
 
-/* slot 2: the device's primary context, retained (what cudaSetDevice and the runtime's lazy
-   init make current) */
+/* slot 2: the device's primary context handle. The runtime asks it for every device at init;
+   it is not retained here (a retain would make a context on every GPU and list the process on
+   each): the runtime retains it through cuDevicePrimaryCtxRetain when it first uses the device. */
 static CUresult cudart_primary_context(CUcontext *pctx, CUdevice dev)
 {
     TRACE("CUDART_INTERFACE slot 2 (primary context of device %d)\n", dev);
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    return cuDevicePrimaryCtxRetain(pctx, dev);
+    return mokka_primary_handle(pctx, dev);
 }
 
 /* slot 6: the same with three more arguments (host variables' registration) */

@@ -13,6 +13,8 @@
 int mokka_ctx_device(CUcontext c, CUdevice *dev); /* 1: a live context of ours, *dev filled */
 unsigned mokka_gpu_index(CUdevice dev);            /* the GPU index in the state of an ordinal */
 CUresult mokka_current_device(CUdevice *dev);      /* the current context's device */
+/* A device's primary context handle, one for the life of the process, retained or not. */
+CUresult mokka_primary_handle(CUcontext *pctx, CUdevice dev);
 
 /* One live allocation, as the allocation table holds it. */
 enum { MOKKA_MEM_DEVICE = 0, MOKKA_MEM_MANAGED = 1, MOKKA_MEM_HOST = 2 };
