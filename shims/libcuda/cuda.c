@@ -861,6 +861,8 @@ static struct mokka_range *g_ranges;
 static size_t g_nranges, g_ranges_cap;
 static uint64_t g_bump[MOKKA_MAX_GPUS];
 static uint64_t g_window[MOKKA_MAX_GPUS]; /* each GPU's reserved address window; 0: not yet */
+static unsigned g_nrelease;               /* freed ranges waiting to go back (release_later) */
+static uint64_t g_release_bytes;
 static unsigned g_primary_refs[MOKKA_MAX_GPUS]; /* guarded by g_lock */
 /* Made: the primary context exists on its GPU (compute mode passed, the process listed there). The
    runtime holds every device's primary context from init (cuda_export.c) but makes it only when
@@ -911,6 +913,8 @@ static void after_fork_child(void)
     g_cap = g_used_slots = g_live = 0;
     g_ranges = NULL; /* left behind, like the table */
     g_nranges = g_ranges_cap = 0;
+    g_nrelease = 0;
+    g_release_bytes = 0;
     t_depth = 0;
 }
 
@@ -1765,6 +1769,58 @@ static CUdeviceptr va_take(unsigned gi, uint64_t size)
     return p;
 }
 
+/* Freed device pages go back to the kernel (MADV_DONTNEED), but not one system call per free: a
+   freed range waits in a short queue, and an allocation that takes it again (an alloc/free loop,
+   a framework's pool) takes it off without a system call. The queue is released when it holds 32
+   ranges or 64 MiB; a bigger range goes at once. So at most 64 MiB of freed memory stays resident.
+   All under g_acct_lock. */
+#define RELEASE_SLOTS 32
+#define RELEASE_BYTES (64ull << 20)
+static struct { uint64_t lo, hi; } g_release[RELEASE_SLOTS];
+
+static void release_now(uint64_t lo, uint64_t hi)
+{
+    int saved = errno;
+    madvise((void *)(uintptr_t)lo, hi - lo, MADV_DONTNEED);
+    errno = saved;
+}
+
+static void release_drop(unsigned i, int now)
+{
+    if (now)
+        release_now(g_release[i].lo, g_release[i].hi);
+    g_release_bytes -= g_release[i].hi - g_release[i].lo;
+    g_release[i] = g_release[--g_nrelease];
+}
+
+/* The whole pages of a freed range [p, p + size): a neighbour may share its ends. */
+static void release_later(uint64_t p, uint64_t size)
+{
+    uint64_t lo = (p + 4095) & ~4095ull, hi = (p + size) & ~4095ull;
+    if (hi <= lo)
+        return;
+    if (hi - lo >= RELEASE_BYTES) {
+        release_now(lo, hi);
+        return;
+    }
+    if (g_nrelease == RELEASE_SLOTS || g_release_bytes + (hi - lo) > RELEASE_BYTES)
+        while (g_nrelease)
+            release_drop(g_nrelease - 1, 1);
+    g_release[g_nrelease].lo = lo;
+    g_release[g_nrelease].hi = hi;
+    g_nrelease++;
+    g_release_bytes += hi - lo;
+}
+
+/* A new allocation [p, p + size): queued ranges inside it are simply in use again; one that only
+   overlaps it is released now (the new allocation's contents are undefined, zeros will do). */
+static void release_reused(uint64_t p, uint64_t size)
+{
+    for (unsigned i = g_nrelease; i-- > 0;)
+        if (g_release[i].lo < p + size && p < g_release[i].hi)
+            release_drop(i, !(p <= g_release[i].lo && g_release[i].hi <= p + size));
+}
+
 /* Pinned host memory (cuMemAllocHost, cuMemHostAlloc): pages of this process, not the GPU's,
    so not accounted; not locked either (RLIMIT_MEMLOCK would refuse most programs). */
 static CUdeviceptr host_take(uint64_t size)
@@ -1827,6 +1883,7 @@ CUresult mokka_mem_alloc(CUdeviceptr *dptr, size_t bytesize, unsigned kind)
         }
     }
     if (p) {
+        release_reused(p, size);
         __atomic_store_n(&g_mine[gi], before + size, __ATOMIC_RELAXED);
         publish_mem(gi);
     }
@@ -1854,9 +1911,7 @@ static void forget(struct alloc *a)
         __atomic_store_n(&g_mine[gi], g_mine[gi] - a->size, __ATOMIC_RELAXED);
         if (g_bump[gi] == a->ptr + a->size)
             g_bump[gi] = a->ptr;
-        uint64_t lo = (a->ptr + 4095) & ~4095ull, hi = (a->ptr + a->size) & ~4095ull;
-        if (hi > lo) /* whole pages only: a neighbour may share the ends */
-            madvise((void *)(uintptr_t)lo, hi - lo, MADV_DONTNEED);
+        release_later(a->ptr, a->size);
     }
     errno = saved;
     range_remove(a->ptr);
