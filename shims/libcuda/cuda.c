@@ -1,13 +1,14 @@
 /*
  * libcuda.so.1 for a simulated node: device discovery, contexts and memory accounting over the
- * mokkafs shared state (mokka_state.h). No compute: modules, kernels, streams and copies are
- * generated CUDA_ERROR_NOT_SUPPORTED stubs (cuda_gen.c, by shims/gen_cuda.py), as is every
- * other exported function.
+ * mokkafs shared state (mokka_state.h). The CUDA runtime's private tables are cuda_export.c's;
+ * copies, streams, events, modules and launches (which run nothing) cuda_runtime.c's; every
+ * other exported function is a generated CUDA_ERROR_NOT_SUPPORTED stub (cuda_gen.c, by
+ * shims/gen_cuda.py).
  *
- * Memory is accounting only: cuMemAlloc hands out unique addresses from a per-GPU window and
- * adds the size to this process's own record (a sealed memfd the daemon made for it alone),
- * which the daemon folds into NVML's process lists and memory used. No host memory backs an
- * allocation.
+ * Memory: cuMemAlloc hands out unique addresses from a per-GPU window, backed by this process's
+ * own memory reserved lazily (MAP_NORESERVE: only what is written costs anything), and adds the
+ * size to this process's own record (a sealed memfd the daemon made for it alone), which the
+ * daemon folds into NVML's process lists and memory used.
  *
  * Host safety: no abort(), no unbounded waits; no state file is CUDA_ERROR_NO_DEVICE; errno is
  * restored around syscalls; every wait on the daemon is bounded; the mappings, the record's
