@@ -323,3 +323,30 @@ def test_unknown_tables_are_refused_and_launches_do_nothing_or_fail_on_request(p
     assert out["unloaded"] == [0, 400]  # the function went with its module: INVALID_HANDLE
     refused = "kernel launch of _Z6kernelPf refused" in r.stderr
     assert refused == refuse
+
+
+def test_a_mig_device_is_the_runtime_s_one_device_with_the_slice_s_properties(node_factory, programs):
+    from test_cuda_mig import LAYOUT, mig_devices
+
+    node = node_factory(gpus=2)
+    for args in (("mig", "enable"), ("mig", "create", LAYOUT)):
+        assert node.cli("inject", "--root", str(node.mnt), "1", *args).returncode == 0
+    mig = mig_devices(node, 1)[2]  # a 1g.10gb slice
+    out = query(programs["13-shared"], node_env(node, CUDA_VISIBLE_DEVICES=mig["uuid"]))
+    assert out["count"] == 1
+    dev = out["devices"][0]
+    assert (dev["name"], dev["uuid"], dev["total_mem"], dev["sms"]) == (
+        mig["name"], mig["uuid"][4:].replace("-", ""), mig["mem"], mig["sm"])
+    assert out["free0"] - out["free1"] == GIB + MIB and out["roundtrip"] == 1
+
+
+def test_a_lost_gpu_gives_the_runtime_s_unknown_error(pub, programs):
+    from helpers_nvml import consumer_env
+    from mokkafs.model.events import SetLost
+
+    pub.apply(SetLost(1, True))
+    env = consumer_env(pub.path)
+    r = subprocess.run([str(programs["12-shared"]), "1"], env=env, capture_output=True, text=True, timeout=60)
+    out = json.loads(r.stdout)
+    assert out["count"] == 4  # still enumerated, as the driver probed it
+    assert out["error"] == "cudaSetDevice(on)" and out["code"] == 999  # cudaErrorUnknown

@@ -1311,6 +1311,8 @@ static CUresult primary_make(CUdevice dev)
 {
     if (g_primary_made[dev])
         return CUDA_SUCCESS;
+    if (lost(dev))
+        return CUDA_ERROR_UNKNOWN;
     unsigned gi = g_visible[dev];
     /* under g_lock (then g_acct_lock, the one order): a racing last release is whole */
     CUresult r = compute_mode(gi) == CU_COMPUTEMODE_PROHIBITED ? CUDA_ERROR_DEVICE_UNAVAILABLE : context_ref(gi, +1);
@@ -1323,7 +1325,7 @@ static CUresult primary_make(CUdevice dev)
 static CUresult primary_retain(CUcontext *pctx, CUdevice dev, int make)
 {
     ARG(pctx);
-    LIVE_DEVICE(dev);
+    DEVICE(dev); /* a lost GPU's handle, but no context on it (primary_make) */
     pthread_mutex_lock(&g_lock);
     struct ctx_slot *sl = &g_ctx[dev];
     if (make) {
