@@ -428,14 +428,6 @@ static void md2_end(struct md2 *h, uint8_t out[16])
     memcpy(out, h->x, 16);
 }
 
-/* Exposed for the tests (RFC 1319's vectors); not in libcuda.map, so not exported. */
-void mokka_md2(const void *data, size_t len, uint8_t out[16])
-{
-    struct md2 h = {0};
-    md2_add(&h, data, len, 0);
-    md2_end(&h, out);
-}
-
 static const uint8_t integrity_key[16] = {0x14, 0x6a, 0xdd, 0xae, 0x53, 0xa9, 0xa7, 0x52,
                                           0xaa, 0x08, 0x41, 0x36, 0x0b, 0xf5, 0x5a, 0x9f};
 
