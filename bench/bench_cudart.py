@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _node import BenchNode, percentile  # noqa: E402
-from mokkafs import native  # noqa: E402
+from mokkafs.render import native  # noqa: E402
 
 
 def runtimes() -> dict[str, Path]:

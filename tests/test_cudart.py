@@ -19,6 +19,8 @@ import pytest
 
 from conftest import world_readable_node
 
+pytestmark = pytest.mark.level("shims")
+
 GIB, MIB = 1 << 30, 1 << 20
 FIXTURE = Path(__file__).parent / "fixtures" / "cudart_query.c"
 # The wheels (the test extra pins them): where each runtime's library and headers are.
@@ -134,7 +136,7 @@ def as_cudart(gpu: dict) -> dict:
 def test_the_runtime_sees_every_gpu_as_nvml_does_and_its_memory_works(node, programs, variant):
     env = node_env(node)
     out = query(programs[variant], env, device=3)
-    from mokkafs.profiles import load_profile
+    from mokkafs.model.profiles import load_profile
 
     prof = load_profile("h100")
     assert out["driver"] == 13000 and out["runtime"] // 1000 == int(variant[:2])
@@ -278,7 +280,7 @@ def test_cupy_finds_allocates_copies_and_runs_out_of_memory(node):
 
 
 def libcuda() -> str:
-    from mokkafs import native
+    from mokkafs.render import native
 
     return str(native.cuda_library())
 

@@ -16,6 +16,8 @@ import pytest
 
 from conftest import world_readable_node
 
+pytestmark = pytest.mark.level("shims")
+
 GIB = 1 << 30
 
 
@@ -90,7 +92,7 @@ def test_pytorch_finds_allocates_copies_and_runs_out_of_memory(node, visible):
         assert line, proc.stderr.read()
         out = json.loads(line)
         assert out["available"] is True and out["count"] == len(gpus)
-        from mokkafs.profiles import load_profile
+        from mokkafs.model.profiles import load_profile
 
         prof = load_profile("h100")
         assert out["props"] == [dict(name=facts[g]["name"], total=facts[g]["total"], sms=prof.sm_count, cc=[9, 0],
