@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -168,7 +169,12 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
     return cuMemAllocHost_v2(pp, bytesize);
 }
 
-CUresult cuMemFreeHost(void *p) { return mokka_mem_free((CUdeviceptr)(uintptr_t)p, MOKKA_MEM_HOST); }
+CUresult cuMemFreeHost(void *p)
+{
+    if (!p) /* no "NULL is nothing to free" here, unlike cuMemFree */
+        return CUDA_ERROR_INVALID_VALUE;
+    return mokka_mem_free((CUdeviceptr)(uintptr_t)p, MOKKA_MEM_HOST);
+}
 
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
@@ -352,27 +358,44 @@ static CUresult device_range(CUdeviceptr p, size_t n)
     return mokka_mem_find(p, n, NULL) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-/* Either side of a cuMemcpy (unified addressing): one of our allocations, or else host memory of
-   the program's (pageable), which only it can vouch for. */
+/* Either side of a cuMemcpy (unified addressing): one of our allocations (SUCCESS), or else host
+   memory of the program's (pageable: HOST_SIDE), which copy() reaches without trusting it. */
+#define HOST_SIDE (-1)
 static CUresult any_range(CUdeviceptr p, size_t n)
 {
     if (!p)
         return CUDA_ERROR_INVALID_VALUE;
     if (mokka_mem_find(p, n, NULL))
         return CUDA_SUCCESS;
-    return mokka_device_address(p) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    return mokka_device_address(p) ? CUDA_ERROR_INVALID_VALUE : HOST_SIDE;
 }
 
+/* Copy n bytes. A side that is the program's own host memory (HOST_SIDE) may be any address: the
+   kernel copies through process_vm_readv, so an unmapped one is INVALID_VALUE, not a fault in the
+   host process. Where that call is refused (a seccomp filter), a plain memmove. */
 static CUresult copy(CUdeviceptr dst, CUdeviceptr src, size_t n, CUresult rd, CUresult rs)
 {
-    if (rd != CUDA_SUCCESS)
+    if (rd != CUDA_SUCCESS && rd != HOST_SIDE)
         return rd;
-    if (rs != CUDA_SUCCESS)
+    if (rs != CUDA_SUCCESS && rs != HOST_SIDE)
         return rs;
     CUdevice dev;
     CUresult r = mokka_current_device(&dev); /* a copy needs a context, as on the driver */
     if (r != CUDA_SUCCESS)
         return r;
+    if (rd == HOST_SIDE || rs == HOST_SIDE) {
+        int saved = errno;
+        struct iovec local = {(void *)(uintptr_t)dst, n}, remote = {(void *)(uintptr_t)src, n};
+        ssize_t got = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+        int err = errno;
+        errno = saved;
+        if (got == (ssize_t)n)
+            return CUDA_SUCCESS;
+        if (got >= 0 || err == EFAULT)
+            return CUDA_ERROR_INVALID_VALUE;
+        if ((uintptr_t)dst < 65536 || (uintptr_t)src < 65536) /* below mmap_min_addr: never mapped */
+            return CUDA_ERROR_INVALID_VALUE;
+    }
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
 }
@@ -397,15 +420,20 @@ CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstr
 
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
+    if (!srcHost)
+        return CUDA_ERROR_INVALID_VALUE;
     ZERO_OK(ByteCount);
     return copy(dstDevice, (CUdeviceptr)(uintptr_t)srcHost, ByteCount, device_range(dstDevice, ByteCount),
-                srcHost ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
+                srcHost ? any_range((CUdeviceptr)(uintptr_t)srcHost, ByteCount) : CUDA_ERROR_INVALID_VALUE);
 }
 
 CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
+    if (!dstHost)
+        return CUDA_ERROR_INVALID_VALUE;
     ZERO_OK(ByteCount);
-    return copy((CUdeviceptr)(uintptr_t)dstHost, srcDevice, ByteCount, dstHost ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE,
+    return copy((CUdeviceptr)(uintptr_t)dstHost, srcDevice, ByteCount,
+                dstHost ? any_range((CUdeviceptr)(uintptr_t)dstHost, ByteCount) : CUDA_ERROR_INVALID_VALUE,
                 device_range(srcDevice, ByteCount));
 }
 
@@ -481,7 +509,7 @@ static CUresult side_2d(unsigned type, const void *host, CUdeviceptr dev, size_t
     size_t extent = (height - 1) * pitch + width;
     if (type == 2)
         return device_range(*start, extent);
-    return type == 4 ? any_range(*start, extent) : CUDA_SUCCESS;
+    return any_range(*start, extent); /* host or unified: ours, or the program's host memory */
 }
 
 CUresult cuMemcpy2D_v2(const struct memcpy2d *p)
@@ -491,16 +519,22 @@ CUresult cuMemcpy2D_v2(const struct memcpy2d *p)
     if (!p->WidthInBytes || !p->Height)
         return CUDA_SUCCESS;
     CUdeviceptr s, d;
-    CUresult r = side_2d(p->srcMemoryType, p->srcHost, p->srcDevice, p->srcXInBytes, p->srcY, p->srcPitch,
-                         p->WidthInBytes, p->Height, &s);
-    if (r == CUDA_SUCCESS)
-        r = side_2d(p->dstMemoryType, p->dstHost, p->dstDevice, p->dstXInBytes, p->dstY, p->dstPitch, p->WidthInBytes,
-                    p->Height, &d);
-    if (r != CUDA_SUCCESS)
-        return r;
-    for (size_t row = 0; row < p->Height; row++)
-        memmove((void *)(uintptr_t)(d + row * p->dstPitch), (const void *)(uintptr_t)(s + row * p->srcPitch),
-                p->WidthInBytes);
+    CUresult rs = side_2d(p->srcMemoryType, p->srcHost, p->srcDevice, p->srcXInBytes, p->srcY, p->srcPitch,
+                          p->WidthInBytes, p->Height, &s);
+    if (rs != CUDA_SUCCESS && rs != HOST_SIDE)
+        return rs;
+    CUresult r = side_2d(p->dstMemoryType, p->dstHost, p->dstDevice, p->dstXInBytes, p->dstY, p->dstPitch,
+                         p->WidthInBytes, p->Height, &d);
+    CUresult rd = r;
+    if (rs != CUDA_SUCCESS && rs != HOST_SIDE)
+        return rs;
+    if (rd != CUDA_SUCCESS && rd != HOST_SIDE)
+        return rd;
+    for (size_t row = 0; row < p->Height; row++) {
+        CUresult e = copy(d + row * p->dstPitch, s + row * p->srcPitch, p->WidthInBytes, rd, rs);
+        if (e != CUDA_SUCCESS)
+            return e;
+    }
     return CUDA_SUCCESS;
 }
 
