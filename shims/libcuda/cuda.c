@@ -1383,8 +1383,10 @@ static CUresult primary_release(CUdevice dev)
         g_primary_made[dev] = 0;
     }
     pthread_mutex_unlock(&g_lock);
-    if (last) /* the runtime's per-context state goes with it (cuda_export.c) */
+    if (last) { /* the runtime's per-context state goes with it (cuda_export.c), and its handles */
         mokka_cls_context_ended(ctx_handle((unsigned)dev, 1));
+        mokka_objects_context_ended(ctx_handle((unsigned)dev, 1));
+    }
     return CUDA_SUCCESS;
 }
 
@@ -1418,6 +1420,7 @@ static CUresult primary_reset(CUdevice dev)
     free_context_memory(ctx_handle((unsigned)dev, 1));
     pthread_mutex_unlock(&g_lock);
     mokka_cls_context_ended(ctx_handle((unsigned)dev, 1)); /* cudaDeviceReset's clean-up */
+    mokka_objects_context_ended(ctx_handle((unsigned)dev, 1));
     return CUDA_SUCCESS;
 }
 
@@ -1519,6 +1522,7 @@ static CUresult ctx_destroy(CUcontext ctx)
         }
     unsigned gi = g_visible[ci.dev];
     free_context_memory(ctx);
+    mokka_objects_context_ended(ctx);
     context_ref(gi, -1);
     return CUDA_SUCCESS;
 }

@@ -35,6 +35,8 @@ int mokka_device_address(uint64_t p);
 /* cuda_export.c: the context-local storage of a context that has ended is dropped, its
    destructors called (outside every lock of cuda.c). */
 void mokka_cls_context_ended(CUcontext c);
+/* cuda_runtime.c: a context's streams, events, modules and functions end with it. */
+void mokka_objects_context_ended(CUcontext c);
 
 /* MOKKA_CUDA_TRACE=1: one line on stderr per private table asked for and per slot we do not
    implement that is called. */

@@ -134,6 +134,17 @@ static void after_fork_child(void)
 
 __attribute__((constructor)) static void register_fork(void) { pthread_atfork(NULL, NULL, after_fork_child); }
 
+/* A context has ended: its streams, events and modules (and their functions) end with it. */
+void mokka_objects_context_ended(CUcontext c)
+{
+    pthread_mutex_lock(&g_obj_lock);
+    for (size_t i = 0; i < g_nobjs; i++)
+        if (g_objs[i].kind != K_FREE && g_objs[i].kind != K_LIBRARY && g_objs[i].kind != K_KERNEL &&
+            g_objs[i].ctx == c)
+            obj_free(obj_handle(i, g_objs[i].gen));
+    pthread_mutex_unlock(&g_obj_lock);
+}
+
 static CUcontext current_or_null(void)
 {
     CUcontext c = NULL;
