@@ -63,7 +63,7 @@ def build_cuda(out: Path) -> None:
     cmd = [
         *cc, *CFLAGS, "-shared", "-I", str(SHIMS / "include"), "-I", str(src),
         f"-Wl,--version-script={src / 'libcuda.map'}", "-Wl,-soname,libcuda.so.1", "-Wl,--no-undefined",
-        str(src / "cuda.c"), str(src / "cuda_gen.c"), *CLIENT, "-pthread", "-ldl", "-o", str(target) + ".tmp",
+        *sorted(str(p) for p in src.glob("*.c")), *CLIENT, "-pthread", "-ldl", "-o", str(target) + ".tmp",
     ]
     print(" ".join(cmd))
     subprocess.run(cmd, check=True)

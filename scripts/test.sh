@@ -6,6 +6,8 @@ scripts/setup.sh --no-mount
 # NVIDIA's own nvidia-smi of each Debian-shipped branch, for tests/test_real_nvidia_smi.py
 # (cached in .cache/nvidia-smi; a failed download fails here rather than skipping those tests).
 scripts/fetch_nvidia_smi.sh
+# PyTorch with a CUDA build for tests/test_torch.py (about 5 GB, kept in the cache between runs).
+scripts/fetch_torch.sh
 # Generated code must match what its generator makes now (every generator, from one driver).
 .venv/bin/python scripts/generate.py --check
 exec .venv/bin/python -m pytest -q "$@"

@@ -1,13 +1,14 @@
 /*
  * libcuda.so.1 for a simulated node: device discovery, contexts and memory accounting over the
- * mokkafs shared state (mokka_state.h). No compute: modules, kernels, streams and copies are
- * generated CUDA_ERROR_NOT_SUPPORTED stubs (cuda_gen.c, by shims/gen_cuda.py), as is every
- * other exported function.
+ * mokkafs shared state (mokka_state.h). The CUDA runtime's private tables are cuda_export.c's;
+ * copies, streams, events, modules and launches (which run nothing) cuda_runtime.c's; every
+ * other exported function is a generated CUDA_ERROR_NOT_SUPPORTED stub (cuda_gen.c, by
+ * shims/gen_cuda.py).
  *
- * Memory is accounting only: cuMemAlloc hands out unique addresses from a per-GPU window and
- * adds the size to this process's own record (a sealed memfd the daemon made for it alone),
- * which the daemon folds into NVML's process lists and memory used. No host memory backs an
- * allocation.
+ * Memory: cuMemAlloc hands out unique addresses from a per-GPU window, backed by this process's
+ * own memory reserved lazily (MAP_NORESERVE: only what is written costs anything), and adds the
+ * size to this process's own record (a sealed memfd the daemon made for it alone), which the
+ * daemon folds into NVML's process lists and memory used.
  *
  * Host safety: no abort(), no unbounded waits; no state file is CUDA_ERROR_NO_DEVICE; errno is
  * restored around syscalls; every wait on the daemon is bounded; the mappings, the record's
@@ -15,7 +16,7 @@
  * anything).
  */
 #define _GNU_SOURCE
-#include "cuda_shim.h"
+#include "cuda_internal.h"
 #include "mokka_client.h"
 
 #include <ctype.h>
@@ -849,13 +850,25 @@ struct alloc {
     CUdeviceptr ptr;  /* 0: empty, 1: deleted */
     uint64_t size;
     unsigned gi;
+    unsigned kind;    /* MOKKA_MEM_DEVICE, _MANAGED (both accounted to GPU gi) or _HOST */
     CUcontext ctx;    /* destroying it frees the allocation */
 };
 
 static struct alloc *g_allocs;   /* open addressing, linear probing */
 static size_t g_cap, g_used_slots, g_live;
+/* The same allocations sorted by address, for "which allocation holds this pointer" (copies,
+   pointer attributes): a bump allocator appends, so the usual insert and free are at the end. */
+static struct mokka_range *g_ranges;
+static size_t g_nranges, g_ranges_cap;
 static uint64_t g_bump[MOKKA_MAX_GPUS];
+static uint64_t g_window[MOKKA_MAX_GPUS]; /* each GPU's reserved address window; 0: not yet */
+static unsigned g_nrelease;               /* freed ranges waiting to go back (release_later) */
+static uint64_t g_release_bytes;
 static unsigned g_primary_refs[MOKKA_MAX_GPUS]; /* guarded by g_lock */
+/* Made: the primary context exists on its GPU (compute mode passed, the process listed there). The
+   runtime holds every device's primary context from init (cuda_export.c) but makes it only when
+   it first makes it current, as the driver creates a context lazily. Guarded by g_lock. */
+static unsigned char g_primary_made[MOKKA_MAX_GPUS];
 static __thread int t_depth;
 
 /* Is descriptor fd still what we opened (dev, ino)? One the program closed, or whose number now
@@ -895,9 +908,14 @@ static void after_fork_child(void)
     memset(g_mine, 0, sizeof(g_mine));
     memset(g_ctx_refs, 0, sizeof(g_ctx_refs));
     memset(g_primary_refs, 0, sizeof(g_primary_refs));
+    memset(g_primary_made, 0, sizeof(g_primary_made));
     memset(g_bump, 0, sizeof(g_bump));
     g_allocs = NULL;
     g_cap = g_used_slots = g_live = 0;
+    g_ranges = NULL; /* left behind, like the table */
+    g_nranges = g_ranges_cap = 0;
+    g_nrelease = 0;
+    g_release_bytes = 0;
     t_depth = 0;
 }
 
@@ -1287,21 +1305,37 @@ static inline int ctx_ok(CUcontext c)
     return ctx_lookup(c, &ci) > 0;
 }
 
-CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+/* Make primary context `dev` on its GPU (g_lock held): the compute mode rules, the process is
+   listed there. */
+static CUresult primary_make(CUdevice dev)
+{
+    if (g_primary_made[dev])
+        return CUDA_SUCCESS;
+    if (lost(dev))
+        return CUDA_ERROR_UNKNOWN;
+    unsigned gi = g_visible[dev];
+    /* under g_lock (then g_acct_lock, the one order): a racing last release is whole */
+    CUresult r = compute_mode(gi) == CU_COMPUTEMODE_PROHIBITED ? CUDA_ERROR_DEVICE_UNAVAILABLE : context_ref(gi, +1);
+    if (r == CUDA_SUCCESS)
+        g_primary_made[dev] = 1;
+    return r;
+}
+
+/* One reference more on primary context `dev`; with make, the context is made too. */
+static CUresult primary_retain(CUcontext *pctx, CUdevice dev, int make)
 {
     ARG(pctx);
-    LIVE_DEVICE(dev);
-    unsigned gi = g_visible[dev];
+    DEVICE(dev); /* a lost GPU's handle, but no context on it (primary_make) */
     pthread_mutex_lock(&g_lock);
     struct ctx_slot *sl = &g_ctx[dev];
-    if (g_primary_refs[dev] == 0) { /* the first retain makes the context: the compute mode rules */
-        /* under g_lock (then g_acct_lock, the one order): a racing last release is whole */
-        CUresult r = compute_mode(gi) == CU_COMPUTEMODE_PROHIBITED ? CUDA_ERROR_DEVICE_UNAVAILABLE
-                                                                   : context_ref(gi, +1);
+    if (make) {
+        CUresult r = primary_make(dev);
         if (r != CUDA_SUCCESS) {
             pthread_mutex_unlock(&g_lock);
             return r;
         }
+    }
+    if (g_primary_refs[dev] == 0) { /* the first retain brings the one handle (back) to life */
         __atomic_store_n(&sl->dev, dev, __ATOMIC_RELAXED);
         __atomic_store_n(&sl->gen, 1, __ATOMIC_RELEASE);
     }
@@ -1312,6 +1346,23 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) { return primary_retain(pctx, dev, 1); }
+
+/* What the runtime's CUDART_INTERFACE slot 2 answers (cuda_export.c): retained, not yet made. */
+CUresult mokka_primary_handle(CUcontext *pctx, CUdevice dev) { return primary_retain(pctx, dev, 0); }
+
+/* A context about to be current: a primary one the runtime holds unmade is made now. */
+static CUresult ctx_materialize(CUcontext c)
+{
+    unsigned slot = ctx_slot_of(c);
+    if (slot >= MOKKA_MAX_GPUS || LOAD(&g_primary_made[slot]))
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    CUresult r = g_primary_refs[slot] ? primary_make((CUdevice)slot) : CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
 static CUresult primary_release(CUdevice dev)
 {
     DEVICE(dev);
@@ -1320,15 +1371,22 @@ static CUresult primary_release(CUdevice dev)
         pthread_mutex_unlock(&g_lock);
         return CUDA_ERROR_INVALID_CONTEXT;
     }
-    if (--g_primary_refs[dev] == 0) {
+    int last = --g_primary_refs[dev] == 0;
+    if (last) {
         /* The last release destroys the primary context and what it holds. Still under g_lock,
            so a retain racing it cannot allocate into the context before its memory is freed.
            Inactive, its handle is refused until the next retain. */
         __atomic_store_n(&g_ctx[dev].gen, 0, __ATOMIC_RELEASE);
         free_context_memory(ctx_handle((unsigned)dev, 1));
-        context_ref(g_visible[dev], -1);
+        if (g_primary_made[dev])
+            context_ref(g_visible[dev], -1);
+        g_primary_made[dev] = 0;
     }
     pthread_mutex_unlock(&g_lock);
+    if (last) { /* the runtime's per-context state goes with it (cuda_export.c), and its handles */
+        mokka_cls_context_ended(ctx_handle((unsigned)dev, 1));
+        mokka_objects_context_ended(ctx_handle((unsigned)dev, 1));
+    }
     return CUDA_SUCCESS;
 }
 
@@ -1351,7 +1409,7 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
     ARG(active);
     DEVICE(dev);
     *flags = __atomic_load_n(&g_ctx[dev].flags, __ATOMIC_RELAXED);
-    *active = LOAD(&g_primary_refs[dev]) > 0;
+    *active = LOAD(&g_primary_made[dev]) && LOAD(&g_primary_refs[dev]) > 0;
     return CUDA_SUCCESS;
 }
 
@@ -1361,6 +1419,8 @@ static CUresult primary_reset(CUdevice dev)
     pthread_mutex_lock(&g_lock);
     free_context_memory(ctx_handle((unsigned)dev, 1));
     pthread_mutex_unlock(&g_lock);
+    mokka_cls_context_ended(ctx_handle((unsigned)dev, 1)); /* cudaDeviceReset's clean-up */
+    mokka_objects_context_ended(ctx_handle((unsigned)dev, 1));
     return CUDA_SUCCESS;
 }
 
@@ -1451,6 +1511,8 @@ static CUresult ctx_destroy(CUcontext ctx)
 {
     INIT();
     struct ctx_info ci;
+    if (ctx_lookup(ctx, &ci) > 0 && ctx_slot_of(ctx) >= MOKKA_MAX_GPUS)
+        mokka_cls_context_ended(ctx); /* while it still lives: its destructors may use it */
     if (!ctx_end(ctx, &ci)) /* not ours, destroyed already, or a primary context */
         return CUDA_ERROR_INVALID_CONTEXT;
     for (int i = t_depth - 1; i >= 0; i--) /* off this thread's stack */
@@ -1460,6 +1522,7 @@ static CUresult ctx_destroy(CUcontext ctx)
         }
     unsigned gi = g_visible[ci.dev];
     free_context_memory(ctx);
+    mokka_objects_context_ended(ctx);
     context_ref(gi, -1);
     return CUDA_SUCCESS;
 }
@@ -1472,7 +1535,8 @@ static CUresult ctx_push(CUcontext ctx)
     INIT();
     if (!ctx_ok(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
-    return push(ctx);
+    CUresult r = ctx_materialize(ctx);
+    return r != CUDA_SUCCESS ? r : push(ctx);
 }
 
 CUresult cuCtxPushCurrent(CUcontext ctx) { return ctx_push(ctx); }
@@ -1502,6 +1566,9 @@ CUresult cuCtxSetCurrent(CUcontext ctx)
     }
     if (!ctx_ok(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult r = ctx_materialize(ctx);
+    if (r != CUDA_SUCCESS)
+        return r;
     if (t_depth == 0)
         return push(ctx);
     t_stack[t_depth - 1] = ctx;
@@ -1564,7 +1631,11 @@ CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 
 /* ---- memory ---------------------------------------------------------------------------- */
 
-/* Device addresses: a 1 TiB window per GPU index, in the range real UVA pointers use. */
+/* Device addresses: a 1 TiB window per GPU index, in the range real UVA pointers use
+   (0x7000_0000_0000 + index x 2^40 where that is free). A window is reserved at the GPU's first
+   allocation as one private anonymous MAP_NORESERVE mapping: it costs address space, and memory
+   only where a program writes (an "80 GB" device costs what is copied into it). Freeing gives
+   the pages back (MADV_DONTNEED), so freed memory reads back as zeros. */
 #define VA_BASE 0x700000000000ull
 #define VA_WINDOW (1ull << 40)
 #define ALIGN 512ull
@@ -1593,6 +1664,14 @@ static int table_insert(struct alloc a)
         g_cap = cap;
         g_used_slots = g_live;
     }
+    if (g_nranges == g_ranges_cap) { /* room in the sorted index first: nothing to undo after */
+        size_t cap = g_ranges_cap ? g_ranges_cap * 2 : 256;
+        struct mokka_range *r = realloc(g_ranges, cap * sizeof(*r));
+        if (!r)
+            return 0;
+        g_ranges = r;
+        g_ranges_cap = cap;
+    }
     size_t h = hash(a.ptr, g_cap);
     while (g_allocs[h].ptr > 1)
         h = (h + 1) & (g_cap - 1);
@@ -1600,6 +1679,12 @@ static int table_insert(struct alloc a)
         g_used_slots++;
     g_allocs[h] = a;
     g_live++;
+    size_t at = g_nranges; /* sorted by address; a bump allocation goes last */
+    while (at > 0 && g_ranges[at - 1].ptr > a.ptr)
+        at--;
+    memmove(&g_ranges[at + 1], &g_ranges[at], (g_nranges - at) * sizeof(*g_ranges));
+    g_ranges[at] = (struct mokka_range){a.ptr, a.size, a.gi, a.kind, a.ctx};
+    g_nranges++;
     return 1;
 }
 
@@ -1613,17 +1698,74 @@ static struct alloc *table_find(CUdeviceptr p)
     return NULL;
 }
 
+/* The index of the last range starting at or below p (g_nranges if none). */
+static size_t range_at_or_below(uint64_t p)
+{
+    size_t lo = 0, hi = g_nranges;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (g_ranges[mid].ptr <= p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo ? lo - 1 : g_nranges;
+}
+
+static void range_remove(uint64_t p)
+{
+    size_t i = range_at_or_below(p);
+    if (i < g_nranges && g_ranges[i].ptr == p) {
+        memmove(&g_ranges[i], &g_ranges[i + 1], (g_nranges - i - 1) * sizeof(*g_ranges));
+        g_nranges--;
+    }
+}
+
+int mokka_mem_find(uint64_t p, uint64_t n, struct mokka_range *out)
+{
+    pthread_mutex_lock(&g_acct_lock);
+    size_t i = range_at_or_below(p);
+    int ok = i < g_nranges && p - g_ranges[i].ptr < g_ranges[i].size &&
+             n <= g_ranges[i].size - (p - g_ranges[i].ptr);
+    if (ok && out)
+        *out = g_ranges[i];
+    pthread_mutex_unlock(&g_acct_lock);
+    return ok;
+}
+
+/* GPU index gi's window (g_acct_lock held); 0 if no address space is left. Where its usual
+   place is taken, anywhere the kernel puts it. */
+static uint64_t window_of(unsigned gi)
+{
+    if (g_window[gi])
+        return g_window[gi];
+    int saved = errno;
+    const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+    void *m = mmap((void *)(uintptr_t)(VA_BASE + gi * VA_WINDOW), VA_WINDOW, PROT_READ | PROT_WRITE,
+                   flags | MAP_FIXED_NOREPLACE, -1, 0);
+    if (m == MAP_FAILED)
+        m = mmap(NULL, VA_WINDOW, PROT_READ | PROT_WRITE, flags, -1, 0);
+    errno = saved;
+    if (m == MAP_FAILED)
+        return 0;
+    g_window[gi] = (uint64_t)(uintptr_t)m;
+    return g_window[gi];
+}
+
 /* A fresh address range of `size` bytes on GPU index gi (g_acct_lock held); 0 if the window is
    full. Freeing the newest allocation hands its range back, so alloc/free loops reuse it. */
 static CUdeviceptr va_take(unsigned gi, uint64_t size)
 {
-    uint64_t base = VA_BASE + gi * VA_WINDOW;
+    uint64_t base = window_of(gi);
+    if (!base)
+        return 0;
     if (g_bump[gi] < base)
         g_bump[gi] = base;
     if (g_bump[gi] + size > base + VA_WINDOW) { /* wrapped: restart after the highest live range */
         uint64_t top = base;
         for (size_t i = 0; i < g_cap; i++)
-            if (g_allocs[i].ptr > 1 && g_allocs[i].gi == gi && g_allocs[i].ptr + g_allocs[i].size > top)
+            if (g_allocs[i].ptr > 1 && g_allocs[i].gi == gi && g_allocs[i].kind != MOKKA_MEM_HOST &&
+                g_allocs[i].ptr + g_allocs[i].size > top)
                 top = g_allocs[i].ptr + g_allocs[i].size;
         g_bump[gi] = top;
         if (top + size > base + VA_WINDOW)
@@ -1634,7 +1776,69 @@ static CUdeviceptr va_take(unsigned gi, uint64_t size)
     return p;
 }
 
-CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+/* Freed device pages go back to the kernel (MADV_DONTNEED), but not one system call per free: a
+   freed range waits in a short queue, and an allocation that takes it again (an alloc/free loop,
+   a framework's pool) takes it off without a system call. The queue is released when it holds 32
+   ranges or 64 MiB; a bigger range goes at once. So at most 64 MiB of freed memory stays resident.
+   All under g_acct_lock. */
+#define RELEASE_SLOTS 32
+#define RELEASE_BYTES (64ull << 20)
+static struct { uint64_t lo, hi; } g_release[RELEASE_SLOTS];
+
+static void release_now(uint64_t lo, uint64_t hi)
+{
+    int saved = errno;
+    madvise((void *)(uintptr_t)lo, hi - lo, MADV_DONTNEED);
+    errno = saved;
+}
+
+static void release_drop(unsigned i, int now)
+{
+    if (now)
+        release_now(g_release[i].lo, g_release[i].hi);
+    g_release_bytes -= g_release[i].hi - g_release[i].lo;
+    g_release[i] = g_release[--g_nrelease];
+}
+
+/* The whole pages of a freed range [p, p + size): a neighbour may share its ends. */
+static void release_later(uint64_t p, uint64_t size)
+{
+    uint64_t lo = (p + 4095) & ~4095ull, hi = (p + size) & ~4095ull;
+    if (hi <= lo)
+        return;
+    if (hi - lo >= RELEASE_BYTES) {
+        release_now(lo, hi);
+        return;
+    }
+    if (g_nrelease == RELEASE_SLOTS || g_release_bytes + (hi - lo) > RELEASE_BYTES)
+        while (g_nrelease)
+            release_drop(g_nrelease - 1, 1);
+    g_release[g_nrelease].lo = lo;
+    g_release[g_nrelease].hi = hi;
+    g_nrelease++;
+    g_release_bytes += hi - lo;
+}
+
+/* A new allocation [p, p + size): queued ranges inside it are simply in use again; one that only
+   overlaps it is released now (the new allocation's contents are undefined, zeros will do). */
+static void release_reused(uint64_t p, uint64_t size)
+{
+    for (unsigned i = g_nrelease; i-- > 0;)
+        if (g_release[i].lo < p + size && p < g_release[i].hi)
+            release_drop(i, !(p <= g_release[i].lo && g_release[i].hi <= p + size));
+}
+
+/* Pinned host memory (cuMemAllocHost, cuMemHostAlloc): pages of this process, not the GPU's,
+   so not accounted; not locked either (RLIMIT_MEMLOCK would refuse most programs). */
+static CUdeviceptr host_take(uint64_t size)
+{
+    int saved = errno;
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    errno = saved;
+    return m == MAP_FAILED ? 0 : (CUdeviceptr)(uintptr_t)m;
+}
+
+CUresult mokka_mem_alloc(CUdeviceptr *dptr, size_t bytesize, unsigned kind)
 {
     ARG(dptr);
     CUcontext c;
@@ -1647,6 +1851,23 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     if (lost(ci.dev))
         return CUDA_ERROR_UNKNOWN;
     unsigned gi = g_visible[ci.dev];
+    if (kind == MOKKA_MEM_HOST) {
+        if (bytesize > (1ull << 46))
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        uint64_t size = ((uint64_t)bytesize + 4095) & ~4095ull;
+        CUdeviceptr p = host_take(size);
+        if (!p)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        pthread_mutex_lock(&g_acct_lock);
+        int ok = table_insert((struct alloc){p, size, gi, kind, c});
+        pthread_mutex_unlock(&g_acct_lock);
+        if (!ok) {
+            munmap((void *)(uintptr_t)p, size);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        *dptr = p;
+        return CUDA_SUCCESS;
+    }
     uint64_t total, usable, pinned;
     memory_limits(gi, &total, &usable, &pinned);
     if (bytesize > usable)
@@ -1662,10 +1883,14 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     CUdeviceptr p = 0;
     if ((prior > pinned ? prior : pinned) + size <= usable) {
         p = va_take(gi, size);
-        if (p && !table_insert((struct alloc){p, size, gi, c}))
+        if (p && !table_insert((struct alloc){p, size, gi, kind, c})) {
+            if (g_bump[gi] == p + size)
+                g_bump[gi] = p;
             p = 0;
+        }
     }
     if (p) {
+        release_reused(p, size);
         __atomic_store_n(&g_mine[gi], before + size, __ATOMIC_RELAXED);
         publish_mem(gi);
     }
@@ -1676,35 +1901,55 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     return CUDA_SUCCESS;
 }
 
-/* Forget an allocation (g_acct_lock held): its bytes leave our total, its range may be reused. */
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    return mokka_mem_alloc(dptr, bytesize, MOKKA_MEM_DEVICE);
+}
+
+/* Forget an allocation (g_acct_lock held): device memory's bytes leave our total, its pages go
+   back to the kernel and its range may be reused; host memory is unmapped. */
 static void forget(struct alloc *a)
 {
     unsigned gi = a->gi;
-    __atomic_store_n(&g_mine[gi], g_mine[gi] - a->size, __ATOMIC_RELAXED);
-    if (g_bump[gi] == a->ptr + a->size)
-        g_bump[gi] = a->ptr;
+    int saved = errno;
+    if (a->kind == MOKKA_MEM_HOST) {
+        munmap((void *)(uintptr_t)a->ptr, a->size);
+    } else {
+        __atomic_store_n(&g_mine[gi], g_mine[gi] - a->size, __ATOMIC_RELAXED);
+        if (g_bump[gi] == a->ptr + a->size)
+            g_bump[gi] = a->ptr;
+        release_later(a->ptr, a->size);
+    }
+    errno = saved;
+    range_remove(a->ptr);
     a->ptr = 1;
     g_live--;
 }
 
-CUresult cuMemFree_v2(CUdeviceptr dptr)
+/* Free p, an allocation of `kind` (MOKKA_MEM_DEVICE: device or managed memory, cuMemFree's;
+   MOKKA_MEM_HOST: cuMemFreeHost's). Anything else, or a pointer inside one, is INVALID_VALUE. */
+CUresult mokka_mem_free(CUdeviceptr dptr, unsigned kind)
 {
     INIT();
     if (dptr == 0)
         return CUDA_SUCCESS;
     pthread_mutex_lock(&g_acct_lock);
     struct alloc *a = table_find(dptr);
-    if (!a) {
+    if (!a || (kind == MOKKA_MEM_HOST) != (a->kind == MOKKA_MEM_HOST)) {
         pthread_mutex_unlock(&g_acct_lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    unsigned gi = a->gi;
+    unsigned gi = a->gi, host = a->kind == MOKKA_MEM_HOST;
     forget(a);
-    sync_slot();
-    publish_mem(gi);
+    if (!host) {
+        sync_slot();
+        publish_mem(gi);
+    }
     pthread_mutex_unlock(&g_acct_lock);
     return CUDA_SUCCESS;
 }
+
+CUresult cuMemFree_v2(CUdeviceptr dptr) { return mokka_mem_free(dptr, MOKKA_MEM_DEVICE); }
 
 /* A context's end frees what was allocated in it, as the driver does. */
 static void free_context_memory(CUcontext c)
@@ -1713,7 +1958,8 @@ static void free_context_memory(CUcontext c)
     uint64_t touched = 0;
     for (size_t i = 0; i < g_cap; i++)
         if (g_allocs[i].ptr > 1 && g_allocs[i].ctx == c) {
-            touched |= 1ull << g_allocs[i].gi;
+            if (g_allocs[i].kind != MOKKA_MEM_HOST)
+                touched |= 1ull << g_allocs[i].gi;
             forget(&g_allocs[i]);
         }
     if (touched) {
@@ -1776,5 +2022,39 @@ CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes)
         *free_bytes = f > 0xFFFFFFFFu ? 0xFFFFFFFFu : (unsigned int)f;
         *total_bytes = t > 0xFFFFFFFFu ? 0xFFFFFFFFu : (unsigned int)t;
     }
+    return r;
+}
+
+/* ---- for the other source files (cuda_internal.h) ---------------------------------------- */
+
+int mokka_ctx_device(CUcontext c, CUdevice *dev)
+{
+    struct ctx_info ci;
+    if (ctx_lookup(c, &ci) <= 0)
+        return 0;
+    *dev = ci.dev;
+    return 1;
+}
+
+unsigned mokka_gpu_index(CUdevice dev) { return g_visible[dev]; }
+
+
+int mokka_device_address(uint64_t p)
+{
+    for (unsigned gi = 0; gi < MOKKA_MAX_GPUS; gi++) {
+        uint64_t base = __atomic_load_n(&g_window[gi], __ATOMIC_RELAXED);
+        if (base && p - base < VA_WINDOW)
+            return 1;
+    }
+    return 0;
+}
+
+CUresult mokka_current_device(CUdevice *dev)
+{
+    CUcontext c;
+    struct ctx_info ci;
+    CUresult r = current_ctx(&c, &ci);
+    if (r == CUDA_SUCCESS)
+        *dev = ci.dev;
     return r;
 }
