@@ -169,3 +169,108 @@ def test_a_declared_rail_group_shows_both_nodes(a100_pair):
         assert len(re.findall(r'^Ca\t1 "H-\w+"\t\t# "gpu-a mlx5_\d"$', after, re.M)) == hcas
     finally:
         a100_pair.write("ib/mlx5_0/port1", b"up\n")
+
+
+HARNESS = r"""
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int (*open_t)(const char *, int);
+typedef int (*close_t)(int);
+typedef int (*reg_t)(int, int, int, uint8_t, long *);
+typedef int (*send_t)(int, int, void *, int, int, int);
+typedef int (*recv_t)(int, void *, int *, int);
+typedef int (*getca_t)(const char *, void *);
+typedef int (*guids_t)(const char *, uint64_t *, int);
+typedef int (*unreg_t)(int, int);
+typedef int (*getport_t)(const char *, int, void *);
+
+static uint64_t s = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; return s; }
+#define SYM(t, n) t n = (t)dlsym(h, #n); if (!n) { printf("missing %s\n", #n); return 2; }
+
+int main(int argc, char **argv) {
+    int rounds = atoi(argv[1]);
+    void *h = dlopen("libibumad.so.3", RTLD_NOW);
+    if (!h) { printf("dlopen: %s\n", dlerror()); return 2; }
+    SYM(open_t, umad_open_port) SYM(close_t, umad_close_port) SYM(reg_t, umad_register)
+    SYM(send_t, umad_send) SYM(recv_t, umad_recv) SYM(getca_t, umad_get_ca) SYM(guids_t, umad_get_ca_portguids)
+    SYM(unreg_t, umad_unregister) SYM(getport_t, umad_get_port)
+    uint8_t buf[64 + 4096];
+    int len = 256;
+    /* bad arguments: errors, never a crash */
+    if (umad_open_port("nope", 0) >= 0 || umad_open_port("../../x", 1) >= 0 || umad_open_port(NULL, 99) >= 0) return 3;
+    if (umad_close_port(-1) >= 0 || umad_send(-5, 0, buf, 256, 10, 0) >= 0 || umad_recv(-5, buf, &len, 0) >= 0) return 3;
+    if (umad_get_ca(NULL, NULL) >= 0 || umad_get_port("nope", 1, buf) >= 0 || umad_get_ca_portguids(NULL, NULL, 0) >= 0) return 3;
+    int port = umad_open_port(NULL, 0);
+    if (port < 0) { printf("open %d\n", port); return 4; }
+    if (umad_register(port, 300, 1, 0, NULL) >= 0 || umad_unregister(port, 31) >= 0) return 3;
+    if (umad_send(port, 7, buf, 256, 10, 0) >= 0 || umad_recv(port, NULL, &len, 0) >= 0) return 3;
+    int agents[5];
+    static const int classes[5] = {0x81, 0x01, 0x04, 0x03, 0x0a};
+    for (int i = 0; i < 5; i++)
+        agents[i] = umad_register(port, classes[i], classes[i] == 3 ? 2 : 1, 0, NULL);
+    static const uint16_t attrs[] = {0x10, 0x11, 0x12, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x20,
+                                     0x01, 0x1d, 0x13, 0x35, 0xff90, 0xffff, 0x0000};
+    int replies = 0, lost = 0, statuses = 0;
+    for (int n = 0; n < rounds; n++) {
+        memset(buf, 0, sizeof buf);
+        uint8_t *m = buf + 64;
+        for (int k = 0; k < 256; k++) m[k] = (uint8_t)rnd();
+        int a = (int)(rnd() % 5);
+        if (rnd() % 8) { m[0] = 1; m[1] = (uint8_t)classes[a]; m[2] = classes[a] == 3 ? 2 : 1; }
+        if (rnd() % 4) m[3] = (uint8_t)(1 + rnd() % 2);
+        if (rnd() % 4) { uint16_t at = attrs[rnd() % (sizeof attrs / sizeof attrs[0])]; m[16] = at >> 8; m[17] = at & 0xff; }
+        if (rnd() % 2) m[7] = (uint8_t)(rnd() % 4);
+        if (rnd() % 2) { m[129] = 1; m[130] = (uint8_t)(rnd() % 40); }
+        uint16_t dlid = (rnd() % 3) ? (uint16_t)(rnd() % 32) : (uint16_t)rnd();
+        buf[28] = dlid >> 8; buf[29] = dlid & 0xff;  /* addr.lid, network order */
+        uint64_t tid = rnd();
+        memcpy(m + 8, &tid, 8);
+        int slen = (rnd() % 8) ? 256 : (int)(24 + rnd() % 300);
+        if (slen > 256 && rnd() % 2) slen = 256;
+        if (umad_send(port, agents[a], buf, slen, 3, 0) < 0) { printf("send failed\n"); return 5; }
+        uint8_t in[64 + 8192];
+        int rl = 16;
+        if (m[3] & 0x80) {  /* a response: nothing comes back */
+            rl = 8192;
+            if (umad_recv(port, in, &rl, 20) >= 0) { printf("a response was answered\n"); return 9; }
+            continue;
+        }
+        int r = umad_recv(port, in, &rl, 2000);
+        if (r == -ENOSPC) { rl = 8192; r = umad_recv(port, in, &rl, 2000); }
+        if (r < 0) { printf("recv %d at round %d\n", r, n); return 6; }
+        uint32_t status; memcpy(&status, in + 4, 4);
+        if (memcmp(in + 64 + 8, &tid, 8)) { printf("tid mismatch at %d\n", n); return 7; }
+        if (status == ETIMEDOUT) lost++;
+        else if (status == 0) { replies++; if ((in[64 + 4] << 8 | in[64 + 5]) & 0x7fff) statuses++; }
+        else { printf("status %u\n", status); return 8; }
+    }
+    umad_close_port(port);
+    printf("ok replies %d lost %d error-statuses %d\n", replies, lost, statuses);
+    return 0;
+}
+"""
+
+
+def test_random_mads_and_bad_arguments_never_crash_or_hang(h100, tmp_path):
+    """Thousands of random MADs (classes, attributes, methods, hop counts, routes, lengths) and
+    bad arguments: every call returns, every sent MAD comes back (a reply or ETIMEDOUT, with its
+    transaction id), and nothing crashes."""
+    src = tmp_path / "harness.c"
+    src.write_text(HARNESS)
+    exe = tmp_path / "harness"
+    subprocess.run(["cc", "-O1", "-o", str(exe), str(src), "-ldl"], check=True)
+    exe.chmod(0o755)
+    tmp_path.chmod(0o755)
+    t0 = time.monotonic()
+    r = run(h100, str(exe), "3000", timeout=120)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    m = re.search(r"ok replies (\d+) lost (\d+) error-statuses (\d+)", r.stdout)
+    assert m and int(m.group(1)) > 500 and int(m.group(2)) > 50 and int(m.group(3)) > 100, r.stdout
+    assert time.monotonic() - t0 < 100

@@ -140,6 +140,8 @@ static void load(void)
         }
     }
     fclose(f);
+    if (fab.sm < 0 || fab.sm >= fab.n || fab.nodes[fab.sm].type != 2)
+        fab.sm = -1;  /* a file without a valid SM: no SMInfo, no SA, SMLid 0 */
 }
 
 /* ---- live state from sysfs ---- */
@@ -276,11 +278,11 @@ static void port_info(int i, int p, int via, uint8_t *d)
     struct fnode *n = &fab.nodes[i];
     int port0 = n->type == 2 && p == 0;
     int up = port0 || link_up(i, p);
-    int is_sm_node = i == fab.sm;
+    int is_sm_node = fab.sm >= 0 && i == fab.sm;
     if (n->type == 1 || port0) {
         put64(d + 8, SUBNET_PREFIX);
         put16(d + 16, (n->type == 1 && node_down(i)) ? 0xFFFF : n->lid);
-        put16(d + 18, (n->type == 1 && node_down(i)) ? 0 : fab.nodes[fab.sm].lid);
+        put16(d + 18, (n->type == 1 && node_down(i)) || fab.sm < 0 ? 0 : fab.nodes[fab.sm].lid);
         put32(d + 20, n->type == 1 ? CA_CAPMASK : SWITCH_CAPMASK | (is_sm_node ? CAP_IS_SM : 0));
     }
     put16(d + 26, 15);                 /* M_KeyLeasePeriod */
@@ -413,7 +415,7 @@ static uint16_t smp_attr(int i, int via, uint16_t attr, uint32_t mod, uint8_t *d
         }
         return 0;
     case 0x0020:  /* SMInfo: only where the SM runs */
-        if (i != fab.sm)
+        if (fab.sm < 0 || i != fab.sm)
             return ST_BAD_ATTR;
         put64(d, n->guid);
         put32(d + 16, (uint32_t)(time(NULL) & 0x7FFFFFFF));  /* ActCount moves while the SM sweeps */
@@ -638,7 +640,7 @@ void fabric_answer(const char *ca_name, const uint8_t *mad, size_t length, uint1
             }
         }
     } else if (mclass == 0x03) {  /* SubnAdm: only at the SM's LID */
-        if (target != fab.sm || mad[2] != 2) {
+        if (fab.sm < 0 || target != fab.sm || mad[2] != 2) {
             status = ST_BAD_VERSION;
         } else if (attr == 0x0001) {
             memset(r + 56, 0, 200);
