@@ -274,3 +274,21 @@ def test_random_mads_and_bad_arguments_never_crash_or_hang(h100, tmp_path):
     m = re.search(r"ok replies (\d+) lost (\d+) error-statuses (\d+)", r.stdout)
     assert m and int(m.group(1)) > 500 and int(m.group(2)) > 50 and int(m.group(3)) > 100, r.stdout
     assert time.monotonic() - t0 < 100
+
+
+def test_sa_queries_answer_from_the_sm(h100):
+    """saquery's NodeRecord and PathRecord tables (GetTable, handed over as the kernel reassembles
+    RMPP) and the PathRecord Get that ibaddr -G / smpquery -G resolve a GUID with."""
+    nodes = ok(h100, "saquery", "NR")
+    assert nodes.count("NodeRecord dump:") == 18  # 10 switches, 8 HCAs
+    assert re.search(r"NodeDescription\.+gpu-a mlx5_7$", nodes, re.M)
+    path = ok(h100, "saquery", "--src-to-dst", "18:21")
+    assert path.count("PathRecord dump:") == 1
+    assert re.search(r"^\s+dlid\.+21$", path, re.M) and re.search(r"^\s+slid\.+18$", path, re.M)
+    assert re.search(r"^\s+mtu\.+0x85$", path, re.M)  # 4096
+    assert ok(h100, "saquery", "PR").count("PathRecord dump:") == 18
+    guid = h100.read("sys/class/infiniband/mlx5_3/node_guid").strip().replace(":", "")
+    assert "LID start 0x15 end 0x15" in ok(h100, "ibaddr", "-G", f"0x{guid}")
+    assert ok(h100, "smpquery", "-G", "nodedesc", f"0x{guid}").strip().endswith("gpu-a mlx5_3")
+    r = run(h100, "saquery", "SR")  # ServiceRecord: not modelled
+    assert r.returncode != 0 and "0x000c" in r.stdout + r.stderr

@@ -751,18 +751,30 @@ static int wait_ready(int portid, int timeout_ms)
 
 EXPORT int umad_recv(int portid, void *umad, int *length, int timeout_ms)
 {
-    if (!umad || !length || *length < 0)
+    if (!umad || !length || *length < 0) {
+        errno = EINVAL;
         return -EINVAL;
+    }
     int r = wait_ready(portid, timeout_ms);
-    if (r < 0)
-        return r == -ETIMEDOUT && timeout_ms == 0 ? -EWOULDBLOCK : r;
+    if (r < 0) {
+        r = r == -ETIMEDOUT && timeout_ms == 0 ? -EWOULDBLOCK : r;
+        errno = -r;
+        return r;
+    }
     struct open_port *p = port_of(portid);
     uint64_t next;
     struct pending **slot = earliest(p, &next);
     struct pending *e = *slot;
     if ((size_t)*length < e->length) {
+        /* as the kernel does: the header only, the MAD stays queued, the length it needs */
+        ib_user_mad_t *u = umad;
+        u->agent_id = e->agent_id;
+        u->status = e->status;
+        u->length = (uint32_t)(sizeof(ib_user_mad_t) + e->length);
+        u->addr = e->addr;
         *length = (int)e->length;
         pthread_mutex_unlock(&lock);
+        errno = ENOSPC;
         return -ENOSPC;
     }
     *slot = e->next;

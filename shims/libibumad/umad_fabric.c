@@ -455,6 +455,8 @@ static uint16_t sa_query(int self, const uint8_t *mad, uint8_t method, uint8_t *
     else
         return ST_BAD_ATTR;
     *recsize = size;
+    if (attr == 0x0035 && method == 0x01 && !(mask & 0x14))
+        return 6 << 8;  /* ERR_INSUFFICIENT_COMPONENTS: a Get names its destination */
     uint8_t *buf = calloc((size_t)fab.n + 1, (size_t)size);
     if (!buf)
         return 0x0100;  /* no resources */
@@ -469,8 +471,6 @@ static uint16_t sa_query(int self, const uint8_t *mad, uint8_t method, uint8_t *
                 continue;
             if ((mask & 0x10) && get16(q + 40) != n->lid)   /* DLID */
                 continue;
-            if (!(mask & 0x14))
-                continue;  /* a path needs a destination */
             put64(r + 8, SUBNET_PREFIX);
             put64(r + 16, n->guid);
             put64(r + 24, SUBNET_PREFIX);
@@ -654,8 +654,10 @@ void fabric_answer(const char *ca_name, const uint8_t *mad, size_t length, uint1
             int recsize = 64;
             status = sa_query(self, mad, method, &payload, &plen, &recsize);
             if (!status) {
+                /* GetTableResp: as the kernel hands over a reassembled RMPP transfer, the
+                   header and the payload's length; a GetResp is one whole MAD */
                 size_t total = 56 + plen;
-                if (total < MAD_SIZE)
+                if (total < MAD_SIZE && method != 0x12)
                     total = MAD_SIZE;
                 uint8_t *big = calloc(1, total);
                 if (big) {
