@@ -77,7 +77,7 @@ def ok(node: MountedNode, *cmd: str) -> str:
 
 def test_ibnetdiscover_prints_the_default_fabric(h100):
     out = ok(h100, "ibnetdiscover")
-    switches = re.findall(r'^Switch\t64 "S-(fc6a1c03[0-9a-f]{8})"\t\t# "MF0;fabric-(\S+):MQM9700/U1" enhanced port 0 lid (\d+) lmc 0$',
+    switches = re.findall(r'^Switch\t65 "S-(b0cf0e03[0-9a-f]{8})"\t\t# "MF0;fabric-(\S+):MQM9700/U1" enhanced port 0 lid (\d+) lmc 0$',
                           out, re.M)
     assert sorted(s[1] for s in switches) == sorted([f"leaf-{j}" for j in range(1, 9)] + ["spine-1", "spine-2"])
     cas = re.findall(r'^Ca\t1 "H-(a088c203[0-9a-f]{8})"\t\t# "gpu-a (mlx5_\d)"$', out, re.M)
@@ -123,7 +123,7 @@ def test_sminfo_ibaddr_smpquery_ibroute(h100):
     assert ok(h100, "ibaddr").strip() == f"GID fe80::{guid0[0:4]}:{guid0[4:8].lstrip('0') or '0'}:" \
         f"{guid0[8:12].lstrip('0') or '0'}:{guid0[12:16].lstrip('0') or '0'} LID start 0x12 end 0x12"
     info = ok(h100, "smpquery", "nodeinfo", "1")
-    assert re.search(r"^NodeType:\.+Switch$", info, re.M) and re.search(r"^DevId:\.+0xd2f0$", info, re.M)
+    assert re.search(r"^NodeType:\.+Switch$", info, re.M) and re.search(r"^DevId:\.+0xd2f2$", info, re.M)
     assert ok(h100, "smpquery", "-D", "nodedesc", "0,1,33").strip() == "Node Description:...MF0;fabric-spine-1:MQM9700/U1"
     port = ok(h100, "smpquery", "portinfo", "20")
     assert re.search(r"^Lid:\.+20$", port, re.M) and re.search(r"^LinkState:\.+Active$", port, re.M)
@@ -153,7 +153,7 @@ def test_a_declared_rail_group_shows_both_nodes(a100_pair):
     hcas = int(re.search(r"hcas: (\d+)", yaml.safe_dump(load_composition("hgx-a100-8").model_dump())).group(1))
     for host in ("gpu-a", "gpu-b"):
         assert len(re.findall(rf'^Ca\t1 "H-\w+"\t\t# "{host} mlx5_\d"$', out, re.M)) == hcas
-    assert len(re.findall(r'^Switch\t40 "S-\w+"\t\t# "MF0;railgroup-(?:leaf|spine)-\d+:MQM8700/U1"', out, re.M)) == hcas + 1
+    assert len(re.findall(r'^Switch\t41 "S-\w+"\t\t# "MF0;railgroup-(?:leaf|spine)-\d+:MQM8700/U1"', out, re.M)) == hcas + 1
     assert "4xHDR" in out and "4xNDR" not in out
     # gpu-b is the second node: its LIDs follow gpu-a's; the SM runs on leaf-2 (LID 1)
     assert a100_pair.read("sys/class/infiniband/mlx5_0/ports/1/lid").strip() == f"0x{0x12 + hcas:x}"

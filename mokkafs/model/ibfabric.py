@@ -20,14 +20,16 @@ from mokkafs.model.schema import IbFabric
 
 MELLANOX_VENDOR = 0x02C9
 HCA_OUI = 0xA088C2  # Mellanox, as ConnectX node GUIDs carry it
-SWITCH_OUI = 0xFC6A1C  # Mellanox, as Quantum switch GUIDs carry it
+SWITCH_OUI = 0xB0CF0E  # Mellanox, as captured Quantum-2 switch GUIDs carry it
 FIRST_HCA_LID = 0x12
-# By the HCAs' rate: the switch of that generation (model, ports, NodeInfo DeviceID).
+# By the HCAs' rate: the switch of that generation (model, cabled ports, NodeInfo DeviceID).
+# NodeInfo's NumPorts is one more: the last port reaches the switch's SHARP aggregation node
+# (captures show 41 for an MQM8700, 65 for an MQM9700), which this fabric leaves uncabled.
 SWITCHES = {
-    100: ("MSB7800", 36, 0xCB84),  # Switch-IB 2, EDR
-    200: ("MQM8700", 40, 0xCF08),  # Quantum, HDR
-    400: ("MQM9700", 64, 0xD2F0),  # Quantum-2, NDR
-    800: ("Q3400", 144, 0xD2F4),  # Quantum-X800, XDR
+    100: ("MSB7800", 36, 0xCF08),  # Switch-IB 2, EDR
+    200: ("MQM8700", 40, 0xD2F0),  # Quantum, HDR
+    400: ("MQM9700", 64, 0xD2F2),  # Quantum-2, NDR
+    800: ("Q3400", 144, 0xD2F4),  # Quantum-X800, XDR (device id and port count not seen in a capture)
 }
 
 
@@ -104,9 +106,12 @@ def build(config: NodeConfig) -> Fabric | None:
         return None
     s = spec(config)
     rate = config.composition.hca.rate_gbps
-    model, nports, devid = SWITCHES[rate]
-    if len(hosts(config)) > nports // 2:
-        raise ValueError(f"fabric.nodes: {len(hosts(config))} nodes, but a {model} leaf has {nports // 2} downlinks")
+    model, cabled, devid = SWITCHES[rate]
+    nports = cabled + 1
+    if config.hcas > cabled:
+        raise ValueError(f"{config.hcas} HCAs need {config.hcas} leaves, but a {model} spine has {cabled} ports")
+    if len(hosts(config)) > cabled // 2:
+        raise ValueError(f"fabric.nodes: {len(hosts(config))} nodes, but a {model} leaf has {cabled // 2} downlinks")
     hca_devid = int("".join(c for c in config.composition.hca.hca_type if c.isdigit()) or "0") & 0xFFFF
     nodes: list[FabricNode] = []
     index: dict[str, int] = {}
@@ -127,7 +132,7 @@ def build(config: NodeConfig) -> Fabric | None:
         for n, host in enumerate(hosts(config)):
             links.append((index[f"{host}/mlx5_{j}"], 1, leaf, n + 1))
         for i in range(s.spines):
-            links.append((leaf, nports // 2 + 1 + i, index[f"spine-{i + 1}"], j + 1))
+            links.append((leaf, cabled // 2 + 1 + i, index[f"spine-{i + 1}"], j + 1))
     return Fabric(s.name, tuple(nodes), tuple(links), 0, s.sm_priority, rate)
 
 
