@@ -361,6 +361,14 @@ static void port_counters_ext(int i, uint8_t *d)
                                   "multicast_rcv_packets"};
     for (int k = 0; k < 8; k++)
         put64(d + 8 + 8 * k, counter(h, names[k]));
+    /* the error counters at full width (IsAdditionalPortCountersExtendedSupported) */
+    static const char *errors[] = {"symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
+                                   "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors",
+                                   "port_xmit_discards", "port_xmit_constraint_errors", "port_rcv_constraint_errors",
+                                   "local_link_integrity_errors", "excessive_buffer_overrun_errors", "VL15_dropped",
+                                   "port_xmit_wait"};
+    for (int k = 0; k < 13; k++)
+        put64(d + 72 + 8 * k, counter(h, errors[k]));
 }
 
 /* ---- answering ---- */
@@ -619,7 +627,9 @@ void fabric_answer(const char *ca_name, const uint8_t *mad, size_t length, uint1
                 memset(d, 0, 192);
                 d[0] = 1;
                 d[1] = 1;
-                put16(d + 2, 0x1000 | 0x0200 | 0x0100);  /* XmitWait, extended width, AllPortSelect */
+                /* as ConnectX HCAs answer (captures show CapMask 0x5300): AllPortSelect, extended
+                   width, XmitWait, additional PortCountersExtended counters */
+                put16(d + 2, 0x4000 | 0x1000 | 0x0200 | 0x0100);
                 d[7] = 18;
             } else if (attr == 0x0012 || attr == 0x001D) {
                 struct fnode *n = &fab.nodes[target];
