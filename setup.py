@@ -94,6 +94,22 @@ def build_fence(out: Path) -> None:
     os.replace(str(target) + ".tmp", target)
 
 
+def build_umad(out: Path) -> None:
+    """lib/libibumad.so.3 (shims/libibumad): the umad_* ABI of rdma-core's library, answering
+    MADs from the node's fabric (docs/infiniband.md); links only libc."""
+    cc = shlex.split(os.environ.get("CC", "cc"))
+    src = SHIMS / "libibumad"
+    target = out / "lib" / "libibumad.so.3"
+    cmd = [
+        *cc, *CFLAGS, "-fvisibility=hidden", "-shared", "-I", str(src),
+        f"-Wl,--version-script={src / 'libibumad.map'}", "-Wl,-soname,libibumad.so.3", "-Wl,--no-undefined",
+        str(src / "umad.c"), str(src / "umad_fabric.c"), "-pthread", "-ldl", "-o", str(target) + ".tmp",
+    ]
+    print(" ".join(cmd))
+    subprocess.run(cmd, check=True)
+    os.replace(str(target) + ".tmp", target)
+
+
 class BuildPyWithShims(build_py):
     def run(self) -> None:
         super().run()
@@ -103,6 +119,7 @@ class BuildPyWithShims(build_py):
         build_smi(out)
         build_cuda(out)
         build_fence(out)
+        build_umad(out)
 
 
 class BinaryDistribution(Distribution):

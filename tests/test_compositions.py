@@ -298,7 +298,7 @@ def test_mount_refuses_more_gpus_than_the_board_sits_per_node(tmp_path):
 
 @pytest.mark.parametrize("change,message", [
     ({"gpus": MAX_GPUS + 1, "slots": None}, r"gpus: Input should be less than or equal to 64"),
-    ({"gpuz": 4}, r"gpuz: unknown key; allowed keys here: cpu, cuda_version, description, driver_version, gpus"),
+    ({"gpuz": 4}, r"gpuz: unknown key; allowed keys here: cpu, cuda_version, description, driver_version, fabric, gpus"),
     ({"cpu": {"arch": "x86_64", "numa_nodes": 2, "cores_per_numa_node": 56, "threads_per_core": 2, "sockets": 2}},
      r"cpu.sockets: unknown key; allowed keys here: arch, cores_per_numa_node, model, numa_nodes, threads_per_core"),
     ({"cpu": {"arch": "x86_64", "numa_nodes": 8, "cores_per_numa_node": 128, "threads_per_core": 2}},

@@ -153,7 +153,14 @@ def compose(
         "cuda_version": cuda_version or base.cuda_version, "cpu": base.cpu.model_copy(update={"numa_nodes": numa}),
         "hcas": hca_count, "slots": slots,
     })
-    return NodeConfig(profile=profile, composition=resolved, hostname=hostname)
+    config = NodeConfig(profile=profile, composition=resolved, hostname=hostname)
+    from mokkafs.model import ibfabric  # it builds on NodeConfig
+
+    try:
+        ibfabric.build(config)
+    except ValueError as e:
+        raise ProfileError(f"composition {base.name}: {e}") from None
+    return config
 
 
 def gpu_identities(config: NodeConfig) -> list[GpuIdentity]:

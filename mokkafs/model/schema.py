@@ -290,6 +290,37 @@ class GpuSlot(_Strict):
     hca: Annotated[int, Field(ge=0, lt=MAX_GPUS)] | None = None
 
 
+FABRIC_MAX_NODES = 16
+FABRIC_MAX_SPINES = 16
+
+
+class IbFabric(_Strict):
+    """The InfiniBand fabric the node's HCAs are cabled into (docs/infiniband.md): one leaf
+    switch per rail (HCA index), every leaf cabled once to every spine, the subnet manager on
+    one switch. Nodes that declare the same fabric (the same section, `nodes` listing all of
+    them) compute the same switches, GUIDs and LIDs, each answering for its own HCAs."""
+
+    name: Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")] = "fabric"
+    # The hostnames of the rail group, in LID order; null: this node alone.
+    nodes: Annotated[tuple[Annotated[str, Field(min_length=1, max_length=63)], ...],
+                     Field(min_length=1, max_length=FABRIC_MAX_NODES)] | None = None
+    spines: Annotated[int, Field(ge=0, le=FABRIC_MAX_SPINES)] = 2
+    # The switch that runs the subnet manager: spine-N or leaf-N (1-based); null: spine-1
+    # (leaf-1 without spines).
+    sm: Annotated[str, Field(pattern=r"^(spine|leaf)-[1-9][0-9]*$")] | None = None
+    sm_priority: Annotated[int, Field(ge=0, le=15)] = 14
+
+    @model_validator(mode="after")
+    def _unique(self) -> "IbFabric":
+        if self.nodes is not None and len(set(self.nodes)) != len(self.nodes):
+            raise ValueError("fabric.nodes lists a hostname twice")
+        if self.sm is not None:
+            kind, n = self.sm.split("-")
+            if kind == "spine" and int(n) > self.spines:
+                raise ValueError(f"fabric.sm: {self.sm}, but the fabric has {self.spines} spines")
+        return self
+
+
 class Composition(_Strict):
     """A node composition: how boards of some profile sit in one machine (docs/profiles.md,
     "Node compositions"). Which board is the profile's business; a composition names none."""
@@ -307,6 +338,7 @@ class Composition(_Strict):
     nvswitch_device_id: Hex16 | None = None  # null: the host enumerates no NVSwitch PCI function
     hcas: Annotated[int, Field(ge=0, le=MAX_GPUS)] = 0
     hca: Hca | None = None
+    fabric: IbFabric | None = None  # null: the default InfiniBand fabric (IbFabric()) where the node has HCAs
 
     @field_validator("driver_version", "cuda_version")
     @classmethod

@@ -43,6 +43,11 @@ def lib64_children(config: NodeConfig) -> dict[str, Entry]:
     if native.CUDA_SONAME in out:
         # libcuda.so (the development link) too: numba loads `libcuda.so` before `libcuda.so.1`.
         out["libcuda.so"] = Symlink(native.CUDA_SONAME)
+    # libibumad.so.3: infiniband-diags' MADs answered from the node's fabric (docs/infiniband.md);
+    # on a node without HCAs it lists no CA, as rdma-core's would.
+    umad = _built(native.LIB_DIR / native.UMAD_SONAME)
+    if umad is not None:
+        out[native.UMAD_SONAME] = umad
     return out
 
 

@@ -5,11 +5,10 @@ control file that takes a port down or up and adds error counts.
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from functools import partial
 
-from mokkafs.model import commands
+from mokkafs.model import commands, ibfabric
 from mokkafs.model.events import IB_ERROR_COUNTERS
 from mokkafs.model.identity import NodeConfig
 from mokkafs.model.topology import Layout, PciFunction
@@ -42,8 +41,7 @@ def hca_name(j: int) -> str:
 
 def node_guid(config: NodeConfig, j: int) -> int:
     """A stable GUID under Mellanox's OUI (a0:88:c2), derived from the hostname and HCA index."""
-    digest = hashlib.sha256(f"{config.hostname}/{config.profile.name}/hca{j}".encode()).digest()
-    return (0xA088C2 << 40) | (0x03 << 32) | (0x00 << 24) | int.from_bytes(digest[:3], "big")
+    return ibfabric.hca_guid(config.hostname, config.profile.name, j)
 
 
 def guid_groups(guid: int) -> str:
@@ -51,8 +49,9 @@ def guid_groups(guid: int) -> str:
     return ":".join(f"{(guid >> s) & 0xFFFF:04x}" for s in (48, 32, 16, 0))
 
 
-def base_lid(j: int) -> int:
-    return 0x12 + j
+def base_lid(config: NodeConfig, j: int) -> int:
+    """The LID the fabric's subnet manager gave HCA j (model/ibfabric.py)."""
+    return ibfabric.hca_lid(config, j)
 
 
 def port_state(ctx: Ctx, j: int) -> str:
@@ -72,7 +71,7 @@ def rate(ctx: Ctx, j: int) -> str:
 
 
 def _lid(ctx: Ctx, j: int) -> str:
-    return "0xffff" if ctx.node.hcas[j].port_down else f"0x{base_lid(j):x}"
+    return "0xffff" if ctx.node.hcas[j].port_down else f"0x{base_lid(ctx.node.config, j):x}"
 
 
 def _sm_lid(ctx: Ctx, j: int) -> str:
@@ -201,12 +200,12 @@ def _port_writer(j: int):
 
 def control_dir(config: NodeConfig) -> Dir:
     """`ib/mlx5_N/port1`: read the port's state and counters; write `down`, `up`, `errors N`
-    or `errors COUNTER N`."""
-    return static_dir(
-        {
-            hca_name(j): static_dir(
-                {"port1": text(partial(render_port_control, j=j), write=_port_writer(j))}
-            )
-            for j in range(config.hcas)
-        }
-    )
+    or `errors COUNTER N`. `ib/fabric`: the fabric the HCAs are cabled into, as our libibumad
+    reads it (model/ibfabric.py)."""
+    children: dict[str, Entry] = {
+        hca_name(j): static_dir({"port1": text(partial(render_port_control, j=j), write=_port_writer(j))})
+        for j in range(config.hcas)
+    }
+    if config.hcas:
+        children["fabric"] = const(ibfabric.render(config))
+    return static_dir(children)

@@ -6,6 +6,7 @@ from pathlib import Path
 LIB_DIR = Path(__file__).resolve().parents[1] / "_native" / "lib"
 NVML_SONAME = "libnvidia-ml.so.1"
 CUDA_SONAME = "libcuda.so.1"
+UMAD_SONAME = "libibumad.so.3"
 FENCE_LIBRARY = "libmokka-fence.so"
 
 
