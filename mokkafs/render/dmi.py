@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mokkafs.model.identity import NodeConfig
-from mokkafs.vfs import Dir, const, static_dir
+from mokkafs.render.vfs import Dir, const, static_dir
 
 
 def dmi_dir(config: NodeConfig) -> Dir:
