@@ -25,6 +25,8 @@ import pytest
 from conftest import world_readable_node
 from mokkafs.agent.node_files import DRIVER_FILES, GpuDevice, cdi_spec
 
+pytestmark = pytest.mark.level("tools")
+
 CDI_DIR = Path("/var/run/cdi")
 GO_BIN = Path(os.environ.get("MOKKA_CACHE", Path.home() / ".cache" / "mokkafs")) / "go" / "bin"
 

@@ -19,6 +19,8 @@ import pytest
 from conftest import mokka_cmd, world_readable_node
 from test_real_nvidia_smi import driver_version, real_smi
 
+pytestmark = pytest.mark.level("shims")
+
 SETUP = r"""
 set -e
 mount -t tmpfs -o mode=755 dev /dev
