@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import world_readable_node
+from conftest import mokka_cmd, world_readable_node
 from mokkafs.agent.node_files import DRIVER_FILES, GpuDevice, cdi_spec
 
 pytestmark = pytest.mark.level("tools")
@@ -153,12 +153,14 @@ def vendor():
 
 def nvidia_ctk_spec(node, vendor: str) -> None:
     CDI_DIR.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run([str(go_tool("nvidia-ctk")), "cdi", "generate", "--quiet", "--mode", "nvml",
+    # On the node, as NVIDIA runs it: under `mokka run`, so that /proc/driver (MIG's capability
+    # minors, which nvidia-ctk reads at the real path, not under the driver root) is the node's.
+    r = subprocess.run([*mokka_cmd(), "run", "--root", str(node.mnt), "--",
+                        str(go_tool("nvidia-ctk")), "cdi", "generate", "--quiet", "--mode", "nvml",
                         "--driver-root", str(node.mnt / "driver"),
                         "--nvidia-cdi-hook-path", str(go_tool("nvidia-cdi-hook")),
                         "--vendor", vendor, "--output", str(CDI_DIR / f"{vendor}.yaml")],
-                       capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items()
-                                                                        if k not in ("MOKKA_STATE", "LD_LIBRARY_PATH")})
+                       capture_output=True, text=True, timeout=120, env=node.env)
     assert r.returncode == 0, r.stderr
     spec = (CDI_DIR / f"{vendor}.yaml").read_text()
     # What the spec gives: the persistenced socket, no state directory, no MOKKA_STATE.
@@ -227,3 +229,28 @@ def test_nvidia_ctk_spec_by_uuid(podman, node, vendor):
 def test_the_agents_spec_gives_gpu_1_and_only_it(podman, node, vendor):
     agent_spec(node, vendor)
     check_container(podman, node, f"{vendor}/gpu=1", 1)
+
+
+@pytest.fixture(scope="module")
+def mig_node():
+    """GPU 0 in MIG mode with two 1g instances, GPU 1 whole."""
+    from mokkafs.cli.allocation import parse_mig
+
+    for mounted in world_readable_node("h100", 2):
+        assert mounted.cli("inject", "--root", str(mounted.mnt), "0", "mig", "enable").returncode == 0
+        assert mounted.cli("inject", "--root", str(mounted.mnt), "0", "mig", "create", "19,19").returncode == 0
+        mounted.migs = parse_mig(mounted.read("gpu0/mig"))
+        yield mounted
+
+
+def test_nvidia_ctk_spec_gives_one_mig_device_and_only_it(podman, mig_node, vendor):
+    """nvidia-ctk names MIG devices GPU:MIG (`0:1`) and gives each its GPU's node and its two
+    capability nodes: the container lists that MIG device alone, and CUDA has it as its device."""
+    nvidia_ctk_spec(mig_node, vendor)
+    m = mig_node.migs[1]
+    lines = podman.run(f"{vendor}/gpu=0:1", "nvidia-smi", "-L").stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: ")
+    assert lines[1].endswith(f"Device  0: (UUID: {m.uuid})")
+    code = ("from cuda.bindings import driver as d; d.cuInit(0); "
+            "print(d.cuDeviceGetCount()[1], bytes(d.cuDeviceGetUuid(d.cuDeviceGet(0)[1])[1].bytes).hex())")
+    assert podman.run(f"{vendor}/gpu=0:1", "python3", "-c", code).stdout.split() == ["1", cuda_hex(m.uuid)]
