@@ -125,10 +125,13 @@ void mokka_discover(char *out, size_t n)
     int saved = errno;
     const char *env = getenv(MOKKA_STATE_ENV);
     char root[PATH_MAX];
-    int have_root = driver_root(root);
-    if (env && *env)
+    if (env && *env) {
         snprintf(out, n, "%s", env);
-    else if (have_root && driver_root_state(root, out, n))
+        errno = saved;
+        return;
+    }
+    int have_root = driver_root(root); /* only now: it resolves the shim's path, a few syscalls */
+    if (have_root && driver_root_state(root, out, n))
         ;
     else if (have_root && strcmp(root, "") != 0 && driver_root_socket(root, out, n))
         ;
