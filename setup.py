@@ -18,7 +18,8 @@ SHIMS = HERE / "shims"
 CFLAGS = ["-O2", "-g", "-fPIC", "-Wall", "-Wextra", "-std=gnu11"]
 # The one client of the shared state (finding, mapping, validating, reading it), compiled into
 # each of the three shims; each keeps its own hidden copy.
-CLIENT = ["-I", str(SHIMS / "common"), str(SHIMS / "common" / "mokka_client.c")]
+# mokka_view.c decides, at init, which of the node's devices the process can open.
+CLIENT = ["-I", str(SHIMS / "common"), str(SHIMS / "common" / "mokka_client.c"), str(SHIMS / "common" / "mokka_view.c")]
 # The client of the daemon's control socket, for the shims that change the node (setters).
 CONTROL = [str(SHIMS / "common" / "mokka_control.c")]
 

@@ -15,6 +15,9 @@ SUDO=""
 packages=(fuse3 libfuse3-dev pkg-config gcc python3-venv python3-dev pciutils infiniband-diags util-linux kmod)
 # Linters the deploy tests run over the unit file and scripts.
 packages+=(shellcheck systemd)
+# A real OCI runtime for the container tests (tests/test_containers.py): podman makes containers
+# from CDI specs, runc runs them.
+packages+=(podman runc)
 # kubectl may already come from another package (kubernetes-client conflicts with it).
 command -v kubectl >/dev/null 2>&1 || packages+=(kubernetes-client)
 missing=()

@@ -29,7 +29,7 @@ def smi_binary(tmp_factory) -> Path:
     out = tmp_factory.mktemp("smi") / "nvidia-smi"
     subprocess.run([cc, "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-I", str(REPO / "shims" / "include"),
                     "-I", str(REPO / "shims" / "common"), *map(str, sorted((REPO / "shims" / "nvidia-smi").glob("*.c"))),
-                    str(REPO / "shims" / "common" / "mokka_client.c"),
+                    str(REPO / "shims" / "common" / "mokka_client.c"), str(REPO / "shims" / "common" / "mokka_view.c"),
                     str(REPO / "shims" / "common" / "mokka_control.c"), "-pthread", "-o", str(out)], check=True)
     return out
 

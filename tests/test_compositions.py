@@ -75,7 +75,8 @@ def test_the_node_section_and_the_named_composition_render_alike(profile):
     assert old.node == new.node
     a = all_digests(compose(old, hostname=digests.HOSTNAME))
     b = all_digests(compose(new, hostname=digests.HOSTNAME))
-    assert differing(a, b) == []
+    # A node: section names no system, so its DMI names the derived composition (sys/class/dmi).
+    assert [k for k in differing(a, b) if not k.startswith("sys/class/dmi")] == []
 
 
 def test_the_fixture_sees_a_change_of_composition():
@@ -139,7 +140,7 @@ def hgx_and_pcie():
 def test_pcie4_differs_from_hgx8_only_in_its_layout_keys():
     a, b = load_composition("hgx-8"), load_composition("pcie-4")
     differ = {k for k in Composition.model_fields if getattr(a, k) != getattr(b, k)}
-    assert differ == {"name", "description", "gpus", "slots", "nvswitches", "nvswitch_device_id", "hcas", "hca"}
+    assert differ == {"name", "description", "gpus", "slots", "nvswitches", "nvswitch_device_id", "hcas", "hca", "system"}
 
 
 def test_h100_in_pcie4_changes_count_bus_numa_switches_and_topology(hgx_and_pcie):

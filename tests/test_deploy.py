@@ -177,34 +177,41 @@ def test_kind_overlay_uses_the_systemd_mount():
     assert "--no-mount" in c["args"] and c["imagePullPolicy"] == "Never"
 
 
-def test_example_pod_reaches_the_node_through_hostpath():
+def test_example_pods_get_their_gpu_by_allocation_not_the_whole_tree():
+    """The shipped pods ask for one GPU (the device plugin's CDI mode; a ResourceClaim of the DRA
+    driver) and mount nothing of the node by hand: what they see is what they were given."""
     pod = yaml.safe_load((DEPLOY / "kind" / "nvidia-smi-pod.yaml").read_text())
-    assert kubernetes.client.V1Pod.from_dict(pod) if hasattr(kubernetes.client.V1Pod, "from_dict") else True
     assert unknown_fields(pod, "V1Pod") == []
     (c,) = pod["spec"]["containers"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
-    assert mounts["/mokka"]["mountPropagation"] == "HostToContainer"
-    # The driver root serves the shims' bytes as plain files: no need of the node's install.
-    assert set(mounts) == {"/mokka", "/var/lib/mokkafs/state"}
-    assert all(not v["hostPath"]["path"].startswith("/opt/") for v in pod["spec"]["volumes"])
+    assert "volumes" not in pod["spec"] and "volumeMounts" not in c and "env" not in c
     kind_config = yaml.safe_load((DEPLOY / "kind" / "kind-config.yaml").read_text())
     assert kind_config["kind"] == "Cluster" and all(n["image"].startswith("mokkafs/kind-node:") for n in kind_config["nodes"])
+    assert "enable_cdi = true" in kind_config["containerdConfigPatches"][0]
     values = yaml.safe_load((DEPLOY / "kind" / "device-plugin-values.yaml").read_text())
     assert values["nvidiaDriverRoot"] == "/var/lib/mokkafs/root/driver"
+    assert values["deviceListStrategy"] == "cdi-cri"
+    hook = values["cdi"]["nvidiaHookPath"]
+    assert f"COPY --from=cdi-hook /go/bin/nvidia-cdi-hook {hook}" in (DEPLOY / "kind" / "Dockerfile").read_text()
+    template, claimed = yaml.safe_load_all((DEPLOY / "kind" / "dra-claim.yaml").read_text())
+    assert template["kind"] == "ResourceClaimTemplate"
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["deviceClassName"] == "gpu.nvidia.com"
+    assert unknown_fields(claimed, "V1Pod") == []
+    (c,) = claimed["spec"]["containers"]
+    assert c["resources"]["claims"] == [{"name": claimed["spec"]["resourceClaims"][0]["name"]}]
+    assert "volumes" not in claimed["spec"]
 
 
 def test_pods_see_the_node_read_only():
-    """Only the agent (the DaemonSet) writes control files; a pod given the tree or the state
-    directory gets them read-only (docs/security.md), and so does a CDI container."""
-    pod = yaml.safe_load((DEPLOY / "kind" / "nvidia-smi-pod.yaml").read_text())
+    """Only the agent (the DaemonSet) writes control files; no example pod mounts the tree or the
+    state directory (they are allocated devices), and a CDI container of the agent's spec gets
+    them read-only (docs/security.md)."""
     node_paths = ("/var/lib/mokkafs/root", "/var/lib/mokkafs/state")
-    vols = {v["name"] for v in pod["spec"]["volumes"] if v.get("hostPath", {}).get("path", "").startswith(node_paths)}
-    assert vols
-    for c in pod["spec"]["containers"]:
-        for m in c["volumeMounts"]:
-            if m["name"] in vols:
-                assert m.get("readOnly") is True, m
+    for f in ("nvidia-smi-pod.yaml", "dra-claim.yaml"):
+        for doc in yaml.safe_load_all((DEPLOY / "kind" / f).read_text()):
+            vols = [v for v in doc.get("spec", {}).get("volumes", []) if v.get("hostPath", {}).get("path", "").startswith(node_paths)]
+            assert vols == [], f
     from mokkafs.agent import node_files
 
     spec = yaml.safe_load(node_files.cdi_spec("/m", "/s/state", [node_files.GpuDevice(0, 0, "GPU-x")],

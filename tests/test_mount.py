@@ -303,3 +303,20 @@ def test_the_readme_tree_table_lists_every_control_entry(mounted: MountedNode):
     have |= {f"gpuN/{n}" for n in os.listdir(mounted.mnt / "gpu0")}
     have |= {f"ib/mlx5_N/{n}" for n in os.listdir(mounted.mnt / "ib" / "mlx5_0")}
     assert sorted(have - named) == [], "README's tree table lacks these"
+
+
+def test_the_event_log_reports_its_real_size_so_tail_shows_the_last_line(mounted: MountedNode):
+    """node/events grows past 4 KiB: stat says its length, so `tail -1` (which seeks from the
+    size stat gives) prints the last line, not a stale cut one."""
+    import subprocess
+
+    for k in range(120):
+        mounted.write(f"gpu{k % 8}/temperature", f"{40 + k % 50}\n".encode())
+    text = mounted.read("node/events")
+    assert len(text) > 4096
+    assert (mounted.mnt / "node/events").stat().st_size == len(text.encode())
+    last = subprocess.run(["tail", "-1", str(mounted.mnt / "node/events")], capture_output=True, text=True,
+                          check=True).stdout
+    assert last == text.splitlines(keepends=True)[-1]
+    gpu3 = mounted.read("gpu3/events")
+    assert (mounted.mnt / "gpu3/events").stat().st_size == len(gpu3.encode())

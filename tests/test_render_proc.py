@@ -193,3 +193,23 @@ def test_mig_capability_files_and_nodes_come_and_go_with_the_instances():
     node.apply(Reset(2), 3.0)  # a reset destroys the instances; MIG mode stays on
     assert listdir(node, "proc/driver/nvidia/capabilities") == ["gpu2", "mig"]
     assert listdir(node, f"{base}") == [] and listdir(node, "dev/nvidia-caps") == ["nvidia-cap1", "nvidia-cap2"]
+
+
+@pytest.mark.parametrize("profile", ["gb200", "gb300"])
+def test_nvlink_fabric_boards_have_the_imex_and_fabric_management_capabilities(profile):
+    """Multi-node NVLink boards: the compute-domain plugin opens fabric-imex-mgmt (minor 4323,
+    root's) to prepare its daemon's claim; nvidia-caps lists the system and NVLink minors."""
+    node = make_node(profile)
+    assert read(node, "proc/driver/nvidia/capabilities/fabric-imex-mgmt") == \
+        b"DeviceFileMinor: 4323\nDeviceFileMode: 256\nDeviceFileModify: 1\n"
+    assert read(node, "proc/driver/nvidia-caps/sys-minors") == b"fabric-imex-mgmt 4323\n"
+    assert read(node, "proc/driver/nvidia-caps/nvlink-minors") == b"fabric-mgmt 0\n"
+    dev = entry(node, "dev/nvidia-caps/nvidia-cap4323")
+    assert isinstance(dev, CharDev) and (dev.minor, dev.mode) == (4323, 0o400)
+
+
+def test_other_boards_have_no_fabric_capabilities():
+    node = make_node("h100")  # an HGX NVSwitch baseboard: one node's fabric, no IMEX
+    assert "fabric-imex-mgmt" not in listdir(node, "proc/driver/nvidia/capabilities")
+    assert listdir(node, "proc/driver/nvidia-caps") == ["mig-minors"]
+    assert "nvidia-cap4323" not in listdir(node, "dev/nvidia-caps")

@@ -175,3 +175,22 @@ def test_h100_lspci_name_is_the_issue_s(tmp_path):
     listing = _lspci(tmp_path, "-nn")
     wanted = "3D controller [0302]: NVIDIA Corporation GH100 [H100 SXM5 80GB] [10de:2330]"
     assert any(line.split(" ", 1)[1].replace("GH100[", "GH100 [").startswith(wanted) for line in listing.splitlines())
+
+
+@pytest.mark.parametrize("profile, vendor, product", [("h100", "NVIDIA", "DGXH100"), ("gb200", "NVIDIA", "GB200 NVL")])
+def test_dmi_names_the_composition_s_system(profile, vendor, product):
+    """GPU feature discovery's nvidia.com/gpu.machine is /sys/class/dmi/id/product_name."""
+    from helpers_vfs import make_node, read
+
+    node = make_node(profile)
+    assert read(node, "sys/class/dmi/id/product_name") == f"{product}\n".encode()
+    assert read(node, "sys/class/dmi/id/sys_vendor") == f"{vendor}\n".encode()
+    assert read(node, "sys/class/dmi/id/board_name") == f"{product}\n".encode()
+
+
+def test_a_composition_without_a_system_is_named_after_itself():
+    from helpers_vfs import make_node, read
+
+    node = make_node("l4")  # its composition (a PCIe server) names no system
+    assert read(node, "sys/class/dmi/id/sys_vendor") == b"mokkafs\n"
+    assert read(node, "sys/class/dmi/id/product_name") == f"{node.config.composition.name}\n".encode()

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import socket
 import sys
 import textwrap
 import time
@@ -52,6 +53,15 @@ n = p.nvmlDeviceGetCount()
 print(json.dumps([p.nvmlDeviceGetName(p.nvmlDeviceGetHandleByIndex(i)) for i in range(n)]))
 """
 
+NVML_NO_NODE = """
+import json, pynvml as p
+try:
+    p.nvmlInit()
+    print(json.dumps("initialised"))
+except p.NVMLError as e:
+    print(json.dumps(str(e)))
+"""
+
 CUDA_NODE = """
 import json, os, pynvml as p
 from cuda.bindings import driver as d
@@ -76,8 +86,8 @@ def _py(cmd_prefix: list[str], env: dict[str, str], code: str) -> list:
 def test_a_shim_loaded_from_a_mounted_tree_reads_that_tree_s_node(node_factory):
     """With only LD_LIBRARY_PATH=<mount>/driver/usr/lib64 (or <mount>/driver/usr/bin/nvidia-smi
     run by its path), each shim answers for its own tree while another node answers at
-    /run/mokka/state; a library outside any tree still reads the default place, and MOKKA_STATE
-    still wins. The libraries of both trees are the same bytes: only discovery tells them apart."""
+    /run/mokka/state; a library outside any tree finds no node (never that default place), and
+    MOKKA_STATE still wins. The libraries of both trees are the same bytes: only discovery tells them apart."""
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is in the test extra")
     a = node_factory(profile="h100", gpus=2, name="a")
@@ -93,8 +103,9 @@ def test_a_shim_loaded_from_a_mounted_tree_reads_that_tree_s_node(node_factory):
     assert os.readlink(a.mnt / "driver/run/mokka") == str(a.state_dir)
     assert _py(in_b([]), bare_env(LD_LIBRARY_PATH=lib(a)), NVML_NODE) == h100
     assert _py([], bare_env(LD_LIBRARY_PATH=lib(b)), NVML_NODE) == a100
-    # the package's own library, in no driver root: the default place, which B holds here
-    assert _py(in_b([]), bare_env(LD_LIBRARY_PATH=str(native.LIB_DIR)), NVML_NODE) == a100
+    # the package's own library, in no driver root and with no node socket: no node at all, even
+    # with B at /run/mokka, which may be anyone's (docs/containers.md, "Finding the node")
+    assert _py(in_b([]), bare_env(LD_LIBRARY_PATH=str(native.LIB_DIR)), NVML_NO_NODE) == "Driver Not Loaded"
     # MOKKA_STATE first: A's library told to read B reads B
     assert _py([], bare_env(LD_LIBRARY_PATH=lib(a), MOKKA_STATE=str(b.state_dir / "state")), NVML_NODE) == a100
 
@@ -371,3 +382,34 @@ def test_the_daemon_never_follows_or_blocks_on_what_is_at_the_path(tmp_path, exp
         assert target.read_bytes() == before
     finally:
         pub.close()
+
+
+def with_socket_at_persistenced(sock: Path, cmd: list[str]) -> list[str]:
+    """`cmd` in a private mount namespace whose /run/nvidia-persistenced/socket is `sock` (bound
+    through any link, as a container runtime binds a CDI spec's mount) and /run holds nothing else."""
+    script = ('mount -t tmpfs none /run && mkdir /run/nvidia-persistenced && touch /run/nvidia-persistenced/socket'
+              ' && mount --bind "$1" /run/nvidia-persistenced/socket && shift && exec "$@"')
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(sock), *cmd]
+
+
+def test_a_library_outside_any_tree_finds_the_node_through_the_persistenced_socket(node_factory, tmp_path):
+    """What NVIDIA's CDI spec mounts from a driver root, run/nvidia-persistenced/socket, is in a
+    mount's driver root a link to the node's socket, which hands over the state file; a socket
+    that answers nothing (a real nvidia-persistenced's) is no node, within a bounded wait."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    a = node_factory(profile="h100", gpus=2, name="a")
+    link = a.mnt / "driver/run/nvidia-persistenced/socket"
+    assert os.readlink(link) == str(a.state_dir / "node.sock")
+    env = bare_env(LD_LIBRARY_PATH=str(native.LIB_DIR))
+    assert _py(with_socket_at_persistenced(link, []), env, NVML_NODE) == [load_profile("h100").product_name] * 2
+    smi = subprocess.run(with_socket_at_persistenced(link, [str(native.LIB_DIR.parent / "bin" / "nvidia-smi"), "-L"]),
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert smi.stdout.count("GPU ") == 2, smi.stdout + smi.stderr
+
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with silent:
+        silent.bind(str(tmp_path / "silent.sock"))
+        silent.listen(4)
+        t0 = time.monotonic()
+        assert _py(with_socket_at_persistenced(tmp_path / "silent.sock", []), env, NVML_NO_NODE) == "Driver Not Loaded"
+        assert time.monotonic() - t0 < 10

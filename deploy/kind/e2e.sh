@@ -70,7 +70,9 @@ pod_done() {
     [[ "$(kubectl get pod nvidia-smi -o jsonpath='{.status.phase}')" == Succeeded ]]
 }
 wait_for 180 "pod nvidia-smi to succeed" pod_done
-kubectl logs nvidia-smi | tee /dev/stderr | grep -q 'H100'
+# One GPU given, one listed: the allocation, not the whole node.
+[[ "$(kubectl logs nvidia-smi | tee /dev/stderr | grep -c '^GPU [0-9]*: NVIDIA H100')" == 1 ]]
+kubectl logs nvidia-smi | grep -q '^GPU 0: '
 
 log "fault injection through a Node annotation"
 kubectl annotate node "$worker" --overwrite 'mokkafs.io/inject=gpu=3 xid=79'

@@ -37,7 +37,8 @@ def _lib_dir(machine: str) -> str:
 CDI_STATE_DIR = "/run/mokka"  # where a CDI container sees the state directory (read-only)
 
 
-def cdi_spec(mount: str, state_file: str, gpus: list[GpuDevice], driver_files: list[str], machine: str) -> str:
+def cdi_spec(mount: str, state_file: str, gpus: list[GpuDevice], driver_files: list[str], machine: str,
+             kind: str = "nvidia.com/gpu") -> str:
     """nvidia.com/gpu devices named by index and UUID (nvidia-ctk's default `index,uuid`
     strategy) and `all`. Device nodes come from the mount's dev/ (the runtime reads type, major
     and minor from hostPath); the driver files present in `<mount>/driver` and the state file's
@@ -65,7 +66,7 @@ def cdi_spec(mount: str, state_file: str, gpus: list[GpuDevice], driver_files: l
         )
     spec = {
         "cdiVersion": CDI_VERSION,
-        "kind": "nvidia.com/gpu",
+        "kind": kind,  # vendor/class: another one lets a test's spec sit beside the node's
         "devices": devices,
         "containerEdits": {
             "env": ["NVIDIA_VISIBLE_DEVICES=void", f"MOKKA_STATE={CDI_STATE_DIR}/{state_name}"],

@@ -395,7 +395,7 @@ def cmd_run(args) -> int:
     from mokkafs.cli.run import run
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    return run(args.root, cmd)
+    return run(args.root, cmd, args.gpus)
 
 
 def cmd_agent(args) -> int:
@@ -492,6 +492,8 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run a command that sees the node at /sys, /proc and /dev: mokka run -- lspci")
     r.add_argument("--root", default=DEFAULT_MOUNTPOINT)
+    r.add_argument("--gpus", help="give CMD only these GPUs' device nodes, as a container gets them: "
+                                  "indexes, GPU-/MIG- UUIDs or all, comma-separated (default: every node)")
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS]")
     r.set_defaults(func=cmd_run)
 

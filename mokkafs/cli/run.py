@@ -17,6 +17,8 @@ import stat
 import sys
 from dataclasses import dataclass, field
 
+from mokkafs.cli.allocation import Gpu
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 MS_NOSUID = 0x2
@@ -173,6 +175,35 @@ def plan(root: str, live_root: str | None = None) -> tuple[list[tuple[str, str]]
     return pairs, hide
 
 
+def allocate(root: str, source: str, pairs: list[tuple[str, str]], spec: str) -> list[tuple[str, str]]:
+    """`pairs` with the node's /dev/nvidia* entries cut down to what a workload given `spec`
+    (`--gpus`: indexes, GPU and MIG UUIDs, `all`) gets from a container runtime: the common
+    nodes, its GPUs' nodes, its MIG devices' capability nodes (mokkafs/cli/allocation.py). The shims
+    then show exactly those devices (docs/containers.md)."""
+    from mokkafs.cli.allocation import AllocationError, device_nodes, parse_info, parse_mig
+
+    try:
+        with open(f"{root}/node/gpu_count") as f:
+            count = int(f.read())
+        gpus = []
+        for i in range(count):
+            with open(f"{root}/gpu{i}/info") as f:
+                gpu = parse_info(i, f.read())
+            try:
+                with open(f"{root}/gpu{i}/mig") as f:
+                    gpu = Gpu(gpu.index, gpu.minor, gpu.uuid, parse_mig(f.read()))
+            except OSError:
+                pass  # a board without MIG
+            gpus.append(gpu)
+        names = device_nodes(gpus, spec)
+    except AllocationError as e:
+        raise RunError(str(e)) from None
+    except (OSError, ValueError, KeyError) as e:
+        raise RunError(f"{root}: cannot read the node's GPUs for --gpus: {e}") from None
+    kept = [(s, t) for s, t in pairs if not os.path.basename(t).startswith("nvidia") or os.path.dirname(t) != "/dev"]
+    return kept + [(f"{source}/dev/{name}", f"/dev/{name}") for name in names if os.path.lexists(f"{source}/dev/{name}")]
+
+
 def tree_source(root: str) -> str:
     """Where to bind sys/, proc/ and dev/ from: the daemon's plain-directory mirror of them
     (mokkafs/daemon/mirror.py: the same trees, rewritten on every event, read at page-cache speed), or
@@ -199,7 +230,7 @@ def environment(root: str, base: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def run(root: str, cmd: list[str]) -> int:
+def run(root: str, cmd: list[str], gpus: str | None = None) -> int:
     """Set up the namespace and exec CMD (never returns on success); returns an exit code on error."""
     if not cmd:
         print("mokka run: no command given (mokka run [--root MNT] -- CMD [ARGS])", file=sys.stderr)
@@ -213,7 +244,14 @@ def run(root: str, cmd: list[str]) -> int:
         print(f"mokka run: {root}: not a mokkafs mount ({e.strerror}); start one with `mokka mount {root}`",
               file=sys.stderr)
         return 2
-    pairs, hide = plan(tree_source(root), root)
+    source = tree_source(root)
+    pairs, hide = plan(source, root)
+    if gpus is not None:
+        try:
+            pairs = allocate(root, source, pairs, gpus)
+        except RunError as e:
+            print(f"mokka run: {e}", file=sys.stderr)
+            return 2
     if not os.path.exists(PROC_MODULES):
         # No entry can be added to /proc, and /proc is never shadowed: on a kernel built without
         # loadable-module support there is nothing to cover.
@@ -252,10 +290,11 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="mokka run")
     ap.add_argument("--root", default="/mokka")
+    ap.add_argument("--gpus")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    return run(args.root, cmd)
+    return run(args.root, cmd, args.gpus)
 
 
 if __name__ == "__main__":

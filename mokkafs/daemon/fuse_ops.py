@@ -166,7 +166,7 @@ class MokkaOperations(pyfuse3.Operations):
                 mode |= (mode & 0o200) >> 3
                 attr.st_gid = self.control_gid
             attr.st_mode = kind | mode
-            attr.st_size = entry.size
+            attr.st_size = entry.size if entry.size is not None else len(entry.read(ctx))
         elif isinstance(entry, Dir):
             attr.st_mode = kind | entry.mode
             attr.st_nlink = 2

@@ -24,6 +24,7 @@ from mokkafs.daemon.controller import Controller
 from mokkafs.daemon.fuse_ops import MokkaOperations
 from mokkafs.daemon.kmsg import KmsgWriter
 from mokkafs.daemon.mirror import Mirror, mirror_path
+from mokkafs.daemon.node_socket import NodeSocket, node_socket_path
 from mokkafs.daemon.paths import DEAD_MOUNT_ERRNOS, DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, is_mounted, pid_file
 from mokkafs.model import Node, compose
 from mokkafs.daemon.persist import StateDir, StateError, check_state_dir
@@ -221,6 +222,9 @@ async def start(
     control = ControlSocket(control_path(state_path(opts.state_dir)), controller, ops.may_write, clock)
     stack.callback(control.flush_refusals, True)
     await nursery.start(control.serve)
+    # A container made from NVIDIA's CDI spec reaches the node through the driver root's
+    # run/nvidia-persistenced/socket, which links here (docs/containers.md).
+    await nursery.start(NodeSocket(node_socket_path(opts.state_dir), state_path(opts.state_dir), clock).serve)
     if mount is not None:
         mount(ops)
 

@@ -263,6 +263,15 @@ MAX_CPUS = state_limits.CPU_WORDS * 64  # what NVML's CPU masks carry ("currentl
 PLATFORM_ROOT_BUS = 0xD8  # the platform complex (NVSwitches, HCAs beside no GPU) takes buses from here
 
 
+class SystemSpec(_Strict):
+    """The machine as its firmware names it (SMBIOS, /sys/class/dmi/id): what GPU feature
+    discovery labels nvidia.com/gpu.machine with (product_name)."""
+
+    vendor: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[ -~]+$")]
+    product: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[ -~]+$")]
+    board: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[ -~]+$")] | None = None  # null: product
+
+
 class CpuSpec(_Strict):
     """The host's CPUs as Linux numbers them: one NUMA node per socket (or per Grace CPU)."""
 
@@ -339,6 +348,13 @@ class Composition(_Strict):
     hcas: Annotated[int, Field(ge=0, le=MAX_GPUS)] = 0
     hca: Hca | None = None
     fabric: IbFabric | None = None  # null: the default InfiniBand fabric (IbFabric()) where the node has HCAs
+    # null: vendor "mokkafs", product the composition's name (a composition of the user's own)
+    system: SystemSpec | None = None
+
+    @property
+    def dmi(self) -> SystemSpec:
+        s = self.system or SystemSpec(vendor="mokkafs", product=self.name)
+        return s if s.board else s.model_copy(update={"board": s.product})
 
     @field_validator("driver_version", "cuda_version")
     @classmethod

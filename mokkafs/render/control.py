@@ -141,7 +141,7 @@ def gpu_dir(i: int) -> Dir:
         "lost": text(lambda ctx: "1\n" if ctx.node.gpus[i].lost else "0\n", write=control_writer(target, "lost")),
         "nvlink": text(partial(render_nvlink, i=i), write=control_writer(target, "nvlink")),
         "reset": const(b"", write=control_writer(target, "reset"), mode=0o200),
-        "events": text(partial(_events, gpu=i)),
+        "events": text(partial(_events, gpu=i), size=None),  # grows: stat says its length
     }
     for signal, fmt in _SIGNALS.items():
         files[signal] = text(partial(_reading, i=i, fmt=fmt), write=control_writer(target, signal))
@@ -154,7 +154,7 @@ def node_dir(scenario_status: Callable[[float], str] | None = None) -> Dir:
         "driver_version": text(lambda ctx: f"{ctx.node.config.driver_version}\n"),
         "cuda_version": text(lambda ctx: f"{ctx.node.config.cuda_version}\n"),
         "gpu_count": text(lambda ctx: f"{len(ctx.node.gpus)}\n"),
-        "events": text(partial(_events, gpu=None)),
+        "events": text(partial(_events, gpu=None), size=None),
         "reset": const(b"", write=control_writer(NODE, "reset"), mode=0o200),
     }
     if scenario_status is not None:

@@ -11,6 +11,7 @@ from mokkafs.model.identity import NodeConfig, gpu_identities
 from mokkafs.model.topology import Layout
 from mokkafs.render.proc_nvidia import (
     CAPS_MAJOR,
+    FABRIC_IMEX_MGMT_MINOR,
     IB_MAJOR,
     MIG_CONFIG_MINOR,
     MIG_MONITOR_MINOR,
@@ -20,6 +21,7 @@ from mokkafs.render.proc_nvidia import (
     NVSWITCH_MAJOR,
     UVM_MAJOR,
     live_mig_capabilities,
+    nvlink_fabric,
 )
 from mokkafs.render.infiniband import ISSM_MINOR_BASE, UVERBS_MINOR_BASE
 from mokkafs.render.vfs import CharDev, Ctx, Dir, Entry, static_dir
@@ -46,6 +48,8 @@ def dev_tree(config: NodeConfig, layout: Layout) -> Dir:
         _, live = live_mig_capabilities(ctx.node)
         return {**fixed, **{f"nvidia-cap{c.minor}": CharDev(CAPS_MAJOR, c.minor, c.mode) for c in live}}
 
+    if nvlink_fabric(config):  # nvidia-modprobe -f .../capabilities/fabric-imex-mgmt makes it
+        fixed[f"nvidia-cap{FABRIC_IMEX_MGMT_MINOR}"] = CharDev(CAPS_MAJOR, FABRIC_IMEX_MGMT_MINOR, 0o400)
     top["nvidia-caps"] = Dir(caps, mode=0o755)
     switches = [fn for fn in layout.functions if fn.kind == "nvswitch"]
     if switches:

@@ -51,6 +51,10 @@ def lib64_children(config: NodeConfig) -> dict[str, Entry]:
     return out
 
 
+# The node's socket in the state directory (mokkafs/daemon/node_socket.py serves it).
+NODE_SOCKET = "node.sock"
+
+
 def driver_tree(config: NodeConfig, dev: Dir, proc: Dir | None = None, state_dir: str | None = None) -> Dir:
     lib64 = static_dir(lib64_children(config))
     # usr/bin/nvidia-smi: the native tool setup.py builds beside the libraries (shims/nvidia-smi)
@@ -66,5 +70,9 @@ def driver_tree(config: NodeConfig, dev: Dir, proc: Dir | None = None, state_dir
         # run/mokka: this node's state directory (absolute), where a shim loaded from
         # usr/lib64 or usr/bin looks first when MOKKA_STATE is unset, as a container given the
         # state directory at /run/mokka does; so a shim reads the node of the tree it came from.
-        children["run"] = static_dir({"mokka": Symlink(state_dir)})
+        # run/nvidia-persistenced/socket: the node's socket (mokkafs/daemon/node_socket.py), which
+        # NVIDIA's CDI specs mount at /run/nvidia-persistenced/socket; a shim in such a
+        # container gets the state file's descriptor there.
+        persistenced = static_dir({"socket": Symlink(f"{state_dir}/{NODE_SOCKET}")})
+        children["run"] = static_dir({"mokka": Symlink(state_dir), "nvidia-persistenced": persistenced})
     return static_dir(children)

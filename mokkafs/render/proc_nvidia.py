@@ -132,6 +132,21 @@ def mig_minor(gpu: int, gi: int, ci: int | None = None) -> int:
     return caps_minor(gpu, gi, ci)
 
 
+# After the MIG range: the system capabilities (nvidia-caps/sys-minors). The NVLink table comes
+# first of all (nvlink-minors: fabric-mgmt 0), which is why MIG's config is 1.
+FABRIC_MGMT_MINOR = 0
+FABRIC_IMEX_MGMT_MINOR = 4323
+FABRIC_IMEX_MGMT_MODE = 256  # 0400: root's, as the driver makes it
+
+
+def nvlink_fabric(config: NodeConfig) -> bool:
+    """A board in a multi-node NVLink domain (GB200/GB300 NVL): the driver has the IMEX and
+    NVLink fabric-management capabilities there (the compute-domain plugin opens
+    fabric-imex-mgmt to prepare its daemon's claim)."""
+    fabric = config.profile.fabric
+    return fabric is not None and fabric.multi_node
+
+
 def render_mig_minors() -> str:
     """Every capability the driver pre-enumerates, in its order."""
     lines = [f"config {MIG_CONFIG_MINOR}\n", f"monitor {MIG_MONITOR_MINOR}\n"]
@@ -202,6 +217,13 @@ def _capabilities(ctx: Ctx) -> Mapping[str, Entry]:
     return {"mig": _MIG_STATIC, **{k: build(v) for k, v in tree.items()}}
 
 
+_FABRIC_IMEX_MGMT = const(capability(FABRIC_IMEX_MGMT_MINOR, FABRIC_IMEX_MGMT_MODE), size=0, mode=0o400)
+
+
+def _fabric_capabilities(ctx: Ctx) -> Mapping[str, Entry]:
+    return {**_capabilities(ctx), "fabric-imex-mgmt": _FABRIC_IMEX_MGMT}
+
+
 _MIG_STATIC = static_dir(
     {
         "config": const(capability(MIG_CONFIG_MINOR, 256), size=0, mode=0o400),
@@ -252,13 +274,17 @@ def proc_tree(config: NodeConfig, layout: Layout, extra: Mapping[str, Entry] | N
             "params": const(render_params(), size=0),
             "registry": const('Binary: ""\n', size=0),
             "gpus": Dir(gpus),
-            "capabilities": Dir(_capabilities),
+            "capabilities": Dir(_capabilities if not nvlink_fabric(config) else _fabric_capabilities),
             "warnings": static_dir({}),
             "patches": static_dir({"README": const("", size=0)}),
             "suspend_depth": const("default\n", size=0),
         }
     )
-    caps = static_dir({"mig-minors": const(render_mig_minors(), size=0)})
+    caps_files = {"mig-minors": const(render_mig_minors(), size=0)}
+    if nvlink_fabric(config):
+        caps_files["nvlink-minors"] = const(f"fabric-mgmt {FABRIC_MGMT_MINOR}\n", size=0)
+        caps_files["sys-minors"] = const(f"fabric-imex-mgmt {FABRIC_IMEX_MGMT_MINOR}\n", size=0)
+    caps = static_dir(caps_files)
     return static_dir(
         {
             "driver": static_dir({"nvidia": nvidia, "nvidia-caps": caps}),

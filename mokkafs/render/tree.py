@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 from mokkafs.model import NodeConfig
 from mokkafs.model.topology import Layout, pci_layout
-from mokkafs.render import infiniband, modules, sysfs_pci
+from mokkafs.render import dmi, infiniband, modules, sysfs_pci
 from mokkafs.render.control import control_tree
 from mokkafs.render.driver import driver_tree
 from mokkafs.render.dev import dev_tree
@@ -20,7 +20,7 @@ def sys_tree(config: NodeConfig, layout: Layout) -> Dir:
         {
             "bus": static_dir({"pci": pci.bus_pci()}, mode=0o755),
             "devices": static_dir(pci.devices_children(), mode=0o755),
-            "class": static_dir(infiniband.class_dirs(layout, pci.rel_path), mode=0o755),
+            "class": static_dir({**infiniband.class_dirs(layout, pci.rel_path), "dmi": dmi.dmi_dir(config)}, mode=0o755),
             "module": static_dir(modules.sys_module_children(config), mode=0o755),
         },
         mode=0o755,

@@ -31,7 +31,9 @@ class File(Entry):
     read: Callable[[Ctx], bytes]
     write: Callable[[bytes], Event] | None = None
     mode: int | None = None  # default: 0o644 with a parser, else 0o444
-    size: int = 4096  # what stat reports; sysfs reports 4096 for attributes, procfs 0
+    # What stat reports; sysfs reports 4096 for attributes, procfs 0. None: the rendered length at
+    # each stat, for a file that grows (an event log), so that `tail` seeks to its real end.
+    size: int | None = 4096
     # True where every render is exactly `size` bytes (a binary config space): the kernel may
     # then serve one open's reads from its page cache, refilled at each open.
     exact_size: bool = False

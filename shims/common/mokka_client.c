@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
@@ -83,12 +84,10 @@ static int own_object(char *out)
     return realpath("/proc/self/exe", out) != NULL;
 }
 
-/* <R>/run/mokka/state for a shim at <R>/<dir>/<dir>/<file>, when <R>/run/mokka is a directory
-   (a mounted tree's driver root links it to the node's state directory; a container gets the
-   state directory there). The directory is resolved, so later opens do not walk the tree. */
-static int driver_root_state(char *out, size_t n)
+/* The driver root R of a shim at <R>/<dir>/<dir>/<file> (usr/lib64, usr/bin, usr/lib/<triplet>
+   less one level: any two directories); 0 if unknown. */
+static int driver_root(char *obj)
 {
-    char obj[PATH_MAX], dir[PATH_MAX], real[PATH_MAX];
     if (!own_object(obj))
         return 0;
     for (int up = 0; up < 3; up++) { /* the file, then usr/lib64 (or usr/bin) */
@@ -97,22 +96,86 @@ static int driver_root_state(char *out, size_t n)
             return 0;
         *slash = '\0';
     }
+    return 1;
+}
+
+/* <R>/run/mokka/state for a shim at <R>/<dir>/<dir>/<file>, when <R>/run/mokka is a directory
+   (a mounted tree's driver root links it to the node's state directory; a container gets the
+   state directory there). The directory is resolved, so later opens do not walk the tree. */
+static int driver_root_state(const char *root, char *out, size_t n)
+{
+    char dir[PATH_MAX], real[PATH_MAX];
     struct stat sb;
-    if (snprintf(dir, sizeof(dir), "%s/run/mokka", obj) >= (int)sizeof(dir) || stat(dir, &sb) != 0 ||
+    if (snprintf(dir, sizeof(dir), "%s/run/mokka", root) >= (int)sizeof(dir) || stat(dir, &sb) != 0 ||
         !S_ISDIR(sb.st_mode) || !realpath(dir, real))
         return 0;
     return snprintf(out, n, "%s/state", strcmp(real, "/") ? real : "") < (int)n;
+}
+
+/* <R>/run/nvidia-persistenced/socket, when it is a socket: what NVIDIA's CDI specs mount from a
+   driver root, and in a mount's driver root the node's socket (docs/containers.md). */
+static int driver_root_socket(const char *root, char *out, size_t n)
+{
+    struct stat sb;
+    return snprintf(out, n, "%s%s", root, MOKKA_NODE_SOCKET) < (int)n && stat(out, &sb) == 0 && S_ISSOCK(sb.st_mode);
 }
 
 void mokka_discover(char *out, size_t n)
 {
     int saved = errno;
     const char *env = getenv(MOKKA_STATE_ENV);
-    if (env && *env)
+    char root[PATH_MAX];
+    if (env && *env) {
         snprintf(out, n, "%s", env);
-    else if (!driver_root_state(out, n))
-        snprintf(out, n, "%s", MOKKA_STATE_DEFAULT_PATH);
+        errno = saved;
+        return;
+    }
+    int have_root = driver_root(root); /* only now: it resolves the shim's path, a few syscalls */
+    if (have_root && driver_root_state(root, out, n))
+        ;
+    else if (have_root && strcmp(root, "") != 0 && driver_root_socket(root, out, n))
+        ;
+    else if (!driver_root_socket("", out, n))
+        out[0] = '\0'; /* no node: never another one's default place */
     errno = saved;
+}
+
+/* A descriptor of the state file from the node's socket at `path` (mokkafs/node_socket.py): one
+   byte and the descriptor in SCM_RIGHTS; -1 if nothing answers so within the timeouts (a real
+   nvidia-persistenced's socket says nothing). */
+static int fd_from_socket(const char *path)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    int dirfd = -1;
+    if (mokka_unix_address(path, &addr, &dirfd) != 0)
+        return -1;
+    int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = -1;
+    if (sock >= 0) {
+        struct timeval tv = {0, 250000};
+        setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+        if (connect(sock, (struct sockaddr *)&addr, sizeof(addr)) == 0) {
+            char byte;
+            struct iovec iov = {&byte, 1};
+            union {
+                struct cmsghdr h;
+                char buf[CMSG_SPACE(sizeof(int))];
+            } ctl;
+            struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)};
+            ssize_t got;
+            do
+                got = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+            while (got < 0 && errno == EINTR);
+            struct cmsghdr *c = got == 1 ? CMSG_FIRSTHDR(&msg) : NULL;
+            if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
+                memcpy(&fd, CMSG_DATA(c), sizeof(int));
+        }
+        close(sock);
+    }
+    if (dirfd >= 0)
+        close(dirfd);
+    return fd;
 }
 
 const char *mokka_path(void) { return g_path; }
@@ -130,7 +193,11 @@ struct header {
    with g_lock held. */
 static enum mokka_status open_path(const char *path, const struct mokka_state **m, dev_t *dev, ino_t *ino)
 {
+    if (!path[0])
+        return MOKKA_ABSENT;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENXIO) /* a socket: the node's, which hands over the state file */
+        fd = fd_from_socket(path);
     if (fd < 0)
         return MOKKA_ABSENT;
     struct stat sb;

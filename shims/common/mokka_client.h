@@ -3,9 +3,12 @@
  * libnvidia-ml.so.1, libcuda.so.1 and nvidia-smi, which are then only their APIs.
  *
  * It owns, for all three:
- *   - discovery: MOKKA_STATE when set and non-empty; else the node of the driver root the
- *     shim was loaded from (<R>/run/mokka/state for a shim at <R>/usr/lib64/x.so or
- *     <R>/usr/bin/x, when <R>/run/mokka is a directory); else MOKKA_STATE_DEFAULT_PATH;
+ *   - discovery (docs/containers.md): MOKKA_STATE when set and non-empty; else the node of the
+ *     driver root the shim was loaded from (<R>/run/mokka/state for a shim at <R>/usr/lib64/x.so
+ *     or <R>/usr/bin/x, when <R>/run/mokka is a directory); else the node's socket
+ *     <R>/run/nvidia-persistenced/socket, then /run/nvidia-persistenced/socket (what NVIDIA's
+ *     CDI specs mount), which hands over the state file's descriptor; else no node at all
+ *     (MOKKA_ABSENT: Driver Not Loaded), never a default place that may be another node's;
  *   - open, map and validate, with one result (enum mokka_status) that each shim turns into
  *     its API's error in one place; a file is measured before it is mapped, so a short one is
  *     never mapped past its end;
@@ -51,7 +54,7 @@ void mokka_set_anchor(const void *address_in_object);
 /* The path the current mapping came from ("" before a successful mokka_open). */
 const char *mokka_path(void);
 
-/* Where the state would be found now (discovery only, nothing opened). */
+/* Where the state would be found now (discovery only, nothing opened; "" for nowhere). */
 void mokka_discover(char *out, size_t n);
 
 /* An address for unix socket `path` (the control socket, the process table's socket) that fits

@@ -431,7 +431,8 @@ static_assert(sizeof(struct mokka_state) % 8 == 0, "mokka_state size");
 _Static_assert(sizeof(struct mokka_state) % 8 == 0, "mokka_state size");
 #endif
 
-#define MOKKA_STATE_DEFAULT_PATH "/run/mokka/state"
+/* The node's socket, as NVIDIA's CDI specs mount it from a driver root (docs/containers.md). */
+#define MOKKA_NODE_SOCKET "/run/nvidia-persistenced/socket"
 #define MOKKA_STATE_ENV "MOKKA_STATE"
 #define MOKKA_PROCS_SOCK_SUFFIX ".procs.sock"
 /* <state path>.procs.lock<N>: GPU index N's context lock (compute modes, docs/cuda.md) */

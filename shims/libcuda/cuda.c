@@ -18,6 +18,7 @@
 #define _GNU_SOURCE
 #include "cuda_internal.h"
 #include "mokka_client.h"
+#include "mokka_view.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -194,6 +195,40 @@ static struct mig_view g_mig[MOKKA_MAX_GPUS]; /* by CUdevice ordinal; written in
 static struct mig_view g_mig_of[MOKKA_MAX_GPUS]; /* the same by GPU index (a GPU is listed once) */
 static struct mokka_gpu g_scratch;            /* cuInit's copy of one GPU record (g_lock) */
 
+/* ---- enumeration: the devices the process can open (mokka_view.h) ----------------------
+
+   The driver's list comes first: the GPUs whose /dev/nvidiaN the process can open, numbered from
+   0, and of their MIG devices those whose capability nodes it can open. CUDA_VISIBLE_DEVICES
+   then picks from that list, by its indexes and among its UUIDs. Decided in cuInit only. */
+static struct mokka_view g_view;
+
+/* The node's GPU index of the driver's visible index i. */
+static unsigned view_node(unsigned i) { return g_view.gpu[i]; }
+
+/* The driver's list for cuInit: decided now, its length (at most the node's count). */
+static unsigned view_decide(unsigned node_count)
+{
+    mokka_view_decide(state(), &g_view);
+    unsigned n = 0;
+    while (mokka_view_node(&g_view, n, node_count) >= 0)
+        n++;
+    return n;
+}
+
+/* Keep in g_scratch only the MIG devices the view shows, in their order. */
+static void view_mig_only(void)
+{
+    unsigned kept = 0, n = g_scratch.mig_device_count < MOKKA_MAX_MIG_DEVICES ? g_scratch.mig_device_count
+                                                                                : MOKKA_MAX_MIG_DEVICES;
+    for (unsigned k = 0; k < n; k++) {
+        const struct mokka_mig_device *d = &g_scratch.mig_devices[k];
+        uint32_t slot = d->gi_slot < MOKKA_MAX_GPU_INSTANCES ? d->gi_slot : 0;
+        if (mokka_view_mig(&g_view, g_scratch.mig_gi[slot].minor, d->minor))
+            g_scratch.mig_devices[kept++] = *d;
+    }
+    g_scratch.mig_device_count = kept;
+}
+
 static int match_uuid(const char *want, size_t n, unsigned count)
 {
     if (n >= 4 && strncasecmp(want, "GPU-", 4) == 0) {
@@ -205,7 +240,7 @@ static int match_uuid(const char *want, size_t n, unsigned count)
     int found = -1;
     for (unsigned i = 0; i < count; i++) {
         char uuid[96];
-        SNAP(state()->gpus[i].uuid, uuid);
+        SNAP(state()->gpus[view_node(i)].uuid, uuid);
         uuid[sizeof(uuid) - 1] = '\0';
         const char *u = strncmp(uuid, "GPU-", 4) == 0 ? uuid + 4 : uuid;
         if (strlen(u) >= n && strncasecmp(u, want, n) == 0) {
@@ -217,10 +252,12 @@ static int match_uuid(const char *want, size_t n, unsigned count)
     return found;
 }
 
-/* GPU index gpu's record, copied whole into g_scratch; 1 if it is in MIG mode. */
+/* Visible GPU gpu's record, copied whole into g_scratch (its MIG devices, those the process
+   can open); 1 if it is in MIG mode. */
 static int mig_gpu(unsigned gpu)
 {
-    mokka_read_gpu(state(), gpu, &g_scratch);
+    mokka_read_gpu(state(), view_node(gpu), &g_scratch);
+    view_mig_only();
     return g_scratch.mig_mode == 1;
 }
 
@@ -317,8 +354,8 @@ static void add_device(unsigned idx, const struct mig_view *named, int *have_mig
             return;
         *have_mig = 1;
     }
-    g_mig[g_count] = g_mig_of[idx] = v;
-    g_visible[g_count++] = idx;
+    g_mig[g_count] = g_mig_of[view_node(idx)] = v;
+    g_visible[g_count++] = view_node(idx);
 }
 
 static void parse_visible(unsigned count)
@@ -359,7 +396,7 @@ static void parse_visible(unsigned count)
             continue;
         }
         for (int k = 0; idx >= 0 && k < g_count; k++)
-            if (g_visible[k] == (unsigned)idx)
+            if (g_visible[k] == view_node((unsigned)idx))
                 idx = -1;
         if (idx < 0)
             break;
@@ -384,7 +421,7 @@ CUresult cuInit(unsigned int Flags)
     if (r == CUDA_SUCCESS && !g_initialized) {
         uint32_t n;
         SNAP(state()->gpu_count, n);
-        parse_visible(n > MOKKA_MAX_GPUS ? MOKKA_MAX_GPUS : n);
+        parse_visible(view_decide(n > MOKKA_MAX_GPUS ? MOKKA_MAX_GPUS : n));
         if (g_count == 0)
             r = CUDA_ERROR_NO_DEVICE;
         else

@@ -21,6 +21,7 @@ struct nvmlDevice_st g_gpu_handles[MOKKA_MAX_GPUS];
 struct nvmlDevice_st g_mig_handles[MOKKA_MAX_GPUS][MIG_SLOTS];
 
 int g_initialized;                              /* read atomically (initialized()) */
+struct mokka_view g_view;                       /* written by init_common under g_lock */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_refcount;                          /* guarded by g_lock */
 
@@ -70,8 +71,11 @@ static nvmlReturn_t init_common(void)
     nvmlReturn_t r = NVML_SUCCESS;
     if (g_refcount == 0) {
         r = map_state();
-        if (r == NVML_SUCCESS)
+        if (r == NVML_SUCCESS) {
+            /* Which GPUs and MIG devices the process can open, now: once per init, never per call. */
+            mokka_view_decide(state(), &g_view);
             __atomic_store_n(&g_initialized, 1, __ATOMIC_RELEASE);
+        }
     }
     if (r == NVML_SUCCESS)
         g_refcount++;
@@ -223,7 +227,10 @@ nvmlReturn_t DECLDIR nvmlDeviceGetCount_v2(unsigned int *deviceCount)
     SYS();
     ARG(deviceCount);
     s = mokka_state_checked(); /* pollers count devices each round: a good time to look */
-    *deviceCount = gpu_count(s);
+    unsigned n = 0;
+    while (view_gpu(s, n) >= 0)
+        n++;
+    *deviceCount = n;
     return NVML_SUCCESS;
 }
 
@@ -243,9 +250,10 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevic
 {
     SYS();
     ARG(device);
-    if (index >= gpu_count(s))
+    int i = view_gpu(s, index);
+    if (i < 0)
         return NVML_ERROR_INVALID_ARGUMENT;
-    return handle_for(s, index, device);
+    return handle_for(s, (unsigned)i, device);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
@@ -259,14 +267,17 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d
     SYS();
     ARG(uuid);
     ARG(device);
+    int i;
     if (strncmp(uuid, "MIG-", 4) == 0) {
-        for (unsigned i = 0; i < gpu_count(s); i++) {
+        for (unsigned v = 0; (i = view_gpu(s, v)) >= 0; v++) {
             const struct mokka_gpu *g = &s->gpus[i];
             uint32_t n;
             SNAP(s, g->mig_device_count, n);
             for (uint32_t k = 0; k < n && k < MOKKA_MAX_MIG_DEVICES; k++) {
                 const struct mokka_mig_device *md = &g->mig_devices[k];
                 if (field_equals(s, md->uuid, sizeof(md->uuid), uuid)) {
+                    if (!view_mig(g, md))
+                        return NVML_ERROR_NOT_FOUND; /* its capabilities are not ours to open */
                     uint32_t ids[2];
                     MOKKA_CONSISTENT(s) {
                         ids[0] = md->gi_id;
@@ -274,16 +285,16 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d
                     }
                     if (ids[0] >= MIG_GI_IDS || ids[1] >= MIG_CI_IDS)
                         return NVML_ERROR_NOT_FOUND;
-                    *device = mig_handle(i, ids[0], ids[1]);
+                    *device = mig_handle((unsigned)i, ids[0], ids[1]);
                     return NVML_SUCCESS;
                 }
             }
         }
         return NVML_ERROR_NOT_FOUND;
     }
-    for (unsigned i = 0; i < gpu_count(s); i++)
+    for (unsigned v = 0; (i = view_gpu(s, v)) >= 0; v++)
         if (field_equals(s, s->gpus[i].uuid, sizeof(s->gpus[i].uuid), uuid))
-            return handle_for(s, i, device);
+            return handle_for(s, (unsigned)i, device);
     return NVML_ERROR_NOT_FOUND;
 }
 
@@ -292,9 +303,10 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleBySerial(const char *serial, nvmlDevice_
     SYS();
     ARG(serial);
     ARG(device);
-    for (unsigned i = 0; i < gpu_count(s); i++)
+    int i;
+    for (unsigned v = 0; (i = view_gpu(s, v)) >= 0; v++)
         if (field_equals(s, s->gpus[i].serial, sizeof(s->gpus[i].serial), serial))
-            return handle_for(s, i, device);
+            return handle_for(s, (unsigned)i, device);
     return NVML_ERROR_NOT_FOUND;
 }
 
@@ -308,9 +320,10 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvml
     struct mokka_bus_id id;
     if (mokka_parse_bus_id(pciBusId, &id) != 0)
         return NVML_ERROR_INVALID_ARGUMENT;
-    for (unsigned i = 0; i < gpu_count(s); i++)
-        if (mokka_bus_id_is(s, i, &id))
-            return handle_for(s, i, device);
+    int i;
+    for (unsigned v = 0; (i = view_gpu(s, v)) >= 0; v++)
+        if (mokka_bus_id_is(s, (unsigned)i, &id))
+            return handle_for(s, (unsigned)i, device);
     return NVML_ERROR_NOT_FOUND;
 }
 

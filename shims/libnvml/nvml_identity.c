@@ -67,13 +67,16 @@ nvmlReturn_t DECLDIR nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index
 {
     DEV_FLAGS(device, DEV_LOST_OK | DEV_MIG_OK);
     ARG(index);
-    if (mig_dev) {
-        *index = (unsigned int)(mig_dev - g->mig_devices);
+    if (mig_dev) { /* its place among the MIG devices this process sees */
+        unsigned int k = 0;
+        for (const struct mokka_mig_device *md = g->mig_devices; md < mig_dev; md++)
+            k += view_mig(g, md) != 0;
+        *index = k;
         return NVML_SUCCESS;
     }
-    uint32_t v;
-    SNAP(s, g->index, v);
-    *index = v;
+    /* The index this process enumerates it by (mokka_view.h), not the node's. */
+    int16_t v = g_view.index[gpu_index(s, g)];
+    *index = v < 0 ? 0 : (unsigned int)v;
     return NVML_SUCCESS;
 }
 U32_GETTER(nvmlDeviceGetMinorNumber, minor, DEV_STATIC)

@@ -25,6 +25,7 @@
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
 #include "nvml.h"
 #include "mokka_client.h"
+#include "mokka_view.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -43,7 +44,18 @@ extern int g_initialized;
 
 static inline int initialized(void) { return __atomic_load_n(&g_initialized, __ATOMIC_ACQUIRE); }
 static inline const struct mokka_state *state(void) { return mokka_state(); }
+
 static inline unsigned int gpu_count(const struct mokka_state *s) { return mokka_gpu_count(s); }
+
+/* What this process may see of the node (mokka_view.h), decided by nvmlInit when the refcount
+   leaves zero; only enumeration reads it (nvml_core.c's lookups, MIG device indexes). */
+extern struct mokka_view g_view;
+
+/* The node's GPU index of NVML index i, or -1. */
+static inline int view_gpu(const struct mokka_state *s, unsigned int i) { return mokka_view_node(&g_view, i, gpu_count(s)); }
+
+/* Is the MIG device record md of GPU record g visible to this process? */
+static inline int view_mig(const struct mokka_gpu *g, const struct mokka_mig_device *md);
 
 /* Copy n bytes at src (inside the mapping) consistently under the seqlock. */
 static inline void snap(const struct mokka_state *s, const void *src, void *dst, size_t n) { mokka_read(s, src, dst, n); }
@@ -140,6 +152,14 @@ static inline const struct mokka_mig_gi *mig_gi_of(const struct mokka_gpu *g, co
 {
     uint32_t slot = __atomic_load_n(&md->gi_slot, __ATOMIC_RELAXED);
     return &g->mig_gi[slot < MOKKA_MAX_GPU_INSTANCES ? slot : 0];
+}
+
+static inline int view_mig(const struct mokka_gpu *g, const struct mokka_mig_device *md)
+{
+    if (g_view.whole || g_view.mig_all)
+        return 1;
+    return mokka_view_mig(&g_view, __atomic_load_n(&mig_gi_of(g, md)->minor, __ATOMIC_RELAXED),
+                          __atomic_load_n(&md->minor, __ATOMIC_RELAXED));
 }
 
 /* The handle of GPU i (i < MOKKA_MAX_GPUS). */

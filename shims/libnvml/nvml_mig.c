@@ -851,6 +851,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, un
         return NVML_ERROR_INVALID_ARGUMENT;
     struct mokka_mig_snapshot m;
     mokka_read_mig(s, gpu_index(s, g), &m, 0);
+    mokka_view_filter_mig(&g_view, &m); /* the index counts the MIG devices this process sees */
     if (index >= m.dev_count)
         return NVML_ERROR_NOT_FOUND;
     *migDevice = mig_handle(gpu_index(s, g), m.dev[index].gi_id, m.dev[index].ci_id);

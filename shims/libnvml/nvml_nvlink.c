@@ -157,7 +157,9 @@ nvmlReturn_t DECLDIR nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t device, nvmlG
     DEV(device);
     ARG(count);
     unsigned self = gpu_index(s, g), n = 0, room = *count;
-    for (unsigned i = 0; i < gpu_count(s); i++) {
+    int vi;
+    for (unsigned v = 0; (vi = view_gpu(s, v)) >= 0; v++) { /* only the GPUs this process sees */
+        unsigned i = (unsigned)vi;
         if (i == self || level_between(s, self, i) > level)
             continue;
         if (deviceArray && n < room)

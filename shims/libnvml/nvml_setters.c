@@ -8,12 +8,11 @@
  *
  * The handle is checked through nvmlDeviceGetIndex, NVML's own answer to "is this a device of
  * an initialised library", and nvmlDeviceIsMigDeviceHandle (a MIG device handle gets
- * NOT_SUPPORTED, as the driver refuses these setters on one), so this file needs nothing of
- * nvml_internal.h.
+ * NOT_SUPPORTED, as the driver refuses these setters on one); of nvml_internal.h it needs only
+ * handle_resolve, for the node's index the daemon's commands name (NVML's index is this
+ * process's, mokka_view.h).
  */
-#define _GNU_SOURCE
-#define NVML_NO_UNVERSIONED_FUNC_DEFS
-#include "nvml.h"
+#include "nvml_internal.h"
 #include "mokka_control.h"
 
 #include <stdio.h>
@@ -43,7 +42,8 @@ static nvmlReturn_t set_pair(unsigned int index, const char *verb, unsigned int 
 }
 
 /* The first check of every setter, as NVML's: a device of an initialised library (then the
-   arguments). */
+   arguments). `index` is then the node's GPU index, which the daemon's commands name (NVML's
+   index is this process's: mokka_view.h). */
 #define DEVICE_INDEX(device, index)                                  \
     unsigned int index;                                              \
     do {                                                             \
@@ -53,6 +53,7 @@ static nvmlReturn_t set_pair(unsigned int index, const char *verb, unsigned int 
             return r_;                                               \
         if (nvmlDeviceIsMigDeviceHandle((device), &mig_) == NVML_SUCCESS && mig_) \
             return NVML_ERROR_NOT_SUPPORTED;                         \
+        handle_resolve((device), &index, &mig_); /* the node's index */ \
     } while (0)
 
 nvmlReturn_t DECLDIR nvmlDeviceSetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t mode)

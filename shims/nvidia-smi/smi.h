@@ -25,6 +25,7 @@
 #include "nvml.h"
 #include "mokka_client.h"
 #include "mokka_control.h"
+#include "mokka_view.h"
 #include "smi_gen.h"
 
 #include <signal.h>
@@ -132,7 +133,11 @@ struct dev {
 extern struct dev g_devs[MOKKA_MAX_GPUS];
 extern unsigned g_ndevs;        /* selected by -i, in index order */
 
-const struct mokka_state *state_of(unsigned index);
+/* What this process sees of the node, as its NVML does (mokka_view.h). */
+extern struct mokka_view g_view;
+const struct mokka_state *state_of(unsigned index, unsigned *node);
+/* The node's GPU index of NVML index `index`: what the daemon's commands name. */
+unsigned node_of(unsigned index);
 int state_string(unsigned index, size_t offset, size_t len, char *out, size_t n);
 #define STATE_STRING(index, field, out, n)                                                         \
     state_string((index), offsetof(struct mokka_gpu, field), sizeof(((struct mokka_gpu *)0)->field), (out), (n))

@@ -20,10 +20,12 @@ static unsigned g_mig_profile_count;
 int mig_read(unsigned index, struct mokka_mig_snapshot *v)
 {
     memset(v, 0, sizeof(*v));
-    const struct mokka_state *s = state_of(index);
+    unsigned node;
+    const struct mokka_state *s = state_of(index, &node);
     if (!s)
         return -1;
-    mokka_read_mig(s, index, v, MOKKA_MIG_WITH_PROCESSES);
+    mokka_read_mig(s, node, v, MOKKA_MIG_WITH_PROCESSES);
+    mokka_view_filter_mig(&g_view, v); /* the MIG devices this process can open */
     g_mig_profile_count = mokka_mig_profile_count(s);
     for (unsigned k = 0; k < g_mig_profile_count; k++)
         mokka_read_mig_profile(s, k, &g_mig_profiles[k]);
@@ -33,13 +35,14 @@ int mig_read(unsigned index, struct mokka_mig_snapshot *v)
 /* Is MIG the current mode of GPU `index`? (What turns utilization into N/A, as on real boards.) */
 int mig_enabled(unsigned index)
 {
-    const struct mokka_state *s = state_of(index);
+    unsigned node;
+    const struct mokka_state *s = state_of(index, &node);
     uint32_t capable = 0, mode = 0;
     if (!s)
         return 0;
     MOKKA_CONSISTENT(s) {
-        capable = s->gpus[index].mig_capable;
-        mode = s->gpus[index].mig_mode;
+        capable = s->gpus[node].mig_capable;
+        mode = s->gpus[node].mig_mode;
     }
     return capable && mode;
 }
@@ -354,7 +357,7 @@ int cmd_mig_mode(unsigned enable)
                    nvml_error(NVML_ERROR_NOT_SUPPORTED));
             continue;
         }
-        snprintf(line, sizeof(line), "gpu=%u mig %s", d->index, verb);
+        snprintf(line, sizeof(line), "gpu=%u mig %s", node_of(d->index), verb);
         enum mokka_ctl_status st = mokka_control(line, reply, sizeof(reply));
         if (st != MOKKA_CTL_OK) {
             nvmlReturn_t r = mig_ctl_error(st);
@@ -467,7 +470,7 @@ static int mig_create_gis(const struct dev *d, const struct mig_cmd *c)
         char word[48], line[96], reply[MOKKA_CONTROL_MAX];
         nvmlReturn_t r = NVML_ERROR_INVALID_ARGUMENT;
         if (mig_profile_word(tok, word, sizeof(word))) {
-            snprintf(line, sizeof(line), "gpu=%u mig %s %s", d->index, c->default_ci ? "create" : "create_gi", word);
+            snprintf(line, sizeof(line), "gpu=%u mig %s %s", node_of(d->index), c->default_ci ? "create" : "create_gi", word);
             r = mig_ctl_error(mokka_control(line, reply, sizeof(reply)));
         }
         if (r != NVML_SUCCESS) {
@@ -517,7 +520,7 @@ static int mig_create_cis(const struct dev *d, const struct mig_cmd *c, const st
             char word[48], line[96], reply[MOKKA_CONTROL_MAX];
             nvmlReturn_t r = NVML_ERROR_INVALID_ARGUMENT;
             if (mig_profile_word(tok, word, sizeof(word))) {
-                snprintf(line, sizeof(line), "gpu=%u mig create_ci %u %s", d->index, gis[k], word);
+                snprintf(line, sizeof(line), "gpu=%u mig create_ci %u %s", node_of(d->index), gis[k], word);
                 r = mig_ctl_error(mokka_control(line, reply, sizeof(reply)));
             }
             if (r != NVML_SUCCESS) {
@@ -544,7 +547,7 @@ static int mig_destroy(const struct dev *d, const struct mig_cmd *c, const struc
         const struct mokka_mig_gi *g = &v->gi[slots[k]];
         char line[96], reply[MOKKA_CONTROL_MAX];
         if (c->action == MA_DGI) {
-            snprintf(line, sizeof(line), "gpu=%u mig destroy_gi %u", d->index, g->id);
+            snprintf(line, sizeof(line), "gpu=%u mig destroy_gi %u", node_of(d->index), g->id);
             nvmlReturn_t r = mig_ctl_error(mokka_control(line, reply, sizeof(reply)));
             if (r != NVML_SUCCESS) {
                 printf("Unable to destroy GPU instance ID %2u from GPU %2u: %s\nFailed to destroy GPU instances: %s\n",
@@ -558,7 +561,7 @@ static int mig_destroy(const struct dev *d, const struct mig_cmd *c, const struc
         unsigned devs[MOKKA_MAX_MIG_DEVICES], nd = mig_ci_order(v, g->id, c, devs);
         for (unsigned j = 0; j < nd; j++) {
             const struct mokka_mig_device *dv = &v->dev[devs[j]];
-            snprintf(line, sizeof(line), "gpu=%u mig destroy_ci %u %u", d->index, g->id, dv->ci_id);
+            snprintf(line, sizeof(line), "gpu=%u mig destroy_ci %u %u", node_of(d->index), g->id, dv->ci_id);
             nvmlReturn_t r = mig_ctl_error(mokka_control(line, reply, sizeof(reply)));
             if (r != NVML_SUCCESS) {
                 printf("Unable to destroy compute instance ID %2u from GPU %2u GPU instance ID %2u: %s\n"

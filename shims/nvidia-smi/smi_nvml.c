@@ -40,25 +40,49 @@ const char *nvml_error(nvmlReturn_t r)
 
 /* ---- devices -------------------------------------------------------------------------- */
 
+/* What this process sees of the node (mokka_view.h): the same rule, over the same /dev, as the
+   NVML it loaded applies, so NVML index i is the node's GPU g_view.gpu[i] here too. */
+struct mokka_view g_view;
+static int g_view_decided;
+
 /* The shared state the daemon publishes, for what NVML has no call for (a lost GPU's bus id,
    which the real tool learns from the kernel; the GPU part number, which it reads from the
-   board). NULL if there is none, or GPU `index` is not in it. */
-const struct mokka_state *state_of(unsigned index)
+   board). NULL if there is none, or NVML index `index` is not in it; *node is then the node's
+   index of that GPU (what the state's records and the daemon's commands are indexed by). */
+const struct mokka_state *state_of(unsigned index, unsigned *node)
 {
     const struct mokka_state *s = mokka_state();
     if (!s && mokka_open() == MOKKA_OK)
         s = mokka_state();
-    return s && index < mokka_gpu_count(s) ? s : NULL;
+    if (!s)
+        return NULL;
+    if (!g_view_decided) {
+        mokka_view_decide(s, &g_view);
+        g_view_decided = 1;
+    }
+    int i = mokka_view_node(&g_view, index, mokka_gpu_count(s));
+    if (i < 0)
+        return NULL;
+    *node = (unsigned)i;
+    return s;
+}
+
+unsigned node_of(unsigned index)
+{
+    unsigned node = index;
+    (void)state_of(index, &node);
+    return node;
 }
 
 /* One identity string of GPU `index` from the state; 0 if the state has none. */
 int state_string(unsigned index, size_t offset, size_t len, char *out, size_t n)
 {
-    const struct mokka_state *s = state_of(index);
+    unsigned node;
+    const struct mokka_state *s = state_of(index, &node);
     char buf[96];
     if (!s)
         return 0;
-    mokka_read_string(s, (const char *)&s->gpus[index] + offset, len, buf, sizeof(buf));
+    mokka_read_string(s, (const char *)&s->gpus[node] + offset, len, buf, sizeof(buf));
     if (!buf[0])
         return 0;
     snprintf(out, n, "%s", buf);
@@ -107,6 +131,7 @@ int select_devices(const char *ids)
         while (*tok == ' ')
             tok++;
         int found = -1;
+        unsigned node;
         struct mokka_bus_id bus;
         int is_bus = mokka_parse_bus_id(tok, &bus) == 0;
         if (*tok && strspn(tok, "0123456789") == strlen(tok)) {
@@ -123,7 +148,7 @@ int select_devices(const char *ids)
                     if (found < 0 && is_bus && NV(nvmlDeviceGetPciInfo_v3, every[i].h, &pci) == NVML_SUCCESS &&
                         pci.domain == bus.domain && pci.bus == bus.bus && pci.device == bus.device && !bus.function)
                         found = (int)i;
-                } else if (is_bus && state_of(i) && mokka_bus_id_is(state_of(i), i, &bus)) {
+                } else if (is_bus && state_of(i, &node) && mokka_bus_id_is(state_of(i, &node), node, &bus)) {
                     found = (int)i; /* a lost GPU: its bus id as the driver probed it */
                 }
             }

@@ -128,8 +128,8 @@ static int set_failed(nvmlReturn_t r);
 static int reset_gpu(const struct dev *d, const char *bus)
 {
     char line[64];
-    (void)state_of(d->index); /* maps the node's state, which names the socket */
-    snprintf(line, sizeof(line), "gpu=%u reset idle", d->index);
+    /* maps the node's state, which names the socket; the command names the node's index */
+    snprintf(line, sizeof(line), "gpu=%u reset idle", node_of(d->index));
     nvmlReturn_t r = mokka_ctl_nvml_error(mokka_control(line, NULL, 0));
     if (r == NVML_ERROR_IN_USE) { /* the real tool's words, and no "Terminating early" line */
         printf("GPU reset unavailable: %s\n", nvml_error(r));

@@ -1,0 +1,51 @@
+"""The node's socket: how a shim in a container built from NVIDIA's own CDI spec finds the node.
+The spec mounts the driver root's `run/nvidia-persistenced/socket` at
+`/run/nvidia-persistenced/socket`; in a mount's driver root that name links to this socket, and
+each connection is answered with one byte and a read-only descriptor of the state file
+(SCM_RIGHTS), which the shim maps: its reads stay plain loads (docs/containers.md)."""
+from __future__ import annotations
+
+import array
+import logging
+import os
+import socket
+from pathlib import Path
+
+import trio
+
+from mokkafs.daemon.clock import Clock
+from mokkafs.render.driver import NODE_SOCKET
+from mokkafs.daemon.unix_listener import serve_unix
+
+log = logging.getLogger(__name__)
+
+
+def node_socket_path(state_dir: str | os.PathLike) -> Path:
+    return Path(state_dir) / NODE_SOCKET
+
+
+class NodeSocket:
+    """Hands the state file at `state` to whoever connects (everyone may read the node)."""
+
+    def __init__(self, path: Path, state: Path, clock: Clock) -> None:
+        self.path, self.state, self.clock = path, state, clock
+
+    async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await serve_unix(self.path, self._connection, self.clock,
+                         "containers made from NVIDIA's CDI specs find no node", task_status=task_status)
+
+    async def _connection(self, conn) -> None:
+        with conn:
+            try:
+                # Opened per connection: a state file the daemon replaced is the new one.
+                fd = os.open(self.state, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError as e:
+                log.warning("%s: cannot open the state for a caller: %s", self.state, e.strerror)
+                return
+            try:
+                with trio.move_on_after(1.0):  # a caller that does not read costs a second, once
+                    await conn.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+            except OSError:
+                pass  # the caller went away
+            finally:
+                os.close(fd)
