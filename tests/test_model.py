@@ -14,7 +14,8 @@ from mokkafs.model import InvalidCommand, Node, compose
 from mokkafs.model.commands import gpu, parse_write
 from mokkafs.model.counters import EccCounter, EccKind, EccScope, MemoryLocation, NvLinkCounter
 from mokkafs.model.events import InjectXid, NvLinkCommand, Pin, Reset, SetLost
-from mokkafs.model.node import EVENT_DBE, EVENT_SBE, EVENT_XID, THERMAL_TAU_S
+from mokkafs.model.dynamics import THERMAL_TAU_S
+from mokkafs.model.outcome import EVENT_DBE, EVENT_SBE, EVENT_XID
 from mokkafs.model.schema import ProfileError
 from mokkafs.model.profiles import load_profile
 
@@ -85,7 +86,7 @@ def test_idle_readings_match_the_profile(h100):
 @pytest.mark.parametrize("code", [13, 31, 43, 45])
 def test_application_xids_change_nothing_but_the_log(h100, code):
     before = h100.gpus[0].to_dict()
-    notes = h100.apply(InjectXid(0, code), T0)
+    notes = h100.apply(InjectXid(0, code), T0).notifications
     after = h100.gpus[0].to_dict()
     assert [(n.event_type, n.data) for n in notes] == [(EVENT_XID, code)]
     assert {k for k in after if after[k] != before[k]} == {"last_xid", "last_xid_time", "xid_counts"}
@@ -94,7 +95,7 @@ def test_application_xids_change_nothing_but_the_log(h100, code):
 
 
 def test_xid_48_counts_a_dbe_raises_the_dbe_event_and_pends_a_row_remap(h100):
-    notes = h100.apply(InjectXid(3, 48), T0)
+    notes = h100.apply(InjectXid(3, 48), T0).notifications
     g = h100.gpus[3]
     assert (EVENT_XID, 48) in [(n.event_type, n.data) for n in notes]
     assert (EVENT_DBE, 1) in [(n.event_type, n.data) for n in notes]
@@ -142,7 +143,7 @@ def test_writing_lost_is_xid_79(h100):
 
 
 def test_xid_92_raises_corrected_counters_and_the_sbe_event(h100):
-    notes = h100.apply(InjectXid(0, 92), T0)
+    notes = h100.apply(InjectXid(0, 92), T0).notifications
     assert h100.gpus[0].ecc[ecc("volatile", "corrected", "dram")] > 0
     assert EVENT_SBE in [n.event_type for n in notes]
 
@@ -181,10 +182,10 @@ def test_node_reset_resets_every_gpu(h100):
 
 
 def test_ecc_injection_by_location(h100):
-    notes = h100.apply(parse_write(gpu(5), "ecc", b"sbe 7 l2\n"), T0)
+    notes = h100.apply(parse_write(gpu(5), "ecc", b"sbe 7 l2\n"), T0).notifications
     assert h100.gpus[5].ecc[ecc("volatile", "corrected", "l2")] == 7
     assert [(n.event_type, n.data) for n in notes] == [(EVENT_SBE, 7)]
-    notes = h100.apply(parse_write(gpu(5), "ecc", b"dbe 2"), T0)
+    notes = h100.apply(parse_write(gpu(5), "ecc", b"dbe 2"), T0).notifications
     assert h100.gpus[5].ecc[ecc("aggregate", "uncorrected", "dram")] == 2
     assert [(n.event_type, n.data) for n in notes] == [(EVENT_DBE, 2)]
 
