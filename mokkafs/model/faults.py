@@ -157,8 +157,10 @@ def set_lost(node: Node, e: SetLost, now: float) -> Outcome:
     change = Change(now)
     i, g = e.gpu, node.gpus[e.gpu]
     if e.lost and not g.lost:
-        # Writing `lost` is the same fault as Xid 79, with the same consequences and log line.
+        # Writing `lost` is the same fault as Xid 79, with the same consequences and log line,
+        # but raises no NVML event (only `xid 79` does).
         xid(node, i, 79, change)
+        change.notifications.clear()
     elif not e.lost and g.lost:
         g.lost = False
         change.log(i, f"mokka: gpu{i} back on the bus")
