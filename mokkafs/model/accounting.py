@@ -16,13 +16,14 @@ from mokkafs.model.dynamics import utilization
 from mokkafs.model.events import ClearAccounting, InvalidCommand, SetProcesses
 from mokkafs.model.outcome import Outcome
 from mokkafs.model.state import LogEntry
+from mokkafs.model.state_limits import ACCOUNTING_RECORDS
 
 if TYPE_CHECKING:
     from mokkafs.model.node import Node
 
-# Accounting records a GPU keeps, running and exited (nvmlDeviceGetAccountingBufferSize); the
-# real driver's buffer holds 4000, and the oldest goes first when it is full.
-ACCOUNTING_BUFFER = 4000
+# Accounting records a GPU keeps, running and exited (nvmlDeviceGetAccountingBufferSize): the
+# real driver's buffer (4000), which the shared state holds whole; the oldest goes first when full.
+ACCOUNTING_BUFFER = ACCOUNTING_RECORDS
 
 
 @dataclass

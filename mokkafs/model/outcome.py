@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mokkafs.model.nvml_consts import EVENT_TYPES
 from mokkafs.model.state import LogEntry, counter_max
 
-# NVML event type bits (nvml.h nvmlEventType*), delivered to nvmlEventSetWait callers.
-EVENT_SBE = 0x1
-EVENT_DBE = 0x2
-EVENT_XID = 0x8
+# The NVML event types the model raises (nvml.h's nvmlEventType* bits), delivered to
+# nvmlEventSetWait callers.
+EVENT_SBE = EVENT_TYPES["SingleBitEccError"]
+EVENT_DBE = EVENT_TYPES["DoubleBitEccError"]
+EVENT_XID = EVENT_TYPES["XidCriticalError"]
 
 
 @dataclass(frozen=True)
