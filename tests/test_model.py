@@ -11,9 +11,9 @@ import pytest
 import trio
 
 from mokkafs.model import InvalidCommand, Node, compose
-from mokkafs.model.commands import gpu, parse_write
+from mokkafs.model.commands import gpu, parse_line, parse_write
 from mokkafs.model.counters import EccCounter, EccKind, EccScope, MemoryLocation, NvLinkCounter
-from mokkafs.model.events import InjectXid, NvLinkCommand, Pin, Reset, SetLost
+from mokkafs.model.events import IbPortCommand, InjectXid, NvLinkCommand, Pin, Reset, SetLost
 from mokkafs.model.dynamics import THERMAL_TAU_S
 from mokkafs.model.outcome import EVENT_DBE, EVENT_SBE, EVENT_XID
 from mokkafs.model.schema import ProfileError
@@ -179,6 +179,24 @@ def test_node_reset_resets_every_gpu(h100):
         h100.apply(InjectXid(i, 79), T0)
     h100.apply(Reset(None), T0)
     assert not any(g.lost for g in h100.gpus)
+
+
+def test_apply_says_what_the_event_did_in_one_outcome(h100):
+    """One value per applied event, which the controller hands to every edge: what subscribers
+    are told, the lines it logged (the sender's note first), the GPUs and HCAs whose records it
+    touched, the counters it brought to their maximum (once), and the sender's reply."""
+    out = h100.apply(InjectXid(3, 48), T0 + 1, note="scenario s step 1: gpu=3 xid 48")
+    assert [(n.gpu, n.event_type, n.data) for n in out.notifications] == [(3, EVENT_XID, 48), (3, EVENT_DBE, 1)]
+    assert list(out.log) == list(h100.log)[-2:] and out.log[0].text == "scenario s step 1: gpu=3 xid 48"
+    assert out.log[1].text.startswith("NVRM: Xid (PCI:0000:") and out.log[1].gpu == 3
+    assert (out.gpus, out.hcas, out.saturated, out.reply) == ((3,), False, (), "")
+    node_wide = h100.apply(Reset(None), T0 + 2)
+    assert node_wide.gpus == tuple(range(8)) and node_wide.hcas and node_wide.notifications == ()
+    flood = IbPortCommand(None, 0, 1, "errors", "symbol_error", 1_000_000)  # a 16-bit counter
+    assert h100.apply(flood, T0 + 3).saturated == ("mlx5_0 port 1 symbol_error",)
+    assert h100.apply(flood, T0 + 4).saturated == ()  # named once: it stays at its maximum
+    h100.apply(parse_line("gpu=0 mig enable").event, T0 + 5)
+    assert h100.apply(parse_line("gpu=0 mig create 3g.40gb").event, T0 + 5).reply == "gi=2/ci=0"
 
 
 def test_ecc_injection_by_location(h100):
