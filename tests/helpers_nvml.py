@@ -40,8 +40,7 @@ class Published:
         self.publisher.publish(self.node)
 
     def apply(self, event) -> None:
-        notes = self.node.apply(event, time.time())
-        self.publisher(self.node, notes, [])
+        self.publisher(self.node, self.node.apply(event, time.time()))
 
     def close(self) -> None:
         self.publisher.close()

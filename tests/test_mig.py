@@ -33,9 +33,10 @@ def h100(gpus: int = 2, hostname: str = "mig") -> Node:
 
 def run(node: Node, *lines: str) -> str:
     """Apply each line; the reply of the last."""
+    reply = ""
     for line in lines:
-        node.apply(parse_line(line).event, T0)
-    return node.reply
+        reply = node.apply(parse_line(line).event, T0).reply
+    return reply
 
 
 def layout(node: Node, i: int = 0) -> list[tuple]:
@@ -511,7 +512,7 @@ def test_an_xid_can_name_a_mig_instance_as_the_driver_prints_it(tmp_path):
 
     node = h100()
     run(node, "gpu=0 mig enable", "gpu=0 mig create 3g.40gb")
-    notes = node.apply(parse_line("gpu=0 xid 31 gi=2 ci=0").event, T0)
+    notes = node.apply(parse_line("gpu=0 xid 31 gi=2 ci=0").event, T0).notifications
     assert node.log[-1].text.startswith("NVRM: Xid (PCI:0000:18:00 GPU-I:02 GPU-CI:00): 31, pid='<unknown>'")
     assert [(n.data, n.gi, n.ci) for n in notes] == [(31, 2, 0)]
     node.apply(parse_line("gpu=0 xid 43 gi=2").event, T0)
@@ -528,7 +529,7 @@ def test_an_xid_can_name_a_mig_instance_as_the_driver_prints_it(tmp_path):
     pub.open()
     try:
         pub.publish(node)
-        pub.append_events(notes + node.apply(parse_line("gpu=1 xid 13").event, T0))
+        pub.append_events(notes + node.apply(parse_line("gpu=1 xid 13").event, T0).notifications)
         st = pub._st
         assert [(st.ring[k].data, st.ring[k].mig_gi, st.ring[k].mig_ci) for k in range(2)] == [
             (31, 2, 0), (13, NO_MIG, NO_MIG)]

@@ -57,8 +57,8 @@ def test_the_model_gives_the_real_driver_s_ids_and_placements(seq):
     for step in seq["steps"]:
         event = parse_line(_line(node, gpu, step)).event
         node.validate(event)
-        node.apply(event, T0)
-        made = [int(m) for m in re.findall(r"gi=(\d+)" if "cgi" in step else r"ci=(\d+)", node.reply)]
+        reply = node.apply(event, T0).reply
+        made = [int(m) for m in re.findall(r"gi=(\d+)" if "cgi" in step else r"ci=(\d+)", reply)]
         assert made == step["ids"], (seq["name"], step)
     lgi, lci = _model_placements(node, gpu)
     assert {k: v for k, v in lgi.items() if k in seq.get("lgi", {})} == seq.get("lgi", {})

@@ -11,10 +11,11 @@ import pytest
 import trio
 
 from mokkafs.model import InvalidCommand, Node, compose
-from mokkafs.model.commands import gpu, parse_write
+from mokkafs.model.commands import gpu, parse_line, parse_write
 from mokkafs.model.counters import EccCounter, EccKind, EccScope, MemoryLocation, NvLinkCounter
-from mokkafs.model.events import InjectXid, NvLinkCommand, Pin, Reset, SetLost
-from mokkafs.model.node import EVENT_DBE, EVENT_SBE, EVENT_XID, THERMAL_TAU_S
+from mokkafs.model.events import IbPortCommand, InjectXid, NvLinkCommand, Pin, Reset, SetLost
+from mokkafs.model.dynamics import THERMAL_TAU_S
+from mokkafs.model.outcome import EVENT_DBE, EVENT_SBE, EVENT_XID
 from mokkafs.model.schema import ProfileError
 from mokkafs.model.profiles import load_profile
 
@@ -85,7 +86,7 @@ def test_idle_readings_match_the_profile(h100):
 @pytest.mark.parametrize("code", [13, 31, 43, 45])
 def test_application_xids_change_nothing_but_the_log(h100, code):
     before = h100.gpus[0].to_dict()
-    notes = h100.apply(InjectXid(0, code), T0)
+    notes = h100.apply(InjectXid(0, code), T0).notifications
     after = h100.gpus[0].to_dict()
     assert [(n.event_type, n.data) for n in notes] == [(EVENT_XID, code)]
     assert {k for k in after if after[k] != before[k]} == {"last_xid", "last_xid_time", "xid_counts"}
@@ -94,7 +95,7 @@ def test_application_xids_change_nothing_but_the_log(h100, code):
 
 
 def test_xid_48_counts_a_dbe_raises_the_dbe_event_and_pends_a_row_remap(h100):
-    notes = h100.apply(InjectXid(3, 48), T0)
+    notes = h100.apply(InjectXid(3, 48), T0).notifications
     g = h100.gpus[3]
     assert (EVENT_XID, 48) in [(n.event_type, n.data) for n in notes]
     assert (EVENT_DBE, 1) in [(n.event_type, n.data) for n in notes]
@@ -142,7 +143,7 @@ def test_writing_lost_is_xid_79(h100):
 
 
 def test_xid_92_raises_corrected_counters_and_the_sbe_event(h100):
-    notes = h100.apply(InjectXid(0, 92), T0)
+    notes = h100.apply(InjectXid(0, 92), T0).notifications
     assert h100.gpus[0].ecc[ecc("volatile", "corrected", "dram")] > 0
     assert EVENT_SBE in [n.event_type for n in notes]
 
@@ -180,11 +181,29 @@ def test_node_reset_resets_every_gpu(h100):
     assert not any(g.lost for g in h100.gpus)
 
 
+def test_apply_says_what_the_event_did_in_one_outcome(h100):
+    """One value per applied event, which the controller hands to every edge: what subscribers
+    are told, the lines it logged (the sender's note first), the GPUs and HCAs whose records it
+    touched, the counters it brought to their maximum (once), and the sender's reply."""
+    out = h100.apply(InjectXid(3, 48), T0 + 1, note="scenario s step 1: gpu=3 xid 48")
+    assert [(n.gpu, n.event_type, n.data) for n in out.notifications] == [(3, EVENT_XID, 48), (3, EVENT_DBE, 1)]
+    assert list(out.log) == list(h100.log)[-2:] and out.log[0].text == "scenario s step 1: gpu=3 xid 48"
+    assert out.log[1].text.startswith("NVRM: Xid (PCI:0000:") and out.log[1].gpu == 3
+    assert (out.gpus, out.hcas, out.saturated, out.reply) == ((3,), False, (), "")
+    node_wide = h100.apply(Reset(None), T0 + 2)
+    assert node_wide.gpus == tuple(range(8)) and node_wide.hcas and node_wide.notifications == ()
+    flood = IbPortCommand(None, 0, 1, "errors", "symbol_error", 1_000_000)  # a 16-bit counter
+    assert h100.apply(flood, T0 + 3).saturated == ("mlx5_0 port 1 symbol_error",)
+    assert h100.apply(flood, T0 + 4).saturated == ()  # named once: it stays at its maximum
+    h100.apply(parse_line("gpu=0 mig enable").event, T0 + 5)
+    assert h100.apply(parse_line("gpu=0 mig create 3g.40gb").event, T0 + 5).reply == "gi=2/ci=0"
+
+
 def test_ecc_injection_by_location(h100):
-    notes = h100.apply(parse_write(gpu(5), "ecc", b"sbe 7 l2\n"), T0)
+    notes = h100.apply(parse_write(gpu(5), "ecc", b"sbe 7 l2\n"), T0).notifications
     assert h100.gpus[5].ecc[ecc("volatile", "corrected", "l2")] == 7
     assert [(n.event_type, n.data) for n in notes] == [(EVENT_SBE, 7)]
-    notes = h100.apply(parse_write(gpu(5), "ecc", b"dbe 2"), T0)
+    notes = h100.apply(parse_write(gpu(5), "ecc", b"dbe 2"), T0).notifications
     assert h100.gpus[5].ecc[ecc("aggregate", "uncorrected", "dram")] == 2
     assert [(n.event_type, n.data) for n in notes] == [(EVENT_DBE, 2)]
 

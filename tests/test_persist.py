@@ -117,7 +117,7 @@ import os
 
 from mokkafs.model.counters import EccCounter
 from mokkafs.model.events import IbPortCommand
-from mokkafs.model.node import counter_max
+from mokkafs.model.state import counter_max
 
 
 def test_ten_thousand_big_ecc_writes_saturate_and_restore(tmp_path, expect_log):
@@ -163,7 +163,7 @@ def test_counter_widths_fit_the_shared_state_fields():
 
 def test_a_restored_energy_at_its_cap_still_publishes(tmp_path):
     """The largest energy restore accepts keeps growing without overflowing energy_mj."""
-    from mokkafs.model.node import MAX_ENERGY_MJ
+    from mokkafs.model.state import MAX_ENERGY_MJ
     from mokkafs.daemon.shm.layout import make_ffi
     from mokkafs.daemon.shm.publisher import fill_gpu
 

@@ -63,9 +63,9 @@ def test_after_each_tick_every_record_is_what_a_whole_publish_writes(setup):
     for advance, event, told in STEPS:
         clock.now += advance
         if event is not None:
-            notes = node.apply(event, clock())
+            outcome = node.apply(event, clock())
             if told:
-                pub(node, notes, node.log_since(node.log_seq - 1) if notes else [])
+                pub(node, outcome)
         clock.now += 0.05
         pub.publish(node, tick=True)
         for i in range(len(node.gpus)):
@@ -74,7 +74,7 @@ def test_after_each_tick_every_record_is_what_a_whole_publish_writes(setup):
 
 def test_a_tick_moves_temperature_and_energy_with_time(setup):
     node, pub, clock = setup
-    pub(node, node.apply(Pin(0, "utilization", (100, 100)), clock()), [])
+    pub(node, node.apply(Pin(0, "utilization", (100, 100)), clock()))
     before = pub._st.gpus[0].energy_mj, pub._st.gpus[0].temp_gpu, pub._st.generation
     clock.now += 40.0
     pub.publish(node, tick=True)

@@ -190,7 +190,7 @@ def test_accounting_keeps_a_record_per_process_after_it_exits():
 
 
 def test_the_accounting_buffer_keeps_the_newest_4000():
-    from mokkafs.model.node import ACCOUNTING_BUFFER
+    from mokkafs.model.accounting import ACCOUNTING_BUFFER
 
     node = h100()
     node.apply(Configure(0, "accounting", True), T0)

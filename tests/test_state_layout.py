@@ -10,7 +10,7 @@ import time
 import pytest
 
 from mokkafs.model import Node, compose
-from mokkafs.model.node import Notification
+from mokkafs.model.outcome import Notification
 from mokkafs.model.profiles import load_profile
 from mokkafs.daemon.shm.layout import MAGIC, STATE_SIZE, VERSION, ffi, header_path
 from mokkafs.daemon.shm.publisher import Publisher

@@ -145,7 +145,7 @@ async def an_hour(base: Path, mock: trio.testing.MockClock) -> dict:
         stack.callback(logging.getLogger("mokkafs").removeHandler, stamped)
         async with trio.open_nursery() as nursery:
             d = await start(opts, clock, stack, nursery)
-            d.controller.subscribers.append(lambda node, notes, entries: events.append(clock() - T0))
+            d.controller.subscribers.append(lambda node, outcome: events.append(clock() - T0))
             # Start-up takes no simulated time (no autojump while the mirror's first write runs in
             # its thread); from here on, time jumps whenever the daemon is idle.
             await d.mirror.ready.wait()

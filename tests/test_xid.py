@@ -13,7 +13,7 @@ import pytest
 from mokkafs.model import Node, compose
 from mokkafs.model.counters import EccCounter, EccKind, EccScope, MemoryLocation, NvLinkCounter
 from mokkafs.model.events import InjectXid
-from mokkafs.model.node import EVENT_DBE, EVENT_SBE, EVENT_XID
+from mokkafs.model.outcome import EVENT_DBE, EVENT_SBE, EVENT_XID
 from mokkafs.model.xid import XIDS, Remap, kernel_log_line, xid_rule
 from mokkafs.model.profiles import load_profile
 
@@ -33,7 +33,7 @@ def _nvml_event_bits() -> dict[str, int]:
 def test_each_xid_does_what_its_catalogue_row_says(profile, code):
     node = Node(compose(load_profile(profile), gpus=2, hostname="xid"), T0)
     rule = xid_rule(code)
-    notes = node.apply(InjectXid(1, code), T0)
+    notes = node.apply(InjectXid(1, code), T0).notifications
     g = node.gpus[1]
     bits = _nvml_event_bits()
     assert [n.event_type for n in notes] == [bits[name] for name in rule.nvml_events]

@@ -39,7 +39,7 @@ from mokkafs.daemon.controller import Controller
 from mokkafs.model import InvalidCommand
 from mokkafs.model.commands import parse_line
 from mokkafs.model.config import GpuIsLost, NotSupported
-from mokkafs.model.mig import InsufficientResources, InUse, MigEvent, NotFound
+from mokkafs.model.mig import InsufficientResources, InUse, NotFound
 from mokkafs.daemon.ratelimit import RateLimiter, RefusalLog, Summary
 from mokkafs.daemon.unix_listener import serve_unix
 
@@ -131,7 +131,7 @@ class ControlSocket:
             return self._refuse(caller, INVALID_ARGUMENT, "not ASCII", request)
         try:
             command = parse_line(line, gpus=len(self.controller.node.gpus))
-            self.controller.apply(command.event)
+            outcome = self.controller.apply(command.event)
         except InvalidCommand as e:
             return self._refuse(caller, status_of(e), str(e), request)
         except Exception:
@@ -139,7 +139,7 @@ class ControlSocket:
                 log.exception("%s: internal error on %r", self.path.name, _printable(line))
             return self._count(Reply(ERROR, "internal error; see the daemon's log"))
         # A MIG create answers with what it made (docs/mig.md); other commands with nothing.
-        return self._count(Reply(OK, self.controller.node.reply if isinstance(command.event, MigEvent) else ""))
+        return self._count(Reply(OK, outcome.reply))
 
     def _count(self, reply: Reply) -> Reply:
         self.answered[reply.status] = self.answered.get(reply.status, 0) + 1

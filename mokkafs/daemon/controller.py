@@ -9,12 +9,11 @@ import logging
 
 from collections.abc import Callable
 
-from mokkafs.model import Event, Node, Notification
-from mokkafs.model.node import LogEntry
+from mokkafs.model import Event, Node, Outcome
 from mokkafs.daemon.persist import StateDir
 
-
-Subscriber = Callable[[Node, list[Notification], list[LogEntry]], None]
+# A view told of every applied event: the node after it, and what it did.
+Subscriber = Callable[[Node, Outcome], None]
 
 
 log = logging.getLogger(__name__)
@@ -28,35 +27,32 @@ class Controller:
         self.subscribers: list[Subscriber] = []
         # Requests the node does not hold (a scenario to run or stop) go to the service that
         # owns them, through the same door as every other command.
-        self.handlers: dict[type, Callable[[Event], list[Notification]]] = {}
+        self.handlers: dict[type, Callable[[Event], Outcome]] = {}
 
-    def apply(self, event: Event, note: str | None = None) -> list[Notification]:
-        """Apply one event; raises InvalidCommand (state untouched) if it does not fit. The
-        caller logs the rejection, once. `note` marks it in the event log (its source)."""
+    def apply(self, event: Event, note: str | None = None) -> Outcome:
+        """Apply one event and return what it did (its reply, its notifications); raises
+        InvalidCommand (state untouched) if it does not fit. The caller logs the rejection,
+        once. `note` marks it in the event log (its source)."""
         handler = self.handlers.get(type(event))
         if handler is not None:
             return handler(event)
-        now = self.clock()
-        seq = self.node.log_seq
-        notes = self.node.apply(event, now, note)
-        for name in self.node.saturated:
+        outcome = self.node.apply(event, self.clock(), note)
+        for name in outcome.saturated:
             # Once per counter: it stays at its maximum until a reset clears it.
             log.warning("%s saturated at its maximum; later errors are not counted", name)
-        new_entries = self.node.log_since(seq)
         # Subscribers first: a blocked nvmlEventSetWait wakes as soon as the event is in the
         # shared state; the write that caused it still returns only once it is persisted.
         for subscriber in self.subscribers:
             try:
-                subscriber(self.node, notes, new_entries)
+                subscriber(self.node, outcome)
             except Exception:
                 # A failing view (a full disk under the mirror, say) must not leave the event
                 # applied but unpersisted, nor keep the other views from hearing of it.
                 log.exception("subscriber %r failed on %s", subscriber, type(event).__name__)
         if self.state is not None:
-            targets = range(len(self.node.gpus)) if event.gpu is None else [event.gpu]
-            for i in targets:
+            for i in outcome.gpus:
                 self.state.save_gpu(self.node, i)
-            if event.gpu is None:  # node-level events (node reset, InfiniBand ports) touch the HCAs
+            if outcome.hcas:  # node-level events (node reset, InfiniBand ports) touch the HCAs
                 self.state.save_hcas(self.node)
-            self.state.append_log(self.node, new_entries)
-        return notes
+            self.state.append_log(self.node, outcome.log)
+        return outcome

@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
-from mokkafs.model import Node, Notification
-from mokkafs.model.node import LogEntry
+from mokkafs.model import Node, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -18,8 +17,8 @@ class KmsgWriter:
         self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
 
-    def __call__(self, node: Node, notes: list[Notification], entries: list[LogEntry]) -> None:
-        for entry in entries:
+    def __call__(self, node: Node, outcome: Outcome) -> None:
+        for entry in outcome.log:
             if not entry.text.startswith("NVRM: "):
                 continue
             try:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import trio
 
-from mokkafs.model import Node
+from mokkafs.model import Node, Outcome
 from mokkafs.render.vfs import CharDev, Ctx, Dir, Entry, File, Symlink, Tree
 
 log = logging.getLogger(__name__)
@@ -142,8 +142,8 @@ class Mirror:
         for rel, item in items.items():
             _create(base / rel, item)
 
-    def __call__(self, node: Node, notes, entries) -> None:
-        """Controller subscriber."""
+    def __call__(self, node: Node, outcome: Outcome) -> None:
+        """Controller subscriber: what changed is read off the node (`device_tree_state`)."""
         self.sync(node)
 
     def sync(self, node: Node) -> None:

@@ -20,9 +20,11 @@ import logging
 import os
 import re
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
-from mokkafs.model.node import LOG_LIMIT, LogEntry, Node, RestoreError
+from mokkafs.model import Node
+from mokkafs.model.state import LOG_LIMIT, LogEntry, RestoreError
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +249,7 @@ class StateDir:
             raise _refuse(self.path / "scenario.json", "not a scenario record")
         return record
 
-    def append_log(self, node: Node, entries: list[LogEntry]) -> None:
+    def append_log(self, node: Node, entries: Sequence[LogEntry]) -> None:
         if not entries:
             return
         data = b"".join(map(_log_line, entries))

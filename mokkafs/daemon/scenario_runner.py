@@ -18,6 +18,7 @@ import trio
 from mokkafs.daemon.clock import Clock
 from mokkafs.daemon.controller import Controller
 from mokkafs.model.events import InvalidCommand
+from mokkafs.model.outcome import Outcome
 from mokkafs.model.scenario import (
     MAX_DURATION_S,
     MAX_SPEED,
@@ -103,11 +104,11 @@ class ScenarioRunner:
         node = self.controller.node
         return expand(loaded, seed, len(node.gpus), node.validate)
 
-    def handle(self, event) -> list:
+    def handle(self, event) -> Outcome:
         if isinstance(event, StopScenario):
             if self.current is not None:
                 self._end(f"{self.current.name} stopped at step {self._step_no(self.current)}")
-            return []
+            return Outcome()
         if self.current is not None:
             raise ScenarioBusy(f"scenario {self.current.name} runs; stop it first")
         seed = event.loaded.scenario.seed if event.seed is None else event.seed
@@ -125,7 +126,7 @@ class ScenarioRunner:
             plan_length(event.loaded.scenario, plan),
         )
         self._wake()
-        return []
+        return Outcome()
 
     def _wake(self) -> None:
         self._changed.set()

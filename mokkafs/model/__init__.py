@@ -2,7 +2,10 @@
 
 from mokkafs.model.events import Event, InvalidCommand
 from mokkafs.model.identity import Bdf, GpuIdentity, NodeConfig, compose, gpu_identities
-from mokkafs.model.node import LogEntry, Node, Notification, Readings
+from mokkafs.model.dynamics import Readings
+from mokkafs.model.node import Node
+from mokkafs.model.outcome import Notification, Outcome
+from mokkafs.model.state import LogEntry
 
 __all__ = [
     "Bdf",
@@ -13,6 +16,7 @@ __all__ = [
     "Node",
     "NodeConfig",
     "Notification",
+    "Outcome",
     "Readings",
     "compose",
     "gpu_identities",

@@ -9,7 +9,7 @@ from functools import partial
 from mokkafs.model.commands import NODE, control_writer, gpu
 from mokkafs.model.config import SETTINGS
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS, ecc_total
-from mokkafs.model.node import LogEntry
+from mokkafs.model.state import LogEntry
 from mokkafs.model.scenario import parse_request
 from mokkafs.render.vfs import Ctx, Dir, File, const, static_dir, text
 

@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from mokkafs.model import Node, Readings
 from mokkafs.model.counters import EccKind, EccScope, NvLinkCounter, ecc_total
 from mokkafs.model.mig import GpuInstanceView
-from mokkafs.model.node import GpuState
+from mokkafs.model.state import GpuState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

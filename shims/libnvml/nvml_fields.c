@@ -254,7 +254,7 @@ static nvmlReturn_t counter_field(const struct mokka_gpu *cp, unsigned id, unsig
     case NVML_FI_DEV_POWER_CURRENT_LIMIT:
     case NVML_FI_DEV_POWER_REQUESTED_LIMIT: return power_field(&c, id, scope, v);
     /* the time each clocks event reason held the clocks (ns; every captured board, T4
-       included): the model's counters (model/node.py EVENT_COUNTERS) */
+       included): the model's counters (model/dynamics.py EVENT_COUNTERS) */
     case NVML_FI_DEV_PERF_POLICY_POWER:
     case NVML_FI_DEV_PERF_POLICY_SYNC_BOOST:
     case NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN:

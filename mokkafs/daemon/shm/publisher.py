@@ -9,16 +9,17 @@ import mmap
 import os
 import platform
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 import trio
 
 from mokkafs.daemon.clock import Clock, WallClock
-from mokkafs.model import Node, Notification
+from mokkafs.model import Node, Notification, Outcome
 from mokkafs.model.config import COMPUTE_MODES
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS
 from mokkafs.model.mig import ci_span
-from mokkafs.model.node import LogEntry, Readings
+from mokkafs.model.dynamics import Readings
 from mokkafs.model.nvml_consts import NVLINK_DEVICE_TYPES
 from mokkafs.daemon.shm.layout import (
     ACCOUNTING_RECORDS,
@@ -555,7 +556,7 @@ class Publisher:
         st.seq += 1
         self._remember()
 
-    def append_events(self, notes: list[Notification], now: float | None = None) -> None:
+    def append_events(self, notes: Sequence[Notification], now: float | None = None) -> None:
         """Append to the ring, then wake every waiter once."""
         if not notes:
             return
@@ -587,13 +588,13 @@ class Publisher:
         libc.syscall(ffi.cast("long", _SYS_FUTEX), ffi.cast("void *", addr), ffi.cast("int", _FUTEX_WAKE),
                       ffi.cast("int", _INT_MAX), ffi.NULL, ffi.NULL, ffi.cast("int", 0))
 
-    def __call__(self, node: Node, notes: list[Notification], entries: list[LogEntry]) -> None:
+    def __call__(self, node: Node, outcome: Outcome) -> None:
         """Controller subscriber: the new state first, then its events. Only the GPUs the
-        event touched are rewritten, so the event reaches waiters sooner; a node-wide event
-        (log lines without a GPU, or none at all) rewrites everything."""
-        gpus = {n.gpu for n in notes} | {e.gpu for e in entries}
-        self.publish(node, None if not gpus or None in gpus else gpus)
-        self.append_events(notes)
+        event touched (the outcome says which) are rewritten, so the event reaches waiters
+        sooner; a node-wide event rewrites everything."""
+        node_wide = len(outcome.gpus) >= len(node.gpus)
+        self.publish(node, None if node_wide else set(outcome.gpus))
+        self.append_events(outcome.notifications)
 
     async def run(self, node: Node, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Publish now, report started, then republish every `tick_s` for time-varying values:

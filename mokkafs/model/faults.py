@@ -1,0 +1,307 @@
+"""Faults and their recovery: Xids (by the catalogue's rows, model/xid.py), ECC errors, a GPU
+off the bus, NVLink and InfiniBand port faults and their error counters, ECC counts cleared, and
+the GPU or node reset that clears what a reset clears; and what they leave a GPU as (its health,
+its active faults). Each transition validates, then changes `Node`'s GPU and HCA records and
+returns its `Outcome`; counters saturate at their real width (`Change.add`).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mokkafs.model import accounting, mig
+from mokkafs.model.config import SETTINGS, GpuIsLost, NotSupported
+from mokkafs.model.counters import EccCounter, EccKind, EccScope, MemoryLocation, NvLinkCounter, ecc_total, zero_nvlink
+from mokkafs.model.events import (
+    ClearEcc, IbPortCommand, InjectEcc, InjectXid, InvalidCommand, NvLinkCommand, Reset, SetLost,
+)
+from mokkafs.model.mig import MigState
+from mokkafs.model.outcome import EVENT_DBE, EVENT_SBE, EVENT_XID, Change, Outcome
+from mokkafs.model.schema import GpuProfile
+from mokkafs.model.state import GpuState, HcaState
+from mokkafs.model.xid import Remap, kernel_log_line, xid_rule
+
+if TYPE_CHECKING:
+    from mokkafs.model.node import Node
+
+
+def has_row_remapper(profile: GpuProfile) -> bool:
+    """Ampere and later remap rows; Turing and earlier retire pages (nvidia-smi -q shows which)."""
+    return profile.architecture not in ("Turing",)
+
+
+def require_on_bus(node: Node, i: int) -> None:
+    """A GPU off the bus answers nothing it is asked to change: NVML_ERROR_GPU_IS_LOST."""
+    if node.gpus[i].lost:
+        raise GpuIsLost(f"gpu{i} has fallen off the bus")
+
+
+# --- Xids and ECC errors -----------------------------------------------------------------------
+
+
+def inject_xid(node: Node, e: InjectXid, now: float) -> Outcome:
+    if e.gi is not None:
+        _check_instance(node, e.gpu, e.gi, e.ci)
+    change = Change(now)
+    xid(node, e.gpu, e.code, change, e.gi, e.ci)
+    return change.outcome()
+
+
+def _check_instance(node: Node, i: int, gi: int, ci: int | None) -> None:
+    """An Xid names a MIG instance of GPU i that exists now (NotFound otherwise)."""
+    for g in node.mig_instances(i):
+        if g.id == gi:
+            if ci is not None:
+                g.ci(ci)
+            return
+    raise mig.NotFound(f"gpu{i} has no GPU instance {gi}")
+
+
+def xid(node: Node, i: int, code: int, change: Change, gi: int | None = None, ci: int | None = None) -> None:
+    """What Xid `code` does to GPU `i`: a row of the catalogue (model/xid.py)."""
+    g, ident = node.gpus[i], node.identities[i]
+    rule = xid_rule(code)
+    details: dict = {}
+    change.notify(i, EVENT_XID, code, gi, ci)
+    if rule.ecc is not None:
+        _count_ecc(g, i, rule.ecc.kind, rule.ecc.location, rule.ecc.count, change)
+        event = EVENT_DBE if rule.ecc.kind is EccKind.UNCORRECTED else EVENT_SBE
+        change.notify(i, event, rule.ecc.count)
+    if rule.remap is Remap.PENDING:
+        _record_remap_or_retire(node, i, change, uncorrectable=True)
+    elif rule.remap is Remap.FAILED:
+        if has_row_remapper(node.profile):
+            g.remap_failure = True
+        else:
+            g.retired_pending = True
+    if rule.nvlink_errors:
+        link = _first_up_link(node.profile, g)
+        details["link"] = link
+        _count_nvlink(g, i, link, rule.nvlink_errors, 1, change)
+    if rule.lost:
+        g.lost = True
+    if rule.needs_reset:
+        g.needs_reset = True
+    g.last_xid, g.last_xid_time = code, change.now
+    g.xid_counts[str(code)] = change.add(f"gpu{i} xid_counts.{code}", "xid_counts", g.xid_counts.get(str(code), 0), 1)
+    change.log(i, kernel_log_line(ident.bdf.xid, code, gi, ci, **details))
+
+
+def _record_remap_or_retire(node: Node, i: int, change: Change, uncorrectable: bool) -> None:
+    g = node.gpus[i]
+    if has_row_remapper(node.profile):
+        key = "remapped_unc" if uncorrectable else "remapped_corr"
+        setattr(g, key, change.add(f"gpu{i} {key}", "remapped_rows", getattr(g, key), 1))
+        g.remap_pending = True
+    else:
+        key = "retired_dbe" if uncorrectable else "retired_sbe"
+        setattr(g, key, change.add(f"gpu{i} {key}", "retired_pages", getattr(g, key), 1))
+        g.retired_pending = True
+
+
+def _first_up_link(profile: GpuProfile, g: GpuState) -> int:
+    for link in range(profile.nvlink.links):
+        if link not in g.nvlink_down:
+            return link
+    return 0
+
+
+def _count_ecc(g: GpuState, i: int, kind: EccKind, location: MemoryLocation, count: int, change: Change) -> None:
+    for scope in EccScope:
+        key = EccCounter(scope, kind, location)
+        g.ecc[key] = change.add(f"gpu{i} ecc.{key.key}", "ecc", g.ecc[key], count)
+
+
+def _count_nvlink(g: GpuState, i: int, link: int, counters: tuple[NvLinkCounter, ...], count: int,
+                  change: Change) -> None:
+    errs = g.nvlink_errors.setdefault(link, zero_nvlink())
+    for c in counters:
+        errs[c] = change.add(f"gpu{i} nvlink_errors.{link}.{c.spelling}", "nvlink_errors", errs[c], count)
+
+
+def inject_ecc(node: Node, e: InjectEcc, now: float) -> Outcome:
+    change = Change(now)
+    _count_ecc(node.gpus[e.gpu], e.gpu, EccKind.from_short(e.kind), MemoryLocation.from_spelling(e.location), e.count,
+               change)
+    change.log(e.gpu, f"mokka: gpu{e.gpu} {e.count} {e.kind.upper()} ECC error(s) in {e.location}")
+    if e.kind == "dbe":
+        if e.location == "dram":
+            _record_remap_or_retire(node, e.gpu, change, uncorrectable=True)
+        change.notify(e.gpu, EVENT_DBE, e.count)
+    else:
+        change.notify(e.gpu, EVENT_SBE, e.count)
+    return change.outcome()
+
+
+def validate_clear_ecc(node: Node, e: ClearEcc) -> None:
+    require_on_bus(node, e.gpu)
+    if not node.ecc_enabled(e.gpu):
+        # nvml.h: clearing "requires ECC Mode to be enabled".
+        raise NotSupported(f"gpu{e.gpu} runs with ECC off: there are no ECC counters to clear")
+
+
+def clear_ecc(node: Node, e: ClearEcc, now: float) -> Outcome:
+    change = Change(now)
+    ecc = node.gpus[e.gpu].ecc
+    scope = EccScope.VOLATILE if e.scope == "volatile" else EccScope.AGGREGATE
+    for counter in ecc:
+        if counter.scope is scope:
+            ecc[counter] = 0
+    change.log(e.gpu, f"mokka: gpu{e.gpu} {e.scope} ECC counts cleared")
+    return change.outcome()
+
+
+# --- off the bus, NVLinks, InfiniBand ports ----------------------------------------------------
+
+
+def set_lost(node: Node, e: SetLost, now: float) -> Outcome:
+    change = Change(now)
+    i, g = e.gpu, node.gpus[e.gpu]
+    if e.lost and not g.lost:
+        # Writing `lost` is the same fault as Xid 79, with the same consequences and log line,
+        # but raises no NVML event (only `xid 79` does).
+        xid(node, i, 79, change)
+        change.notifications.clear()
+    elif not e.lost and g.lost:
+        g.lost = False
+        change.log(i, f"mokka: gpu{i} back on the bus")
+    return change.outcome()
+
+
+def validate_nvlink(node: Node, e: NvLinkCommand) -> None:
+    links = node.profile.nvlink.links
+    if e.link >= links:
+        if e.action == "reset_errors" and not links:
+            # nvmlDeviceResetNvLinkErrorCounters on a board without NVLink: NOT_SUPPORTED.
+            raise NotSupported(f"{node.profile.name} has no NVLinks")
+        raise InvalidCommand(f"{node.profile.name} has {links} NVLinks, no link {e.link}")
+
+
+def nvlink(node: Node, e: NvLinkCommand, now: float) -> Outcome:
+    change = Change(now)
+    g = node.gpus[e.gpu]
+    if e.action == "down" and e.link not in g.nvlink_down:
+        g.nvlink_down = sorted(g.nvlink_down + [e.link])
+    elif e.action == "up" and e.link in g.nvlink_down:
+        g.nvlink_down = [link for link in g.nvlink_down if link != e.link]
+    elif e.action == "errors":
+        _count_nvlink(g, e.gpu, e.link, (NvLinkCounter.REPLAY, NvLinkCounter.CRC_FLIT), e.count, change)
+    elif e.action == "reset_errors":
+        g.nvlink_errors.pop(e.link, None)
+    change.log(e.gpu, f"mokka: gpu{e.gpu} nvlink {e.link} {e.action}{f' {e.count}' if e.count else ''}")
+    return change.outcome()
+
+
+def validate_ib_port(node: Node, e: IbPortCommand) -> None:
+    if e.hca >= len(node.hcas):
+        raise InvalidCommand(f"no HCA mlx5_{e.hca} (node has {len(node.hcas)})")
+
+
+def ib_port(node: Node, e: IbPortCommand, now: float) -> Outcome:
+    change = Change(now)
+    h = node.hcas[e.hca]
+    name = f"mlx5_{e.hca} port {e.port}"
+    if e.action == "down" and not h.port_down:
+        h.port_down = True
+        # The port counts each time its link goes down.
+        h.counters["link_downed"] = change.add(f"{name} link_downed", "ib.link_downed", h.counters["link_downed"], 1)
+        change.log(None, f"mokka: {name} down")
+    elif e.action == "up" and h.port_down:
+        h.port_down = False
+        change.log(None, f"mokka: {name} up")
+    elif e.action == "errors":
+        h.counters[e.counter] = change.add(f"{name} {e.counter}", f"ib.{e.counter}", h.counters[e.counter], e.count)
+        change.log(None, f"mokka: {name} {e.count} {e.counter}")
+    return change.outcome()
+
+
+# --- resets -------------------------------------------------------------------------------------
+
+
+def validate_reset(node: Node, e: Reset) -> None:
+    if e.idle:
+        # NVIDIA's reset: the driver refuses a GPU a client holds (nvidia-smi -r: "In use by
+        # another client"); the control files' reset (not idle) resets under processes.
+        for i in range(len(node.gpus)) if e.gpu is None else [e.gpu]:
+            if node.processes[i]:
+                raise mig.InUse(f"GPU {i} is in use: {len(node.processes[i])} process(es) on it")
+
+
+def reset(node: Node, e: Reset, now: float) -> Outcome:
+    """A GPU reset, or (`gpu=None`) a node reset: every GPU as on a driver reload, and the HCAs."""
+    change = Change(now)
+    for i in range(len(node.gpus)) if e.gpu is None else [e.gpu]:
+        _reset_gpu(node, i, change, driver_reload=e.gpu is None)
+    if e.gpu is None:
+        _reset_hcas(node, change)
+    return change.outcome()
+
+
+def _reset_gpu(node: Node, i: int, change: Change, driver_reload: bool = False) -> None:
+    """What a GPU reset does: the GPU comes back, volatile counters clear, pending row remaps
+    and page retirements take effect, links retrain, pins return to the simulated curves,
+    settings return to their defaults but those the driver keeps (on a node reset, a driver
+    reload, only those the board keeps), a pending ECC mode takes effect. Aggregate (InfoROM)
+    counters, remapped rows and a remap failure stay, as on a real board."""
+    g = node.gpus[i]
+    # A pending setting (ECC mode) takes effect: the board comes up with it.
+    g.ecc_mode_current = g.ecc_mode
+    for s in SETTINGS.values():
+        if not (s.kept_by_node_reset or (not driver_reload and s.kept_by_gpu_reset)):
+            setattr(g, s.field, None)
+    if not node.setting(i, "accounting"):  # a driver reload switches it off, and the records go
+        accounting.switched(node, i, False)
+    g.lost = False
+    g.needs_reset = False
+    g.pins.clear()
+    for counter in g.ecc:
+        if counter.scope is EccScope.VOLATILE:
+            g.ecc[counter] = 0
+    g.remap_pending = False
+    g.retired_pending = False
+    g.nvlink_down = []
+    g.nvlink_errors = {}
+    g.last_xid = None
+    g.last_xid_time = None
+    # A reset is the activation a pending MIG mode waits for; instances do not survive it.
+    if g.mig.instances or g.mig.pending != g.mig.enabled:
+        g.mig = MigState(g.mig.pending, g.mig.pending)
+    change.log(i, f"mokka: gpu{i} reset")
+
+
+def _reset_hcas(node: Node, change: Change) -> None:
+    """A node reset brings every port up and clears its counters (as `perfquery -R` would)."""
+    if any(h.port_down or any(h.counters.values()) for h in node.hcas):
+        node.hcas = [HcaState() for _ in node.hcas]
+        change.log(None, "mokka: InfiniBand ports reset")
+
+
+# --- what the faults leave ----------------------------------------------------------------------
+
+
+def active_faults(g: GpuState) -> list[str]:
+    faults = []
+    if g.lost:
+        faults.append("lost")
+    if g.needs_reset:
+        faults.append("reset_required")
+    if g.remap_pending:
+        faults.append("row_remap_pending")
+    if g.remap_failure:
+        faults.append("row_remap_failure")
+    if g.retired_pending:
+        faults.append("page_retirement_pending")
+    if ecc_total(g.ecc, EccScope.VOLATILE, EccKind.UNCORRECTED):
+        faults.append("uncorrectable_ecc")
+    faults += [f"nvlink{link}_down" for link in g.nvlink_down]
+    faults += [f"pinned_{signal}" for signal in sorted(g.pins)]
+    return faults
+
+
+def health(g: GpuState) -> str:
+    if g.lost:
+        return "lost"
+    if g.needs_reset or g.remap_failure or g.remap_pending or g.retired_pending:
+        return "unhealthy"
+    if g.last_xid is not None or g.nvlink_down:
+        return "degraded"
+    return "healthy"
