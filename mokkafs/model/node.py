@@ -24,12 +24,6 @@ from mokkafs.model.state import LOG_LIMIT, GpuState, HcaState, LogEntry
 from mokkafs.model.topology import Layout, pci_layout
 from mokkafs.model.transitions import transition
 
-# Names other modules imported from here before the split, where they live now.
-from mokkafs.model.accounting import ACCOUNTING_BUFFER  # noqa: F401
-from mokkafs.model.dynamics import THERMAL_TAU_S  # noqa: F401
-from mokkafs.model.outcome import EVENT_DBE, EVENT_SBE, EVENT_XID, Notification  # noqa: F401
-from mokkafs.model.state import COUNTER_BITS, MAX_ENERGY_MJ, MAX_TIME, RestoreError, counter_max, valid_time  # noqa: F401
-
 
 class Node:
     def __init__(self, config: NodeConfig, now: float) -> None:
