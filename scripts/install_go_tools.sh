@@ -26,6 +26,8 @@ export GOPATH="$cache" GOMODCACHE="$cache/pkg/mod" GOCACHE="$cache/build"
 export GOTOOLCHAIN="${MOKKA_GOTOOLCHAIN:-local}"
 # Reproducible and independent of the caller's checkout state.
 export GOFLAGS="-buildvcs=false -trimpath"
+# go-nvml calls the NVML functions nvml.h marks deprecated: thousands of lines of warnings, none ours.
+export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
 mkdir -p "$bin" "$stamps" "$GOPATH"
 
 want=("$@")
@@ -55,7 +57,7 @@ module_dir() {
 total_start=$(date +%s)
 built=0
 seen=()
-while read -r name spec flags; do
+while read -r -u 3 name spec flags; do
   case "$name" in ''|'#'*) continue ;; esac
   seen+=("$name")
   wanted "$name" || continue
@@ -81,22 +83,20 @@ while read -r name spec flags; do
   # shellcheck disable=SC2064
   trap "rm -rf '$tmp'" EXIT
   if [ "${pkg#./}" != "$pkg" ]; then
-    (cd "$src" && CGO_ENABLED=$cgo nice -n 10 go build -o "$tmp/$name" .)
+    (cd "$src" && GOBIN="$tmp" CGO_ENABLED=$cgo nice -n 10 go install .)
   else
-    case " $flags " in
-      *" in-module "*)
-        read -r moddir sub < <(module_dir "$pkg" "$ver") \
-          || { echo "install_go_tools: $name: no module of $pkg@$ver on the module proxy" >&2; exit 1; }
-        # The module cache is read-only; the build writes only under $tmp and the build cache.
-        (cd "$moddir" && CGO_ENABLED=$cgo GOFLAGS="$GOFLAGS -mod=readonly" \
-          nice -n 10 go build -o "$tmp/$name" ".$sub")
-        ;;
-      *)
-        GOBIN="$tmp" CGO_ENABLED=$cgo nice -n 10 go install "$spec"
-        mv "$tmp/${pkg##*/}" "$tmp/$name" 2>/dev/null || true
-        ;;
-    esac
+    # `go install PACKAGE@VERSION`, done by hand: the module at VERSION from the module proxy, then
+    # `go install` in its own directory with its own go.mod and go.sum (-mod=readonly: nothing is
+    # resolved anew, so the build is the module's own). go install PACKAGE@VERSION itself would
+    # also ask the proxy for the module's version list (for deprecations), which the proxy may
+    # refuse, and would refuse a module whose go.mod has replace directives (NFD's).
+    read -r moddir sub < <(module_dir "$pkg" "$ver") \
+      || { echo "install_go_tools: $name: no module of $pkg@$ver on the module proxy" >&2; exit 1; }
+    # The module cache is read-only; the build writes only under $tmp and the build cache.
+    (cd "$moddir" && GOBIN="$tmp" CGO_ENABLED=$cgo GOFLAGS="$GOFLAGS -mod=readonly" \
+      nice -n 10 go install ".$sub")
   fi
+  mv "$tmp/${pkg##*/}" "$tmp/$name" 2>/dev/null || true
   [ -x "$tmp/$name" ] || { echo "install_go_tools: $name: the build left no program" >&2; exit 1; }
   mv -f "$tmp/$name" "$bin/$name"
   echo "$stamp" >"$stamps/$name"
@@ -104,7 +104,7 @@ while read -r name spec flags; do
   trap - EXIT
   built=$((built + 1))
   echo "install_go_tools: built $name in $(($(date +%s) - start)) s"
-done <"$list"
+done 3<"$list"
 
 for w in "${want[@]}"; do
   printf '%s\n' "${seen[@]}" | grep -qx -- "$w" || { echo "install_go_tools: $w is not in $list" >&2; exit 1; }
