@@ -92,8 +92,21 @@ while read -r -u 3 name spec flags; do
     # refuse, and would refuse a module whose go.mod has replace directives (NFD's).
     read -r moddir sub < <(module_dir "$pkg" "$ver") \
       || { echo "install_go_tools: $name: no module of $pkg@$ver on the module proxy" >&2; exit 1; }
+    # A replace directive to a directory of the repository (NFD's ./api/nfd, a nested module) has
+    # nothing behind it in a module zip, which leaves nested modules out: that module comes from
+    # the module proxy at the same version (the same commit), through a workspace file.
+    work=""
+    while read -r old new; do
+      [ -e "$moddir/$new" ] && continue
+      dir=$(go mod download -json "$old@$ver" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+      [ -n "$dir" ] || { echo "install_go_tools: $name: $old@$ver (for $new) is not on the module proxy" >&2; exit 1; }
+      [ -n "$work" ] || { work="$tmp/go.work"; printf 'go 1.26\n\nuse %s\n\n' "$moddir" >"$work"; }
+      printf 'replace %s => %s\n' "$old" "$dir" >>"$work"
+    done < <(cd "$moddir" && go mod edit -json | sed -n '/"Replace"/,$p' \
+      | tr -d '\n\t ' | grep -o '"Old":{"Path":"[^"]*"},"New":{"Path":"\./[^"]*"}' \
+      | sed 's/"Old":{"Path":"\([^"]*\)"},"New":{"Path":"\([^"]*\)"}/\1 \2/')
     # The module cache is read-only; the build writes only under $tmp and the build cache.
-    (cd "$moddir" && GOBIN="$tmp" CGO_ENABLED=$cgo GOFLAGS="$GOFLAGS -mod=readonly" \
+    (cd "$moddir" && GOWORK="${work:-off}" GOBIN="$tmp" CGO_ENABLED=$cgo GOFLAGS="$GOFLAGS -mod=readonly" \
       nice -n 10 go install ".$sub")
   fi
   mv "$tmp/${pkg##*/}" "$tmp/$name" 2>/dev/null || true
