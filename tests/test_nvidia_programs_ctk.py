@@ -14,6 +14,8 @@ import yaml
 from conftest import mokka_cmd
 from helpers_go import go_tool, node_info
 
+pytestmark = pytest.mark.level("tools")
+
 
 def generate(node, tmp_path, strategy: str) -> dict:
     out = tmp_path / f"nvidia-{strategy}.yaml"

@@ -223,6 +223,8 @@ def mig_uuids(node, gpu: int) -> list[tuple[str, str]]:
     """(profile, MIG UUID) of each MIG device on `gpu`, from NVML as the consumers see it."""
     code = f"""
 import json, pynvml as n
+
+pytestmark = pytest.mark.level("tools")
 n.nvmlInit()
 h = n.nvmlDeviceGetHandleByIndex({gpu})
 out = []

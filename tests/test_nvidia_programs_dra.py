@@ -22,6 +22,8 @@ import pytest
 from conftest import mokka_cmd
 from helpers_go import go_tool, node_info
 
+pytestmark = pytest.mark.level("tools")
+
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 

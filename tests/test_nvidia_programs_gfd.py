@@ -15,6 +15,8 @@ import pytest
 from conftest import mokka_cmd
 from helpers_go import go_tool
 
+pytestmark = pytest.mark.level("tools")
+
 H100 = "NVIDIA-H100-80GB-HBM3"
 
 

@@ -20,6 +20,8 @@ import yaml
 from conftest import mokka_cmd
 from helpers_go import go_tool
 
+pytestmark = pytest.mark.level("tools")
+
 HERE = Path(__file__).resolve().parent
 
 CONFIG = {

@@ -11,8 +11,12 @@ import json
 import re
 import subprocess
 
+import pytest
+
 from conftest import mokka_cmd
 from helpers_go import go_tool
+
+pytestmark = pytest.mark.level("tools")
 
 FEATURES_D = "/etc/kubernetes/node-feature-discovery/features.d"
 
