@@ -22,6 +22,8 @@ import pytest
 from conftest import mokka_cmd
 from helpers_go import go_tool, node_env, node_info
 
+pytestmark = pytest.mark.level("tools")
+
 GPU = "nvidia.com/gpu"
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
@@ -223,8 +225,6 @@ def mig_uuids(node, gpu: int) -> list[tuple[str, str]]:
     """(profile, MIG UUID) of each MIG device on `gpu`, from NVML as the consumers see it."""
     code = f"""
 import json, pynvml as n
-
-pytestmark = pytest.mark.level("tools")
 n.nvmlInit()
 h = n.nvmlDeviceGetHandleByIndex({gpu})
 out = []

@@ -14,11 +14,11 @@ import pytest
 
 from helpers_go import go_tool, node_env, node_info
 
+pytestmark = pytest.mark.level("tools")
+
 ALLOC = """
 import sys, time
 from cuda.bindings import driver as d
-
-pytestmark = pytest.mark.level("tools")
 assert d.cuInit(0)[0] == 0
 err, ctx = d.cuCtxCreate(None, 0, d.cuDeviceGet(0)[1])
 assert err == 0, err
