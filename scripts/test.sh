@@ -8,6 +8,9 @@ scripts/setup.sh --no-mount
 scripts/fetch_nvidia_smi.sh
 # PyTorch with a CUDA build for tests/test_torch.py (about 5 GB, kept in the cache between runs).
 scripts/fetch_torch.sh
+# NVIDIA's Go programs (device plugin, GFD, mig-parted, container toolkit, DRA plugins, go-nvml's
+# examples, NFD's worker) at the versions scripts/go-tools.txt pins, built once into the cache.
+scripts/install_go_tools.sh
 # Generated code must match what its generator makes now (every generator, from one driver).
 .venv/bin/python scripts/generate.py --check
 exec .venv/bin/python -m pytest -q "$@"
