@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 
 from conftest import mokka_cmd, world_readable_node
+from helpers_go import go_tool
 from mokkafs.agent.node_files import DRIVER_FILES, GpuDevice, cdi_spec
 
 pytestmark = pytest.mark.level("tools")
 
 CDI_DIR = Path("/var/run/cdi")
-GO_BIN = Path(os.environ.get("MOKKA_CACHE", Path.home() / ".cache" / "mokkafs")) / "go" / "bin"
 
 PROBE = r"""
 import json, sys
@@ -46,12 +46,6 @@ print(json.dumps({"nvml": N.nvmlDeviceGetCount(), "minor": N.nvmlDeviceGetMinorN
 sys.stdin.readline()  # the host injected a fault
 print(json.dumps({"temp": N.nvmlDeviceGetTemperature(h, 0)}), flush=True)
 """
-
-
-def go_tool(name: str) -> Path:
-    path = GO_BIN / name
-    assert path.is_file(), f"{path}: not installed (scripts/install_go_tools.sh {name})"
-    return path
 
 
 def build_rootfs(root: Path) -> None:
