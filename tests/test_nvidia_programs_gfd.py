@@ -52,6 +52,7 @@ def test_whole_gpus(node_factory, tmp_path):
         "nvidia.com/gpu.compute.minor": "0",
         "nvidia.com/mig.capable": "true",
         "nvidia.com/gpu.mode": "compute",
+        "nvidia.com/gpu.machine": "DGXH100",  # /sys/class/dmi/id/product_name of the hgx-8 composition
     }
     assert {k: got.get(k) for k in want} == want
     driver = node.read("proc/driver/nvidia/version")
@@ -65,6 +66,7 @@ def test_l40s_is_not_mig_capable(node_factory, tmp_path):
     assert got["nvidia.com/gpu.product"] == "NVIDIA-L40S"
     assert got["nvidia.com/mig.capable"] == "false"
     assert got["nvidia.com/gpu.family"] == "ada-lovelace"
+    assert got["nvidia.com/gpu.machine"] == "pcie-4"  # a composition without a system: block names itself
 
 
 def test_mixed_labels_each_profile_as_a_real_h100(node_factory, tmp_path):
