@@ -1,16 +1,17 @@
 /*
  * What the CUDA runtime (and frameworks over it) need of the driver beyond devices, contexts and
- * accounting (cuda.c): host, managed and pitched memory, copies and memsets, pointer attributes,
- * streams and events, modules, libraries and kernel launches.
+ * accounting (cuda_device.c, cuda_context.c, cuda_accounting.c): host, managed and pitched
+ * memory, copies and memsets, pointer attributes, streams and events, modules, libraries and
+ * kernel launches.
  *
- * No compute runs. Device memory is host memory of this process (cuda.c's windows), so a copy is
- * a memcpy, done at once: every stream is always idle and every event complete. Modules load
+ * No compute runs. Device memory is host memory of this process (cuda_memory.c's windows), so a
+ * copy is a memcpy, done at once: every stream is always idle and every event complete. Modules load
  * without being read and launches succeed doing nothing (results undefined); with
  * MOKKA_CUDA_LAUNCH=fail a launch is CUDA_ERROR_NOT_SUPPORTED, with one line on stderr.
  *
  * Streams, events, modules, functions, libraries and kernels are numbers (tag | generation |
- * slot) in a table this file owns, as contexts are in cuda.c: nothing a caller hands in is
- * dereferenced, a destroyed handle is CUDA_ERROR_INVALID_HANDLE.
+ * slot) in a table this file owns, as contexts are in cuda_context.c: nothing a caller hands in
+ * is dereferenced, a destroyed handle is CUDA_ERROR_INVALID_HANDLE.
  */
 #define _GNU_SOURCE
 #include "cuda_internal.h"
