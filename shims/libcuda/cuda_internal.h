@@ -141,6 +141,18 @@ void mokka_cls_context_ended(CUcontext c);
 /* cuda_runtime.c: a context's streams, events, modules and functions end with it. */
 void mokka_objects_context_ended(CUcontext c);
 
+typedef struct CUstream_st *CUstream;
+/* cuda_runtime.c: a stream argument is NULL, CU_STREAM_LEGACY (1), CU_STREAM_PER_THREAD (2) or
+   a live stream (else CUDA_ERROR_INVALID_HANDLE). */
+CUresult mokka_stream_ok(CUstream s);
+/* cuda_runtime.c: the current context, or NULL. */
+CUcontext mokka_current_or_null(void);
+
+/* Another ABI name of the same function: _ptds/_ptsz (per-thread default stream) variants, which
+   on this driver behave as the plain ones (nothing is ever queued). shims/gen_cuda.py reads these
+   lines as definitions. */
+#define MOKKA_ALIAS(name, target) extern __typeof__(target) name __attribute__((alias(#target)))
+
 /* MOKKA_CUDA_TRACE=1: one line on stderr per private table asked for and per slot we do not
    implement that is called. */
 int mokka_trace_on(void);
