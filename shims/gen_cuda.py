@@ -40,7 +40,7 @@ EXTRA_EXPORTS = ["cuGetExportTable", "cuProfilerInitialize", "cuProfilerStart", 
 # cuda.h 12+ renames cuGraphInstantiate to another function, which no PFN typedef records.
 RENAMED = {("cuGraphInstantiate", 12000): "cuGraphInstantiateWithFlags"}
 
-# A definition, or another ABI name of one (cuda_runtime.c's MOKKA_ALIAS(cuX_ptsz, cuX)).
+# A definition, or another ABI name of one (MOKKA_ALIAS(cuX_ptsz, cuX), cuda_internal.h's).
 _DEFINED = re.compile(r"^(?:CUresult\s+(?:CUDAAPI\s+)?|MOKKA_ALIAS\()(cu\w+)\s*[(,]", re.M)
 
 

@@ -1,5 +1,5 @@
 /*
- * The few CUDA driver API types and numbers libcuda/cuda.c needs, written from NVIDIA's public
+ * The few CUDA driver API types and numbers libcuda's sources need, written from NVIDIA's public
  * documentation (cuda.h itself may not be redistributed; shims/gen_cuda.py reads it from the
  * nvidia-cuda-runtime wheel). ABI: every handle is a pointer, CUdevice an int, CUdeviceptr 64-bit.
  */
