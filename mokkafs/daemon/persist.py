@@ -106,7 +106,9 @@ def read_regular(path: Path, cap: int) -> bytes:
         os.close(fd)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_tmp(path: Path, data: bytes) -> Path:
+    """`data` in a new temporary file beside `path`, returned; nothing is left behind when the
+    write fails (a full disk keeps no half-written copy taking its last blocks)."""
     tmp = path.with_name(f".{path.name}.tmp")
     # A stale tmp (a crash mid-write, or a link someone planted) is removed, never written
     # through: O_EXCL|O_NOFOLLOW creates a new file or fails.
@@ -117,9 +119,26 @@ def _write_atomic(path: Path, data: bytes) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise _named(path, e) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     finally:
         os.close(fd)
-    os.replace(tmp, path)  # rename replaces a symlink at `path`, never its target
+    return tmp
+
+
+def _named(path: Path, e: OSError) -> OSError:
+    """`e`, its message naming the file it is about (a full disk says which file it refused)."""
+    return OSError(e.errno, f"{path}: {e.strerror or e}")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    os.replace(_write_tmp(path, data), path)  # rename replaces a symlink at `path`, never its target
 
 
 def _log_line(entry: LogEntry) -> bytes:
@@ -226,6 +245,28 @@ class StateDir:
             self._log_lines = len(entries)
         return entries
 
+    def save_change(self, node: Node, gpus, hcas: bool, entries: Sequence[LogEntry]) -> None:
+        """One applied event's files, all or none: the records of `gpus` (and the HCAs') are
+        written aside, the log lines appended, and only then are the records renamed into place.
+        On any failure (a full disk) every file is left as it was and OSError is raised, so the
+        caller can roll the model back and the next start restores exactly what was there."""
+        records = [(self.path / f"gpu{i}.json", json.dumps(node.gpus[i].to_dict()).encode()) for i in gpus]
+        if hcas:
+            records.append((self.path / "hcas.json", json.dumps([h.to_dict() for h in node.hcas]).encode()))
+        written: list[tuple[Path, Path]] = []
+        try:
+            for path, data in records:
+                written.append((_write_tmp(path, data), path))
+            self._append(entries)
+        except BaseException:
+            for tmp, _ in written:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            raise
+        for tmp, path in written:
+            os.replace(tmp, path)  # a rename takes no new blocks: it does not fail on a full disk
+        self._compact(node)
+
     def save_gpu(self, node: Node, i: int) -> None:
         _write_atomic(self.path / f"gpu{i}.json", json.dumps(node.gpus[i].to_dict()).encode())
 
@@ -250,6 +291,11 @@ class StateDir:
         return record
 
     def append_log(self, node: Node, entries: Sequence[LogEntry]) -> None:
+        self._append(entries)
+        self._compact(node)
+
+    def _append(self, entries: Sequence[LogEntry]) -> None:
+        """Append `entries` whole, or leave the log as it was (OSError)."""
         if not entries:
             return
         data = b"".join(map(_log_line, entries))
@@ -260,14 +306,30 @@ class StateDir:
             0o644,
         )
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise OSError(errno.EINVAL, f"{self.path / 'events.log'} is not a regular file")
             view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            try:
+                while view:
+                    view = view[os.write(fd, view):]
+            except OSError as e:
+                # Lines cut short by a full disk would read as a crash's torn line at the next
+                # start; cut them off (a truncation frees blocks, it needs none).
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, st.st_size)
+                raise _named(self.path / "events.log", e) from None
         finally:
             os.close(fd)
         self._log_lines += len(entries)
+
+    def _compact(self, node: Node) -> None:
+        """Rewrite the log to the model's last lines once it holds twice as many; a failure
+        (a full disk) only leaves it longer, so it is logged, not raised."""
         if self._log_lines > 2 * LOG_LIMIT:
-            _write_atomic(self.path / "events.log", b"".join(map(_log_line, node.log)))
+            try:
+                _write_atomic(self.path / "events.log", b"".join(map(_log_line, node.log)))
+            except OSError as e:
+                log.warning("%s: cannot compact the event log: %s", self.path / "events.log", e.strerror or e)
+                return
             self._log_lines = len(node.log)
