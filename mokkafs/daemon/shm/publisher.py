@@ -363,7 +363,7 @@ class Publisher:
             pass
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         try:
-            _allocate(fd)
+            _allocate(fd, self.path)
             mm = mmap.mmap(fd, STATE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             try:
                 if content is not None:
@@ -449,7 +449,7 @@ class Publisher:
         """Our file, changed in place: its size, then its header and counters."""
         if os.fstat(self._fd).st_size != STATE_SIZE:
             try:
-                _allocate(self._fd)
+                _allocate(self._fd, self.path)
             except OSError:
                 os.ftruncate(self._fd, STATE_SIZE)  # sparse, then: a full disk may fault a page later
         self._put_header(self._st)
@@ -607,8 +607,11 @@ class Publisher:
             self.publish(node, tick=True)
 
 
-def _allocate(fd: int) -> None:
+def _allocate(fd: int, path) -> None:
     """Size the file and back every page of it: a store into a hole on a full filesystem is a
     SIGBUS, where posix_fallocate's ENOSPC is an error we can report."""
-    os.ftruncate(fd, STATE_SIZE)
-    os.posix_fallocate(fd, 0, STATE_SIZE)
+    try:
+        os.ftruncate(fd, STATE_SIZE)
+        os.posix_fallocate(fd, 0, STATE_SIZE)
+    except OSError as e:
+        raise OSError(e.errno, f"{path}: cannot allocate the state file ({STATE_SIZE} bytes): {e.strerror}") from None
