@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import logging.handlers
 import os
@@ -50,7 +51,15 @@ class _DaemonLog(logging.handlers.RotatingFileHandler):
     someone planted in the state directory."""
 
     def _open(self):
-        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        from mokkafs.daemon.persist import own_file_problem
+
+        # O_NONBLOCK: a FIFO planted here opens at once (and is refused) instead of hanging.
+        fd = os.open(self.baseFilename,
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        problem = own_file_problem(os.fstat(fd))
+        if problem:
+            os.close(fd)
+            raise OSError(errno.EPERM, problem)  # a hard link would be written through
         return os.fdopen(fd, "a", encoding="utf-8", errors="replace")
 
 
@@ -142,7 +151,7 @@ def cmd_mount(args) -> int:
         try:
             _setup_daemon_logging(logfile)
         except OSError as e:
-            os.write(w, f"error: {logfile}: {e.strerror} (a symlink is refused)\n".encode())
+            os.write(w, f"error: {logfile}: {e.strerror} (a symlink, hard link or FIFO is refused)\n".encode())
             os._exit(1)
         devnull = os.open(os.devnull, os.O_RDWR)
         for n in (0, 1, 2):

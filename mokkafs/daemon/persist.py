@@ -77,6 +77,19 @@ def check_state_dir(path: Path) -> None:
         raise StateError(f"{path}: the state directory must be owned by uid {os.geteuid()} and writable only by it")
 
 
+def own_file_problem(st: os.stat_result) -> str | None:
+    """Why an open state file may not be used, or None. A hard link (link count above 1) is
+    another name of a file elsewhere, which a write would change; one owned by someone else is
+    not what the daemon wrote. Symbolic links are refused at open (O_NOFOLLOW)."""
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_nlink != 1:
+        return f"has {st.st_nlink} hard links; a state file has one"
+    if st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not the daemon's {os.geteuid()}"
+    return None
+
+
 def read_regular(path: Path, cap: int) -> bytes:
     """The contents of `path`, a regular file of at most `cap` bytes, or StateError."""
     try:
@@ -87,8 +100,9 @@ def read_regular(path: Path, cap: int) -> bytes:
         raise _refuse(path, f"unreadable ({e.strerror})") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _refuse(path, "is not a regular file")
+        problem = own_file_problem(st)
+        if problem:
+            raise _refuse(path, problem)
         if st.st_size > cap:
             raise _refuse(path, f"is {st.st_size} bytes, more than the {cap} a state file may hold")
         chunks, left = [], cap + 1
@@ -307,8 +321,9 @@ class StateDir:
         )
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(errno.EINVAL, f"{self.path / 'events.log'} is not a regular file")
+            problem = own_file_problem(st)
+            if problem:
+                raise OSError(errno.EPERM, f"{self.path / 'events.log'} {problem}")
             view = memoryview(data)
             try:
                 while view:

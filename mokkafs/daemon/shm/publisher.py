@@ -344,11 +344,17 @@ class Publisher:
             log.warning("%s: replacing what is there, not a state file (%s)", self.path, e.strerror)
             return None
         st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_size == STATE_SIZE and self._valid(fd):
+        # A hard link (another name of a file elsewhere) or another user's file is never
+        # written through: it is replaced with a rename, like anything else that is not ours.
+        ours = st.st_nlink == 1 and st.st_uid == os.geteuid()
+        if stat.S_ISREG(st.st_mode) and ours and st.st_size == STATE_SIZE and self._valid(fd):
             return fd
         os.close(fd)
         if not stat.S_ISREG(st.st_mode):
             log.warning("%s: replacing what is there, not a regular file", self.path)
+        elif not ours:
+            log.warning("%s: replacing a hard link or another user's file (links %d, uid %d)", self.path,
+                        st.st_nlink, st.st_uid)
         elif st.st_size:
             log.warning("%s: replacing an incompatible state file (%d bytes)", self.path, st.st_size)
         return None
