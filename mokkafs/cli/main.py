@@ -350,10 +350,11 @@ def cmd_profile_import(args) -> int:
     """Captures of a real node -> a profile file; refused (nothing written) when it would not load."""
     from mokkafs.model.profile_import import ImportRefused, import_profile
     from mokkafs.model.schema import ProfileError
-    from mokkafs.model.profiles import load_profile
+    from mokkafs.model.profiles import load_profile, read_input
 
     try:
-        files = [(path, Path(path).read_text(errors="replace")) for path in args.captures]
+        # Bounded, regular files only: a FIFO or /dev/zero given as a capture is refused at once.
+        files = [(path, read_input(Path(path), "capture", 64 << 20)) for path in args.captures]
         board = (args.fill_from, load_profile(args.fill_from)) if args.fill_from else None
         imported, profile, text = import_profile(files, args.name or Path(args.output).stem, board, args.driver_version)
     except OSError as e:
