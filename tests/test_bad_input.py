@@ -66,3 +66,35 @@ def test_a_memory_size_no_field_can_hold_is_refused(tmp_path):
     big = tmp_path / "big.yaml"
     big.write_text(re.sub(r"total_mib: *\d+", f"total_mib: {1 << 70}", text))
     assert "memory.total_mib" in refused(big, one_line=False)
+
+
+CAPTURE = Path(__file__).resolve().parent / "fixtures" / "nvidia-smi-branches" / "550" / "query.xml"
+
+
+def mokka(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "mokkafs.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("total", ["lots", "99999999999999999999 MiB"])
+def test_profile_import_refuses_a_capture_it_cannot_read_in_one_line(tmp_path, total):
+    import re
+
+    capture = tmp_path / "q.xml"
+    capture.write_text(re.sub(r"(<fb_memory_usage>\s*<total>)[^<]*", lambda m: m.group(1) + total,
+                              CAPTURE.read_text(), count=1))
+    out = mokka("profile", "import", str(capture), "-o", str(tmp_path / "p.yaml"), "--fill-from", "h100")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "total_mib" in out.stderr
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_profile_import_refuses_fifos_and_devices_at_once(tmp_path):
+    fifo = tmp_path / "q.xml"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        out = mokka("profile", "import", str(path), "-o", str(tmp_path / "p.yaml"))
+        assert out.returncode == 2 and "not a regular file" in out.stderr and str(path) in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
