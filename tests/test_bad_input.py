@@ -98,3 +98,11 @@ def test_profile_import_refuses_fifos_and_devices_at_once(tmp_path):
         out = mokka("profile", "import", str(path), "-o", str(tmp_path / "p.yaml"))
         assert out.returncode == 2 and "not a regular file" in out.stderr and str(path) in out.stderr, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_scenario_nested_past_the_parser_is_refused_not_a_traceback():
+    from mokkafs.model.scenario import ScenarioError, load_text
+
+    text = "name: deep\nsteps:\n  - at: 0\n    command: " + "[" * 3000 + "]" * 3000 + "\n"
+    with pytest.raises(ScenarioError, match="deep.yaml: nested too deeply"):
+        load_text(text, "deep.yaml")
