@@ -43,6 +43,16 @@ _CREATING = ".creating"  # present while a fresh state directory is being writte
 _STATE_FILES = re.compile(r"gpu[0-9]+\.json|hcas\.json|events\.log")
 
 
+def _has_history(record: object) -> bool:
+    """Does a saved GPU record show an event that the log would have a line for?"""
+    if not isinstance(record, dict):
+        return False
+    ecc = record.get("ecc")
+    return bool(record.get("xid_counts") or record.get("last_xid") is not None or record.get("pins")
+                or record.get("lost") or record.get("nvlink_down")
+                or (isinstance(ecc, dict) and any(v for v in ecc.values() if not isinstance(v, (dict, list)))))
+
+
 class StateError(Exception):
     """A state directory that cannot be used; the message says which file and why."""
 
@@ -207,6 +217,8 @@ class StateDir:
         gpus = [self._load_json(f"gpu{i}.json") for i in range(len(node.gpus))]
         entries = self._load_log(node)
         hcas = self._load_json("hcas.json") if self._exists("hcas.json") else None
+        if self._exists("hcas.json") and not isinstance(hcas, list):
+            raise _refuse(self.path / "hcas.json", f"not a list of HCA records ({type(hcas).__name__})")
         try:
             node.restore(gpus, entries)
             if hcas is not None:
@@ -217,6 +229,9 @@ class StateDir:
             raise _refuse(self.path / name, f"{where}{e}") from None
         except (ValueError, TypeError) as e:
             raise _refuse(self.path / ("hcas.json" if hcas is not None else "node.json"), str(e)) from None
+        if not entries and any(_has_history(g) for g in gpus):
+            log.warning("%s: empty, yet the GPU records show past events: the event log was lost",
+                        self.path / "events.log")
         return True
 
     def _create(self, node: Node, meta: dict) -> None:
