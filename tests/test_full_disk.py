@@ -61,7 +61,7 @@ def test_a_change_that_cannot_be_saved_is_refused_and_leaves_the_node_as_it_was(
         node, state = make(disk / "state")
         heard = []
         ctl = Controller(node, state, clock=lambda: T0 + 1)
-        ctl.subscribers.append(lambda n, notes, entries: heard.append(entries))
+        ctl.subscribers.append(lambda n, outcome: heard.append(outcome))
         ctl.apply(InjectXid(0, 48))  # a change before the disk fills is saved and heard
         assert len(heard) == 1
         before_files = files(disk / "state")
