@@ -12,6 +12,8 @@ import pytest
 
 from helpers_nvml import INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, SUCCESS, UNINITIALIZED, Published
 from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin
+
+UNKNOWN = 999  # NVML_ERROR_UNKNOWN
 from mokkafs.daemon.shm.layout import STATE_SIZE
 
 pytestmark = pytest.mark.level("shims")
@@ -246,19 +248,23 @@ def test_pci_class_and_gsp_firmware(nvml, published):
 
 
 def test_a_writer_that_died_mid_publish_costs_one_wait_not_one_per_call(nvml, published):
-    """A daemon killed between the two seq increments leaves seq odd forever. The first read
-    waits a bounded time and takes the stale copy; the rest must not wait again."""
+    """A daemon killed between the two seq increments leaves seq odd forever, the record it was
+    writing half-written. The first read waits a bounded time; then every read answers UNKNOWN
+    (never the torn value) without waiting again, and a writer that finishes ends it."""
     assert nvml.nvmlInit_v2() == SUCCESS
     h = handle(nvml, 0)
-    published.publisher._st.seq += 1  # as if the writer died mid-publish
-    temp = C.c_uint()
-    nvml.nvmlDeviceGetTemperature(h, 0, C.byref(temp))  # the one bounded wait
+    st = published.publisher._st
+    st.seq += 1  # as if the writer died mid-publish
+    st.gpus[0].temp_gpu = 77  # half of what it was writing
+    temp = C.c_uint(12345)
+    assert nvml.nvmlDeviceGetTemperature(h, 0, C.byref(temp)) == UNKNOWN  # the one bounded wait
     t0 = time.perf_counter()
     for _ in range(200):
-        assert nvml.nvmlDeviceGetTemperature(h, 0, C.byref(temp)) == SUCCESS
+        assert nvml.nvmlDeviceGetTemperature(h, 0, C.byref(temp)) == UNKNOWN
     assert time.perf_counter() - t0 < 1.0  # 200 calls: microseconds each, not a 50 ms wait each (10 s)
-    assert temp.value == 29
-    published.publisher._st.seq += 1
+    assert temp.value == 12345  # the torn value never reached the caller
+    st.seq += 1  # the writer finished
+    assert nvml.nvmlDeviceGetTemperature(h, 0, C.byref(temp)) == SUCCESS and temp.value == 77
 
 
 WAITER = """

@@ -265,8 +265,9 @@ def test_a_symlink_or_fifo_state_file_is_refused_at_once(tmp_path, name):
     assert target.read_bytes() == b"root:x:0:0\n"
 
 
-def test_an_event_log_symlink_is_never_appended_to(tmp_path):
+def test_an_event_log_symlink_is_never_appended_to(tmp_path, expect_log):
     node, state, _ = make(tmp_path)
+    expect_log(r"InjectXid not applied: cannot save the state")
     target = tmp_path / "passwd-copy"
     target.write_bytes(b"root:x:0:0\n")
     (tmp_path / "state" / "events.log").unlink()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import logging.handlers
 import os
@@ -50,7 +51,15 @@ class _DaemonLog(logging.handlers.RotatingFileHandler):
     someone planted in the state directory."""
 
     def _open(self):
-        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        from mokkafs.daemon.persist import own_file_problem
+
+        # O_NONBLOCK: a FIFO planted here opens at once (and is refused) instead of hanging.
+        fd = os.open(self.baseFilename,
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        problem = own_file_problem(os.fstat(fd))
+        if problem:
+            os.close(fd)
+            raise OSError(errno.EPERM, problem)  # a hard link would be written through
         return os.fdopen(fd, "a", encoding="utf-8", errors="replace")
 
 
@@ -142,7 +151,7 @@ def cmd_mount(args) -> int:
         try:
             _setup_daemon_logging(logfile)
         except OSError as e:
-            os.write(w, f"error: {logfile}: {e.strerror} (a symlink is refused)\n".encode())
+            os.write(w, f"error: {logfile}: {e.strerror} (a symlink, hard link or FIFO is refused)\n".encode())
             os._exit(1)
         devnull = os.open(os.devnull, os.O_RDWR)
         for n in (0, 1, 2):
@@ -341,10 +350,11 @@ def cmd_profile_import(args) -> int:
     """Captures of a real node -> a profile file; refused (nothing written) when it would not load."""
     from mokkafs.model.profile_import import ImportRefused, import_profile
     from mokkafs.model.schema import ProfileError
-    from mokkafs.model.profiles import load_profile
+    from mokkafs.model.profiles import load_profile, read_input
 
     try:
-        files = [(path, Path(path).read_text(errors="replace")) for path in args.captures]
+        # Bounded, regular files only: a FIFO or /dev/zero given as a capture is refused at once.
+        files = [(path, read_input(Path(path), "capture", 64 << 20)) for path in args.captures]
         board = (args.fill_from, load_profile(args.fill_from)) if args.fill_from else None
         imported, profile, text = import_profile(files, args.name or Path(args.output).stem, board, args.driver_version)
     except OSError as e:

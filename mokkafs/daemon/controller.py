@@ -5,6 +5,7 @@ Every writer (control files, the CLI through them, the Kubernetes agent) goes th
 """
 from __future__ import annotations
 
+import copy
 import logging
 
 from collections.abc import Callable
@@ -36,12 +37,23 @@ class Controller:
         handler = self.handlers.get(type(event))
         if handler is not None:
             return handler(event)
+        # Validate (the model refuses before changing anything), persist, then publish: a
+        # change no surface has seen yet is rolled back if it cannot be saved, so a full state
+        # disk refuses the write (EIO) and leaves the node exactly as it was, on every surface
+        # and after a restart. Nothing else runs between apply and save (no await).
+        targets = range(len(self.node.gpus)) if event.gpu is None else [event.gpu]
+        before = _snapshot(self.node, targets, event.gpu is None) if self.state is not None else None
         outcome = self.node.apply(event, self.clock(), note)
+        if self.state is not None:
+            try:
+                self.state.save_change(self.node, outcome.gpus, outcome.hcas, outcome.log)
+            except OSError as e:
+                _restore(self.node, before)
+                log.error("%s not applied: cannot save the state: %s", type(event).__name__, e.strerror or e)
+                raise
         for name in outcome.saturated:
             # Once per counter: it stays at its maximum until a reset clears it.
             log.warning("%s saturated at its maximum; later errors are not counted", name)
-        # Subscribers first: a blocked nvmlEventSetWait wakes as soon as the event is in the
-        # shared state; the write that caused it still returns only once it is persisted.
         for subscriber in self.subscribers:
             try:
                 subscriber(self.node, outcome)
@@ -49,10 +61,30 @@ class Controller:
                 # A failing view (a full disk under the mirror, say) must not leave the event
                 # applied but unpersisted, nor keep the other views from hearing of it.
                 log.exception("subscriber %r failed on %s", subscriber, type(event).__name__)
-        if self.state is not None:
-            for i in outcome.gpus:
-                self.state.save_gpu(self.node, i)
-            if outcome.hcas:  # node-level events (node reset, InfiniBand ports) touch the HCAs
-                self.state.save_hcas(self.node)
-            self.state.append_log(self.node, outcome.log)
         return outcome
+
+
+# What never changes after a node is built (its composition) is shared by a snapshot, not
+# copied; the GPU and HCA records are copied only where the event can change them, and the log
+# and the MIG views' cache hold immutable entries. The rest is small, and copied whole.
+_FIXED = frozenset({"config", "profile", "identities", "layout"})
+_SPECIAL = frozenset({"gpus", "hcas", "log", "_mig_views"})
+
+
+def _snapshot(node: Node, gpus, hcas: bool) -> dict:
+    state = vars(node)
+    memo = {id(v): v for k, v in state.items() if k in _FIXED}
+    snap = copy.deepcopy({k: v for k, v in state.items() if k not in _FIXED and k not in _SPECIAL}, memo)
+    snap["gpus"] = list(node.gpus)
+    snap["_gpu_copies"] = {i: copy.deepcopy(node.gpus[i], memo) for i in gpus}
+    snap["hcas"] = copy.deepcopy(node.hcas, memo) if hcas else node.hcas
+    snap["log"] = copy.copy(node.log)
+    snap["_mig_views"] = dict(node._mig_views)
+    return snap
+
+
+def _restore(node: Node, snap: dict) -> None:
+    copies = snap.pop("_gpu_copies")
+    for i, g in copies.items():
+        snap["gpus"][i] = g
+    vars(node).update(snap)

@@ -239,6 +239,7 @@ async def start(
         from mokkafs.daemon import metrics_server as metrics
 
         server = metrics.MetricsServer(controller, lambda: (ops.operations, ops.errors), clock)
+        stack.callback(server.refusals.flush, True)
         bound = await nursery.start(metrics.serve, opts.metrics, server)
     nursery.start_soon(_flush_refusals, ops, clock)
     # Last: a scenario left running by a previous daemon resumes on a node that serves.

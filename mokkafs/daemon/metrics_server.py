@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import trio
 
 from mokkafs.daemon.controller import Controller
+from mokkafs.daemon.ratelimit import RefusalLog, Summary
 from mokkafs.render.metrics import CONTENT_TYPE, DEFAULT_HOSTNAME_LABEL, render
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,14 @@ DEFAULT_HOST = "127.0.0.1"  # loopback unless asked: a simulator should not appe
 DEFAULT_LISTEN = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
 
 MAX_REQUEST_BYTES = 16 * 1024  # request line and headers; a scraper sends a few hundred
-REQUEST_TIMEOUT_S = 10.0  # a client that sends nothing is dropped, not waited on forever
+# A connection's whole life (request in, response out): a scraper needs milliseconds; a client
+# that sends nothing, or reads nothing, is dropped, not waited on.
+REQUEST_TIMEOUT_S = 5.0
+# Connections served at once. Prometheus and dcgm-exporter's consumers scrape one at a time per
+# target; any local user can connect, so this bounds the descriptors and memory they can make
+# the daemon (which also serves the FUSE edge and the control socket) hold. Over it, a new
+# connection is closed at once.
+MAX_CONNECTIONS = 32
 
 
 def parse_listen(spec: str) -> tuple[str | None, int]:
@@ -79,6 +87,19 @@ class MetricsServer:
         self.clock = clock
         self.hostname_label = hostname_label
         self.scrapes = 0
+        self.connections = 0  # being served now
+        self.refused = 0  # connections closed at once: MAX_CONNECTIONS were being served
+        # One line per kind of trouble, its repeats summarised: any local user can reset
+        # connections as fast as it likes, and each line would otherwise rotate history away.
+        self.refusals = RefusalLog(clock, self._log_summary)
+
+    @staticmethod
+    def _log_summary(summary: Summary) -> None:
+        log.info("metrics: %s: %s", summary.key, summary.line())
+
+    def _note(self, kind: str, detail: object) -> None:
+        if self.refusals.first(kind):
+            log.info("metrics: %s: %s", kind, detail)
 
     def respond(self, request_line: str) -> tuple[Response, bool]:
         """The response to one request line, and whether it is a HEAD (no body sent)."""
@@ -103,34 +124,48 @@ class MetricsServer:
         return Response(200, "OK", body, CONTENT_TYPE), method == "HEAD"
 
     async def handle(self, stream: trio.SocketStream) -> None:
-        """One connection, one request. Never raises: a bad client must not stop the daemon."""
+        """One connection, one request, within REQUEST_TIMEOUT_S. Never raises: a bad client
+        must not stop the daemon."""
+        if self.connections >= MAX_CONNECTIONS:
+            self.refused += 1
+            self._note("connection refused", f"{MAX_CONNECTIONS} connections are being served")
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+            return
+        self.connections += 1
         try:
             async with stream:
-                request_line = await self._read_request(stream)
-                if request_line is None:
-                    return
-                try:
-                    response, head_only = self.respond(request_line)
-                except Exception:
-                    log.exception("metrics: rendering %r failed", request_line)
-                    response, head_only = Response(500, "Internal Server Error", b"internal error\n"), False
-                with trio.move_on_after(REQUEST_TIMEOUT_S):
-                    await stream.send_all(response.encode(head_only))
+                with trio.move_on_after(REQUEST_TIMEOUT_S) as scope:
+                    await self._serve_one(stream)
+                if scope.cancelled_caught:
+                    self._note("client timed out", f"no complete exchange in {REQUEST_TIMEOUT_S:.0f} s")
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-            log.info("metrics: client went away: %s", e)
+            self._note("client went away", e)
+        finally:
+            self.connections -= 1
+
+    async def _serve_one(self, stream: trio.SocketStream) -> None:
+        request_line = await self._read_request(stream)
+        if request_line is None:
+            return
+        try:
+            response, head_only = self.respond(request_line)
+        except Exception:
+            log.exception("metrics: rendering %r failed", request_line)
+            response, head_only = Response(500, "Internal Server Error", b"internal error\n"), False
+        await stream.send_all(response.encode(head_only))
 
     async def _read_request(self, stream: trio.SocketStream) -> str | None:
         buf = bytearray()
-        with trio.move_on_after(REQUEST_TIMEOUT_S):
-            while b"\r\n\r\n" not in buf and b"\n\n" not in buf:
-                chunk = await stream.receive_some(4096)
-                if not chunk:
-                    break
-                buf += chunk
-                if len(buf) > MAX_REQUEST_BYTES:
-                    log.info("metrics: request headers over %d bytes; refused", MAX_REQUEST_BYTES)
-                    await stream.send_all(Response(431, "Request Header Fields Too Large", b"too large\n").encode())
-                    return None
+        while b"\r\n\r\n" not in buf and b"\n\n" not in buf:
+            chunk = await stream.receive_some(4096)
+            if not chunk:
+                break
+            buf += chunk
+            if len(buf) > MAX_REQUEST_BYTES:
+                self._note("request too large", f"headers over {MAX_REQUEST_BYTES} bytes")
+                await stream.send_all(Response(431, "Request Header Fields Too Large", b"too large\n").encode())
+                return None
         line = bytes(buf).split(b"\n", 1)[0].rstrip(b"\r")
         if not line:
             return None

@@ -43,6 +43,16 @@ _CREATING = ".creating"  # present while a fresh state directory is being writte
 _STATE_FILES = re.compile(r"gpu[0-9]+\.json|hcas\.json|events\.log")
 
 
+def _has_history(record: object) -> bool:
+    """Does a saved GPU record show an event that the log would have a line for?"""
+    if not isinstance(record, dict):
+        return False
+    ecc = record.get("ecc")
+    return bool(record.get("xid_counts") or record.get("last_xid") is not None or record.get("pins")
+                or record.get("lost") or record.get("nvlink_down")
+                or (isinstance(ecc, dict) and any(v for v in ecc.values() if not isinstance(v, (dict, list)))))
+
+
 class StateError(Exception):
     """A state directory that cannot be used; the message says which file and why."""
 
@@ -77,6 +87,19 @@ def check_state_dir(path: Path) -> None:
         raise StateError(f"{path}: the state directory must be owned by uid {os.geteuid()} and writable only by it")
 
 
+def own_file_problem(st: os.stat_result) -> str | None:
+    """Why an open state file may not be used, or None. A hard link (link count above 1) is
+    another name of a file elsewhere, which a write would change; one owned by someone else is
+    not what the daemon wrote. Symbolic links are refused at open (O_NOFOLLOW)."""
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_nlink != 1:
+        return f"has {st.st_nlink} hard links; a state file has one"
+    if st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not the daemon's {os.geteuid()}"
+    return None
+
+
 def read_regular(path: Path, cap: int) -> bytes:
     """The contents of `path`, a regular file of at most `cap` bytes, or StateError."""
     try:
@@ -87,8 +110,9 @@ def read_regular(path: Path, cap: int) -> bytes:
         raise _refuse(path, f"unreadable ({e.strerror})") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _refuse(path, "is not a regular file")
+        problem = own_file_problem(st)
+        if problem:
+            raise _refuse(path, problem)
         if st.st_size > cap:
             raise _refuse(path, f"is {st.st_size} bytes, more than the {cap} a state file may hold")
         chunks, left = [], cap + 1
@@ -106,7 +130,9 @@ def read_regular(path: Path, cap: int) -> bytes:
         os.close(fd)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_tmp(path: Path, data: bytes) -> Path:
+    """`data` in a new temporary file beside `path`, returned; nothing is left behind when the
+    write fails (a full disk keeps no half-written copy taking its last blocks)."""
     tmp = path.with_name(f".{path.name}.tmp")
     # A stale tmp (a crash mid-write, or a link someone planted) is removed, never written
     # through: O_EXCL|O_NOFOLLOW creates a new file or fails.
@@ -117,9 +143,26 @@ def _write_atomic(path: Path, data: bytes) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise _named(path, e) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     finally:
         os.close(fd)
-    os.replace(tmp, path)  # rename replaces a symlink at `path`, never its target
+    return tmp
+
+
+def _named(path: Path, e: OSError) -> OSError:
+    """`e`, its message naming the file it is about (a full disk says which file it refused)."""
+    return OSError(e.errno, f"{path}: {e.strerror or e}")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    os.replace(_write_tmp(path, data), path)  # rename replaces a symlink at `path`, never its target
 
 
 def _log_line(entry: LogEntry) -> bytes:
@@ -174,6 +217,8 @@ class StateDir:
         gpus = [self._load_json(f"gpu{i}.json") for i in range(len(node.gpus))]
         entries = self._load_log(node)
         hcas = self._load_json("hcas.json") if self._exists("hcas.json") else None
+        if self._exists("hcas.json") and not isinstance(hcas, list):
+            raise _refuse(self.path / "hcas.json", f"not a list of HCA records ({type(hcas).__name__})")
         try:
             node.restore(gpus, entries)
             if hcas is not None:
@@ -184,6 +229,9 @@ class StateDir:
             raise _refuse(self.path / name, f"{where}{e}") from None
         except (ValueError, TypeError) as e:
             raise _refuse(self.path / ("hcas.json" if hcas is not None else "node.json"), str(e)) from None
+        if not entries and any(_has_history(g) for g in gpus):
+            log.warning("%s: empty, yet the GPU records show past events: the event log was lost",
+                        self.path / "events.log")
         return True
 
     def _create(self, node: Node, meta: dict) -> None:
@@ -226,6 +274,28 @@ class StateDir:
             self._log_lines = len(entries)
         return entries
 
+    def save_change(self, node: Node, gpus, hcas: bool, entries: Sequence[LogEntry]) -> None:
+        """One applied event's files, all or none: the records of `gpus` (and the HCAs') are
+        written aside, the log lines appended, and only then are the records renamed into place.
+        On any failure (a full disk) every file is left as it was and OSError is raised, so the
+        caller can roll the model back and the next start restores exactly what was there."""
+        records = [(self.path / f"gpu{i}.json", json.dumps(node.gpus[i].to_dict()).encode()) for i in gpus]
+        if hcas:
+            records.append((self.path / "hcas.json", json.dumps([h.to_dict() for h in node.hcas]).encode()))
+        written: list[tuple[Path, Path]] = []
+        try:
+            for path, data in records:
+                written.append((_write_tmp(path, data), path))
+            self._append(entries)
+        except BaseException:
+            for tmp, _ in written:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            raise
+        for tmp, path in written:
+            os.replace(tmp, path)  # a rename takes no new blocks: it does not fail on a full disk
+        self._compact(node)
+
     def save_gpu(self, node: Node, i: int) -> None:
         _write_atomic(self.path / f"gpu{i}.json", json.dumps(node.gpus[i].to_dict()).encode())
 
@@ -250,6 +320,11 @@ class StateDir:
         return record
 
     def append_log(self, node: Node, entries: Sequence[LogEntry]) -> None:
+        self._append(entries)
+        self._compact(node)
+
+    def _append(self, entries: Sequence[LogEntry]) -> None:
+        """Append `entries` whole, or leave the log as it was (OSError)."""
         if not entries:
             return
         data = b"".join(map(_log_line, entries))
@@ -260,14 +335,31 @@ class StateDir:
             0o644,
         )
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(errno.EINVAL, f"{self.path / 'events.log'} is not a regular file")
+            st = os.fstat(fd)
+            problem = own_file_problem(st)
+            if problem:
+                raise OSError(errno.EPERM, f"{self.path / 'events.log'} {problem}")
             view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            try:
+                while view:
+                    view = view[os.write(fd, view):]
+            except OSError as e:
+                # Lines cut short by a full disk would read as a crash's torn line at the next
+                # start; cut them off (a truncation frees blocks, it needs none).
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, st.st_size)
+                raise _named(self.path / "events.log", e) from None
         finally:
             os.close(fd)
         self._log_lines += len(entries)
+
+    def _compact(self, node: Node) -> None:
+        """Rewrite the log to the model's last lines once it holds twice as many; a failure
+        (a full disk) only leaves it longer, so it is logged, not raised."""
         if self._log_lines > 2 * LOG_LIMIT:
-            _write_atomic(self.path / "events.log", b"".join(map(_log_line, node.log)))
+            try:
+                _write_atomic(self.path / "events.log", b"".join(map(_log_line, node.log)))
+            except OSError as e:
+                log.warning("%s: cannot compact the event log: %s", self.path / "events.log", e.strerror or e)
+                return
             self._log_lines = len(node.log)

@@ -162,13 +162,15 @@ class ScenarioRunner:
                 return
             loaded = load_text(str(rec["text"]), str(rec["where"]))
             seed, speed, start, nxt = int(rec["seed"]), float(rec["speed"]), float(rec["start"]), int(rec["next"])
-            if not (0 < speed <= MAX_SPEED and 0 <= start and 0 <= seed):
+            # The request's rule for its start holds for a restored one too: a start past it
+            # (1e20, say) is no time a clock can show, and node/scenario could not render it.
+            if not (0 < speed <= MAX_SPEED and 0 <= start <= self.clock() + MAX_DURATION_S and 0 <= seed):
                 raise ValueError("seed, speed or start out of range")
             plan = self._plan(loaded, seed)
             if not 0 <= nxt <= len(plan):
                 raise ValueError(f"next step {nxt} beyond the plan's {len(plan)}")
         except (StateError, ScenarioError, InvalidCommand, KeyError, ValueError, TypeError) as e:
-            log.warning("scenario left by the previous daemon aborted: %s", e)
+            log.warning("%s: scenario left by the previous daemon aborted: %s", state.path / "scenario.json", e)
             self.last = f"aborted after a restart: {e}"
             state.save_scenario(None)
             return

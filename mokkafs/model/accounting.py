@@ -65,6 +65,16 @@ def validate_processes(node: Node, e: SetProcesses) -> None:
     pids = {pid for pid, _ in e.processes}
     if any(pid not in pids for pid, _, _ in e.instances):
         raise InvalidCommand("an instance names a pid that is not in the process list")
+    # No real allocation is larger than the memory it is made in: the GPU's, or, for a process
+    # on a MIG device, its GPU instance's.
+    room = node.gi_memory_bytes(e.gpu)
+    on = {pid: gi for pid, gi, _ in e.instances}
+    whole = node.profile.memory.total_mib << 20
+    for pid, used in e.processes:
+        cap = room.get(on[pid], 0) if pid in on else whole
+        if used > cap:
+            where = f"GPU instance {on[pid]}" if pid in on else "the GPU"
+            raise InvalidCommand(f"pid {pid} claims {used} bytes, more than the {cap} of {where}")
 
 
 def set_processes(node: Node, e: SetProcesses, now: float) -> Outcome:

@@ -156,6 +156,11 @@ class Node:
         g = self.gpus[i]
         return () if g.lost or not g.mig.enabled else g.mig.instances
 
+    def gi_memory_bytes(self, i: int) -> dict[int, int]:
+        """The memory of each of GPU `i`'s GPU instances, by instance id."""
+        tables = self.profile.mig
+        return {g.id: mig.gi_profile_by_index(tables, g.profile).memory_mib << 20 for g in self.mig_instances(i)}
+
     def mig_capacity(self, i: int) -> tuple[int, ...]:
         """GPU instances of each profile of the board's table (in its order) that still fit on
         GPU `i`; all zero while MIG is off or the GPU is lost."""
@@ -186,6 +191,10 @@ class Node:
         for pid, nbytes in self.processes[i]:
             if pid in on:
                 used[on[pid][0]] = used.get(on[pid][0], 0) + nbytes
+        # Claims from several users may add up past the instance; what it reports used never
+        # exceeds what it has (nor its free memory goes below zero).
+        room = self.gi_memory_bytes(i)
+        used = {gi: min(nbytes, room.get(gi, 0)) for gi, nbytes in used.items()}
         ident = self.identities[i]
         return self._mig_view(i, ("devices", instances, tuple(sorted(used.items()))),
                               lambda: mig.describe(self.profile, ident.uuid, ident.minor, instances, used))

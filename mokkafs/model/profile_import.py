@@ -515,7 +515,12 @@ def build(caps: Captures, driver_override: str | None = None, fill_board: tuple[
         path = path or BY_PROFILE[key].x[0]
         v = text(path)
         if when(v):
-            out.put(key, conv(v), g.origin[path])
+            try:
+                value = conv(v)
+            except (ValueError, IndexError, OverflowError):
+                raise ImportRefused(f"{g.origin[path]}: {key}: {' '.join(str(v).split())[:80]!r} is not what "
+                                    "the driver prints there") from None
+            out.put(key, value, g.origin[path])
             return True
         return False
 

@@ -66,13 +66,76 @@ def _models_in(ann) -> list[type[BaseModel]]:
     return [m for arg in getattr(ann, "__args__", ()) for m in _models_in(arg)]
 
 
-def _read_mapping(path: Path, what: str) -> dict:
+# A profile or composition is a few KiB; anything past this is not one (a multi-GiB file, or
+# /dev/zero, would otherwise be read whole).
+MAX_INPUT_BYTES = 1 << 20
+
+
+def read_input(path: Path, what: str, cap: int = MAX_INPUT_BYTES) -> str:
+    """The text of `path`, a regular file of at most `cap` bytes of UTF-8, or ProfileError naming
+    the file. Opened without blocking, so a FIFO is refused at once instead of hanging."""
+    import os
+    import stat
+
     try:
-        raw = yaml.safe_load(path.read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise ProfileError(f"{path}: cannot read {what}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ProfileError(f"{path}: cannot read {what}: not a regular file")
+        if st.st_size > cap:
+            raise ProfileError(f"{path}: cannot read {what}: {st.st_size} bytes, more than the {cap} allowed")
+        data = b""
+        while len(data) <= cap:
+            chunk = os.read(fd, cap + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+        if len(data) > cap:
+            raise ProfileError(f"{path}: cannot read {what}: more than the {cap} bytes allowed")
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read {what}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ProfileError(f"{path}: line {line}: not UTF-8 text") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last
+    silently, so a typo'd duplicate would override what the reader sees first)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:
+                continue  # an unhashable key: construct_mapping's own error says so
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _read_mapping(path: Path, what: str) -> dict:
+    text = read_input(path, what)
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
-        raise ProfileError(f"{path}: not valid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ProfileError(f"{path}: not valid YAML{where}: {' '.join(str(problem).split())}") from None
+    except RecursionError:
+        raise ProfileError(f"{path}: nested too deeply") from None
     if not isinstance(raw, dict):
         raise ProfileError(f"{path}: a {what} must be a mapping of keys, got {type(raw).__name__}")
     return raw

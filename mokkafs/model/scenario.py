@@ -361,6 +361,8 @@ def load_text(text: str | bytes, where: str = "<scenario>") -> Loaded:
         line = f"{mark.line + 1}:" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ScenarioError(f"{where}:{line} not YAML: {problem}") from None
+    except RecursionError:  # PyYAML's parser recurses once per level of nesting
+        raise ScenarioError(f"{where}: nested too deeply") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{where}:1: a scenario is a mapping with name, seed and steps")
     probe = Loaded(None, where, lines, text)  # for the error's line before the model exists

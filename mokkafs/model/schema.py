@@ -71,7 +71,7 @@ class PciIds(_Strict):
 
 
 class Memory(_Strict):
-    total_mib: Annotated[int, Field(gt=0)]
+    total_mib: Annotated[int, Field(gt=0, le=1 << 24)]  # 16 TiB: past any GPU, within every field that holds it
     reserved_mib: Annotated[int, Field(ge=0)]
     bar1_mib: Annotated[int, Field(gt=0)]
     bar1_used_mib: Annotated[int, Field(ge=0)] = 0  # what the idle board's driver maps (bar1_memory_usage/used)

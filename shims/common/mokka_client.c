@@ -339,6 +339,17 @@ void mokka_section_retry(struct mokka_section *r)
     r->seq = __atomic_load_n(&r->s->seq, __ATOMIC_ACQUIRE);
 }
 
+int mokka_settled_slow(const struct mokka_state *s)
+{
+    struct mokka_section r = {s, __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE), 0, 0};
+    while (r.seq & 1) {
+        mokka_section_retry(&r);
+        if (r.done) /* the bounded wait ran out, or an earlier one did on this very value */
+            return !(__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) & 1);
+    }
+    return 1;
+}
+
 void mokka_read_string(const struct mokka_state *s, const char *field, size_t n, char *out, size_t room)
 {
     if (room == 0)

@@ -133,6 +133,17 @@ static inline void mokka_read(const struct mokka_state *s, const void *src, void
     MOKKA_CONSISTENT(s) memcpy(dst, src, n);
 }
 
+/* Is s's record stable enough to read? 1 at once while seq is even (one load, on the line the
+   fast path reads anyway); else the section's bounded wait for the writer to finish, and 0 when
+   seq stays odd past it (a writer that died mid-publish): what is in the mapping may be torn,
+   and the caller answers its API's error instead of reading it. */
+int mokka_settled_slow(const struct mokka_state *s);
+
+static inline int mokka_settled(const struct mokka_state *s)
+{
+    return __builtin_expect(!(__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) & 1), 1) || mokka_settled_slow(s);
+}
+
 /* One field into a variable of its type. */
 #define MOKKA_SNAP(s, field, out) mokka_read((s), &(field), &(out), sizeof(out))
 

@@ -17,8 +17,9 @@
  * rewrites them. The daemon publishes every record at once (after each event and
  * on a ~100 ms tick for time-varying values): seq+1, write, seq+1. A reader
  * copies what it needs between two loads of `seq` and retries while they differ
- * or are odd; the retry is bounded, and a writer that died mid-write leaves the
- * last copy to be used (stale, never a hang).
+ * or are odd; the retry is bounded. A writer that died mid-write (seq odd past
+ * the bounded wait) leaves records that may be torn: readers answer their API's
+ * error for it (NVML_ERROR_UNKNOWN), never a torn value and never a hang.
  *
  * Events: `ring` holds the last MOKKA_EVENT_RING events. Event number n lives in
  * ring[n % MOKKA_EVENT_RING] with its `seq` field set to n+1 (0 = never written).

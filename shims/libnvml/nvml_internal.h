@@ -203,6 +203,10 @@ static inline nvmlReturn_t dev_check(nvmlDevice_t d, unsigned int flags, const s
     } else if (!s || gpu >= gpu_count(s)) {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
+    /* A writer that died mid-publish left the records half-written: every getter may answer
+       UNKNOWN ("an internal driver error occurred"), none may answer a torn value. */
+    if (__builtin_expect(!mokka_settled(s), 0))
+        return NVML_ERROR_UNKNOWN;
     const struct mokka_gpu *g = &s->gpus[gpu];
     if (!(flags & DEV_LOST_OK) && __atomic_load_n(&g->lost, __ATOMIC_RELAXED))
         return NVML_ERROR_GPU_IS_LOST;

@@ -375,6 +375,11 @@ class ProcessTable:
             # listed on the parent GPU alone.
             live = {(g.id, c.id) for g in node.mig_instances(i) for c in g.compute}
             instances = tuple(sorted((pid, gi, ci) for pid, (gi, ci) in self.on_mig[i].items() if (gi, ci) in live))
+            # A process on a MIG device cannot hold more than its GPU instance has: its counter
+            # is clamped there, as a GPU's is to the GPU (a claim is not an allocation).
+            room = node.gi_memory_bytes(i)
+            gi_of = {pid: gi for pid, gi, _ in instances}
+            procs = tuple((pid, min(used, room[gi_of[pid]]) if pid in gi_of else used) for pid, used in procs)
             if procs == node.processes[i] and dict(node.process_instances[i]) == {p: (g, c) for p, g, c in instances}:
                 continue
             try:

@@ -344,11 +344,17 @@ class Publisher:
             log.warning("%s: replacing what is there, not a state file (%s)", self.path, e.strerror)
             return None
         st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_size == STATE_SIZE and self._valid(fd):
+        # A hard link (another name of a file elsewhere) or another user's file is never
+        # written through: it is replaced with a rename, like anything else that is not ours.
+        ours = st.st_nlink == 1 and st.st_uid == os.geteuid()
+        if stat.S_ISREG(st.st_mode) and ours and st.st_size == STATE_SIZE and self._valid(fd):
             return fd
         os.close(fd)
         if not stat.S_ISREG(st.st_mode):
             log.warning("%s: replacing what is there, not a regular file", self.path)
+        elif not ours:
+            log.warning("%s: replacing a hard link or another user's file (links %d, uid %d)", self.path,
+                        st.st_nlink, st.st_uid)
         elif st.st_size:
             log.warning("%s: replacing an incompatible state file (%d bytes)", self.path, st.st_size)
         return None
@@ -363,7 +369,7 @@ class Publisher:
             pass
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         try:
-            _allocate(fd)
+            _allocate(fd, self.path)
             mm = mmap.mmap(fd, STATE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             try:
                 if content is not None:
@@ -449,7 +455,7 @@ class Publisher:
         """Our file, changed in place: its size, then its header and counters."""
         if os.fstat(self._fd).st_size != STATE_SIZE:
             try:
-                _allocate(self._fd)
+                _allocate(self._fd, self.path)
             except OSError:
                 os.ftruncate(self._fd, STATE_SIZE)  # sparse, then: a full disk may fault a page later
         self._put_header(self._st)
@@ -607,8 +613,11 @@ class Publisher:
             self.publish(node, tick=True)
 
 
-def _allocate(fd: int) -> None:
+def _allocate(fd: int, path) -> None:
     """Size the file and back every page of it: a store into a hole on a full filesystem is a
     SIGBUS, where posix_fallocate's ENOSPC is an error we can report."""
-    os.ftruncate(fd, STATE_SIZE)
-    os.posix_fallocate(fd, 0, STATE_SIZE)
+    try:
+        os.ftruncate(fd, STATE_SIZE)
+        os.posix_fallocate(fd, 0, STATE_SIZE)
+    except OSError as e:
+        raise OSError(e.errno, f"{path}: cannot allocate the state file ({STATE_SIZE} bytes): {e.strerror}") from None

@@ -1,0 +1,98 @@
+"""A state disk that fills up: a change that cannot be saved is not applied (the writer hears of
+it, the node stays exactly as it was on every surface and after a restart), and a daemon that
+cannot write its state at start says so instead of "ready"."""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mokkafs.daemon.controller import Controller
+from mokkafs.daemon.persist import StateDir
+from mokkafs.model import Node, compose
+from mokkafs.model.events import InjectEcc, InjectXid, Reset
+from mokkafs.model.profiles import load_profile
+
+pytestmark = pytest.mark.level("daemon")
+
+T0 = 1_800_000_000.0
+
+
+@contextlib.contextmanager
+def small_disk(where: Path, size: str = "1m"):
+    """A tmpfs of `size` at `where` (a disk that can fill up), unmounted after."""
+    where.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(disk: Path) -> None:
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\0" * 4096)
+    finally:
+        os.close(fd)
+
+
+def files(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}
+
+
+def make(state_dir: Path) -> tuple[Node, StateDir]:
+    node = Node(compose(load_profile("h100"), gpus=4, hostname="full"), T0)
+    state = StateDir(state_dir)
+    state.open(node)
+    return node, state
+
+
+@pytest.mark.parametrize("event", [InjectXid(1, 79), InjectEcc(2, "dbe", 3, "dram"), Reset(None)],
+                         ids=["xid", "ecc", "node-reset"])
+def test_a_change_that_cannot_be_saved_is_refused_and_leaves_the_node_as_it_was(tmp_path, event, expect_log):
+    with small_disk(tmp_path / "disk") as disk:
+        node, state = make(disk / "state")
+        heard = []
+        ctl = Controller(node, state, clock=lambda: T0 + 1)
+        ctl.subscribers.append(lambda n, outcome: heard.append(outcome))
+        ctl.apply(InjectXid(0, 48))  # a change before the disk fills is saved and heard
+        assert len(heard) == 1
+        before_files = files(disk / "state")
+        before = ([g.to_dict() for g in node.gpus], [h.to_dict() for h in node.hcas], list(node.log),
+                  node.generation, dict(node.injections))
+        fill(disk)
+        expect_log(r"not applied: cannot save the state")
+        with pytest.raises(OSError) as e:
+            ctl.apply(event)
+        assert e.value.errno == errno.ENOSPC
+        assert len(heard) == 1  # no surface was told
+        assert ([g.to_dict() for g in node.gpus], [h.to_dict() for h in node.hcas], list(node.log),
+                node.generation, dict(node.injections)) == before
+        assert files(disk / "state") == before_files  # nor a half-written file left behind
+        assert not [p for p in (disk / "state").iterdir() if p.name.endswith(".tmp")]
+        os.unlink(disk / "filler")
+        again, _ = make(disk / "state")
+        assert [g.to_dict() for g in again.gpus] == before[0]
+        ctl.apply(event)  # with room again, the same change goes through
+        assert len(heard) == 2
+
+
+def test_mokka_mount_with_a_full_state_disk_fails_with_the_reason(node_factory, tmp_path):
+    node = node_factory(gpus=2, mount=False)
+    with small_disk(tmp_path / "disk", "4m") as disk:
+        fill(disk)
+        state_dir = disk / "state"
+        out = node.cli("mount", str(node.mnt), "--profile", "h100", "--gpus", "2", "--state-dir", str(state_dir),
+                       check=False, timeout=60)
+        text = out.stdout + out.stderr
+        assert out.returncode != 0, text
+        assert "ready" not in text and "Traceback" not in text
+        assert "No space left on device" in text and str(disk) in text, text
+        assert not os.path.ismount(node.mnt)
