@@ -232,7 +232,8 @@ def test_every_surface_accepts_exactly_the_same_commands(tmp_path, capsys, expec
 def _every_surface(tmp_path, capsys, config, node, control):
     files = {"node": node_dir().children(None)}
     files.update({f"gpu={i}": gpu_dir(i).children(None) for i in range(4)})
-    files.update({f"hca={j}": d.children(None) for j, d in enumerate(control_dir(config).children(None).values())})
+    hcas = [e for n, e in control_dir(config).children(None).items() if n.startswith("mlx5_")]  # not ib/fabric
+    files.update({f"hca={j}": d.children(None) for j, d in enumerate(hcas)})
     driven = {(parse_target(t).kind, verb) for t, verb, _ in SHARED}
     assert driven == {(kind, verb) for kind, verbs in VERBS.items() for verb in verbs}, "every verb is driven"
     for target_text, verb, args in SHARED:

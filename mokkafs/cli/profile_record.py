@@ -84,6 +84,7 @@ class NodeFacts:
     cpus_by_numa: dict[int, str] = field(default_factory=dict)  # the host's /sys/devices/system/node
     driver_version: str | None = None
     cpu_model: str = ""  # /proc/cpuinfo's first model name
+    dmi: dict[str, str] = field(default_factory=dict)  # /sys/class/dmi/id: sys_vendor, product_name, board_name
     sys_root: str = "/sys"
     origin: dict[str, str] = field(default_factory=dict)
     unreadable: dict[str, str] = field(default_factory=dict)
@@ -129,6 +130,10 @@ def read_node(sys_root: str = "/sys", proc_root: str = "/proc") -> NodeFacts:
     """The node's composition from sysfs and procfs (read-only). Every fact's path is in
     `origin`; what is absent is in `unreadable` with the reason."""
     facts = NodeFacts(sys_root=sys_root)
+    for key in ("sys_vendor", "product_name", "board_name"):  # the machine as its firmware names it
+        value = _read(Path(sys_root) / "class" / "dmi" / "id" / key)
+        if value:
+            facts.dmi[key] = value
     devices = Path(sys_root) / "bus" / "pci" / "devices"
     try:
         names = sorted(os.listdir(devices))
@@ -345,6 +350,17 @@ def composition_of(facts: NodeFacts, name: str, profile: GpuProfile, versions: d
         "not read: this host's /sys/devices/system/node is not the GPUs' (their local_cpulist differs)", "  ")
     for key in ("numa_nodes", "cores_per_numa_node", "threads_per_core"):
         put(key, cpu[key], cpu_origin[key], "  ")
+    dmi = f"{facts.sys_root}/class/dmi/id"
+    printable = re.compile(r"[ -~]{1,64}")
+    if all(printable.fullmatch(facts.dmi.get(k, "")) for k in ("sys_vendor", "product_name")):
+        rows.append("system:                                  # the machine as its firmware names it")
+        put("vendor", facts.dmi["sys_vendor"], f"{dmi}/sys_vendor", "  ")
+        put("product", facts.dmi["product_name"], f"{dmi}/product_name", "  ")
+        board = facts.dmi.get("board_name", "")
+        if printable.fullmatch(board) and board != facts.dmi["product_name"]:
+            put("board", board, f"{dmi}/board_name", "  ")
+    else:
+        rows.append(f"# system: not recorded ({dmi}/sys_vendor and product_name absent or not printable ASCII)")
     put("pci_domain", domain, f"{facts.gpus[0].bus_id}: GPU 0's PCI domain")
     rows.append("slots:                                   # per GPU, in bus order (NVML's index order)")
     for i, g in enumerate(facts.gpus):
