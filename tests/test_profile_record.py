@@ -101,10 +101,12 @@ def record(node: MountedNode, out: Path, *args: str, env_prefix: tuple[str, ...]
 
 def composition_facts(c: Composition) -> dict:
     """What a composition says about the machine: all but its name, description and CPU model
-    (text for the reader), with every GPU's slot as laid out (bus, domain, NUMA, HCA beside it)."""
-    d = c.model_dump(exclude={"name", "description", "slots"})
+    (text for the reader), with every GPU's slot as laid out (bus, domain, NUMA, HCA beside it)
+    and the DMI names the node shows (a composition without a system block shows its own)."""
+    d = c.model_dump(exclude={"name", "description", "slots", "system"})
     del d["cpu"]["model"]
     d["slots"] = [s.model_dump() for s in c.layout()]
+    d["system"] = c.dmi.model_dump()
     return d
 
 
