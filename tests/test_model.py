@@ -451,3 +451,21 @@ def test_compute_features_by_capability(cc, fabric, ampere, hopper, multicast):
     assert (f.cluster_launch, f.mem_sync_domain_count, f.tensor_map_access) == (
         (True, 4, True) if hopper else (False, 1, False))
     assert f.multicast == multicast
+
+
+@pytest.mark.parametrize("arch, answers", [
+    ("TURING", ()), ("AMPERE", ("sram_ecc_status",)),
+    ("ADA", ("sram_ecc_status", "repair_status", "power_average")),
+    ("HOPPER", ("sram_ecc_status", "repair_status", "power_average", "unrepairable_memory_flag", "edpp_multiplier",
+                "gpm")),
+    ("BLACKWELL", ("sram_ecc_status", "repair_status", "power_average", "unrepairable_memory_flag",
+                   "edpp_multiplier", "gpm")),
+    ("UNKNOWN", ("sram_ecc_status", "repair_status", "power_average", "unrepairable_memory_flag",
+                 "edpp_multiplier"))])
+def test_nvml_support_by_architecture(arch, answers):
+    from dataclasses import asdict
+
+    from mokkafs.model.compute import nvml_support
+    from mokkafs.model.nvml_consts import DEVICE_ARCHS
+
+    assert {k for k, v in asdict(nvml_support(DEVICE_ARCHS[arch])).items() if v} == set(answers)

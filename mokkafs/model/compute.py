@@ -1,6 +1,7 @@
-"""What the compute capability decides, as the CUDA driver reports it through
-cuDeviceGetAttribute: the SM's limits (data) and the features each architecture turns on
-(rules); read by the model and published for libcuda.so.1, which decides none of it.
+"""What a board's generation decides: its compute capability, as the CUDA driver reports it
+through cuDeviceGetAttribute (the SM's limits, data, and the features each architecture turns
+on, rules), and its architecture, as NVML answers the queries it documents per architecture.
+Read by the model and published for libcuda.so.1 and libnvidia-ml.so.1, which decide none of it.
 
 Source of the limits: the CUDA C++ Programming Guide, "Compute Capabilities": the table
 "Technical Specifications per Compute Capability" (maximum resident threads and blocks per SM,
@@ -9,11 +10,14 @@ shared memory per SM, shared memory per block with opt-in) and the arithmetic-th
 below it (the lowest row for anything older). Source of the features: the driver API's
 CUdevice_attribute reference and the guide's chapters on L2 persistence (8.0 and later) and
 thread-block clusters, memory synchronization domains, the Tensor Memory Accelerator and
-multicast objects (9.0 and later).
+multicast objects (9.0 and later). Source of NVML's: nvml.h's "Ampere or newer" and the like on
+each query, and the captures.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from mokkafs.model.nvml_consts import DEVICE_ARCHS
 
 KIB = 1024
 
@@ -96,4 +100,34 @@ def compute_features(capability: str, l2_cache_bytes: int, in_fabric: bool) -> C
         mem_sync_domain_count=MEM_SYNC_DOMAINS if hopper else 1,
         tensor_map_access=hopper,
         multicast=hopper and in_fabric,
+    )
+
+
+
+@dataclass(frozen=True)
+class NvmlSupport:
+    """The queries NVML answers on a board of one architecture (NOT_SUPPORTED elsewhere)."""
+
+    sram_ecc_status: bool  # nvmlDeviceGetSramEccErrorStatus: Ampere and later (with ECC on)
+    repair_status: bool  # nvmlDeviceGetRepairStatus: Ada and later, as the captures have it
+    unrepairable_memory_flag: bool  # nvmlDeviceGetUnrepairableMemoryFlag_v1: Hopper and later
+    # NVML_FI_DEV_POWER_AVERAGE: nvml.h says Ampere except GA100; the A100 and T4 captures show
+    # it N/A, and the model answers it from Ada on
+    power_average: bool
+    edpp_multiplier: bool  # NVML_FI_DEV_EDPP_MULTIPLIER: Hopper and later
+    gpm: bool  # GPU performance monitoring (nvmlGpmQueryDeviceSupport): Hopper and later
+
+
+def nvml_support(architecture: int) -> NvmlSupport:
+    """What NVML answers on a board of `architecture` (NVML_DEVICE_ARCH_*; a later number is a
+    later architecture). GPM is refused on NVML_DEVICE_ARCH_UNKNOWN, as nvml.h's "Hopper or
+    newer" reads; the other queries compare the number alone."""
+    ampere, ada, hopper = (architecture >= DEVICE_ARCHS[a] for a in ("AMPERE", "ADA", "HOPPER"))
+    return NvmlSupport(
+        sram_ecc_status=ampere,
+        repair_status=ada,
+        unrepairable_memory_flag=hopper,
+        power_average=ada,
+        edpp_multiplier=hopper,
+        gpm=hopper and architecture != DEVICE_ARCHS["UNKNOWN"],
     )

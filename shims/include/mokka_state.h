@@ -76,9 +76,10 @@
  * Addressing mode (version 8): each GPU record carries the board's
  * nvmlDeviceGetAddressingMode answer (the profile's addressing_mode).
  *
- * CUDA features (version 12): each GPU record carries what its compute
- * capability turns on (L2 persistence, clusters, multicast, ...) as the
- * model decided it; libcuda copies the values, never re-derives them.
+ * Features (version 12): each GPU record carries what its compute
+ * capability turns on in CUDA (L2 persistence, clusters, multicast, ...)
+ * and which of NVML's architecture-bound queries it answers, as the model
+ * decided them; the shims copy the values, never compare an architecture.
  *
  * Restart: a daemon that finds a valid file of this version rewrites it in
  * place and continues `event_head`/`event_wake`, so consumers that hold the
@@ -350,6 +351,13 @@ struct mokka_gpu {
     uint32_t mem_sync_domain_count;
     uint32_t tensor_map_access;
     uint32_t multicast;
+    /* what the architecture lets NVML answer (version 12, compute.py nvml_support); 0/1 */
+    uint32_t nvml_sram_ecc_status;      /* nvmlDeviceGetSramEccErrorStatus (with ECC on) */
+    uint32_t nvml_repair_status;        /* nvmlDeviceGetRepairStatus */
+    uint32_t nvml_unrepairable_flag;    /* nvmlDeviceGetUnrepairableMemoryFlag_v1 */
+    uint32_t nvml_power_average;        /* NVML_FI_DEV_POWER_AVERAGE */
+    uint32_t nvml_edpp_multiplier;      /* NVML_FI_DEV_EDPP_MULTIPLIER */
+    uint32_t nvml_gpm;                  /* GPU performance monitoring */
     uint32_t pad4;
     /* settings (version 6) */
     uint32_t ecc_pending;      /* ECC mode the next GPU reset brings (nvmlDeviceGetEccMode pending) */

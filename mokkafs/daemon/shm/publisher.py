@@ -154,6 +154,13 @@ def fill_static(g, node: Node, i: int) -> None:
     g.mem_sync_domain_count = f.mem_sync_domain_count
     g.tensor_map_access = int(f.tensor_map_access)
     g.multicast = int(f.multicast)
+    nv = node.nvml_support
+    g.nvml_sram_ecc_status = int(nv.sram_ecc_status)
+    g.nvml_repair_status = int(nv.repair_status)
+    g.nvml_unrepairable_flag = int(nv.unrepairable_memory_flag)
+    g.nvml_power_average = int(nv.power_average)
+    g.nvml_edpp_multiplier = int(nv.edpp_multiplier)
+    g.nvml_gpm = int(nv.gpm)
 
 
 def fill_readings(g, r: Readings) -> None:
