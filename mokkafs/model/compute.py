@@ -62,7 +62,7 @@ AMPERE = (8, 0)  # L2 persistence, compression, the driver's reserved shared mem
 HOPPER = (9, 0)  # clusters, memory synchronization domains, tensor maps, multicast
 
 # The largest access policy window (CUaccessPolicyWindow::num_bytes) from Ampere on: 128 MiB
-# less one 4 KiB page, as real A100 and Ada boards report it.
+# less one 4 KiB page, as real boards report it (a Turing board reports 0).
 ACCESS_POLICY_WINDOW_MAX = 128 * 1024 * KIB - 4 * KIB
 RESERVED_SHARED_MEMORY_PER_BLOCK = 1 * KIB  # the driver's own per block, from Ampere on
 # CUGPUDirectRDMAWritesOrdering: NONE before Ampere, OWNER (the GPU's own writes see them) after
@@ -101,7 +101,6 @@ def compute_features(capability: str, l2_cache_bytes: int, in_fabric: bool) -> C
         tensor_map_access=hopper,
         multicast=hopper and in_fabric,
     )
-
 
 
 @dataclass(frozen=True)
