@@ -302,24 +302,31 @@ def _send_control(root: str, line: str, where: str) -> int:
     return 0 if reply.ok else _fail(f"{where}: {reply.message or reply.status}", 2)
 
 
-def cmd_profiles(args) -> int:
+def _shipped_table(names: list[str], load, row, min_width: int = 0) -> int:
+    """One line per shipped name: the name in a column as wide as the longest (at least
+    `min_width`), then `row(load(name))`, or `INVALID: why` for one that does not load."""
     from mokkafs.model.schema import ProfileError
-    from mokkafs.model.profiles import available_profiles, load_profile
 
-    names = available_profiles()
-    width = max(map(len, names), default=0)
+    width = max([min_width, *map(len, names)])
     for name in names:
         try:
-            p = load_profile(name)
+            item = load(name)
         except ProfileError as e:
             print(f"{name:<{width}} INVALID: {e}")
             continue
-        print(
-            f"{name:<{width}} {p.product_name:<24} {p.architecture:<12} {p.memory.total_mib:>7} MiB "
-            f"{p.power.default_limit_w:>6.0f} W  {_count(p.node.gpus, 'GPU')}, driver {p.node.driver_version}"
-            f"{f', node {p.composition.name}' if p.composition else ''}"
-        )
+        print(f"{name:<{width}} {row(item)}")
     return 0
+
+
+def cmd_profiles(args) -> int:
+    from mokkafs.model.profiles import available_profiles, load_profile
+
+    def row(p) -> str:
+        return (f"{p.product_name:<24} {p.architecture:<12} {p.memory.total_mib:>7} MiB "
+                f"{p.power.default_limit_w:>6.0f} W  {_count(p.node.gpus, 'GPU')}, driver {p.node.driver_version}"
+                f"{f', node {p.composition.name}' if p.composition else ''}")
+
+    return _shipped_table(available_profiles(), load_profile, row)
 
 
 def _count(n: int, noun: str, plural: str = "") -> str:
@@ -328,22 +335,15 @@ def _count(n: int, noun: str, plural: str = "") -> str:
 
 
 def cmd_nodes(args) -> int:
-    from mokkafs.model.schema import ProfileError
     from mokkafs.model.profiles import available_compositions, load_composition
 
-    names = available_compositions()
-    width = max([14, *map(len, names)])
-    for name in names:
-        try:
-            c = load_composition(name)
-        except ProfileError as e:
-            print(f"{name:<{width}} INVALID: {e}")
-            continue
+    def row(c) -> str:
         switches = _count(c.nvswitches, "NVSwitch", "NVSwitches") if c.nvswitches else "no NVSwitch"
         hcas = f"{c.hcas} x {c.hca.model}" if c.hca and c.hcas else "no HCA"
-        print(f"{name:<{width}} {c.gpus:>2} {'GPU ' if c.gpus == 1 else 'GPUs'}  {c.cpu.numa_nodes} x {c.cpu.arch:<7}  {switches:<13}  "
-              f"{hcas:<16} driver {c.driver_version}")
-    return 0
+        return (f"{c.gpus:>2} {'GPU ' if c.gpus == 1 else 'GPUs'}  {c.cpu.numa_nodes} x {c.cpu.arch:<7}  {switches:<13}  "
+                f"{hcas:<16} driver {c.driver_version}")
+
+    return _shipped_table(available_compositions(), load_composition, row, min_width=14)
 
 
 def cmd_profile_import(args) -> int:

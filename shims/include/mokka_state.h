@@ -76,6 +76,11 @@
  * Addressing mode (version 8): each GPU record carries the board's
  * nvmlDeviceGetAddressingMode answer (the profile's addressing_mode).
  *
+ * Features (version 12): each GPU record carries what its compute
+ * capability turns on in CUDA (L2 persistence, clusters, multicast, ...)
+ * and which of NVML's architecture-bound queries it answers, as the model
+ * decided them; the shims copy the values, never compare an architecture.
+ *
  * Restart: a daemon that finds a valid file of this version rewrites it in
  * place and continues `event_head`/`event_wake`, so consumers that hold the
  * mapping across a daemon restart keep working.
@@ -105,7 +110,7 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/daemon/shm/layout.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 11
+#define MOKKA_STATE_VERSION 12
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_CPU_WORDS 16         /* 1024 CPUs, what NVML's CPU masks carry */
 #define MOKKA_MAX_NVLINKS 18
@@ -335,6 +340,25 @@ struct mokka_gpu {
     uint32_t shared_memory_per_block_optin; /* bytes */
     uint32_t max_blocks_per_sm;
     uint32_t fp32_to_fp64_ratio;
+    /* what the compute capability turns on, as cuDeviceGetAttribute reports it (version 12,
+       mokkafs/model/compute.py compute_features); 0/1 for the flags */
+    uint32_t generic_compression;
+    uint32_t max_persisting_l2_bytes;
+    uint32_t max_access_policy_window_bytes;
+    uint32_t reserved_shared_memory_per_block; /* bytes */
+    uint32_t rdma_writes_ordering;  /* CUGPUDirectRDMAWritesOrdering */
+    uint32_t cluster_launch;
+    uint32_t mem_sync_domain_count;
+    uint32_t tensor_map_access;
+    uint32_t multicast;
+    /* what the architecture lets NVML answer (version 12, compute.py nvml_support); 0/1 */
+    uint32_t nvml_sram_ecc_status;      /* nvmlDeviceGetSramEccErrorStatus (with ECC on) */
+    uint32_t nvml_repair_status;        /* nvmlDeviceGetRepairStatus */
+    uint32_t nvml_unrepairable_flag;    /* nvmlDeviceGetUnrepairableMemoryFlag_v1 */
+    uint32_t nvml_power_average;        /* NVML_FI_DEV_POWER_AVERAGE */
+    uint32_t nvml_edpp_multiplier;      /* NVML_FI_DEV_EDPP_MULTIPLIER */
+    uint32_t nvml_gpm;                  /* GPU performance monitoring */
+    uint32_t pad4;
     /* settings (version 6) */
     uint32_t ecc_pending;      /* ECC mode the next GPU reset brings (nvmlDeviceGetEccMode pending) */
     uint32_t accounting_mode;  /* nvmlDeviceGetAccountingMode */
