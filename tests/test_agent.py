@@ -183,6 +183,23 @@ def test_decide():
     assert rpatch["metadata"]["annotations"][decisions.ANNOTATION_REJECTED].startswith("T gpu=3 xid=79: ")
 
 
+@pytest.mark.parametrize("value,said", [
+    ("gpu=7 xid=79", "'gpu=7 xid=79': no gpu7, the node has 4 GPUs (0..3)"),
+    ("gpu=7 xid=79\n", "'gpu=7 xid=79\\n': no gpu7, the node has 4 GPUs (0..3)"),
+    ("gpu=all xid=banana", "'gpu=all xid=banana': Xid must be a decimal number, got 'banana'"),
+    ("gpu=0", "'gpu=0': expected 'gpu=N KEY=VALUE' or 'node reset=1'"),
+    # one of several commands: the value, then which command and why
+    ("gpu=0 lost=1; gpu=9 lost=1", "'gpu=0 lost=1; gpu=9 lost=1': 'gpu=9 lost=1': no gpu9, the node has 4 GPUs (0..3)"),
+])  # fmt: skip
+def test_a_rejection_says_the_value_once(value, said):
+    """What the InjectionRejected Event says (value, then reason) and what mokkafs.io/rejected
+    records: a one-command value's reason does not name the command again."""
+    rej = decisions.decide(_node({decisions.ANNOTATION_INJECT: value}), config())
+    assert f"{rej.value!r}: {rej.reason}" == said
+    record = decisions.claim_patch(rej, "T")["metadata"]["annotations"][decisions.ANNOTATION_REJECTED]
+    assert record == f"T {value}: {rej.reason}" and record.count(value.split(";")[0].strip()) == 1
+
+
 def test_an_event_is_named_by_the_time_given_and_its_sequence():
     ev = decisions.node_event(_node(), "Warning", "InjectionRejected", "x" * 2000, "T", 3, 0x19A2B3C4D5E)
     assert ev["metadata"]["name"].endswith(".mokkafs.19a2b3c4d5e.3"), ev["metadata"]["name"]
@@ -435,6 +452,36 @@ def test_injection_applied_once_despite_a_conflict(running):
     assert node.read("gpu3/lost") == "0\n"
 
 
+def health_patches(cluster) -> list[dict]:
+    """The PATCHes of nodes/status that wrote MokkaGPUHealthy, as the fake API server saw them."""
+    return [body for path, _, body in cluster.patches if path.endswith("/status")
+            and any(c["type"] == decisions.CONDITION_TYPE for c in body["status"]["conditions"])]
+
+
+def test_the_condition_is_patched_once_per_change(running):
+    """One injection that changes the condition is one PATCH of it, though the watch then shows
+    the agent its own claim (a Node read before the condition changed); no change, no PATCH.
+    The fake API server, because it records every request: a real one shows its PATCHes only in
+    an audit log (the real-cluster tier checks what the condition says)."""
+    cluster, node, _ = running
+    wait_until(lambda: cluster.condition(decisions.CONDITION_TYPE), "the first health report")
+    time.sleep(1.5)  # past a resync (1 s): the start's reports are done
+    assert len(health_patches(cluster)) == 1, "the first report: one PATCH"
+    cluster.annotate(decisions.ANNOTATION_INJECT, "gpu=3 xid=79")
+    wait_until(lambda: cluster.condition(decisions.CONDITION_TYPE)["status"] == "False", "condition False")
+    time.sleep(1.5)  # the watch events of the claim and of the PATCH itself, and a resync
+    assert [p["status"]["conditions"][0]["status"] for p in health_patches(cluster)] == ["True", "False"]
+    cluster.annotate(decisions.ANNOTATION_INJECT, "gpu=1 temperature=70")  # no change to the condition
+    wait_until(lambda: events(cluster, "InjectionApplied")[1:], "the second injection")
+    cluster.heartbeat()  # the kubelet's own status update: nothing to write either
+    time.sleep(1.5)
+    assert len(health_patches(cluster)) == 2, "an injection that leaves the condition as it is writes none"
+    cluster.annotate(decisions.ANNOTATION_INJECT, "node reset=1")
+    wait_until(lambda: cluster.condition(decisions.CONDITION_TYPE)["status"] == "True", "condition True again")
+    time.sleep(1.5)
+    assert [p["status"]["conditions"][0]["status"] for p in health_patches(cluster)] == ["True", "False", "True"]
+
+
 @pytest.mark.parametrize("value,reason", [
     ("gpu=7 xid=79", "no gpu7, the node has 4 GPUs"),
     ("gpu=0 xid=banana", "Xid must be a decimal number"),
@@ -449,6 +496,7 @@ def test_bad_annotation_gets_an_event_and_changes_nothing(running, expect_log, v
     cluster.annotate(decisions.ANNOTATION_INJECT, value)
     (ev,) = wait_until(lambda: events(cluster, "InjectionRejected"), "the InjectionRejected event")
     assert ev["type"] == "Warning" and reason in ev["message"]
+    assert ev["message"].count(value.split(";")[0].strip()) == 1, f"the value said once: {ev['message']}"
     assert {p: node.read(p) for p in before} == before
     ann = annotations(cluster)
     assert decisions.ANNOTATION_INJECT not in ann and reason in ann[decisions.ANNOTATION_REJECTED]
@@ -665,6 +713,7 @@ def test_a_shipped_scenario_by_name_then_stop(start_agent, expect_log):
         ("configmap=stories/x.yaml", "configmap mokkafs/stories: not found"),
         ("configmap=big/short.yaml", "configmap mokkafs/big has no key 'short.yaml' (keys: huge.yaml)"),
         ("configmap=big/huge.yaml", "huge.yaml: longer than 65536 bytes"),
+        ("Bad/Name", "expected a shipped scenario's name or 'configmap=NAME/KEY', then seed=N, speed=X, start=UTC-TIME"),
     ]):  # fmt: skip
         cluster.annotate(decisions.ANNOTATION_SCENARIO, value)
         rejected = wait_until(lambda: events(cluster, "ScenarioRejected")[k:], f"the rejection of {value!r}")
@@ -677,8 +726,8 @@ def test_a_shipped_scenario_by_name_then_stop(start_agent, expect_log):
     assert cond["reason"] == "ScenarioRunning" and cond["message"].startswith("thermal-runaway (seed 2) at step ")
     # One at a time: a second one is refused while the first runs.
     cluster.annotate(decisions.ANNOTATION_SCENARIO, "gsp-error")
-    wait_until(lambda: events(cluster, "ScenarioRejected")[4:], "the busy rejection")
-    assert "scenario thermal-runaway runs already" in events(cluster, "ScenarioRejected")[4]["message"]
+    wait_until(lambda: events(cluster, "ScenarioRejected")[5:], "the busy rejection")
+    assert "scenario thermal-runaway runs already" in events(cluster, "ScenarioRejected")[5]["message"]
     cluster.annotate(decisions.ANNOTATION_SCENARIO, "stop")
     (ev,) = wait_until(lambda: events(cluster, "ScenarioStopped"), "ScenarioStopped")
     assert ev["message"].startswith("thermal-runaway stopped at step ")

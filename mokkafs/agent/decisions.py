@@ -52,7 +52,15 @@ def decide(node: dict, config: NodeConfig | ProfileError) -> Apply | Reject | No
     try:
         return Apply(value, parse_injection(value, config), rv)
     except InvalidCommand as e:
-        return Reject(value, str(e), rv)
+        return Reject(value, said_once(value, str(e)), rv)
+
+
+def said_once(value: str, reason: str) -> str:
+    """`reason` without its leading `'<command>': ` where that command is the whole `value`:
+    the Event and the record quote the value before the reason, so a one-command annotation's
+    reason need not name it again (a command of several is still named)."""
+    prefix = f"{value.strip()!r}: "
+    return reason[len(prefix):] if reason.startswith(prefix) else reason
 
 
 def partial_failure(action: Apply, failed: int, error: str) -> str:

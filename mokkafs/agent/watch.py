@@ -42,6 +42,7 @@ from mokkafs.agent.decisions import (
     node_settings,
     parse_info,
     partial_failure,
+    said_once,
     scenario_annotation,
     scenario_claim_patch,
     scenario_condition,
@@ -201,6 +202,7 @@ class Agent:
         self.fgo_namespace = fgo_namespace  # where fake-gpu-operator reads GPU profiles; None: not published
         self.fgo_published: str | None = None  # created / replaced / unchanged, once published
         self._scenario_condition: dict | None = None  # the MokkaScenario condition last written
+        self._health_condition: dict | None = None  # the MokkaGPUHealthy condition last written
         self._seq = 0
         self.stopping = False
 
@@ -228,7 +230,7 @@ class Agent:
                     self.reconcile(node)
                     rv = node["metadata"]["resourceVersion"]
                 rv = self.watch(rv)
-                self.report_health(self.get_node())
+                self.report_health(self.get_node(), fresh=True)
                 backoff = 0.5
             except Gone:
                 log.info("watch: resourceVersion %s is gone; listing again", rv)
@@ -370,7 +372,7 @@ class Agent:
             text, where = self.scenario_text(request)
             config = self.tree.node_config()
         except InvalidCommand as e:
-            return RejectScenario(value, str(e), rv)
+            return RejectScenario(value, said_once(value, str(e)), rv)
         except ProfileError as e:
             return RejectScenario(value, f"cannot check it against the node's limits: {e}", rv)
         return decide_scenario(request, text, where, config, self.tree.read("node/scenario"), time.time(), rv)
@@ -488,13 +490,17 @@ class Agent:
         except ApiException as e:
             log.warning("%s: could not correct %s: %s", self.node_name, ANNOTATION_APPLIED, _short(e))
 
-    def report_health(self, node: dict) -> None:
+    def report_health(self, node: dict, fresh: bool = False) -> None:
         """The MokkaGPUHealthy and MokkaScenario conditions, written when they change, and the
-        Event of a scenario that has ended since the last report."""
+        Event of a scenario that has ended since the last report. `fresh`: `node` was just read
+        (GET), not taken from a watch event."""
         now = utc_now()
-        health = health_condition(self.tree.healths(), current_condition(node), now)
-        # The agent alone writes this condition: what it wrote last is newer than a Node read
-        # from a watch event that may predate it (which would announce an ending twice).
+        # The agent alone writes these conditions: what it wrote last is newer than a Node read
+        # from a watch event that may predate it (the event of its own claim, say), which would
+        # write the condition again or announce an ending twice. A fresh read is newer still, so
+        # a condition someone removed is written again at the next resync.
+        known = None if fresh else self._health_condition
+        health = health_condition(self.tree.healths(), known or current_condition(node), now)
         previous = self._scenario_condition or current_condition(node, SCENARIO_CONDITION)
         scenario, ended = scenario_condition(self.tree.read("node/scenario"), previous, now)
         changed = [c for c in (health, scenario) if c is not None]
@@ -509,6 +515,8 @@ class Agent:
         )
         if scenario is not None:
             self._scenario_condition = scenario
+        if health is not None:
+            self._health_condition = health
         for c in changed:
             log.info("%s: %s=%s (%s)", self.node_name, c["type"], c["status"], c["message"])
         if ended is not None:
