@@ -4,6 +4,7 @@ rejected annotations, the health condition and Events."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -739,7 +740,7 @@ def test_a_shipped_scenario_by_name_then_stop(start_agent, expect_log):
 # --- `mokka agent` as a process: mounts, writes the node files, applies, unmounts on SIGTERM ----
 
 
-def test_mokka_agent_command(cluster, tmp_path):
+def write_kubeconfig(cluster, tmp_path) -> Path:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "fake",
@@ -747,6 +748,11 @@ def test_mokka_agent_command(cluster, tmp_path):
         "users": [{"name": "u", "user": {"token": "t"}}],
         "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
     }))  # fmt: skip
+    return kubeconfig
+
+
+def test_mokka_agent_command(cluster, tmp_path):
+    kubeconfig = write_kubeconfig(cluster, tmp_path)
     cluster.node["metadata"]["labels"].update({decisions.LABEL_PROFILE: "t4", decisions.LABEL_GPUS: "2"})
     mnt, state = tmp_path / "root", tmp_path / "state"
     cdi, nfd = tmp_path / "cdi" / "nvidia.yaml", tmp_path / "features.d" / "mokkafs"
@@ -785,6 +791,152 @@ def test_mokka_agent_command(cluster, tmp_path):
     assert proc.returncode == 0, out
     assert not Path(mnt / "node").exists(), "unmounted on SIGTERM"
     assert "Traceback" not in out and " WARNING " not in out, out
+
+
+class AgentProcess:
+    """`mokka agent` as the DaemonSet's container runs it (mount, CDI spec, NFD file, watch),
+    started and stopped (SIGTERM) again and again on one state directory, as the kubelet
+    restarts the pod. Against the fake API server: the restart with new labels is what is
+    tested, and a plain process restarts in a second where a kubelet's back-off takes tens;
+    the real-cluster tier relabels a Node under the DaemonSet itself."""
+
+    def __init__(self, cluster, tmp_path: Path, extra_env: dict | None = None) -> None:
+        self.kubeconfig = write_kubeconfig(cluster, tmp_path)
+        self.mnt, self.state = tmp_path / "root", tmp_path / "state"
+        self.cdi, self.nfd = tmp_path / "cdi" / "nvidia.yaml", tmp_path / "features.d" / "mokkafs"
+        self.env = dict(os.environ, MOKKA_RUNTIME_DIR=str(tmp_path / "run"), NODE_NAME=cluster.first, **(extra_env or {}))
+        self.env.pop("KUBERNETES_SERVICE_HOST", None)
+        self.proc: subprocess.Popen | None = None
+        self.output = ""
+
+    def start(self) -> None:
+        """Start and wait for the node: the NFD file is written once the mount answers."""
+        self.nfd.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(
+            [*mokka_cmd(), "agent", "--kubeconfig", str(self.kubeconfig), "--mountpoint", str(self.mnt),
+             "--state-dir", str(self.state), "--cdi-spec", str(self.cdi), "--nfd-features", str(self.nfd),
+             "--resync", "1"],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        wait_until(lambda: self.nfd.exists() or self.proc.poll() is not None, "the NFD feature file", timeout=60)
+        if self.proc.poll() is not None:
+            self.output = self.proc.stdout.read()
+            raise AssertionError(f"mokka agent exited {self.proc.returncode} at start:\n{self.output}")
+
+    def stop(self) -> str:
+        """SIGTERM, as the kubelet stops a pod; the agent unmounts and exits 0. Its output."""
+        self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=30)
+        subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], capture_output=True)
+        assert self.proc.returncode == 0, out
+        assert not Path(self.mnt / "node").exists(), "unmounted on SIGTERM"
+        self.output = out
+        return out
+
+
+@pytest.fixture
+def agent_process(cluster, tmp_path):
+    procs = []
+
+    def make(**kw) -> AgentProcess:
+        procs.append(AgentProcess(cluster, tmp_path, **kw))
+        return procs[-1]
+
+    yield make
+    for p in procs:
+        if p.proc is not None and p.proc.poll() is None:
+            p.proc.kill()
+            p.proc.communicate()
+            subprocess.run(["fusermount3", "-u", "-z", str(p.mnt)], capture_output=True)
+
+
+def test_a_new_profile_starts_a_new_node(cluster, agent_process):
+    """A Node relabelled to another GPU count (or profile) and its agent restarted: the state
+    directory, made for the old node, is moved aside to state/previous with one log line and
+    one SimulatedNodeChanged Event, and the new node mounts fresh. The same labels keep the
+    state (faults survive a restart), and the old node's faults never come back."""
+    labels = cluster.node["metadata"]["labels"]
+    labels.update({decisions.LABEL_PROFILE: "t4", decisions.LABEL_GPUS: "2"})
+    agent = agent_process()
+    agent.start()
+    cluster.annotate(decisions.ANNOTATION_INJECT, "gpu=1 xid=79")
+    wait_until(lambda: events(cluster, "InjectionApplied"), "the injection")
+    assert (agent.mnt / "gpu1/lost").read_text() == "1\n"
+    agent.stop()
+
+    agent.start()  # a restart, nothing changed: the same node, its fault still there
+    assert (agent.mnt / "gpu1/lost").read_text() == "1\n"
+    out = agent.stop()
+    assert not events(cluster, decisions.REASON_NODE_CHANGED) and "previous" not in out
+    assert not (agent.state / "previous").exists()
+
+    labels[decisions.LABEL_GPUS] = "1"  # kubectl label node --overwrite mokkafs.io/gpus=1
+    agent.start()
+    assert (agent.mnt / "node/gpu_count").read_text() == "1\n"
+    assert "health: healthy" in (agent.mnt / "gpu0/info").read_text()
+    saved = json.loads((agent.state / "previous" / "node.json").read_text())
+    assert (saved["node"]["profile"], saved["node"]["gpus"]) == ("t4", 2), "the old node's files, for reading"
+    assert (agent.state / "previous" / "events.log").read_text().count("79") >= 1
+    assert json.loads((agent.state / "node.json").read_text())["node"]["gpus"] == 1
+    (ev,) = events(cluster, decisions.REASON_NODE_CHANGED)
+    assert ev["type"] == "Normal" and ev["involvedObject"]["name"] == cluster.first
+    said = (f"this Node is now 1 x t4 (was 2 x t4): the previous node's state moved to {agent.state / 'previous'}; "
+            "mounting a fresh node")  # fmt: skip
+    assert ev["message"] == said
+    out = agent.stop()
+    assert [line for line in out.splitlines() if "previous" in line] == [
+        line for line in out.splitlines() if line.endswith(f"{cluster.first}: {said}")], out
+    assert out.count(said) == 1 and "Traceback" not in out and " WARNING " not in out, out
+
+    labels[decisions.LABEL_GPUS] = "2"  # back to two GPUs: a fresh node again, not the old one
+    agent.start()
+    assert (agent.mnt / "gpu1/lost").read_text() == "0\n", "the old node's fault does not come back"
+    assert len(events(cluster, decisions.REASON_NODE_CHANGED)) == 2
+    assert json.loads((agent.state / "previous" / "node.json").read_text())["node"]["gpus"] == 1, "one generation kept"
+    agent.stop()
+
+
+def test_retire_moves_everything_but_the_lock_and_waits_for_no_daemon(tmp_path):
+    """persist.retire on its own: the directory's files (the daemon's log and sockets too) go to
+    previous/, an older previous/ is replaced, node.json last; a directory a daemon holds is
+    left alone."""
+    import fcntl
+
+    from mokkafs.daemon import persist
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    for name in ("node.json", "gpu0.json", "events.log", "daemon.log"):
+        (state / name).write_text(name)
+    (state / "mirror").mkdir()
+    (state / "previous").mkdir()
+    (state / "previous" / "node.json").write_text("older")
+    (state / ".previous.new").mkdir()  # a retirement cut short
+    (state / ".previous.new" / "gpu9.json").write_text("x")
+    assert persist.retire(state) == state / "previous"
+    assert sorted(os.listdir(state)) == ["daemon.lock", "previous"]
+    assert sorted(os.listdir(state / "previous")) == ["daemon.log", "events.log", "gpu0.json", "mirror", "node.json"]
+    assert (state / "previous" / "node.json").read_text() == "node.json"
+    assert persist.saved_record(state) is None, "what the next daemon finds: a fresh directory"
+    with open(state / "daemon.lock") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (state / "node.json").write_text("{}")
+        with pytest.raises(RuntimeError, match="in use by a mokka daemon"):
+            persist.retire(state)
+    assert (state / "node.json").exists()
+
+
+def test_node_changed_says_what_was_and_what_is():
+    def rec(**node):
+        return {"format": 1, "node": {"profile": "h100", "gpus": 8, "hostname": "n1", **node}}
+
+    assert decisions.node_changed(rec(), rec(profile="a100", gpus=4), "/s/previous") == (
+        "this Node is now 4 x a100 (was 8 x h100): the previous node's state moved to /s/previous; mounting a fresh node")
+    assert decisions.node_changed(rec(node="pcie-8"), rec(), "/p").startswith(
+        "this Node is now 8 x h100 (was 8 x h100, composition pcie-8): ")
+    assert decisions.node_changed(rec(hostname="old"), rec(), "/p").startswith(
+        "this Node is now 8 x h100, hostname n1 (was 8 x h100, hostname old): ")
+    assert "(was a node this release does not describe)" in decisions.node_changed(["x"], rec(), "/p")
 
 
 # --- the node's profile for fake-gpu-operator (mokkafs/agent/fgo.py) ------------------------------

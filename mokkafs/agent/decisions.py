@@ -174,6 +174,33 @@ def node_event(node: dict, event_type: str, reason: str, message: str, now: str,
     }
 
 
+REASON_NODE_CHANGED = "SimulatedNodeChanged"  # the Event of a node mounted fresh for new settings
+
+
+def _node_words(record: object, hostname: bool) -> str:
+    """A state directory's node.json record as `8 x h100` (`, composition pcie-8`, `, hostname
+    n1` where asked), or `a node this release does not describe` for any other content."""
+    node = record.get("node") if isinstance(record, dict) else None
+    if not isinstance(node, dict):
+        return "a node this release does not describe"
+    words = f"{node.get('gpus', '?')} x {node.get('profile', '?')}"
+    if node.get("node"):
+        words += f", composition {node['node']}"
+    if hostname:
+        words += f", hostname {node.get('hostname', '?')}"
+    return words
+
+
+def node_changed(saved: object, wanted: dict, moved_to: str) -> str:
+    """What the log line and the SimulatedNodeChanged Event say when the state directory held
+    another node (`saved`, its node.json) than the one to mount (`wanted`): both, and where the
+    old node's files went."""
+    old, new = _node_words(saved, False), _node_words(wanted, False)
+    if old == new:  # the same board and count: the hostname (or the record's format) differs
+        old, new = _node_words(saved, True), _node_words(wanted, True)
+    return f"this Node is now {new} (was {old}): the previous node's state moved to {moved_to}; mounting a fresh node"
+
+
 def node_settings(node: dict, env_profile: str | None, env_gpus: str | None) -> tuple[str, int | None]:
     """Profile and GPU count: the Node's labels win over the ConfigMap (environment)."""
     labels = (node.get("metadata") or {}).get("labels") or {}

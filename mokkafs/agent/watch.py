@@ -37,6 +37,8 @@ from mokkafs.agent.decisions import (
     decide_scenario,
     failure_patch,
     health_condition,
+    REASON_NODE_CHANGED,
+    node_changed,
     node_composition,
     node_event,
     node_settings,
@@ -523,18 +525,24 @@ class Agent:
             self.event(node, *ended)
 
     def event(self, node: dict, event_type: str, reason: str, message: str) -> None:
-        from kubernetes.client.rest import ApiException
-
         self._seq += 1
-        body = node_event(node, event_type, reason, message, utc_now(), self._seq, time.time_ns() // 1_000_000)
-        try:
-            from kubernetes.client import CoreV1Event
+        post_event(self.api, node, event_type, reason, message, self._seq)
 
-            # Pydantic-era clients (>= 35) take a model; older ones take the dict.
-            model = CoreV1Event.from_dict(body) if hasattr(CoreV1Event, "from_dict") else body
-            self.api.create_namespaced_event(body["metadata"]["namespace"], model, _preload_content=False)
-        except ApiException as e:  # an Event is a report; losing one must not stop the agent
-            log.warning("%s: could not record event %s: %s", self.node_name, reason, _short(e))
+
+def post_event(api, node: dict, event_type: str, reason: str, message: str, seq: int = 0) -> None:
+    """An Event about the Node (decisions.node_event); one the API refuses is logged, never raised."""
+    from kubernetes.client.rest import ApiException
+
+    body = node_event(node, event_type, reason, message, utc_now(), seq, time.time_ns() // 1_000_000)
+    try:
+        from kubernetes.client import CoreV1Event
+
+        # Pydantic-era clients (>= 35) take a model; older ones take the dict.
+        model = CoreV1Event.from_dict(body) if hasattr(CoreV1Event, "from_dict") else body
+        api.create_namespaced_event(body["metadata"]["namespace"], model, _preload_content=False)
+    except ApiException as e:  # an Event is a report; losing one must not stop the agent
+        name = (node.get("metadata") or {}).get("name", "")
+        log.warning("%s: could not record event %s: %s", name, reason, _short(e))
 
 
 def _short(e: Exception) -> str:
@@ -563,6 +571,33 @@ class _Stop(Exception):
     pass
 
 
+def retire_another_nodes_state(api, node: dict, state_dir: str, profile: str, composition: str | None,
+                               gpus: int | None, hostname: str) -> str | None:
+    """When `state_dir` holds another node than the one about to be mounted (the Node's
+    profile, GPU count or composition changed since: a pod restart after a relabel, or a new
+    ConfigMap), move its files aside (persist.retire) so the mount starts a fresh node, and say
+    so in one log line and a SimulatedNodeChanged Event. Returns that message, or None when the
+    directory is this node's, fresh, or not readable (then the mount refuses it with the reason).
+    RuntimeError or OSError when it cannot be moved (a daemon still uses it)."""
+    from mokkafs.daemon.persist import StateError, node_record, retire, saved_record
+
+    try:
+        wanted = node_record(compose(load_profile(profile), node=composition, gpus=gpus, hostname=hostname))
+        saved = saved_record(Path(state_dir))
+    except (ProfileError, StateError, ValueError, OSError):
+        return None  # the mount says what is wrong, as it would have
+    if saved is None or saved == wanted:
+        return None
+    try:
+        moved_to = retire(Path(state_dir))
+    except StateError as e:
+        raise RuntimeError(str(e)) from None
+    message = node_changed(saved, wanted, str(moved_to))
+    log.info("%s: %s", hostname, message)
+    post_event(api, node, "Normal", REASON_NODE_CHANGED, message)
+    return message
+
+
 def main(args) -> int:
     """Entry point of `mokka agent` (arguments from mokkafs.cli.main)."""
     node_name = args.node_name or os.environ.get("NODE_NAME")
@@ -579,6 +614,11 @@ def main(args) -> int:
         return 2
     mounted_here = False
     if not args.no_mount:
+        try:
+            retire_another_nodes_state(api, node, args.state_dir, profile, composition, gpus, node_name)
+        except (RuntimeError, OSError) as e:  # a daemon still uses it; the mount would refuse it too
+            print(f"mokka: agent: {e}", file=sys.stderr)
+            return 1
         cmd = [sys.executable, "-m", "mokkafs.cli", "mount", args.mountpoint, "--profile", profile,
                "--state-dir", args.state_dir, "--hostname", node_name]  # fmt: skip
         if composition is not None:
