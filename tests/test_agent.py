@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shlex
 import signal
 import subprocess
 import threading
@@ -893,6 +894,47 @@ def test_a_new_profile_starts_a_new_node(cluster, agent_process):
     assert (agent.mnt / "gpu1/lost").read_text() == "0\n", "the old node's fault does not come back"
     assert len(events(cluster, decisions.REASON_NODE_CHANGED)) == 2
     assert json.loads((agent.state / "previous" / "node.json").read_text())["node"]["gpus"] == 1, "one generation kept"
+    agent.stop()
+
+
+def test_the_host_sees_the_state_directory_where_the_hostpath_puts_it(cluster, agent_process, tmp_path):
+    """A DaemonSet whose hostPath (here tmp/host/...) is not its mountPath (tmp/state, tmp/root):
+    node/state_dir, the driver root's run/ links and the CDI spec name the host's paths
+    (MOKKA_HOST_STATE_DIR, MOKKA_HOST_MOUNTPOINT), so `mokka env` on the host finds the driver;
+    the agent itself still reaches the daemon by its own path. Against the fake API server: what
+    is tested is the mount and the files, and two views of one directory are made here with
+    links; the real-cluster tier runs the DaemonSet on a real hostPath."""
+    host = tmp_path / "host"
+    cluster.node["metadata"]["labels"].update({decisions.LABEL_PROFILE: "t4", decisions.LABEL_GPUS: "2"})
+    agent = agent_process(extra_env={"MOKKA_HOST_STATE_DIR": str(host / "state"),
+                                     "MOKKA_HOST_MOUNTPOINT": str(host / "root")})  # fmt: skip
+    agent.start()
+    mnt = agent.mnt
+    assert (mnt / "node/state_dir").read_text() == f"{host / 'state'}\n"
+    assert os.readlink(mnt / "driver/run/mokka") == str(host / "state")
+    assert os.readlink(mnt / "driver/run/nvidia-persistenced/socket") == str(host / "state" / "node.sock")
+    spec = yaml.safe_load(agent.cdi.read_text())
+    mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    assert mounts["/run/mokka"] == str(host / "state")
+    assert mounts["/usr/bin/nvidia-smi"] == str(host / "root/driver/usr/bin/nvidia-smi")
+    nodes = [n["hostPath"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
+    assert nodes and all(n.startswith(f"{host / 'root'}/dev/nvidia") for n in nodes), nodes
+    # The host's paths do not exist in here (the agent's container): a setting still reaches
+    # the daemon's control socket, by the agent's own --state-dir.
+    cluster.annotate(decisions.ANNOTATION_INJECT, "gpu=0 power_limit=65")
+    wait_until(lambda: events(cluster, "InjectionApplied") or events(cluster, "InjectionFailed"), "the setting")
+    assert not events(cluster, "InjectionFailed"), events(cluster, "InjectionFailed")
+    assert "power_limit: 65" in (mnt / "gpu0/config").read_text()
+    # The host's view of the same directories: what `mokka env` there says works.
+    host.mkdir()
+    (host / "state").symlink_to(agent.state)
+    (host / "root").symlink_to(mnt)
+    shell = f'eval "$({shlex.join(mokka_cmd())} env --root {host / "root"})" && echo "$MOKKA_STATE" && nvidia-smi -L'
+    res = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60, env=agent.env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == str(host / "state" / "state")
+    assert [line.split(":")[0] for line in lines[1:]] == ["GPU 0", "GPU 1"], res.stdout
     agent.stop()
 
 

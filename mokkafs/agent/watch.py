@@ -81,9 +81,13 @@ def write_atomically(path: str, text: str) -> None:
 
 
 class MountedTree:
-    def __init__(self, root: str, composition: str | None = None) -> None:
+    def __init__(self, root: str, composition: str | None = None, state_dir: str | None = None) -> None:
         self.root = Path(root)
         self.composition = composition  # the node composition it was mounted with; None: the profile's
+        # The daemon's state directory as this process reaches it, where it is known (the agent
+        # mounted the node); None: through the tree's driver/run/mokka, which names it as the
+        # host sees it, and so fits only where host and agent see one path.
+        self.state_dir = state_dir
 
     def read(self, rel: str) -> str:
         return (self.root / rel).read_text()
@@ -121,7 +125,8 @@ class MountedTree:
             from mokkafs.cli.control_client import send
             from mokkafs.daemon.control_protocol import control_path
 
-            reply = send(control_path(self.root / "driver" / "run" / "mokka" / "state"), str(command.command))
+            state_dir = Path(self.state_dir) if self.state_dir else self.root / "driver" / "run" / "mokka"
+            reply = send(control_path(state_dir / "state"), str(command.command))
             if not reply.ok:
                 raise OSError(errno.EINVAL, str(reply))
             return
@@ -164,10 +169,13 @@ def _profile(name: str) -> GpuProfile:
     return load_profile(name)
 
 
-def write_node_files(tree: MountedTree, state_dir: str, cdi_path: str | None, nfd_path: str | None) -> None:
+def write_node_files(tree: MountedTree, host_mountpoint: str, host_state_dir: str, cdi_path: str | None,
+                     nfd_path: str | None) -> None:
+    """The CDI spec names the mount and the state directory as the host sees them: the
+    container runtime reads its hostPaths on the host."""
     if cdi_path:
-        state_file = os.path.join(os.path.abspath(state_dir), "state")
-        spec = cdi_spec(str(tree.root), state_file, tree.devices(), tree.driver_files(), platform.machine())
+        state_file = os.path.join(host_state_dir, "state")
+        spec = cdi_spec(host_mountpoint, state_file, tree.devices(), tree.driver_files(), platform.machine())
         write_atomically(cdi_path, spec)
         log.info("wrote CDI spec %s", cdi_path)
     if nfd_path:
@@ -571,8 +579,18 @@ class _Stop(Exception):
     pass
 
 
+def host_path(given: str | None, env: str, own: str) -> str:
+    """A path as the host sees it: `given` (an option), else $`env`, else `own`, the path as
+    this process sees it (a DaemonSet whose hostPath is its mountPath). ValueError for a path
+    that is not absolute."""
+    path = given or os.environ.get(env) or os.path.abspath(own)
+    if not path.startswith("/") or "\n" in path:
+        raise ValueError(f"{env}={path!r}: the host's path must be absolute, on one line")
+    return os.path.normpath(path)
+
+
 def retire_another_nodes_state(api, node: dict, state_dir: str, profile: str, composition: str | None,
-                               gpus: int | None, hostname: str) -> str | None:
+                               gpus: int | None, hostname: str, host_state_dir: str | None = None) -> str | None:
     """When `state_dir` holds another node than the one about to be mounted (the Node's
     profile, GPU count or composition changed since: a pod restart after a relabel, or a new
     ConfigMap), move its files aside (persist.retire) so the mount starts a fresh node, and say
@@ -592,7 +610,8 @@ def retire_another_nodes_state(api, node: dict, state_dir: str, profile: str, co
         moved_to = retire(Path(state_dir))
     except StateError as e:
         raise RuntimeError(str(e)) from None
-    message = node_changed(saved, wanted, str(moved_to))
+    shown = os.path.join(host_state_dir, moved_to.name) if host_state_dir else str(moved_to)  # as the host sees it
+    message = node_changed(saved, wanted, shown)
     log.info("%s: %s", hostname, message)
     post_event(api, node, "Normal", REASON_NODE_CHANGED, message)
     return message
@@ -609,18 +628,21 @@ def main(args) -> int:
     try:
         profile, gpus = node_settings(node, args.profile or os.environ.get("MOKKA_PROFILE"), args.gpus or os.environ.get("MOKKA_GPUS"))
         composition = node_composition(node, getattr(args, "node", None) or os.environ.get("MOKKA_NODE"))
+        # Where the host sees the mount and the state directory (the DaemonSet's hostPath).
+        host_mountpoint = host_path(getattr(args, "host_mountpoint", None), "MOKKA_HOST_MOUNTPOINT", args.mountpoint)
+        host_state_dir = host_path(getattr(args, "host_state_dir", None), "MOKKA_HOST_STATE_DIR", args.state_dir)
     except ValueError as e:
         print(f"mokka: agent: {e}", file=sys.stderr)
         return 2
     mounted_here = False
     if not args.no_mount:
         try:
-            retire_another_nodes_state(api, node, args.state_dir, profile, composition, gpus, node_name)
+            retire_another_nodes_state(api, node, args.state_dir, profile, composition, gpus, node_name, host_state_dir)
         except (RuntimeError, OSError) as e:  # a daemon still uses it; the mount would refuse it too
             print(f"mokka: agent: {e}", file=sys.stderr)
             return 1
         cmd = [sys.executable, "-m", "mokkafs.cli", "mount", args.mountpoint, "--profile", profile,
-               "--state-dir", args.state_dir, "--hostname", node_name]  # fmt: skip
+               "--state-dir", args.state_dir, "--host-state-dir", host_state_dir, "--hostname", node_name]  # fmt: skip
         if composition is not None:
             cmd += ["--node", composition]
         if gpus is not None:
@@ -631,7 +653,7 @@ def main(args) -> int:
         if res.returncode != 0:
             return res.returncode
         mounted_here = True
-    tree = MountedTree(args.mountpoint, composition)
+    tree = MountedTree(args.mountpoint, composition, args.state_dir if mounted_here else None)
     namespace = getattr(args, "namespace", None) or os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE
     fgo_namespace = getattr(args, "fgo_namespace", None) or os.environ.get("MOKKA_FGO_NAMESPACE") or None
     agent = Agent(api, node_name, tree, resync_s=args.resync, namespace=namespace, fgo_namespace=fgo_namespace)
@@ -643,7 +665,7 @@ def main(args) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        write_node_files(tree, args.state_dir, args.cdi_spec or None, args.nfd_features or None)
+        write_node_files(tree, host_mountpoint, host_state_dir, args.cdi_spec or None, args.nfd_features or None)
         agent.run()
     except _Stop:
         log.info("signal: stopping")
