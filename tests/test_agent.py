@@ -9,6 +9,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timezone
@@ -936,6 +937,19 @@ def test_the_host_sees_the_state_directory_where_the_hostpath_puts_it(cluster, a
     assert lines[0] == str(host / "state" / "state")
     assert [line.split(":")[0] for line in lines[1:]] == ["GPU 0", "GPU 1"], res.stdout
     agent.stop()
+
+
+def test_the_latency_bench_runs():
+    """bench/bench_agent.py measures the agent's share of annotation-to-fault latency; this runs it
+    briefly so that it keeps working (its numbers are the bench's to print, not a test's to
+    judge). Against the fake API server, its default: the real-cluster tier passes --kubeconfig."""
+    res = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "bench" / "bench_agent.py"),
+                          "--n", "3", "--profile", "t4", "--gpus", "1"],
+                         capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [line.split() for line in res.stdout.splitlines() if "watch event -> control write done" in line
+            or "floor: a bare" in line]  # fmt: skip
+    assert len(rows) == 4 and all(float(r[-3]) > 0 for r in rows), res.stdout
 
 
 def test_retire_moves_everything_but_the_lock_and_waits_for_no_daemon(tmp_path):

@@ -37,11 +37,16 @@ class Reject:
     resource_version: str
 
 
+def injection(node: dict) -> object | None:
+    """The Node's `mokkafs.io/inject` value, None where it has none (most watch events)."""
+    return ((node.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_INJECT)
+
+
 def decide(node: dict, config: NodeConfig | ProfileError) -> Apply | Reject | None:
     """`config`: the mounted node's composition, or why it could not be had (a profile this
     install cannot load); then an annotation is rejected, as its limits cannot be checked."""
     meta = node.get("metadata") or {}
-    value = (meta.get("annotations") or {}).get(ANNOTATION_INJECT)
+    value = injection(node)
     if value is None:
         return None
     rv = meta.get("resourceVersion", "")

@@ -35,6 +35,7 @@ from mokkafs.agent.decisions import (
     current_condition,
     decide,
     decide_scenario,
+    injection,
     failure_patch,
     health_condition,
     REASON_NODE_CHANGED,
@@ -100,8 +101,7 @@ class MountedTree:
         profile (by the name in node/profile), composition (HCA count) and GPU count. Raises
         ProfileError for a profile or composition this install cannot load (the daemon was given
         a file the agent does not have)."""
-        profile = _profile(self.read("node/profile").strip())
-        return compose(profile, node=self.composition, gpus=self.gpu_count(), hostname="scratch")
+        return _scratch_config(self.read("node/profile").strip(), self.composition, self.gpu_count())
 
     def healths(self) -> list[GpuHealth]:
         out = []
@@ -167,6 +167,12 @@ def _profile(name: str) -> GpuProfile:
     if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", name):
         raise ProfileError(f"profile {name!r} is not a shipped profile's name")
     return load_profile(name)
+
+
+@lru_cache(maxsize=8)
+def _scratch_config(profile: str, composition: str | None, gpus: int) -> NodeConfig:
+    """A node composed as the mounted one is, for checks (NodeConfig is frozen: shared safely)."""
+    return compose(_profile(profile), node=composition, gpus=gpus, hostname="scratch")
 
 
 def write_node_files(tree: MountedTree, host_mountpoint: str, host_state_dir: str, cdi_path: str | None,
@@ -297,6 +303,8 @@ class Agent:
         from kubernetes.client.rest import ApiException
 
         for _ in range(CONFLICT_RETRIES):
+            if injection(node) is None:
+                break  # most events: the mounted node's limits are not needed
             try:
                 config: NodeConfig | ProfileError = self.tree.node_config()
             except ProfileError as e:
