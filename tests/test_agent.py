@@ -562,6 +562,23 @@ def test_mig_annotation(start_agent, expect_log):
     assert sorted(os.listdir(node.mnt / "proc/driver/nvidia/capabilities/gpu1/mig")) == ["gi10", "gi2", "gi3", "gi9"]
 
 
+def test_the_mounted_nodes_limits_are_read_once_per_daemon(node_factory, monkeypatch):
+    """The agent reads node/profile and node/gpu_count once per mount, not per annotation; a
+    remount (another daemon, another profile) is read afresh."""
+    node = node_factory("t4", 2)
+    tree = watch.MountedTree(str(node.mnt))
+    first = tree.node_config()
+    assert (first.profile.name, first.gpus) == ("t4", 2)
+    reads = []
+    monkeypatch.setattr(tree, "read", lambda rel: reads.append(rel) or watch.MountedTree.read(tree, rel))
+    assert tree.node_config() is first and reads == []
+    node.umount()
+    node.profile, node.gpus, node.state_dir = "l4", 1, node.state_dir.with_name("l4-state")
+    node.mount()
+    again = tree.node_config()
+    assert (again.profile.name, again.gpus) == ("l4", 1) and "node/profile" in reads
+
+
 class _StaleTree(watch.MountedTree):
     """A tree whose limits the agent reads as an H100's while the mount is an A100's: what a
     remount with another profile between the check and the writes would look like."""

@@ -89,6 +89,7 @@ class MountedTree:
         # mounted the node); None: through the tree's driver/run/mokka, which names it as the
         # host sees it, and so fits only where host and agent see one path.
         self.state_dir = state_dir
+        self._config: tuple[tuple[int, int], NodeConfig] | None = None  # (the mount's identity, its node)
 
     def read(self, rel: str) -> str:
         return (self.root / rel).read_text()
@@ -101,7 +102,16 @@ class MountedTree:
         profile (by the name in node/profile), composition (HCA count) and GPU count. Raises
         ProfileError for a profile or composition this install cannot load (the daemon was given
         a file the agent does not have)."""
-        return _scratch_config(self.read("node/profile").strip(), self.composition, self.gpu_count())
+        # A mount's profile and GPU count never change in its daemon's life: read once per
+        # daemon, named by the mount root's device and mount time (its mtime), which a stat
+        # gets in a fraction of the two reads (a remount, with another profile or not, is read
+        # afresh). Every watch event with an annotation asks.
+        st = os.stat(self.root)
+        mount = (st.st_dev, st.st_mtime_ns)
+        if self._config is None or self._config[0] != mount:
+            config = _scratch_config(self.read("node/profile").strip(), self.composition, self.gpu_count())
+            self._config = (mount, config)
+        return self._config[1]
 
     def healths(self) -> list[GpuHealth]:
         out = []
