@@ -233,6 +233,8 @@ def main() -> int:
         row("    claim (PATCH round trip)", [(p1 - p0) * 1e3 for _, p0, p1, _, _ in got])
         row(f"    write (the agent's {floor_name})", [(w1 - w0) * 1e3 for _, _, _, w0, w1 in got])
         row(f"  floor: a bare {floor_name}", floor[kind])
+        share_p50 = percentile([(w1 - line) * 1e3 for line, _, _, _, w1 in got], .5)
+        print(f"  agent share / floor, p50: {share_p50 / percentile(floor[kind], .5):.1f}x")
     print("target: event -> write done within a few ms, the claim's round trip included")
     return 0
 
