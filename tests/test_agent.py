@@ -969,6 +969,16 @@ def test_the_latency_bench_runs():
     assert len(rows) == 4 and all(float(r[-3]) > 0 for r in rows), res.stdout
 
 
+def test_the_hosts_paths_are_absolute(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MOKKA_HOST_STATE_DIR", raising=False)
+    assert watch.host_path(None, "MOKKA_HOST_STATE_DIR", "state") == str(tmp_path / "state"), "unset: the agent's own"
+    assert watch.host_path("/data//mokkafs/state/", "MOKKA_HOST_STATE_DIR", "state") == "/data/mokkafs/state"
+    monkeypatch.setenv("MOKKA_HOST_STATE_DIR", "data/state")
+    with pytest.raises(ValueError, match="MOKKA_HOST_STATE_DIR='data/state': the host's path must be absolute"):
+        watch.host_path(None, "MOKKA_HOST_STATE_DIR", "state")
+
+
 def test_retire_moves_everything_but_the_lock_and_waits_for_no_daemon(tmp_path):
     """persist.retire on its own: the directory's files (the daemon's log and sockets too) go to
     previous/, an older previous/ is replaced, node.json last; a directory a daemon holds is
