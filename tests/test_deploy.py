@@ -129,6 +129,41 @@ def test_daemonset_mounts_what_design_says():
     assert pod["hostPID"] is True, "CUDA processes of every pod are listed with their node pids"
 
 
+def host_path_mismatches(ds: dict) -> list[str]:
+    """Where the agent's MOKKA_HOST_MOUNTPOINT / MOKKA_HOST_STATE_DIR do not name, on the host,
+    what its --mountpoint / --state-dir name in the container (through the volume mounted
+    there and its hostPath)."""
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in c["args"] if a.startswith("--") and "=" in a)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    out = []
+    for arg, name in (("mountpoint", "MOKKA_HOST_MOUNTPOINT"), ("state-dir", "MOKKA_HOST_STATE_DIR")):
+        inside = args[arg]
+        m = max((m for m in c["volumeMounts"] if (inside + "/").startswith(m["mountPath"].rstrip("/") + "/")),
+                key=lambda m: len(m["mountPath"]))  # fmt: skip
+        host = volumes[m["name"]]["hostPath"]["path"].rstrip("/") + inside[len(m["mountPath"].rstrip("/")):]
+        if env.get(name) != host:
+            out.append(f"{name}={env.get(name)!r}, but --{arg}={inside} is {host} on the host")
+    return out
+
+
+@pytest.mark.parametrize("overlay", ["h100", "t4", "kind"])
+def test_the_agent_knows_where_the_host_sees_its_paths(overlay):
+    """node/state_dir and the CDI spec name host paths: the env the DaemonSet gives the agent
+    matches its hostPath; a hostPath changed alone is caught."""
+    (ds,) = [o for o in render(DEPLOY / "kind" if overlay == "kind" else DEPLOY / "overlays" / overlay)
+             if o["kind"] == "DaemonSet"]  # fmt: skip
+    assert host_path_mismatches(ds) == []
+    vol = next(v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "mokkafs")
+    vol["hostPath"]["path"] = "/data/mokkafs"
+    assert host_path_mismatches(ds) == [
+        "MOKKA_HOST_MOUNTPOINT='/var/lib/mokkafs/root', but --mountpoint=/var/lib/mokkafs/root is /data/mokkafs/root on the host",
+        "MOKKA_HOST_STATE_DIR='/var/lib/mokkafs/state', but --state-dir=/var/lib/mokkafs/state is /data/mokkafs/state on the host",
+    ]
+
+
 def test_fake_gpu_operator_component(tmp_path):
     """deploy/fake-gpu-operator added to an overlay: the agent may get, create and update
     ConfigMaps in the operator's namespace (nothing else there), and is told that namespace."""

@@ -126,6 +126,7 @@ def cmd_mount(args) -> int:
         node=args.node,
         gpus=args.gpus,
         state_dir=args.state_dir,
+        host_state_dir=args.host_state_dir,
         kmsg=args.kmsg,
         metrics=args.metrics,
         driver_version=args.driver_version,
@@ -420,6 +421,12 @@ def cmd_agent(args) -> int:
     return watch.main(args)
 
 
+def _absolute(path: str) -> str:
+    if not path.startswith("/") or "\n" in path:
+        raise argparse.ArgumentTypeError(f"{path!r}: an absolute path on one line")
+    return os.path.normpath(path)
+
+
 def _listen_address(spec: str) -> str:
     from mokkafs.daemon.metrics_server import parse_listen
 
@@ -461,6 +468,9 @@ def parser() -> argparse.ArgumentParser:
                         "file (default: the profile's composition)")
     m.add_argument("--gpus", type=int, help="GPU count (default: the composition's)")
     m.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    m.add_argument("--host-state-dir", type=_absolute, metavar="DIR",
+                   help="the state directory as the host sees it, when this runs in a container that mounts it "
+                        "elsewhere: what node/state_dir and driver/run/mokka name (default: --state-dir)")
     m.add_argument("--hostname", help="seeds UUIDs and serials (default: this host's name)")
     m.add_argument("--driver-version")
     m.add_argument("--cuda-version")
@@ -516,6 +526,12 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--kubeconfig", help="default: in-cluster config, else ~/.kube/config")
     g.add_argument("--mountpoint", help="default: /var/lib/mokkafs/root (mokkafs.agent)")
     g.add_argument("--state-dir", help="default: /var/lib/mokkafs/state (mokkafs.agent)")
+    g.add_argument("--host-mountpoint", type=_absolute,
+                   help="--mountpoint as the host sees it, for the CDI spec (default: $MOKKA_HOST_MOUNTPOINT, "
+                        "else --mountpoint; the DaemonSet sets it from its hostPath)")
+    g.add_argument("--host-state-dir", type=_absolute,
+                   help="--state-dir as the host sees it, for node/state_dir and the CDI spec (default: "
+                        "$MOKKA_HOST_STATE_DIR, else --state-dir)")
     g.add_argument("--profile", help="default: label mokkafs.io/profile, else $MOKKA_PROFILE, else h100")
     g.add_argument("--gpus", help="default: label mokkafs.io/gpus, else $MOKKA_GPUS, else the profile's")
     g.add_argument("--node", help="a shipped composition (default: label mokkafs.io/node, else $MOKKA_NODE, "
