@@ -48,8 +48,9 @@ SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service: the first address of SERVI
 POD_CIDR = "10.244.0.0/24"
 BRIDGE = "mokkacni0"
 KUBELET_ROOT = Path("/var/lib/kubelet")
-# What the project's DaemonSet mounts with Bidirectional propagation (deploy/base/daemonset.yaml).
-SHARED_PATHS = (Path("/var/lib/mokkafs"),)
+# What pods mount with Bidirectional propagation: the project's DaemonSet (deploy/base/daemonset.yaml)
+# and the DRA kubelet plugin (the kubelet's plugins directory).
+SHARED_PATHS = (Path("/var/lib/mokkafs"), KUBELET_ROOT)
 # Files the cluster's pods leave on the host (relative to /), removed on `down`.
 HOST_FILES = ("var/run/cdi/nvidia.yaml", "var/run/cdi/k8s.device-plugin.nvidia.com-*.json",
               "etc/kubernetes/node-feature-discovery/features.d/mokkafs")

@@ -8,22 +8,24 @@ In order, as a user meets them (each step's failure names the step):
   3. NVIDIA's device plugin, as its chart renders it in CDI mode, makes nvidia.com/gpu: 8
      allocatable;
   4. a pod asking for one GPU runs and its nvidia-smi lists exactly that GPU;
-  5. `kubectl annotate node ... mokkafs.io/inject='gpu=3 xid=79'` makes allocatable 7 and the
-     MokkaGPUHealthy condition False, with an Event; `node reset=1` brings both back.
+  5. a ResourceClaim of class gpu.nvidia.com (NVIDIA's DRA driver) gets one GPU, seen in the pod;
+  6. `kubectl annotate node ... mokkafs.io/inject='gpu=3 xid=79'` makes allocatable 7, the DRA
+     driver taints gpu-3 and MokkaGPUHealthy turns False, with an Event; `node reset=1` brings
+     allocatable and the condition back;
+  7. a scenario from a ConfigMap runs to its end (the MokkaScenario condition);
+  8. a new GPU count (a Node label) starts a new node cleanly when the agent restarts.
 """
 from __future__ import annotations
 
-import copy
 import os
 import re
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers_cluster import REPO, Cluster, StepFailed
+from helpers_cluster import REPO, Cluster
 from helpers_go import go_tool
 
 pytestmark = pytest.mark.level("cluster")
@@ -74,6 +76,15 @@ def device_plugin(cluster, agent):
     text = (FIXTURES / "nvidia-device-plugin.yaml").read_text().replace("@HOOK@", str(go_tool("nvidia-cdi-hook")))
     cluster.apply(text)
     cluster.rollout("daemonset", "nvdp-nvidia-device-plugin", "nvidia-device-plugin", timeout=180)
+    yield text
+    cluster.delete(text)
+
+
+@pytest.fixture(scope="module")
+def dra_driver(cluster, agent):
+    text = (FIXTURES / "dra-driver-gpu.yaml").read_text().replace("@HOOK@", str(go_tool("nvidia-cdi-hook")))
+    cluster.apply(text)
+    cluster.rollout("daemonset", "nvidia-dra-driver-gpu-kubelet-plugin", "nvidia-dra-driver-gpu", timeout=180)
     yield text
     cluster.delete(text)
 
@@ -130,7 +141,45 @@ def test_a_pod_given_one_gpu_sees_exactly_it(cluster, device_plugin):
         cluster.delete([pod], wait=False)
 
 
-def test_an_xid_annotation_takes_a_gpu_out_and_a_reset_brings_it_back(cluster, device_plugin):
+def _slice_devices(cluster: Cluster) -> list[dict]:
+    slices = cluster.get("resourceslices")["items"]
+    return [d for s in slices if s["spec"].get("driver") == "gpu.nvidia.com" and s["spec"].get("nodeName") == cluster.node
+            for d in s["spec"].get("devices", [])]
+
+
+def test_a_resource_claim_gets_one_gpu_through_the_dra_driver(cluster, dra_driver):
+    devices = cluster.step("the DRA driver's ResourceSlice with 8 GPUs",
+                           lambda: (d := _slice_devices(cluster)) and len([x for x in d if x["attributes"]["type"]["string"] == "gpu"]) == 8 and d,
+                           timeout=120, show=lambda: cluster.kubectl("logs", "-n", "nvidia-dra-driver-gpu",
+                                                                     "ds/nvidia-dra-driver-gpu-kubelet-plugin", "--tail=40",
+                                                                     check=False).stdout)
+    uuids = {d["name"]: d["attributes"]["uuid"]["string"] for d in devices}
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "one-gpu", "namespace": "default"},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra-smi", "namespace": "default"},
+           "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                    "containers": [{"name": "smi", "image": cluster.images["debian"], "imagePullPolicy": "Never",
+                                    "command": ["sh", "-c", "nvidia-smi -L && exec sleep 600"],
+                                    "resources": {"claims": [{"name": "gpu"}]}}]}}
+    cluster.apply([template, pod])
+    try:
+        # The claim made from the template lives as long as the pod: read it while the pod runs.
+        cluster.wait_pod("dra-smi", "Running", timeout=150)
+        lines = cluster.step("nvidia-smi's output in the pod", lambda: cluster.logs("dra-smi").strip().splitlines(),
+                             timeout=60)
+        claim_name = cluster.pod("dra-smi")["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        results = cluster.get("resourceclaim", claim_name, "-n", "default")["status"]["allocation"]["devices"]["results"]
+        assert [r["driver"] for r in results] == ["gpu.nvidia.com"]
+        assert len(lines) == 1 and uuids[results[0]["device"]] in lines[0], (lines, results)
+    finally:
+        cluster.delete([pod], wait=True)
+        cluster.delete([template], wait=False)
+
+
+
+def test_an_xid_annotation_takes_a_gpu_out_and_a_reset_brings_it_back(cluster, device_plugin, dra_driver):
     cluster.step(f"{GPU}: 8 allocatable", lambda: cluster.allocatable(GPU) == 8, timeout=120)
     t0 = time.monotonic()
     cluster.kubectl("annotate", "node", cluster.node, "--overwrite", "mokkafs.io/inject=gpu=3 xid=79")
@@ -141,6 +190,10 @@ def test_an_xid_annotation_takes_a_gpu_out_and_a_reset_brings_it_back(cluster, d
                         lambda: (c := cluster.condition("MokkaGPUHealthy")) and c["status"] == "False" and c,
                         timeout=30)
     assert "gpu3" in cond["message"] or "3" in cond["message"], cond
+    taints = cluster.step("the DRA driver's taint on gpu-3",
+                          lambda: [t for d in _slice_devices(cluster) if d["name"] == "gpu-3" for t in d.get("taints", [])],
+                          timeout=60)
+    assert [(t["key"], t["value"], t["effect"]) for t in taints] == [("gpu.nvidia.com/xid", "79", "NoSchedule")]
     reasons = {e["reason"] for e in cluster.events(cluster.node)}
     assert "InjectionApplied" in reasons, reasons
     print(f"annotation -> allocatable 7: {took:.1f} s")
@@ -149,3 +202,61 @@ def test_an_xid_annotation_takes_a_gpu_out_and_a_reset_brings_it_back(cluster, d
     cluster.step("MokkaGPUHealthy True after node reset",
                  lambda: (c := cluster.condition("MokkaGPUHealthy")) and c["status"] == "True", timeout=60)
     cluster.step(f"{GPU}: 8 allocatable after the reset", lambda: cluster.allocatable(GPU) == 8, timeout=90)
+
+
+SCENARIO = """\
+name: flap-once
+description: one GPU's temperature pinned, then released
+steps:
+  - at: 0s
+    gpu: 1
+    command: temperature 91
+  - at: 1s
+    gpu: 1
+    command: temperature auto
+"""
+
+
+def test_a_scenario_from_a_configmap_runs(cluster, agent):
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "stories", "namespace": "mokkafs"},
+          "data": {"flap.yaml": SCENARIO}}
+    cluster.apply([cm])
+    try:
+        cluster.kubectl("annotate", "node", cluster.node, "--overwrite",
+                        "mokkafs.io/scenario=configmap=stories/flap.yaml")
+        started = cluster.step("a ScenarioStarted Event",
+                               lambda: [e for e in cluster.events(cluster.node) if e["reason"] == "ScenarioStarted"],
+                               timeout=60,
+                               show=lambda: str([(e["reason"], e["message"]) for e in cluster.events(cluster.node)]))
+        assert "flap-once" in started[-1]["message"]
+        cond = cluster.step("MokkaScenario ScenarioFinished",
+                            lambda: (c := cluster.condition("MokkaScenario")) and c["reason"] == "ScenarioFinished" and c,
+                            timeout=90, show=lambda: str(cluster.condition("MokkaScenario")))
+        assert cond["status"] == "False" and "flap-once finished" in cond["message"]
+    finally:
+        cluster.delete([cm], wait=False)
+
+
+def _restart_agent(cluster: Cluster) -> None:
+    cluster.kubectl("delete", "pod", "-n", "mokkafs", "-l", "app.kubernetes.io/name=mokkafs-agent", "--wait=true",
+                    "--timeout=90s", timeout=120)
+    cluster.rollout("daemonset", "mokkafs-agent", "mokkafs", timeout=120)
+
+
+def test_a_new_gpu_count_starts_a_new_node_cleanly(cluster, agent):
+    """Relabelling the Node and restarting the agent mounts the new node, with one Event, where the
+    restarted agent used to refuse the surviving state directory and crash-loop. Last: it changes the node."""
+    cluster.kubectl("label", "node", cluster.node, "--overwrite", "mokkafs.io/gpus=4")
+    try:
+        _restart_agent(cluster)
+        cluster.step("the host's mount shows 4 GPUs",
+                     lambda: (MOUNT / "node" / "gpu_count").read_text().strip() == "4", timeout=60)
+        changed = [e for e in cluster.events(cluster.node) if e["reason"] == "SimulatedNodeChanged"]
+        assert len(changed) == 1 and "4 x h100" in changed[0]["message"], changed
+        pods = cluster.get("pods", "-n", "mokkafs")["items"]
+        assert [p["status"]["containerStatuses"][0]["restartCount"] for p in pods] == [0]
+    finally:
+        cluster.kubectl("label", "node", cluster.node, "mokkafs.io/gpus-", check=False)
+        _restart_agent(cluster)
+    cluster.step("the host's mount shows 8 GPUs again",
+                 lambda: (MOUNT / "node" / "gpu_count").read_text().strip() == "8", timeout=60)
