@@ -106,3 +106,83 @@ def test_a_scenario_nested_past_the_parser_is_refused_not_a_traceback():
     text = "name: deep\nsteps:\n  - at: 0\n    command: " + "[" * 3000 + "]" * 3000 + "\n"
     with pytest.raises(ScenarioError, match="deep.yaml: nested too deeply"):
         load_text(text, "deep.yaml")
+
+
+# --- the number rule: one for every number a command carries ------------------------------------
+
+TWENTY = "00000000000000000079"  # 20 characters: the most a number may have
+
+
+@pytest.mark.parametrize("verb, text, value", [
+    ("xid", "0000079", 79),
+    ("xid", "00000079", 79),
+    ("xid", TWENTY, 79),
+    ("temperature", "0000000085", (85,)),
+    ("clocks", "000000001400 0000002619", (1400, 2619)),
+    ("ecc", "sbe 0000000000042", 42),
+    ("nvlink", "00000003 errors 000000000005", 5),
+    ("power_limit", "00000000000500.5", 500.5),
+    ("locked_clocks", "0000000000001000 00000001500", (1000, 1500)),
+    ("mig", "create 00000000000000000019:0000000000", None),
+])
+def test_a_number_is_read_whatever_its_leading_zeros(verb, text, value):
+    from mokkafs.model import commands
+
+    event = commands.command(commands.gpu(0), verb, text).event
+    got = {"xid": lambda e: e.code, "temperature": lambda e: e.values, "clocks": lambda e: e.values,
+           "ecc": lambda e: e.count, "nvlink": lambda e: e.count, "power_limit": lambda e: e.value,
+           "locked_clocks": lambda e: e.value, "mig": lambda e: None}[verb](event)
+    assert got == value
+
+
+@pytest.mark.parametrize("verb, text", [
+    ("xid", "0" + TWENTY),
+    ("temperature", "0" * 40 + "85"),
+    ("ecc", "sbe 000000000000000000042"),
+    ("power_limit", "0000000000000000500.5"),
+    ("mig", "create_gi 000000000000000000009"),
+])
+def test_a_number_past_twenty_characters_is_refused_saying_so(verb, text):
+    from mokkafs.model import commands
+    from mokkafs.model.events import InvalidCommand
+
+    with pytest.raises(InvalidCommand, match=r"characters, more than the 20 a number may have"):
+        commands.command(commands.gpu(0), verb, text)
+
+
+@pytest.mark.level("daemon")
+def test_control_files_take_numbers_by_one_rule(tmp_path, expect_log):
+    """Written to the files themselves: 8 and 10 digits read as 7 do; 21 characters are refused
+    (EINVAL) and change nothing."""
+    import errno
+
+    import trio
+    import trio.testing
+
+    from test_scenarios import daemon
+    from test_virtual_time import read, write
+
+    expect_log(r"EINVAL write .*more than the 20 a number may have")
+
+    async def main(mock):
+        async with daemon(tmp_path, mock) as d:
+            out = {}
+            for path, data in (("gpu0/inject_xid", b"00000079\n"), ("gpu1/temperature", b"0000000042\n"),
+                               ("gpu1/inject_ecc", b"dbe 0000000003\n"), ("gpu1/nvlink", b"000000002 down\n"),
+                               ("ib/mlx5_0/port1", b"errors 00000000007\n"), ("gpu1/power", b"0" * 21 + b"\n"),
+                               ("gpu1/utilization", b"00000000000000000090 0000040\n")):
+                out[path] = await write(d.ops, path, data)
+            out["xid"] = (await read(d.ops, "gpu0/inject_xid")).split()[0]
+            out["temperature"] = await read(d.ops, "gpu1/temperature")
+            out["ecc"] = "volatile dbe dram 3" in await read(d.ops, "gpu1/inject_ecc")
+            out["port"] = await read(d.ops, "ib/mlx5_0/port1")
+            out["utilization"] = await read(d.ops, "gpu1/utilization")
+            return out
+
+    mock = trio.testing.MockClock()
+    out = trio.run(main, mock, clock=mock)
+    assert out["gpu1/power"] == errno.EINVAL
+    assert [k for k, v in out.items() if "/" in k and v != 0] == ["gpu1/power"], out
+    assert out["xid"] == "79" and out["temperature"] == "42\n" and out["ecc"], out
+    assert "symbol_error: 7" in out["port"] or "symbol_error 7" in out["port"], out["port"]
+    assert out["utilization"].split()[:2] == ["90", "40"], out["utilization"]

@@ -135,9 +135,13 @@ def cmd_stop(args) -> int:
 
 
 def _seed(value: str) -> int:
-    if not value.isdigit() or len(value) > 18:
-        raise argparse.ArgumentTypeError("a seed is a non-negative integer of at most 18 digits")
-    return int(value)
+    from mokkafs.model.events import InvalidCommand, whole_number
+    from mokkafs.model.scenario import MAX_SEED
+
+    try:
+        return whole_number(value, "a seed", MAX_SEED)
+    except InvalidCommand as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _speed(value: str) -> float:

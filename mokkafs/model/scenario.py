@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mokkafs.model.commands import NODE, Command, gpu, parse_line
-from mokkafs.model.events import Event, InvalidCommand
+from mokkafs.model.events import Event, InvalidCommand, decimal_number, whole_number
 
 MAX_SCENARIO_BYTES = 64 * 1024  # a file, and what one write to node/scenario may carry
 MAX_STEPS = 1000  # steps in a file
@@ -512,10 +512,11 @@ class StopScenario(Event):
 
 
 MAX_SPEED = 10_000.0
-_HEADER = re.compile(
-    r"run(?: seed=(?P<seed>[0-9]{1,18}))?(?: speed=(?P<speed>[0-9]{1,5}(?:\.[0-9]{1,3})?))?"
-    r"(?: start=(?P<start>[0-9]{1,11}(?:\.[0-9]{1,3})?))?(?: file=(?P<file>[A-Za-z0-9._-]{1,64}))?"
+_HEADER = re.compile(  # each number then under the one rule (model/events.py, whole_number)
+    r"run(?: seed=(?P<seed>[0-9]+))?(?: speed=(?P<speed>[0-9]+(?:\.[0-9]{1,3})?))?"
+    r"(?: start=(?P<start>[0-9]+(?:\.[0-9]{1,3})?))?(?: file=(?P<file>[A-Za-z0-9._-]{1,64}))?"
 )
+MAX_SEED = 2**63 - 1
 
 
 def parse_request(data: bytes) -> Event:
@@ -533,12 +534,16 @@ def parse_request(data: bytes) -> Event:
         raise ScenarioError(
             "expected 'stop', or 'run [seed=N] [speed=X] [start=EPOCH] [file=NAME]' and the scenario's YAML on the next lines"
         )
-    speed = float(m["speed"]) if m["speed"] else 1.0
+    try:
+        seed = whole_number(m["seed"], "seed", MAX_SEED) if m["seed"] else None
+        speed = decimal_number(m["speed"], "speed") if m["speed"] else 1.0
+        start = decimal_number(m["start"], "start") if m["start"] else None
+    except InvalidCommand as e:
+        raise ScenarioError(str(e)) from None
     if not 0 < speed <= MAX_SPEED:
         raise ScenarioError(f"speed must be above 0 and at most {MAX_SPEED:g}")
     loaded = load_text(body, m["file"] or "<scenario>")
-    start = float(m["start"]) if m["start"] else None
-    return RunScenario(None, loaded, int(m["seed"]) if m["seed"] else None, speed, start)
+    return RunScenario(None, loaded, seed, speed, start)
 
 
 _START = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,3})?Z")
