@@ -84,7 +84,11 @@ def cmd_run(args) -> int:
     path = _resolve(args.file)
     if path is None:
         return _fail(f"{args.file}: no such file or shipped scenario (mokka scenario list)", 2)
-    text = path.read_bytes()
+    try:
+        with open(path, "rb") as f:  # a regular file (_resolve); at most one byte past the cap is read
+            text = f.read(MAX_SCENARIO_BYTES + 1)
+    except OSError as e:
+        return _fail(f"{path}: {e.strerror}", 2)
     if len(text) > MAX_SCENARIO_BYTES:
         return _fail(f"{path}: longer than {MAX_SCENARIO_BYTES} bytes", 2)
     if args.start is not None and args.start > time.time() + MAX_DURATION_S:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mokkafs.model.commands import NODE, Command, gpu, parse_line
 from mokkafs.model.events import Event, InvalidCommand, decimal_number, whole_number
+from mokkafs.model.profiles import StrictLoader
 
 MAX_SCENARIO_BYTES = 64 * 1024  # a file, and what one write to node/scenario may carry
 MAX_STEPS = 1000  # steps in a file
@@ -355,7 +356,7 @@ def load_text(text: str | bytes, where: str = "<scenario>") -> Loaded:
                 _lines(tree, (), lines, set())
             except ScenarioError as e:
                 raise ScenarioError(f"{where}:{str(e).removeprefix('line ')}") from None
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f"{mark.line + 1}:" if mark is not None else ""
@@ -363,6 +364,10 @@ def load_text(text: str | bytes, where: str = "<scenario>") -> Loaded:
         raise ScenarioError(f"{where}:{line} not YAML: {problem}") from None
     except RecursionError:  # PyYAML's parser recurses once per level of nesting
         raise ScenarioError(f"{where}: nested too deeply") from None
+    except ScenarioError:
+        raise
+    except ValueError as e:  # a scalar PyYAML resolves but cannot make (a 2026-13-45 date)
+        raise ScenarioError(f"{where}: not YAML: {' '.join(str(e).split())[:200]}") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{where}:1: a scenario is a mapping with name, seed and steps")
     probe = Loaded(None, where, lines, text)  # for the error's line before the model exists
