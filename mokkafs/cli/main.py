@@ -185,10 +185,19 @@ def cmd_mount(args) -> int:
     if not reason:
         return _fail(f"daemon exited before it was ready; see {logfile}")
     if made is not None:
-        # The reason is said; a state directory this refused mount made is not left behind.
+        # The reason is said; a state directory this refused mount made is not left behind: its
+        # contents are its daemon's; the parents made for it go only while empty (/run/mokka
+        # may meanwhile hold another daemon's mounts/).
         import shutil
 
-        shutil.rmtree(made, ignore_errors=True)
+        shutil.rmtree(opts.state_dir, ignore_errors=True)
+        for parent in Path(opts.state_dir).absolute().parents:
+            if not parent.is_relative_to(made):
+                break
+            try:
+                os.rmdir(parent)
+            except OSError:
+                break
     return _fail(reason)
 
 
