@@ -597,7 +597,7 @@ def _requests(text: str) -> tuple[Request, ...]:
         if not m:
             raise InvalidCommand(f"expected PROFILE[:START], got {item[:40]!r}")
         ref = whole_number(m.group(1), "profile", 0xFF) if m.group(1).isdigit() else m.group(1)
-        out.append((ref, None if m.group(2) is None else whole_number(m.group(2), "placement start", 7)))
+        out.append((ref, None if m.group(2) is None else whole_number(m.group(2), "placement start", 0xFF)))
     return _check_requests(tuple(out))
 
 
