@@ -915,3 +915,66 @@ def test_nobody_cannot_touch_hide_or_starve_a_root_process(tmp_path):
                     apps = subprocess.run([smi, "--query-compute-apps=pid,used_gpu_memory", "--format=csv,noheader"],
                                           env=env, capture_output=True, text=True, timeout=30).stdout.splitlines()
                     assert f"{holder.pid}, 1024 MiB" in apps and f"{late.pid}, 1024 MiB" in apps, apps
+
+
+def test_one_thread_holds_every_context_the_table_can_make(pub):
+    """docs/cuda.md: 960 contexts made (each pushed on the creating thread's stack), then
+    OUT_OF_MEMORY; the driver documents no depth for a thread's stack, so it holds them all (it
+    held 32, and the 33rd cuCtxCreate on a thread was INVALID_VALUE). A push past 1024 is
+    OUT_OF_MEMORY too, and the stack unwinds whole."""
+    out = run_c(pub.path, """
+        assert cu.cuInit(0) == 0
+        made, r = [], 0
+        while r == 0 and len(made) < 2000:
+            c = ctypes.c_void_p(); r = cu.cuCtxCreate_v2(ctypes.byref(c), 0, 0)
+            if r == 0:
+                made.append(c.value)
+        res = {"made": len(made), "then": r, "distinct": len(set(made))}
+        top = ctypes.c_void_p(); cu.cuCtxGetCurrent(ctypes.byref(top)); res["top_is_last"] = top.value == made[-1]
+        res["destroyed"] = sorted({cu.cuCtxDestroy_v2(ctypes.c_void_p(c)) for c in made})
+        prim = ctypes.c_void_p(); assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(prim), 1) == 0
+        pushes = [cu.cuCtxPushCurrent_v2(prim) for _ in range(1025)]
+        res["pushed"], res["past"] = pushes.count(0), pushes[-1]
+        pops = [cu.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p())) for _ in range(1025)]
+        res["popped"], res["empty"] = pops.count(0), pops[-1]
+        print(json.dumps(res))
+    """)
+    assert out == {"made": 960, "then": 2, "distinct": 960, "top_is_last": True, "destroyed": [0],
+                   "pushed": 1024, "past": 2, "popped": 1024, "empty": 201}
+
+
+TORN = """
+import subprocess
+assert cu.cuInit(0) == 0
+d = ctypes.c_int(); assert cu.cuDeviceGet(ctypes.byref(d), 0) == 0
+def total():
+    b = ctypes.c_size_t(12345); r = cu.cuDeviceTotalMem_v2(ctypes.byref(b), d); return [r, b.value]
+print(json.dumps(total()), flush=True)
+for _ in range(2):  # torn, then finished: the parent says when
+    sys.stdin.readline()
+    print(json.dumps(total()), flush=True)
+"""
+
+
+def test_libcuda_answers_unknown_never_a_torn_value_while_the_writer_is_stuck(pub):
+    """As NVML does: a daemon killed between the two seq increments leaves seq odd and a record
+    half-written; libcuda answers CUDA_ERROR_UNKNOWN (999) after the bounded wait, never the
+    torn value, and reads again once the writer finishes."""
+    e = consumer_env(pub.path)
+    e["MOKKA_CUDA_LIB"] = str(cuda_lib())
+    e.pop("CUDA_VISIBLE_DEVICES", None)
+    child = subprocess.Popen([sys.executable, "-c", PRELUDE + TORN], env=e, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    with killed_at_end(child):
+        total = pub.node.profile.memory.total_mib << 20
+        assert json.loads(child.stdout.readline()) == [0, total]
+        st = pub.publisher._st
+        st.seq += 1  # as if the writer died mid-publish
+        st.gpus[0].mem_total = 7  # half of what it was writing
+        child.stdin.write("\n"); child.stdin.flush()
+        torn = json.loads(child.stdout.readline())
+        st.seq += 1  # the writer finished
+        child.stdin.write("\n"); child.stdin.flush()
+        finished = json.loads(child.stdout.readline())
+    assert torn == [999, 12345], torn
+    assert finished == [0, 7]

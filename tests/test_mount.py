@@ -158,11 +158,11 @@ def test_bad_profile_and_state_are_clear_errors(tmp_path, node_factory):
     node = node_factory(mount=False)
     node.expect_warning(" ERROR ")
     out = node.cli("mount", str(node.mnt), "--profile", "h900", "--state-dir", str(node.state_dir), check=False)
-    assert out.returncode == 1 and "unknown profile 'h900'" in out.stderr and "h100" in out.stderr
+    assert out.returncode == 2 and "unknown profile 'h900'" in out.stderr and "h100" in out.stderr
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: x\nproduct_nam: y\n")
     out = node.cli("mount", str(node.mnt), "--profile", str(broken), "--state-dir", str(node.state_dir), check=False)
-    assert out.returncode == 1 and "broken.yaml" in out.stderr and "product_nam" in out.stderr
+    assert out.returncode == 2 and "broken.yaml" in out.stderr and "product_nam" in out.stderr
     node.state_dir.mkdir(exist_ok=True)
     (node.state_dir / "node.json").write_text("{torn")
     out = node.cli("mount", str(node.mnt), "--state-dir", str(node.state_dir), check=False)
@@ -176,7 +176,7 @@ def test_a_driver_branch_that_cannot_drive_the_board_is_refused(tmp_path, node_f
     node.expect_warning(" ERROR ")
     out = node.cli("mount", str(node.mnt), "--profile", "b200", "--driver-version", "550.163.01",
                    "--state-dir", str(tmp_path / "b200-state"), check=False)
-    assert out.returncode == 1, out
+    assert out.returncode == 2, out
     assert "driver 550.163.01 cannot drive NVIDIA B200" in out.stderr and "R570" in out.stderr, out.stderr
     assert not os.path.ismount(node.mnt)
 

@@ -174,7 +174,10 @@ def test_a_restored_energy_at_its_cap_still_publishes(tmp_path):
 
 
 def _gpu1(**changes):
-    base = {"t0": T0, "temp0": 29.0}
+    """A fresh GPU's whole record (a restore refuses one that lacks a key) with `changes`."""
+    from mokkafs.model.state import GpuState
+
+    base = GpuState(t0=T0, temp0=29.0).to_dict()
     base.update(changes)
     return json.dumps(base).encode()
 
@@ -214,8 +217,8 @@ def _gpu1(**changes):
         ("gpu1.json", _gpu1(nvlink_errors={"3": 5}), "nvlink_errors.3"),
         ("gpu1.json", _gpu1(xid_counts={"\u00b2": 1}), "xid_counts: '\u00b2' is not an Xid"),
         ("gpu1.json", b'"' + b"x" * (50 << 20) + b'"', "bytes"),
-        ("hcas.json", json.dumps([{"counters": {"symbol_error": -1}}] * 8).encode(), "symbol_error"),
-        ("hcas.json", json.dumps([{"counters": {"symbol_error": 1 << 70}}] * 8).encode(), "symbol_error"),
+        ("hcas.json", json.dumps([{"port_down": False, "counters": {"symbol_error": -1}}] * 8).encode(), "symbol_error"),
+        ("hcas.json", json.dumps([{"port_down": False, "counters": {"symbol_error": 1 << 70}}] * 8).encode(), "symbol_error"),
         ("events.log", b'[NaN, 0, "x"]\n', "line 1"),
         ("events.log", b'[1e300, 0, "x"]\n', "line 1"),
         ("events.log", b'[1800000000.0, 99, "x"]\n', "line 1"),

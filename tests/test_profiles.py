@@ -345,7 +345,7 @@ def test_board_facts_the_publisher_used_to_make_up_are_checked(tmp_path, old, ne
     path = _write(tmp_path, _valid_yaml().replace(old, new, 1))
     with pytest.raises(ProfileError) as e:
         load_profile(str(path))
-    assert f"  {key}: " in str(e.value) and why in str(e.value), str(e.value)
+    assert f"invalid profile: {key}: " in str(e.value) and why in str(e.value), str(e.value)
 
 
 # ---- the driver branch a board needs ----------------------------------------------------------

@@ -360,3 +360,32 @@ def smi_path(tmp_path_factory):
 
     nvml_path()
     return smi_binary(tmp_path_factory)
+
+
+def test_nothing_is_read_from_a_record_a_stuck_writer_left_torn(tmp_path, smi_path):
+    """As libnvml does: a daemon killed between the two seq increments leaves seq odd and a record
+    half-written (here GPU 0's MIG device count). nvidia-smi's own reads of the state (MIG
+    devices, a lost GPU's bus id) wait the one bounded time and then take nothing from it, never
+    a torn value; NVML answers UNKNOWN meanwhile. A finished write brings both back."""
+    node = Published(tmp_path, "h100", 2)
+    for line in ("gpu=0 mig enable", f"gpu=0 mig create {LAYOUT}"):
+        node.apply(parse_line(line).event)
+
+    def listing() -> str:
+        r = subprocess.run([str(smi_path), "-L"], env=consumer_env(node.path), capture_output=True, text=True,
+                           timeout=20)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    try:
+        assert listing().count("  MIG ") == 4
+        st = node.publisher._st
+        st.seq += 1  # as if the writer died mid-publish
+        st.gpus[0].mig_device_count = 1  # half of what it was writing
+        torn = listing()
+        st.seq += 1  # the writer finished
+        finished = listing()
+    finally:
+        node.close()
+    assert "  MIG " not in torn, torn
+    assert finished.count("  MIG ") == 1 and "MIG 3g.40gb     Device  0:" in finished, finished

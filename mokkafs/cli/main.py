@@ -110,15 +110,25 @@ def _serve_in_this_process(opts: Options, ready_fd: int | None) -> int:
         if not isinstance(e, expected):
             log.exception("daemon failed")  # stderr goes nowhere in a forked daemon
             raise
-        msg = str(e).replace("\n", "\n  ")
+        msg = _reason(e).replace("\n", "\n  ")
         log.error("%s", msg)
         report(f"error: {msg}\n")
         return 1
     return 0
 
 
+def _reason(e: BaseException) -> str:
+    """What a refused start says: an OSError as the file (or the rename's two files) it is
+    about and the system's words, never `[Errno 21] Is a directory: 14`."""
+    if not isinstance(e, OSError) or not e.strerror:
+        return str(e)
+    names = [str(n) for n in (e.filename, e.filename2) if isinstance(n, (str, bytes, os.PathLike))]
+    return f"{' -> '.join(names)}: {e.strerror}" if names else e.strerror
+
+
 def cmd_mount(args) -> int:
-    from mokkafs.daemon.lifetime import Options
+    from mokkafs.daemon.lifetime import Options, node_config
+    from mokkafs.model.schema import ProfileError
 
     opts = Options(
         mountpoint=args.mountpoint,
@@ -137,9 +147,16 @@ def cmd_mount(args) -> int:
     )
     if args.hostname:
         opts.hostname = args.hostname
+    # Bad input is refused here, before anything is made (state directory, mount point) or
+    # forked: one line naming the file and key, exit 2. The daemon takes the node checked here.
+    try:
+        opts.config = node_config(opts)
+    except ProfileError as e:
+        return _fail(" ".join(str(e).split()), 2)
     if args.foreground:
         _setup_logging(sys.stderr)
         return _serve_in_this_process(opts, None)
+    made = _first_missing(Path(opts.state_dir))
     Path(opts.state_dir).mkdir(parents=True, exist_ok=True)
     logfile = Path(opts.state_dir) / "daemon.log"
     r, w = os.pipe()
@@ -165,7 +182,34 @@ def cmd_mount(args) -> int:
         print(f"mokka: {opts.mountpoint} ready (log: {logfile})")
         return 0
     os.waitpid(pid, 0)
-    return _fail(answer.removeprefix("error: ").strip() or f"daemon exited before it was ready; see {logfile}")
+    reason = answer.removeprefix("error: ").strip()
+    if not reason:
+        return _fail(f"daemon exited before it was ready; see {logfile}")
+    if made is not None:
+        # The reason is said; a state directory this refused mount made is not left behind: its
+        # contents are its daemon's; the parents made for it go only while empty (/run/mokka
+        # may meanwhile hold another daemon's mounts/).
+        import shutil
+
+        shutil.rmtree(opts.state_dir, ignore_errors=True)
+        for parent in Path(opts.state_dir).absolute().parents:
+            if not parent.is_relative_to(made):
+                break
+            try:
+                os.rmdir(parent)
+            except OSError:
+                break
+    return _fail(reason)
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost directory of `path` that does not exist yet (what mkdir -p would make)."""
+    missing = None
+    for p in (path.absolute(), *path.absolute().parents):
+        if os.path.lexists(p):
+            break
+        missing = p
+    return missing
 
 
 def _alive(pid: int) -> bool:

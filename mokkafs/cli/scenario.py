@@ -84,7 +84,11 @@ def cmd_run(args) -> int:
     path = _resolve(args.file)
     if path is None:
         return _fail(f"{args.file}: no such file or shipped scenario (mokka scenario list)", 2)
-    text = path.read_bytes()
+    try:
+        with open(path, "rb") as f:  # a regular file (_resolve); at most one byte past the cap is read
+            text = f.read(MAX_SCENARIO_BYTES + 1)
+    except OSError as e:
+        return _fail(f"{path}: {e.strerror}", 2)
     if len(text) > MAX_SCENARIO_BYTES:
         return _fail(f"{path}: longer than {MAX_SCENARIO_BYTES} bytes", 2)
     if args.start is not None and args.start > time.time() + MAX_DURATION_S:
@@ -135,9 +139,13 @@ def cmd_stop(args) -> int:
 
 
 def _seed(value: str) -> int:
-    if not value.isdigit() or len(value) > 18:
-        raise argparse.ArgumentTypeError("a seed is a non-negative integer of at most 18 digits")
-    return int(value)
+    from mokkafs.model.events import InvalidCommand, whole_number
+    from mokkafs.model.scenario import MAX_SEED
+
+    try:
+        return whole_number(value, "a seed", MAX_SEED)
+    except InvalidCommand as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _speed(value: str) -> float:

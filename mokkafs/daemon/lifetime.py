@@ -27,6 +27,7 @@ from mokkafs.daemon.mirror import Mirror, mirror_path
 from mokkafs.daemon.node_socket import NodeSocket, node_socket_path
 from mokkafs.daemon.paths import DEAD_MOUNT_ERRNOS, DEFAULT_MOUNTPOINT, DEFAULT_STATE_DIR, is_mounted, pid_file
 from mokkafs.model import Node, compose
+from mokkafs.model.identity import NodeConfig
 from mokkafs.daemon.persist import StateDir, StateError, check_state_dir
 from mokkafs.model.profiles import load_profile
 from mokkafs.daemon.host_modules import HostModules
@@ -61,6 +62,9 @@ class Options:
     metrics: str | None = None  # [HOST:]PORT to serve /metrics on (mokkafs.daemon.metrics_server)
     control_group: int | None = None  # gid that may write control files besides root
     tick_s: float = TICK_S  # how often time-varying values are republished and CUDA records folded
+    # The node, composed already: `mokka mount` checks the profile and composition before it
+    # makes anything or forks, and hands the daemon what it checked. None: composed in `build`.
+    config: NodeConfig | None = None
 
 
 def clear_stale_mount(mountpoint: str) -> None:
@@ -79,11 +83,10 @@ def clear_stale_mount(mountpoint: str) -> None:
             os.stat(mountpoint)
 
 
-def build(
-    opts: Options, clock: Callable[[], float], scenario_status: Callable[[float], str] | None = None
-) -> tuple[Controller, Tree, bool]:
-    """The node, its restored state and its tree; no mounting. Raises ProfileError/StateError."""
-    config = compose(
+def node_config(opts: Options) -> NodeConfig:
+    """The node `opts` describe: its profile in its composition with the overrides. Raises
+    ProfileError naming the file and key; reads nothing but the profile and composition."""
+    return compose(
         load_profile(opts.profile),
         node=opts.node,
         gpus=opts.gpus,
@@ -93,6 +96,13 @@ def build(
         hcas=opts.hcas,
         hostname=opts.hostname,
     )
+
+
+def build(
+    opts: Options, clock: Callable[[], float], scenario_status: Callable[[float], str] | None = None
+) -> tuple[Controller, Tree, bool]:
+    """The node, its restored state and its tree; no mounting. Raises ProfileError/StateError."""
+    config = opts.config if opts.config is not None else node_config(opts)
     node = Node(config, clock())
     state = StateDir(Path(opts.state_dir))
     restored = state.open(node)

@@ -160,12 +160,17 @@ class ScenarioRunner:
             rec = state.load_scenario()
             if rec is None:
                 return
+            missing = [k for k in ("text", "where", "seed", "speed", "start", "next") if k not in rec]
+            if missing:
+                raise ValueError(f"{missing[0]}: missing")
             loaded = load_text(str(rec["text"]), str(rec["where"]))
             seed, speed, start, nxt = int(rec["seed"]), float(rec["speed"]), float(rec["start"]), int(rec["next"])
             # The request's rule for its start holds for a restored one too: a start past it
             # (1e20, say) is no time a clock can show, and node/scenario could not render it.
-            if not (0 < speed <= MAX_SPEED and 0 <= start <= self.clock() + MAX_DURATION_S and 0 <= seed):
-                raise ValueError("seed, speed or start out of range")
+            for key, ok in (("seed", 0 <= seed <= 2**63 - 1), ("speed", 0 < speed <= MAX_SPEED),
+                            ("start", 0 <= start <= self.clock() + MAX_DURATION_S)):
+                if not ok:
+                    raise ValueError(f"{key}: {str(rec[key])[:40]} out of range")
             plan = self._plan(loaded, seed)
             if not 0 <= nxt <= len(plan):
                 raise ValueError(f"next step {nxt} beyond the plan's {len(plan)}")

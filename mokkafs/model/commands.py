@@ -53,6 +53,7 @@ from mokkafs.model.events import (
     Pin,
     Reset,
     SetLost,
+    whole_number,
 )
 
 MAX_COMMAND = 256  # bytes of arguments one command may carry (a control write, newline included)
@@ -100,6 +101,7 @@ def hca(j: int) -> Target:
 
 
 _TARGET_SPELLING = {"gpu": "'gpu=N'", "node": "'node'", "hca": "'hca=N'"}
+# A target's index names a GPU or HCA as its directory does (gpu3, mlx5_3): no leading zeros.
 _INDEX = r"(0|[1-9][0-9]{0,2})"
 
 
@@ -128,12 +130,7 @@ def parse_target(
 
 
 def _uint(word: str, what: str, high: int) -> int:
-    if not re.fullmatch(r"[0-9]{1,7}", word):
-        raise InvalidCommand(f"{what} must be a decimal number, got {word!r}")
-    value = int(word)
-    if value > high:
-        raise InvalidCommand(f"{what} must be at most {high}, got {value}")
-    return value
+    return whole_number(word, what, high)
 
 
 def _xid(i: int, text: str) -> InjectXid:

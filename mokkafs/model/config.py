@@ -11,12 +11,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mokkafs.model.events import Event, InvalidCommand
+from mokkafs.model.events import Event, InvalidCommand, decimal_number, whole_number
 from mokkafs.model.schema import GpuProfile
 
 # nvmlComputeMode_t, by the names the vocabulary takes (nvidia-smi's, lower case), in NVML's order.
 COMPUTE_MODES = {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}
 MAX_POWER_LIMIT_W = 100_000.0  # beyond any board; the profile's own range is checked by the node
+MAX_MHZ = 99_999  # beyond any board's clocks; the profile's own range is checked by the node
 # A node whose nvidia-persistenced runs has persistence mode on after every driver load; the
 # captured nodes but one (b200) show it Enabled, and so did mokkafs before settings existed.
 DEFAULT_PERSISTENCE = True
@@ -64,9 +65,9 @@ def _supported_compute_mode(profile: GpuProfile, value: object) -> None:
 
 def _watts(text: str) -> float:
     """Watts with at most three decimals (NVML's unit is the milliwatt)."""
-    if not re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,3})?", text):
-        raise InvalidCommand(f"power limit must be watts (at most 3 decimals) or 'default', got {text!r}")
-    value = float(text)
+    if not re.fullmatch(r"[0-9]+(\.[0-9]{1,3})?", text):
+        raise InvalidCommand(f"power limit must be watts (at most 3 decimals) or 'default', got {text[:24]!r}")
+    value = decimal_number(text, "power limit")
     _check_watts(value)
     return value
 
@@ -90,9 +91,9 @@ def _in_power_range(profile: GpuProfile, value: object) -> None:
 
 def _clock_range(text: str) -> tuple[int, int]:
     words = text.split(" ")
-    if len(words) != 2 or not all(re.fullmatch(r"[0-9]{1,5}", w) for w in words):
-        raise InvalidCommand(f"locked clocks must be 'MIN_MHZ MAX_MHZ' or 'default', got {text!r}")
-    value = (int(words[0]), int(words[1]))
+    if len(words) != 2:
+        raise InvalidCommand(f"locked clocks must be 'MIN_MHZ MAX_MHZ' or 'default', got {text[:40]!r}")
+    value = (whole_number(words[0], "locked clocks' MIN_MHZ", MAX_MHZ), whole_number(words[1], "locked clocks' MAX_MHZ", MAX_MHZ))
     _check_clock_range(value)
     return value
 
@@ -122,9 +123,10 @@ def _anything(profile: GpuProfile, value: object) -> None:
 
 def _app_clocks(text: str) -> tuple[int, int]:
     words = text.split(" ")
-    if len(words) != 2 or not all(re.fullmatch(r"[0-9]{1,5}", w) for w in words):
-        raise InvalidCommand(f"applications clocks must be 'MEM_MHZ GRAPHICS_MHZ' or 'default', got {text!r}")
-    value = (int(words[0]), int(words[1]))
+    if len(words) != 2:
+        raise InvalidCommand(f"applications clocks must be 'MEM_MHZ GRAPHICS_MHZ' or 'default', got {text[:40]!r}")
+    value = (whole_number(words[0], "applications clocks' MEM_MHZ", MAX_MHZ),
+             whole_number(words[1], "applications clocks' GRAPHICS_MHZ", MAX_MHZ))
     _check_app_clocks(value)
     return value
 

@@ -3,6 +3,7 @@ a command's text into one is model/commands.py."""
 from __future__ import annotations
 
 import errno
+import re
 from dataclasses import dataclass
 
 from mokkafs.model.counters import MemoryLocation
@@ -41,6 +42,38 @@ class InvalidCommand(ValueError):
     """A control write that is not a valid command; the FUSE edge turns it into EINVAL."""
 
     errno = errno.EINVAL
+
+
+# The one rule for a number in a command (control files, the control socket, scenario lines,
+# annotations): ASCII decimal digits, leading zeros allowed (`0000079` and `00000079` are both
+# 79), at most MAX_NUMBER_CHARS characters in all, a decimal point and its digits included; the
+# value is then held to its own range. Long enough for any value in range with generous
+# padding, short enough that no text of digits is ever a problem to convert (docs/faults.md).
+MAX_NUMBER_CHARS = 20
+_WHOLE = re.compile(r"[0-9]+")
+_DECIMAL = re.compile(r"[0-9]+(\.[0-9]{1,3})?")
+
+
+def _number_text(word: str, what: str, pattern: re.Pattern, kind: str) -> None:
+    if not pattern.fullmatch(word):
+        raise InvalidCommand(f"{what} must be {kind}, got {word[:24]!r}")
+    if len(word) > MAX_NUMBER_CHARS:
+        raise InvalidCommand(f"{what}: {len(word)} characters, more than the {MAX_NUMBER_CHARS} a number may have")
+
+
+def whole_number(word: str, what: str, high: int) -> int:
+    """`word` as a whole number 0..high under the one rule; InvalidCommand saying why not."""
+    _number_text(word, what, _WHOLE, "a decimal number")
+    value = int(word)
+    if value > high:
+        raise InvalidCommand(f"{what} must be at most {high}, got {value}")
+    return value
+
+
+def decimal_number(word: str, what: str) -> float:
+    """`word` as a number with at most three decimals under the one rule (its range is the caller's)."""
+    _number_text(word, what, _DECIMAL, "a decimal number (at most 3 decimals)")
+    return float(word)
 
 
 @dataclass(frozen=True)

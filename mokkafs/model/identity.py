@@ -8,7 +8,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from mokkafs.model.schema import MAX_GPUS, Composition, GpuProfile, GpuSlot, ProfileError, check_driver_drives, check_fits, default_slots
+from mokkafs.model.schema import (MAX_GPUS, Composition, GpuProfile, GpuSlot, ProfileError, check_driver_drives,
+                                  check_fits, control_character_problem, default_slots)
 from mokkafs.model.profiles import load_composition
 
 # A fixed namespace so UUIDs are stable across runs and machines for the same hostname/index.
@@ -123,6 +124,9 @@ def compose(
     """A node of `profile` in composition `node` (a Composition, a shipped name or a file; by
     default the profile's own), each part overridable. A count override (GPUs, NUMA nodes, HCAs)
     lays the GPUs out by the default rule: a composition's slots describe its own counts."""
+    problem = control_character_problem(hostname) or (None if 0 < len(hostname) <= 253 else "1 to 253 characters")
+    if problem:
+        raise ProfileError(f"hostname {hostname[:40]!r}: {problem}")
     base = profile.default_composition() if node is None else node if isinstance(node, Composition) else (
         load_composition(node))
     check_fits(profile, base)

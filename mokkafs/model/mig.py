@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from mokkafs.model.config import NotSupported
-from mokkafs.model.events import Event, InvalidCommand
+from mokkafs.model.events import Event, InvalidCommand, whole_number
 from mokkafs.model.schema import GpuProfile, Mig, MigComputeProfile, MigGpuProfile
 from mokkafs.model import state_limits
 
@@ -586,27 +586,27 @@ def _created_line(mig: Mig, state: MigState, created: list[tuple[int, int | None
 
 # --- the vocabulary's spelling ----------------------------------------------------------------------
 
-_REF = r"(?:[0-9]{1,3}|[0-9a-z][0-9a-z.+]{0,31})"
+_REF = r"(?:[0-9]+|[0-9a-z][0-9a-z.+]{0,31})"  # an id (the number rule) or a name
 
 
 def _requests(text: str) -> tuple[Request, ...]:
     """`3g.40gb,2g.20gb,19:6`: profiles by name or id, each with an optional `:START`."""
     out = []
     for item in text.split(","):
-        m = re.fullmatch(rf"({_REF})(?::([0-9]))?", item)
+        m = re.fullmatch(rf"({_REF})(?::([0-9]+))?", item)
         if not m:
             raise InvalidCommand(f"expected PROFILE[:START], got {item[:40]!r}")
-        ref = int(m.group(1)) if m.group(1).isdigit() else m.group(1)
-        out.append((ref, None if m.group(2) is None else int(m.group(2))))
+        ref = whole_number(m.group(1), "profile", 0xFF) if m.group(1).isdigit() else m.group(1)
+        out.append((ref, None if m.group(2) is None else whole_number(m.group(2), "placement start", 0xFF)))
     return _check_requests(tuple(out))
 
 
 def _instance_id(word: str, what: str, allow_all: bool) -> int | None:
     if allow_all and word == "all":
         return None
-    if not re.fullmatch(r"[0-9]{1,2}", word):
+    if not re.fullmatch(r"[0-9]+", word):
         raise InvalidCommand(f"{what} must be an id{' or all' if allow_all else ''}, got {word[:20]!r}")
-    return int(word)
+    return whole_number(word, what, 0xFF)
 
 
 USAGE = "enable|disable, create LIST, create_gi LIST, create_ci GI LIST, destroy_ci GI|all CI|all, destroy_gi GI|all, clear"

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from mokkafs.model.profiles import validation_problem
 from mokkafs.model.schema import GpuProfile
 from mokkafs.model.smi_fields import BY_PROFILE, FIELDS, TEXT_TO_XML
 
@@ -814,8 +815,7 @@ def validate(imported: Imported, name: str) -> GpuProfile:
     try:
         return GpuProfile.model_validate(as_data(imported, name))
     except ValidationError as e:
-        lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
-        raise ImportRefused("the imported profile does not load:\n" + "\n".join(lines)) from None
+        raise ImportRefused(f"the imported profile does not load: {validation_problem(e, GpuProfile)}") from None
 
 
 HEX_KEYS = {"pci.vendor_id", "pci.device_id", "pci.subsystem_vendor_id", "pci.subsystem_device_id",
@@ -878,6 +878,9 @@ def import_profile(files: list[tuple[str, str]], name: str, fill_board: tuple[st
             + "\ngive --fill-from PROFILE (a shipped board of the same architecture) to take them from it, "
               "marked as filled"
         )
-    profile = validate(imported, name)
+    try:
+        profile = validate(imported, name)
+    except ImportRefused as e:
+        raise ImportRefused(f"{', '.join(n for n, _ in files)}: {e}") from None
     text = to_yaml(imported, name, [n for n, _ in files])
     return imported, profile, text

@@ -36,15 +36,25 @@ def available_profiles() -> list[str]:
 
 def _format_validation_error(path: Path, err: ValidationError, schema: type[BaseModel] | None = None) -> str:
     schema = schema or GpuProfile
-    lines = [f"{path}: invalid {'profile' if schema is GpuProfile else 'composition'}"]
-    for e in err.errors():
+    return f"{path}: invalid {'profile' if schema is GpuProfile else 'composition'}: {validation_problem(err, schema)}"
+
+
+def validation_problem(err: ValidationError, schema: type[BaseModel]) -> str:
+    """pydantic's verdict as one line: the first problem's key (its location) and why, and the
+    keys of any further problems (a terminal or a log shows one line per refusal)."""
+    problems = []
+    for e in err.errors(include_input=False, include_url=False):
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"]
+        msg = " ".join(e["msg"].split())
         if e["type"] == "extra_forbidden":
             allowed = _allowed_keys(schema, e["loc"][:-1])
             msg = f"unknown key; allowed keys here: {', '.join(allowed)}"
-        lines.append(f"  {key}: {msg}")
-    return "\n".join(lines)
+        problems.append((key, msg))
+    key, msg = problems[0]
+    if len(problems) == 1:
+        return f"{key}: {msg}"
+    others = ", ".join(k for k, _ in problems[1:4]) + (", ..." if len(problems) > 4 else "")
+    return f"{key}: {msg} (and {len(problems) - 1} more: {others})"
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
@@ -106,9 +116,22 @@ def read_input(path: Path, what: str, cap: int = MAX_INPUT_BYTES) -> str:
         raise ProfileError(f"{path}: line {line}: not UTF-8 text") from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+# No key of a profile, composition or scenario holds a number near this long; Python refuses to
+# convert decimal text past 4,300 digits at all, which PyYAML would raise as a bare ValueError.
+MAX_NUMBER_CHARS = 32
+
+
+class StrictLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last
-    silently, so a typo'd duplicate would override what the reader sees first)."""
+    silently, so a typo'd duplicate would override what the reader sees first) and a number
+    longer than MAX_NUMBER_CHARS, each as a YAML error at its line."""
+
+    def construct_yaml_int(self, node):
+        if len(node.value) > MAX_NUMBER_CHARS:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a number of {len(node.value)} characters, more than the {MAX_NUMBER_CHARS} any key takes",
+                node.start_mark)
+        return super().construct_yaml_int(node)
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -125,10 +148,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+
+
 def _read_mapping(path: Path, what: str) -> dict:
     text = read_input(path, what)
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)
+        raw = yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
@@ -136,6 +162,8 @@ def _read_mapping(path: Path, what: str) -> dict:
         raise ProfileError(f"{path}: not valid YAML{where}: {' '.join(str(problem).split())}") from None
     except RecursionError:
         raise ProfileError(f"{path}: nested too deeply") from None
+    except ValueError as e:  # a scalar PyYAML resolves but cannot make (a 2026-13-45 date)
+        raise ProfileError(f"{path}: not valid YAML: {' '.join(str(e).split())[:200]}") from None
     if not isinstance(raw, dict):
         raise ProfileError(f"{path}: a {what} must be a mapping of keys, got {type(raw).__name__}")
     return raw

@@ -18,7 +18,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mokkafs.model.commands import NODE, Command, gpu, parse_line
-from mokkafs.model.events import Event, InvalidCommand
+from mokkafs.model.events import Event, InvalidCommand, decimal_number, whole_number
+from mokkafs.model.profiles import StrictLoader
 
 MAX_SCENARIO_BYTES = 64 * 1024  # a file, and what one write to node/scenario may carry
 MAX_STEPS = 1000  # steps in a file
@@ -355,7 +356,7 @@ def load_text(text: str | bytes, where: str = "<scenario>") -> Loaded:
                 _lines(tree, (), lines, set())
             except ScenarioError as e:
                 raise ScenarioError(f"{where}:{str(e).removeprefix('line ')}") from None
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f"{mark.line + 1}:" if mark is not None else ""
@@ -363,6 +364,10 @@ def load_text(text: str | bytes, where: str = "<scenario>") -> Loaded:
         raise ScenarioError(f"{where}:{line} not YAML: {problem}") from None
     except RecursionError:  # PyYAML's parser recurses once per level of nesting
         raise ScenarioError(f"{where}: nested too deeply") from None
+    except ScenarioError:
+        raise
+    except ValueError as e:  # a scalar PyYAML resolves but cannot make (a 2026-13-45 date)
+        raise ScenarioError(f"{where}: not YAML: {' '.join(str(e).split())[:200]}") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{where}:1: a scenario is a mapping with name, seed and steps")
     probe = Loaded(None, where, lines, text)  # for the error's line before the model exists
@@ -512,10 +517,11 @@ class StopScenario(Event):
 
 
 MAX_SPEED = 10_000.0
-_HEADER = re.compile(
-    r"run(?: seed=(?P<seed>[0-9]{1,18}))?(?: speed=(?P<speed>[0-9]{1,5}(?:\.[0-9]{1,3})?))?"
-    r"(?: start=(?P<start>[0-9]{1,11}(?:\.[0-9]{1,3})?))?(?: file=(?P<file>[A-Za-z0-9._-]{1,64}))?"
+_HEADER = re.compile(  # each number then under the one rule (model/events.py, whole_number)
+    r"run(?: seed=(?P<seed>[0-9]+))?(?: speed=(?P<speed>[0-9]+(?:\.[0-9]{1,3})?))?"
+    r"(?: start=(?P<start>[0-9]+(?:\.[0-9]{1,3})?))?(?: file=(?P<file>[A-Za-z0-9._-]{1,64}))?"
 )
+MAX_SEED = 2**63 - 1
 
 
 def parse_request(data: bytes) -> Event:
@@ -533,12 +539,16 @@ def parse_request(data: bytes) -> Event:
         raise ScenarioError(
             "expected 'stop', or 'run [seed=N] [speed=X] [start=EPOCH] [file=NAME]' and the scenario's YAML on the next lines"
         )
-    speed = float(m["speed"]) if m["speed"] else 1.0
+    try:
+        seed = whole_number(m["seed"], "seed", MAX_SEED) if m["seed"] else None
+        speed = decimal_number(m["speed"], "speed") if m["speed"] else 1.0
+        start = decimal_number(m["start"], "start") if m["start"] else None
+    except InvalidCommand as e:
+        raise ScenarioError(str(e)) from None
     if not 0 < speed <= MAX_SPEED:
         raise ScenarioError(f"speed must be above 0 and at most {MAX_SPEED:g}")
     loaded = load_text(body, m["file"] or "<scenario>")
-    start = float(m["start"]) if m["start"] else None
-    return RunScenario(None, loaded, int(m["seed"]) if m["seed"] else None, speed, start)
+    return RunScenario(None, loaded, seed, speed, start)
 
 
 _START = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,3})?Z")

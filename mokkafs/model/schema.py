@@ -52,8 +52,28 @@ def check_driver_drives(profile: "GpuProfile", driver_version: str) -> None:
         )
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def control_character_problem(text: str) -> str | None:
+    """Why `text` may not be printed as it is (a control character, which would end a line of a
+    status file, move a terminal's cursor or split a label), or None."""
+    m = _CONTROL.search(text)
+    return None if m is None else f"control character {m.group()!r} at position {m.start()}; text here is printed as is"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*")
+    @classmethod
+    def _printable(cls, v):
+        """Every text of a profile or composition ends up printed (nvidia-smi, status files,
+        /metrics labels, the DMI files): no control characters in any of them."""
+        for text in (v if isinstance(v, tuple) else (v,)):
+            if isinstance(text, str) and (problem := control_character_problem(text)):
+                raise ValueError(problem)
+        return v
 
 
 Hex16 = Annotated[int, Field(ge=0, le=0xFFFF)]
@@ -116,6 +136,16 @@ class Clocks(_Strict):
     max_video: Annotated[int, Field(gt=0)]
     default_app_graphics: Annotated[int, Field(gt=0)]
     default_app_mem: Annotated[int, Field(gt=0)]
+
+    @model_validator(mode="after")
+    def _below_the_ceilings(self) -> "Clocks":
+        """An idle or default clock above its board's maximum is no board's: NVML's
+        ranges (locked clocks, applications clocks) run from the one to the other."""
+        for low, high in (("idle_graphics", "max_graphics"), ("idle_video", "max_video"),
+                          ("default_app_graphics", "max_graphics"), ("default_app_mem", "max_mem")):
+            if getattr(self, low) > getattr(self, high):
+                raise ValueError(f"{low} {getattr(self, low)} MHz is above {high} {getattr(self, high)} MHz")
+        return self
 
 
 class Thermal(_Strict):

@@ -142,6 +142,7 @@ class GpuState:
         """Raises ValueError (pydantic's, naming the field) on a record of the wrong shape."""
         if not isinstance(data, dict):
             raise ValueError(f"a GPU record must be a mapping, got {type(data).__name__}")
+        _require(data, _GPU_KEYS_SINCE_V1)
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         # MIG's record has its own reader; absent (a record from before MIG): MIG off.
         mig_record = known.pop("mig", None)
@@ -160,6 +161,24 @@ class GpuState:
         if mig_record is not None:
             state.mig = MigState.from_dict(mig_record)
         return state
+
+
+# The keys every GPU record has held since the first state format (tests/fixtures/state-v1 is
+# one): a record without one has lost it (an edit, a rewrite cut short), and restoring it as zeros
+# would silently clear counters, pins or faults, so it is refused. Keys added since (the settings,
+# MIG) may be absent: a record from before them, which takes their defaults.
+_GPU_KEYS_SINCE_V1 = (
+    "t0", "temp0", "energy0_mj", "lost", "needs_reset", "pins", "power_limit_w", "ecc", "retired_sbe", "retired_dbe",
+    "retired_pending", "remapped_corr", "remapped_unc", "remap_pending", "remap_failure", "nvlink_down",
+    "nvlink_errors", "pcie_replay", "last_xid", "last_xid_time", "xid_counts",
+)
+
+
+def _require(data: dict, keys: tuple[str, ...]) -> None:
+    missing = [k for k in keys if k not in data]
+    if missing:
+        more = "" if len(missing) == 1 else f" ({len(missing) - 1} more keys too)"
+        raise ValueError(f"{missing[0]}: missing, where the daemon saves it in every record{more}")
 
 
 class RestoreError(ValueError):
@@ -284,6 +303,7 @@ class HcaState:
     def from_dict(cls, data: dict) -> "HcaState":
         if not isinstance(data, dict):
             raise ValueError(f"an HCA record must be a mapping, got {type(data).__name__}")
+        _require(data, tuple(cls.__dataclass_fields__))
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         state = _validate(cls, _HCA_RECORD, known)
         unknown = set(state.counters) - set(IB_ERROR_COUNTERS)

@@ -25,7 +25,13 @@
    dereferenced. A check is a mask compare and a load, so cuMemAlloc stays on its fast path. */
 #define CTX_TAG 0x6d63ull
 #define CTX_SLOTS 1024
-#define CTX_STACK 32
+/* A thread's stack of current contexts. The driver documents no depth for it (cuCtxPushCurrent's
+   returns have no "stack full"; its stack grows with the memory it can get): here it holds every
+   context the table can have live, each once, so cuCtxCreate meets the table's end (960 made,
+   then OUT_OF_MEMORY) before the stack's; a push past 1024 (one context pushed over and over)
+   is OUT_OF_MEMORY too, the driver's word for a request it cannot find memory for. 8 KiB of
+   thread-local storage. */
+#define CTX_STACK CTX_SLOTS
 /* Tag, slot < 1024 and an odd generation, in one compare. */
 #define CTX_SHAPE_MASK (0xFFFFull << 48 | 1ull << 16 | (0xFFFFull & ~(CTX_SLOTS - 1ull)))
 #define CTX_SHAPE (CTX_TAG << 48 | 1ull << 16)
@@ -241,7 +247,7 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) { return primary_reset(dev); }
 static CUresult push(CUcontext c)
 {
     if (t_depth >= CTX_STACK)
-        return CUDA_ERROR_INVALID_VALUE; /* deeper than any real program nests */
+        return CUDA_ERROR_OUT_OF_MEMORY;
     t_stack[t_depth++] = c;
     return CUDA_SUCCESS;
 }
@@ -291,7 +297,7 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
     CUcontext c = ctx_take(dev, flags);
     if (!c) {
         mokka_context_ref(gi, -1);
-        return CUDA_ERROR_OUT_OF_MEMORY; /* 960 live contexts: the driver runs out far sooner */
+        return CUDA_ERROR_OUT_OF_MEMORY; /* 960 made: the table is full (a real GPU runs out sooner) */
     }
     r = push(c);
     if (r != CUDA_SUCCESS) {

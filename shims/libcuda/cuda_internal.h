@@ -50,11 +50,22 @@ static inline int lost(CUdevice dev) { return (int)__atomic_load_n(&gpu_of(dev)-
             return CUDA_ERROR_NOT_INITIALIZED;                       \
     } while (0)
 
+/* A writer that died mid-publish left the records half-written: as libnvml's prologue does
+   (nvml_internal.h, dev_check), a call that reads a device answers an error the API allows,
+   CUDA_ERROR_UNKNOWN, after the one bounded wait (mokka_settled), never a torn value. */
+#define SETTLED()                                                    \
+    do {                                                             \
+        const struct mokka_state *s_ = state();                      \
+        if (__builtin_expect(s_ && !mokka_settled(s_), 0))           \
+            return CUDA_ERROR_UNKNOWN;                               \
+    } while (0)
+
 #define DEVICE(dev)                                                  \
     do {                                                             \
         INIT();                                                      \
         if ((dev) < 0 || (dev) >= g_count)                           \
             return CUDA_ERROR_INVALID_DEVICE;                        \
+        SETTLED();                                                   \
     } while (0)
 
 /* A GPU that fell off the bus answers what the driver probed (name, UUID, PCI, attributes) but

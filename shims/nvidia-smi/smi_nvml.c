@@ -47,8 +47,9 @@ static int g_view_decided;
 
 /* The shared state the daemon publishes, for what NVML has no call for (a lost GPU's bus id,
    which the real tool learns from the kernel; the GPU part number, which it reads from the
-   board). NULL if there is none, or NVML index `index` is not in it; *node is then the node's
-   index of that GPU (what the state's records and the daemon's commands are indexed by). */
+   board). NULL if there is none, NVML index `index` is not in it, or its records are torn (a
+   writer died mid-publish); *node is then, where known, the node's index of that GPU (what the
+   state's records and the daemon's commands are indexed by). */
 const struct mokka_state *state_of(unsigned index, unsigned *node)
 {
     const struct mokka_state *s = mokka_state();
@@ -64,7 +65,9 @@ const struct mokka_state *state_of(unsigned index, unsigned *node)
     if (i < 0)
         return NULL;
     *node = (unsigned)i;
-    return s;
+    /* A writer that died mid-publish left the records half-written: nothing is read from them
+       (after the one bounded wait, as libnvml's prologue, whose getters then answer UNKNOWN). */
+    return mokka_settled(s) ? s : NULL;
 }
 
 unsigned node_of(unsigned index)

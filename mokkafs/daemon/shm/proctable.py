@@ -212,10 +212,11 @@ class ProcessTable:
             fd = os.open(id_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return []
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a directory by its fd number
+            os.close(fd)
+            log.warning("%s is not a regular file: adopting no CUDA processes", id_file)
+            return []
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                log.warning("%s is not a regular file: adopting no CUDA processes", id_file)
-                return []
             text = f.read(MAX_ID_FILE)
         rows = []
         for line in text.splitlines():
