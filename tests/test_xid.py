@@ -40,6 +40,7 @@ def test_each_xid_does_what_its_catalogue_row_says(profile, code):
     assert notes[0].data == code
     assert node.health(1) == rule.health
     assert (g.lost, g.needs_reset) == (rule.lost, rule.needs_reset)
+    assert g.recovery_action == rule.recovery.spelling
     counted = {c: n for c, n in g.ecc.items() if n}
     if rule.ecc is None:
         assert counted == {}

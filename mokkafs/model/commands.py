@@ -4,7 +4,7 @@ agent's annotations and scenario steps are spellings of these commands and parse
 
     target     verb         arguments                          control file
     gpu=N      xid          CODE [gi=G [ci=C]]                 gpuN/inject_xid (gi, ci: the MIG instance it names)
-    gpu=N      ecc          sbe|dbe COUNT [LOCATION]           gpuN/inject_ecc
+    gpu=N      ecc          sbe|dbe COUNT [LOCATION] [contained]  gpuN/inject_ecc (dbe: with its Xids)
     gpu=N      temperature  ... memory_used, throttle (pins)   gpuN/<verb>
     gpu=N      lost         0|1                                gpuN/lost
     gpu=N      nvlink       LINK up|down|reset_errors, LINK errors COUNT   gpuN/nvlink
@@ -147,12 +147,16 @@ def _xid(i: int, text: str) -> InjectXid:
 
 
 def _ecc(i: int, text: str) -> InjectEcc:
+    """`sbe N [LOCATION]`, `dbe N [LOCATION] [contained|uncontained]` (default uncontained)."""
     words = text.split(" ")
+    containment = words.pop() if len(words) > 2 and words[-1] in ("contained", "uncontained") else None
     if len(words) not in (2, 3):
-        raise InvalidCommand("expected 'sbe N' or 'dbe N' [location]")
+        raise InvalidCommand("expected 'sbe N [LOCATION]' or 'dbe N [LOCATION] [contained|uncontained]'")
     kind, count = words[0], _uint(words[1], "count", MAX_COUNT)
     location = words[2] if len(words) == 3 else "dram"
-    return InjectEcc(i, kind, count, location)
+    if containment is not None and kind != "dbe":
+        raise InvalidCommand(f"{containment}: only an uncorrectable (dbe) error is contained or not")
+    return InjectEcc(i, kind, count, location, containment == "contained")
 
 
 def _lost(i: int, text: str) -> SetLost:
@@ -235,7 +239,7 @@ class Verb:
 
 _VERBS = (
     Verb("xid", "gpu", "inject_xid", f"CODE (1..{MAX_XID}) [gi=G [ci=C]]", _xid),
-    Verb("ecc", "gpu", "inject_ecc", "sbe|dbe COUNT [LOCATION]", _ecc),
+    Verb("ecc", "gpu", "inject_ecc", "sbe|dbe COUNT [LOCATION] [contained|uncontained]", _ecc),
     Verb("temperature", "gpu", "temperature", "C|auto", _pin("temperature", 1, 200)),
     Verb("power", "gpu", "power", "W|auto", _pin("power", 1, 10_000)),
     Verb("utilization", "gpu", "utilization", "GPU% MEM%|auto", _pin("utilization", 2, 100)),

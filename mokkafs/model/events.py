@@ -74,14 +74,20 @@ class InjectXid(Event):
 
 @dataclass(frozen=True)
 class InjectEcc(Event):
+    """ECC errors as the driver meets them. An uncorrectable (dbe) one comes with its Xid: on
+    Ampere and later 95 (uncontained), or 94 with `contained`; 48 on older boards (docs/faults.md)."""
+
     kind: str  # "sbe" | "dbe"
     count: int
     location: str = "dram"
+    contained: bool = False  # dbe: the driver contained it to the process that met it (Xid 94)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.kind not in ("sbe", "dbe"):
             raise InvalidCommand(f"ECC kind must be sbe or dbe, got {self.kind!r}")
+        if self.contained and self.kind != "dbe":
+            raise InvalidCommand("only an uncorrectable (dbe) error is contained")
         if not 1 <= self.count <= MAX_COUNT:
             raise InvalidCommand(f"ECC count must be 1..{MAX_COUNT}, got {self.count}")
         if self.location not in MEMORY_LOCATIONS:

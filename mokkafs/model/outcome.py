@@ -15,6 +15,7 @@ from mokkafs.model.state import LogEntry, counter_max
 EVENT_SBE = EVENT_TYPES["SingleBitEccError"]
 EVENT_DBE = EVENT_TYPES["DoubleBitEccError"]
 EVENT_XID = EVENT_TYPES["XidCriticalError"]
+EVENT_RECOVERY = EVENT_TYPES["GpuRecoveryAction"]  # data: the new nvmlDeviceGpuRecoveryAction_t
 
 
 @dataclass(frozen=True)

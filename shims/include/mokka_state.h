@@ -76,6 +76,9 @@
  * Addressing mode (version 8): each GPU record carries the board's
  * nvmlDeviceGetAddressingMode answer (the profile's addressing_mode).
  *
+ * Recovery action (version 12): each GPU record carries what the driver asks for after a
+ * fault (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), as the model's Xid catalogue sets it.
+ *
  * Restart: a daemon that finds a valid file of this version rewrites it in
  * place and continues `event_head`/`event_wake`, so consumers that hold the
  * mapping across a daemon restart keep working.
@@ -105,7 +108,7 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/daemon/shm/layout.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 11
+#define MOKKA_STATE_VERSION 12
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_CPU_WORDS 16         /* 1024 CPUs, what NVML's CPU masks carry */
 #define MOKKA_MAX_NVLINKS 18
@@ -318,7 +321,7 @@ struct mokka_gpu {
     uint32_t lost;             /* fallen off the bus: NVML_ERROR_GPU_IS_LOST */
     uint32_t needs_reset;
     uint32_t last_xid;         /* 0: none since reset */
-    uint32_t pad1;
+    uint32_t recovery_action;  /* nvmlDeviceGpuRecoveryAction_t the driver asks for (version 12) */
     /* CUDA (version 2) */
     uint64_t l2_cache_bytes;
     uint32_t mem_used_pinned;  /* mem_used is a pin, not the processes' sum */

@@ -15,7 +15,7 @@
 /* ---- events --------------------------------------------------------------------------- */
 
 #define SUPPORTED_EVENTS (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | \
-                          nvmlEventTypeXidCriticalError)
+                          nvmlEventTypeXidCriticalError | nvmlEventTypeGpuRecoveryAction)
 
 /* Event sets live in a table the library owns, and a handle is a number, never an address:
    tag (16 bits) | generation (32) | slot (16). Nothing a caller hands back is dereferenced, so a
