@@ -191,6 +191,19 @@ def test_a_critical_xid_makes_its_gpu_unhealthy_at_once(node_factory, kubelet, c
     assert took < 5, took  # the plugin waits on NVML events in 5 s slices: the event, not a poll
 
 
+@pytest.mark.parametrize("args", [b"dbe 1\n", b"dbe 1 dram contained\n"])
+def test_an_uncorrectable_ecc_error_makes_its_gpu_unhealthy(node_factory, kubelet, args):
+    """inject_ecc dbe comes with its Xids (95, or 94 contained, and the remapper's 63), as on a real
+    H100: the plugin, which acts on Xids and not on the DBE event, takes the GPU out at once."""
+    node = node_factory("h100", gpus=2)
+    k = kubelet(node)
+    ids = uuids(node, 2)
+    assert set(k.registered()[GPU].values()) == {"Healthy"}
+    assert node.write("gpu1/inject_ecc", args) == 0
+    h, took = wait_health(k, GPU, ids[1], "Unhealthy")
+    assert h[ids[0]] == "Healthy" and took < 5, (h, took)
+
+
 def test_xid_13_is_ignored_and_a_reset_does_not_heal_until_the_plugin_restarts(node_factory, kubelet):
     node = node_factory("h100", gpus=4)
     k = kubelet(node)
@@ -202,9 +215,10 @@ def test_xid_13_is_ignored_and_a_reset_does_not_heal_until_the_plugin_restarts(n
     assert h[ids[1]] == "Healthy"
     assert not [e for e in k.quiet(1) if e["event"] == "devices"]  # Xid 13 sent no update of its own
 
-    # A reset brings the GPU back on every surface, but the plugin never marks a device healthy
-    # again: it stays Unhealthy in the kubelet's view until the plugin restarts.
-    assert node.write("gpu3/reset", b"1\n") == 0
+    # A reset of the node (Xid 79 asks for a reboot, which a GPU reset does not answer) brings the
+    # GPU back on every surface, but the plugin never marks a device healthy again: it stays
+    # Unhealthy in the kubelet's view until the plugin restarts.
+    assert node.write("node/reset", b"1\n") == 0
     assert "health: healthy" in node.read("gpu3/info")
     later = [health(e) for e in k.quiet(6) if e["event"] == "devices"]
     assert all(h[ids[3]] == "Unhealthy" for h in later)

@@ -20,7 +20,7 @@ agent's annotations and scenario steps are spellings of these commands and parse
     gpu=N      clear_ecc    volatile|aggregate                 (control socket)
     gpu=N      clear_accounting 1                              (control socket)
     gpu=N      mig          enable|disable, create LIST, ...   (control socket; gpuN/mig shows it; docs/mig.md)
-    node       reset        1|idle                             node/reset
+    node       reset        1|idle|idle GPU,...                node/reset (GPU,...: those GPUs' reset, all or none)
     hca=N      port         up|down|errors [COUNTER] COUNT     ib/mlx5_N/port1
 
 A parser returns a complete event or raises `InvalidCommand` with the reason; nothing is applied
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from mokkafs.model import mig
 from mokkafs.model.config import SETTINGS, parse_setting
+from mokkafs.model.state_limits import MAX_GPUS
 from mokkafs.model.events import (
     MAX_COUNT,
     MAX_XID,
@@ -171,6 +172,17 @@ def _reset(i: int | None, text: str) -> Reset:
     return Reset(i, idle=text == "idle")
 
 
+def _node_reset(i: None, text: str) -> Reset:
+    """`1`, `idle` (the node), or `idle GPU,GPU,...`: NVIDIA's reset of those GPUs together."""
+    words = text.split(" ")
+    if len(words) == 2 and words[0] == "idle":
+        gpus = tuple(_uint(w, "gpu", MAX_GPUS - 1) for w in words[1].split(","))
+        if len(set(gpus)) != len(gpus):
+            raise InvalidCommand("a GPU named twice")
+        return Reset(None, idle=True, gpus=gpus)
+    return _reset(i, text)
+
+
 def _clear_ecc(i: int, text: str) -> ClearEcc:
     if text not in ECC_CLEAR_SCOPES:
         raise InvalidCommand("expected volatile or aggregate")
@@ -254,7 +266,7 @@ _VERBS = (
     Verb("clear_ecc", "gpu", None, "volatile|aggregate", _clear_ecc),
     Verb("clear_accounting", "gpu", None, "1", _clear_accounting, default="1"),
     Verb("mig", "gpu", None, mig.USAGE, mig.parse),
-    Verb("reset", "node", "reset", "1|idle", _reset, default="1"),
+    Verb("reset", "node", "reset", "1|idle|idle GPU,GPU,...", _node_reset, default="1"),
     Verb("port", "hca", "port1", "up|down, errors [COUNTER] COUNT", _ib_port),
 )
 VERBS: dict[str, dict[str, Verb]] = {kind: {v.name: v for v in _VERBS if v.target == kind} for kind in TARGET_KINDS}

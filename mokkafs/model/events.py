@@ -181,9 +181,18 @@ class SetProcesses(Event):
 class Reset(Event):
     """`gpu=None` resets the whole node. `idle`: NVIDIA's reset (nvidia-smi -r, NVML's reset),
     which the driver refuses (IN_USE) while a process is on a GPU it names; without it, the
-    fault-clearing reset of the control files, which resets whatever runs."""
+    fault-clearing reset of the control files, which resets whatever runs. `gpus` (with
+    `gpu=None`): a GPU reset of those GPUs together, all or none, as `nvidia-smi -r -i A,B`."""
 
     idle: bool = False
+    gpus: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.gpus and self.gpu is not None:
+            raise InvalidCommand("a reset names one GPU or a set of them, not both")
+        if len(set(self.gpus)) != len(self.gpus) or any(not isinstance(i, int) or i < 0 for i in self.gpus):
+            raise InvalidCommand(f"bad GPU set {self.gpus!r}")
 
 
 ECC_CLEAR_SCOPES = ("volatile", "aggregate")  # nvmlEccCounterType_t order

@@ -261,21 +261,33 @@ def ib_port(node: Node, e: IbPortCommand, now: float) -> Outcome:
 # --- resets -------------------------------------------------------------------------------------
 
 
+def _reset_targets(node: Node, e: Reset) -> list[int]:
+    if e.gpus:
+        return list(e.gpus)
+    return list(range(len(node.gpus))) if e.gpu is None else [e.gpu]
+
+
 def validate_reset(node: Node, e: Reset) -> None:
+    for i in e.gpus:
+        if i >= len(node.gpus):
+            raise InvalidCommand(f"no gpu{i} (node has {len(node.gpus)})")
     if e.idle:
         # NVIDIA's reset: the driver refuses a GPU a client holds (nvidia-smi -r: "In use by
-        # another client"); the control files' reset (not idle) resets under processes.
-        for i in range(len(node.gpus)) if e.gpu is None else [e.gpu]:
-            if node.processes[i]:
-                raise mig.InUse(f"GPU {i} is in use: {len(node.processes[i])} process(es) on it")
+        # another client"), and a set of GPUs as a whole: one busy GPU and none is reset. The
+        # control files' reset (not idle) resets under processes.
+        busy = [i for i in _reset_targets(node, e) if node.processes[i]]
+        if busy:
+            raise mig.InUse("in use: " + ", ".join(f"GPU {i} ({len(node.processes[i])} process(es))" for i in busy))
 
 
 def reset(node: Node, e: Reset, now: float) -> Outcome:
-    """A GPU reset, or (`gpu=None`) a node reset: every GPU as on a driver reload, and the HCAs."""
+    """A GPU reset, or (`gpu=None`) a node reset: every GPU as on a driver reload, and the HCAs;
+    or (`gpus`) a GPU reset of each of those GPUs."""
     change = Change(now)
-    for i in range(len(node.gpus)) if e.gpu is None else [e.gpu]:
-        _reset_gpu(node, i, change, driver_reload=e.gpu is None)
-    if e.gpu is None:
+    node_reset = e.gpu is None and not e.gpus
+    for i in _reset_targets(node, e):
+        _reset_gpu(node, i, change, driver_reload=node_reset)
+    if node_reset:
         _reset_hcas(node, change)
     return change.outcome()
 
