@@ -15,7 +15,7 @@ from mokkafs.model.commands import gpu, parse_line, parse_write
 from mokkafs.model.counters import EccCounter, EccKind, EccScope, MemoryLocation, NvLinkCounter
 from mokkafs.model.events import IbPortCommand, InjectXid, NvLinkCommand, Pin, Reset, SetLost
 from mokkafs.model.dynamics import THERMAL_TAU_S
-from mokkafs.model.outcome import EVENT_DBE, EVENT_RECOVERY, EVENT_SBE, EVENT_XID
+from mokkafs.model.outcome import EVENT_DBE, EVENT_RECOVERY, EVENT_SBE, EVENT_XID, SYSTEM_BIND, SYSTEM_UNBIND
 from mokkafs.model.schema import ProfileError
 from mokkafs.model.profiles import load_profile
 
@@ -195,7 +195,9 @@ def test_apply_says_what_the_event_did_in_one_outcome(h100):
     assert (out.gpus, out.hcas, out.saturated, out.reply) == ((3,), False, (), "")
     node_wide = h100.apply(Reset(None), T0 + 2)
     assert node_wide.gpus == tuple(range(8)) and node_wide.hcas
-    assert [(n.gpu, n.event_type, n.data) for n in node_wide.notifications] == [(3, EVENT_RECOVERY, 0)]  # NONE again
+    # the driver unbinds every GPU, GPU 3's recovery action is NONE again, and it binds every GPU
+    assert [(n.gpu, n.event_type) for n in node_wide.notifications] == [
+        *((i, SYSTEM_UNBIND) for i in range(8)), (3, EVENT_RECOVERY), *((i, SYSTEM_BIND) for i in range(8))]
     flood = IbPortCommand(None, 0, 1, "errors", "symbol_error", 1_000_000)  # a 16-bit counter
     assert h100.apply(flood, T0 + 3).saturated == ("mlx5_0 port 1 symbol_error",)
     assert h100.apply(flood, T0 + 4).saturated == ()  # named once: it stays at its maximum

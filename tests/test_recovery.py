@@ -9,7 +9,7 @@ import pytest
 from mokkafs.model import InvalidCommand, Node, compose
 from mokkafs.model.commands import gpu, parse_write
 from mokkafs.model.events import InjectXid, Reset, SetLost
-from mokkafs.model.outcome import EVENT_DBE, EVENT_RECOVERY, EVENT_XID
+from mokkafs.model.outcome import EVENT_DBE, EVENT_RECOVERY, EVENT_XID, SYSTEM_BIND, SYSTEM_UNBIND
 from mokkafs.model.profiles import load_profile
 from mokkafs.model.state import GpuState
 from mokkafs.model.xid import RecoveryAction
@@ -100,7 +100,8 @@ def test_a_node_reboot_outlasts_a_gpu_reset_and_lost_0_until_the_node_resets():
     assert (n.gpus[1].lost, n.gpus[1].recovery_action, n.health(1)) == (False, "node_reboot", "unhealthy")
     assert "reboot_required" in n.active_faults(1)
     out = n.apply(Reset(None), T0)
-    assert [(x.gpu, x.event_type, x.data) for x in out.notifications] == [(1, EVENT_RECOVERY, 0)]
+    assert [(x.gpu, x.event_type, x.data) for x in out.notifications if x.event_type == EVENT_RECOVERY] == [
+        (1, EVENT_RECOVERY, 0)]
     assert n.gpus[1].recovery_action == "none" and n.health(1) == "healthy"
 
 
@@ -111,3 +112,15 @@ def test_the_recovery_action_is_saved_and_read_back_strictly():
     for bad in ("reboot", "", 2, None):
         with pytest.raises(ValueError, match="recovery_action"):
             GpuState.from_dict({**g.to_dict(), "recovery_action": bad})
+
+
+def test_a_node_reset_unbinds_and_binds_every_gpu_for_system_event_sets():
+    """A driver reload, as nvmlSystemEventSetWait reports it: every GPU's driver unbound, then bound
+    again, each named by its PCI location; a GPU reset is no driver reload and raises neither."""
+    n = node()
+    assert not [x for x in n.apply(Reset(0), T0).notifications if x.event_type in (SYSTEM_UNBIND, SYSTEM_BIND)]
+    out = [(x.gpu, x.event_type, x.data) for x in n.apply(Reset(None), T0).notifications]
+    ids = [b.domain << 16 | b.bus << 8 | b.device for b in (n.identities[i].bdf for i in range(2))]
+    assert ids == [0x1800, 0x1E00]  # an H100 node's first two GPUs, 0000:18:00.0 and 0000:1e:00.0
+    assert out == [(0, SYSTEM_UNBIND, ids[0]), (1, SYSTEM_UNBIND, ids[1]), (0, SYSTEM_BIND, ids[0]),
+                   (1, SYSTEM_BIND, ids[1])]

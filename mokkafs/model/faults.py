@@ -15,7 +15,9 @@ from mokkafs.model.events import (
     ClearEcc, IbPortCommand, InjectEcc, InjectXid, InvalidCommand, NvLinkCommand, Reset, SetLost,
 )
 from mokkafs.model.mig import MigState
-from mokkafs.model.outcome import EVENT_DBE, EVENT_RECOVERY, EVENT_SBE, EVENT_XID, Change, Outcome
+from mokkafs.model.outcome import (
+    EVENT_DBE, EVENT_RECOVERY, EVENT_SBE, EVENT_XID, SYSTEM_BIND, SYSTEM_UNBIND, Change, Outcome,
+)
 from mokkafs.model.schema import GpuProfile
 from mokkafs.model.state import GpuState, HcaState
 from mokkafs.model.xid import RecoveryAction, Remap, kernel_log_line, xid_rule
@@ -285,11 +287,23 @@ def reset(node: Node, e: Reset, now: float) -> Outcome:
     or (`gpus`) a GPU reset of each of those GPUs."""
     change = Change(now)
     node_reset = e.gpu is None and not e.gpus
-    for i in _reset_targets(node, e):
+    targets = _reset_targets(node, e)
+    if node_reset:  # the driver lets go of every GPU, and binds each again once reloaded
+        for i in targets:
+            change.notify(i, SYSTEM_UNBIND, pci_gpu_id(node, i))
+    for i in targets:
         _reset_gpu(node, i, change, driver_reload=node_reset)
     if node_reset:
+        for i in targets:
+            change.notify(i, SYSTEM_BIND, pci_gpu_id(node, i))
         _reset_hcas(node, change)
     return change.outcome()
+
+
+def pci_gpu_id(node: Node, i: int) -> int:
+    """A system event's gpuId ("in PCI format", nvml.h): (domain << 16) | (bus << 8) | device."""
+    bdf = node.identities[i].bdf
+    return bdf.domain << 16 | bdf.bus << 8 | bdf.device
 
 
 def _reset_gpu(node: Node, i: int, change: Change, driver_reload: bool = False) -> None:

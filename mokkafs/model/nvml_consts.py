@@ -115,3 +115,9 @@ RECOVERY_ACTIONS: dict[str, int] = {
     'BUS_RESET': 6,
     'SYSTEM_REBOOT': 7,
 }
+
+# nvmlSystemEventType* bits
+SYSTEM_EVENT_TYPES: dict[str, int] = {
+    'GpuDriverUnbind': 0x1,
+    'GpuDriverBind': 0x2,
+}

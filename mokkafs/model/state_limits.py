@@ -24,3 +24,4 @@ MAX_MIG_PROFILES = 16  # GPU instance profiles in a board's table
 MAX_CI_PROFILES = 8  # compute instance profiles of one GPU instance profile
 MAX_MIG_PLACEMENTS = 8
 NO_MIG = 0xFFFF  # mokka_gpu_process.mig_gi/mig_ci: not on a MIG device
+EVENT_SYSTEM = 0x8000000000000000  # mokka_event.type: a system event (nvmlSystemEventType bits below it)

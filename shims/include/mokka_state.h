@@ -77,7 +77,9 @@
  * nvmlDeviceGetAddressingMode answer (the profile's addressing_mode).
  *
  * Recovery action (version 12): each GPU record carries what the driver asks for after a
- * fault (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), as the model's Xid catalogue sets it.
+ * fault (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), as the model's Xid catalogue sets it. System
+ * events (a GPU's driver unbound or bound, nvmlSystemEventSetWait) share the event ring, their
+ * type marked MOKKA_EVENT_SYSTEM so that no device event set matches one.
  *
  * Restart: a daemon that finds a valid file of this version rewrites it in
  * place and continues `event_head`/`event_wake`, so consumers that hold the
@@ -130,6 +132,7 @@
 #define MOKKA_MAX_CI_PROFILES 8    /* compute instance profiles of one GPU instance profile */
 #define MOKKA_MAX_MIG_PLACEMENTS 8
 #define MOKKA_NO_MIG 0xFFFF        /* mokka_gpu_process.mig_gi/mig_ci: not on a MIG device */
+#define MOKKA_EVENT_SYSTEM 0x8000000000000000 /* mokka_event.type: a system event (nvmlSystemEventType bits below it) */
 
 struct mokka_gpu_process {
     uint32_t pid;
@@ -381,8 +384,9 @@ struct mokka_accounting {
 
 struct mokka_event {
     uint64_t seq;              /* event number + 1; 0 = slot never written */
-    uint64_t type;             /* nvmlEventType bits */
-    uint64_t data;             /* Xid for XID_CRITICAL_ERROR, count for ECC */
+    uint64_t type;             /* nvmlEventType bits; or MOKKA_EVENT_SYSTEM | nvmlSystemEventType bits (version 12) */
+    uint64_t data;             /* Xid for XID_CRITICAL_ERROR, count for ECC, the recovery action for
+                                  GPU_RECOVERY_ACTION; a system event's gpuId */
     uint32_t gpu;              /* index */
     uint16_t mig_gi;           /* the MIG instance an Xid names (docs/mig.md); MOKKA_NO_MIG: none */
     uint16_t mig_ci;
