@@ -88,7 +88,7 @@ def test_a_gpu_reset_answers_gpu_reset_and_drain_and_reset():
     assert n.apply(Reset(0), T0 + 2).notifications == ()  # nothing changed: no event
 
 
-def test_a_node_reboot_outlasts_a_gpu_reset_and_lost_0_until_the_node_resets():
+def test_a_node_reboot_outlasts_nvidias_reset_and_lost_0_until_the_node_resets():
     n = node()
     out = n.apply(SetLost(1, True), T0)
     # `lost 1` is Xid 79 to every consumer, its NVML event included
@@ -96,7 +96,7 @@ def test_a_node_reboot_outlasts_a_gpu_reset_and_lost_0_until_the_node_resets():
     n.apply(InjectXid(1, 95), T0)  # a later, lesser ask does not lower it
     assert n.gpus[1].recovery_action == "node_reboot"
     n.apply(SetLost(1, False), T0)
-    n.apply(Reset(1), T0)
+    n.apply(Reset(1, idle=True), T0)  # nvidia-smi -r
     assert (n.gpus[1].lost, n.gpus[1].recovery_action, n.health(1)) == (False, "node_reboot", "unhealthy")
     assert "reboot_required" in n.active_faults(1)
     out = n.apply(Reset(None), T0)
@@ -124,3 +124,12 @@ def test_a_node_reset_unbinds_and_binds_every_gpu_for_system_event_sets():
     assert ids == [0x1800, 0x1E00]  # an H100 node's first two GPUs, 0000:18:00.0 and 0000:1e:00.0
     assert out == [(0, SYSTEM_UNBIND, ids[0]), (1, SYSTEM_UNBIND, ids[1]), (0, SYSTEM_BIND, ids[0]),
                    (1, SYSTEM_BIND, ids[1])]
+
+
+def test_the_control_files_reset_clears_a_node_reboot_too():
+    """`gpuN/reset` (1) is the simulator's fault-clearing reset: it answers every fault, a node
+    reboot's action included, so a test can start a GPU over without resetting the node."""
+    n = node()
+    n.apply(InjectXid(0, 79), T0)
+    n.apply(Reset(0), T0)
+    assert (n.gpus[0].recovery_action, n.health(0)) == ("none", "healthy")

@@ -292,7 +292,7 @@ def reset(node: Node, e: Reset, now: float) -> Outcome:
         for i in targets:
             change.notify(i, SYSTEM_UNBIND, pci_gpu_id(node, i))
     for i in targets:
-        _reset_gpu(node, i, change, driver_reload=node_reset)
+        _reset_gpu(node, i, change, driver_reload=node_reset, answers_reboot=node_reset or not e.idle)
     if node_reset:
         for i in targets:
             change.notify(i, SYSTEM_BIND, pci_gpu_id(node, i))
@@ -306,7 +306,7 @@ def pci_gpu_id(node: Node, i: int) -> int:
     return bdf.domain << 16 | bdf.bus << 8 | bdf.device
 
 
-def _reset_gpu(node: Node, i: int, change: Change, driver_reload: bool = False) -> None:
+def _reset_gpu(node: Node, i: int, change: Change, driver_reload: bool = False, answers_reboot: bool = True) -> None:
     """What a GPU reset does: the GPU comes back, volatile counters clear, pending row remaps
     and page retirements take effect, links retrain, pins return to the simulated curves,
     settings return to their defaults but those the driver keeps (on a node reset, a driver
@@ -322,9 +322,10 @@ def _reset_gpu(node: Node, i: int, change: Change, driver_reload: bool = False) 
         accounting.switched(node, i, False)
     g.lost = False
     g.needs_reset = False
-    # A reset answers what a reset answers; a node reboot is asked of the node, which a driver
-    # reload (`node/reset`) stands for: the recovery action is the driver's, and a reload starts it over.
-    if driver_reload or recovery_action(g) is not RecoveryAction.NODE_REBOOT:
+    # A reset answers what a reset answers. A node reboot is asked of the node: NVIDIA's reset
+    # (nvidia-smi -r, NVML's) leaves it; a driver reload (`node/reset`) starts the driver's state,
+    # this action included, over; and the control files' fault-clearing reset clears every fault.
+    if answers_reboot or recovery_action(g) is not RecoveryAction.NODE_REBOOT:
         _set_recovery(g, i, RecoveryAction.NONE, change)
     g.pins.clear()
     for counter in g.ecc:
