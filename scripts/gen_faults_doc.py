@@ -68,6 +68,9 @@ def tables() -> str:
     rows += ["", "The text after `NVRM: Xid (PCI:dddd:bb:dd): N, pid='<unknown>', name=<unknown>, `:", ""]
     rows += ["| Xid | driver's text |", "|---|---|"]
     rows += [f"| {code} | `{xid_message(code, link='L')}` |" for code in XIDS]
+    rows += ["", "On boards that retire pages instead of remapping rows (Turing and earlier):", ""]
+    rows += ["| Xid | driver's text |", "|---|---|"]
+    rows += [f"| {code} | `{rule.retirement_message}` |" for code, rule in XIDS.items() if rule.retirement_message]
     return "\n".join(rows) + "\n"
 
 

@@ -100,7 +100,7 @@ def xid(node: Node, i: int, code: int, change: Change, gi: int | None = None, ci
     raise_recovery(g, i, rule.recovery, change)
     g.last_xid, g.last_xid_time = code, change.now
     g.xid_counts[str(code)] = change.add(f"gpu{i} xid_counts.{code}", "xid_counts", g.xid_counts.get(str(code), 0), 1)
-    change.log(i, kernel_log_line(ident.bdf.xid, code, gi, ci, **details))
+    change.log(i, kernel_log_line(ident.bdf.xid, code, gi, ci, has_row_remapper(node.profile), **details))
 
 
 def _record_remap_or_retire(node: Node, i: int, change: Change, uncorrectable: bool) -> None:

@@ -95,6 +95,7 @@ class XidRule:
     remap: Remap | None = None
     nvlink_errors: tuple[NvLinkCounter, ...] = ()  # +1 each on the first link that is up
     lost: bool = False  # off the bus until `lost 0` or a reset
+    retirement_message: str = ""  # the text on boards that retire pages instead of remapping rows
     health: str = "degraded"  # what `gpuN/info` reports right after it on a fresh GPU (tested)
 
     @property
@@ -112,7 +113,8 @@ class XidRule:
         """The NVML event types it raises on a fresh GPU (nvml.h names), the Xid's own first."""
         events = ["nvmlEventTypeXidCriticalError"]
         if self.ecc is not None:
-            events.append(f"nvmlEventType{'DoubleBit' if self.ecc.kind is EccKind.UNCORRECTED else 'SingleBit'}EccError")
+            bits = "DoubleBit" if self.ecc.kind is EccKind.UNCORRECTED else "SingleBit"
+            events.append(f"nvmlEventType{bits}EccError")
         if self.recovery is not RecoveryAction.NONE:  # on a GPU whose action it raises
             events.append("nvmlEventTypeGpuRecoveryAction")
         return tuple(events)
@@ -146,16 +148,20 @@ XIDS: dict[int, XidRule] = {
     ),
     61: XidRule("Internal micro-controller breakpoint/warning (PMU)", bucket="CONTACT_SUPPORT"),
     62: XidRule("Internal micro-controller halt", bucket="RESET_GPU", health="unhealthy"),
+    # Pages retired instead (Turing and earlier): NVIDIA's dynamic page retirement docs' lines.
     63: XidRule(
         "Row Remapper: New row marked for remapping, reset gpu to activate.",
         bucket="IGNORE",
         remap=Remap.PENDING,
+        retirement_message="Dynamic Page Retirement: New retired page, reload the driver to activate. "
+        "(0x0000000000000000)",
         health="unhealthy",
     ),
     64: XidRule(
         "Row Remapper: Failed to remap row, GPU needs reset and may need replacement.",
         bucket="RESET_GPU",
         remap=Remap.FAILED,
+        retirement_message="Dynamic Page Retirement: Fatal error, unable to retire page (0x0000000000000000)",
         health="unhealthy",
     ),
     68: XidRule("NVDEC0 Exception", bucket="RESTART_APP"),
@@ -199,14 +205,17 @@ def xid_rule(code: int) -> XidRule:
     return XIDS.get(code) or XidRule(f"Xid {code} reported")
 
 
-def xid_message(code: int, **details: object) -> str:
-    template = xid_rule(code).message
+def xid_message(code: int, remapper: bool = True, **details: object) -> str:
+    """The text after the code; `remapper=False`: on a board that retires pages instead."""
+    rule = xid_rule(code)
+    template = rule.message if remapper or not rule.retirement_message else rule.retirement_message
     return template.format(**details) if details else template.replace("{link}", "0")
 
 
-def kernel_log_line(bdf_xid: str, code: int, gi: int | None = None, ci: int | None = None, **details: object) -> str:
+def kernel_log_line(bdf_xid: str, code: int, gi: int | None = None, ci: int | None = None, remapper: bool = True,
+                    **details: object) -> str:
     """The driver's printk text, without the kmsg header: what gpud and NPD rules match. An Xid
     the driver attributes to a MIG instance carries it in the parenthesis, as the open kernel
     modules print it: `(PCI:0000:18:00 GPU-I:02 GPU-CI:00)`."""
     where = f"PCI:{bdf_xid}" + ("" if gi is None else f" GPU-I:{gi:02d}") + ("" if ci is None else f" GPU-CI:{ci:02d}")
-    return f"NVRM: Xid ({where}): {code}, pid='<unknown>', name=<unknown>, {xid_message(code, **details)}"
+    return f"NVRM: Xid ({where}): {code}, pid='<unknown>', name=<unknown>, {xid_message(code, remapper, **details)}"
