@@ -245,6 +245,36 @@ def test_a_gpu_in_use_is_refused_by_nvidia_smi_r_and_nvml_but_not_by_the_reset_f
     assert resets(1) == 2
 
 
+def test_two_busy_gpus_of_three_are_named_and_none_of_the_three_is_reset(node_factory):
+    """The plural of the driver's refusal, as NVIDIA's binaries print it ("2 devices are ...
+    these devices"), each busy GPU on its own line in index order, the idle one neither listed nor reset."""
+    node = node_factory(gpus=3)
+    node.expect_warning(r"ctl\.sock: in_use from uid 0 pid \d+: 'node reset idle 0,1,2'")
+    env = mount_env(node)
+    holders = [subprocess.Popen([sys.executable, "-c", HOLD_GPU1.replace("0, 1)", f"0, {g})")], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for g in (0, 2)]
+    try:
+        assert [h.stdout.readline().strip() for h in holders] == ["ready", "ready"]
+        deadline = time.monotonic() + 10
+        while len(smi(node, "--query-compute-apps=pid", "--format=csv,noheader").stdout.split()) < 2:
+            assert time.monotonic() < deadline, "the CUDA processes never showed"
+            time.sleep(0.05)
+        r = smi(node, "-r")
+        buses = smi(node, "--query-gpu=pci.bus_id", "--format=csv,noheader").stdout.split()
+        assert (r.returncode, r.stdout) == (255, (
+            f"The following GPUs could not be reset:\n  GPU {buses[0]}: In use by another client\n"
+            f"  GPU {buses[2]}: In use by another client\n\n2 devices are currently being used by one or more other "
+            "processes (e.g., Fabric Manager, CUDA application, graphics application such as an X server, or a "
+            "monitoring application such as another instance of nvidia-smi). Please first kill all processes using "
+            "these devices and all compute applications running in the system.\n"))
+        assert "reset" not in (node.state_dir / "events.log").read_text()
+    finally:
+        for h in holders:
+            h.stdin.close()
+            h.wait(timeout=30)
+            h.stdout.close()
+
+
 def test_ecc_mode_is_pending_until_nvidia_smi_r_resets_the_gpu(node_factory):
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     node = node_factory(gpus=2)
