@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from mokkafs.daemon.shm.layout import ffi  # noqa: E402
 from mokkafs.model import Node, compose  # noqa: E402
 from mokkafs.model.profiles import available_profiles, load_profile  # noqa: E402
 from mokkafs.render.tree import root  # noqa: E402
@@ -85,15 +86,11 @@ def tree_digests(node: Node, now: float = NOW) -> dict[str, str]:
 def _fields(cdata, prefix: str, out: dict[str, str]) -> None:
     """Every non-zero primitive under the cffi struct `cdata`, as `prefix.field[i]...`; char
     arrays as their string."""
-    from mokkafs.daemon.shm.layout import ffi
-
     for name, field in ffi.typeof(cdata).fields:
         _value(getattr(cdata, name), field.type, f"{prefix}.{name}", out)
 
 
 def _value(value, ctype, key: str, out: dict[str, str]) -> None:
-    from mokkafs.daemon.shm.layout import ffi
-
     if ctype.kind == "struct":
         _fields(value, key, out)
     elif ctype.kind == "array" and ctype.item.cname == "char":
@@ -108,7 +105,6 @@ def _value(value, ctype, key: str, out: dict[str, str]) -> None:
 
 def state_digests(node: Node, now: float = NOW) -> dict[str, str]:
     """What the publisher writes for this node, field by field (the shims' only input)."""
-    from mokkafs.daemon.shm.layout import ffi
     from mokkafs.daemon.shm.publisher import cuda_version_int, fill_gpu, fill_mig_tables
 
     cfg = node.config

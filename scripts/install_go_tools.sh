@@ -65,7 +65,14 @@ while read -r -u 3 name spec flags; do
   ver=${spec##*@}
   [ "$pkg" != "$spec" ] || { echo "install_go_tools: $name: '$spec' has no @VERSION" >&2; exit 1; }
   stamp="$name $spec $flags"
-  if [ "${pkg#./}" != "$pkg" ]; then
+  # in=./DIR: PACKAGE is built inside this repository's module DIR, which requires PACKAGE's
+  # module at VERSION (tools/kubernetes: Kubernetes' commands; see scripts/k8s_wrapper.sh).
+  inmod=""
+  for f in $flags; do case "$f" in in=./*) inmod="$repo/${f#in=./}" ;; esac; done
+  if [ -n "$inmod" ]; then
+    [ -f "$inmod/go.mod" ] || { echo "install_go_tools: $name: no $inmod/go.mod" >&2; exit 1; }
+    stamp="$stamp $(cat "$inmod/go.mod" "$inmod/go.sum" | sha256sum | cut -c1-16) version-stamped"
+  elif [ "${pkg#./}" != "$pkg" ]; then
     # This repository's program: rebuilt whenever its sources change.
     src="$repo/${pkg#./}"
     [ -f "$src/go.mod" ] || { echo "install_go_tools: $name: no $src/go.mod" >&2; exit 1; }
@@ -82,7 +89,24 @@ while read -r -u 3 name spec flags; do
   tmp=$(mktemp -d "$cache/tmp.XXXXXX")
   # shellcheck disable=SC2064
   trap "rm -rf '$tmp'" EXIT
-  if [ "${pkg#./}" != "$pkg" ]; then
+  if [ -n "$inmod" ]; then
+    required=$(cd "$inmod" && go list -m -f '{{.Version}}' "${pkg%%/cmd/*}")
+    [ "$required" = "$ver" ] || {
+      echo "install_go_tools: $name: $inmod requires ${pkg%%/cmd/*} $required, go-tools.txt says $ver" >&2; exit 1; }
+    ldflags=""
+    if [ "${pkg%%/cmd/*}" = k8s.io/kubernetes ]; then
+      # What Kubernetes' own build stamps in (hack/lib/version.sh): without it every component
+      # reports v0.0.0-master, and clients that compare versions (the kubelet's to the API
+      # server's, NVIDIA's DRA driver's feature checks) see a version no release has.
+      minor=${ver#v1.}; minor=${minor%%.*}
+      for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ldflags="$ldflags -X $p.gitVersion=$ver -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+        ldflags="$ldflags -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+      done
+    fi
+    (cd "$inmod" && GOBIN="$tmp" CGO_ENABLED=$cgo GOFLAGS="$GOFLAGS -mod=readonly" \
+      nice -n 10 go install -ldflags="$ldflags" "$pkg")
+  elif [ "${pkg#./}" != "$pkg" ]; then
     (cd "$src" && GOBIN="$tmp" CGO_ENABLED=$cgo nice -n 10 go install .)
   else
     # `go install PACKAGE@VERSION`, done by hand: the module at VERSION from the module proxy, then

@@ -18,8 +18,13 @@ packages+=(shellcheck systemd)
 # A real OCI runtime for the container tests (tests/test_containers.py): podman makes containers
 # from CDI specs, runc runs them.
 packages+=(podman runc)
-# kubectl may already come from another package (kubernetes-client conflicts with it).
-command -v kubectl >/dev/null 2>&1 || packages+=(kubernetes-client)
+# The cluster tier (scripts/cluster.py, tests/test_cluster*.py): etcd, the CNI plugins, iptables
+# for kube-proxy, and what its images are made of (scripts/oci_image.py: a static pause built with
+# gcc, Debian's busybox-static, a Debian root by debootstrap). Kubernetes and containerd 2 are Go
+# programs: scripts/install_go_tools.sh.
+packages+=(etcd-server containernetworking-plugins iptables conntrack busybox-static debootstrap libc6-dev)
+# kubectl comes with Kubernetes (scripts/go-tools.txt): Debian bookworm's kubernetes-client (1.20)
+# is too old to render deploy/'s overlays.
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

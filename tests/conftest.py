@@ -46,6 +46,7 @@ LEVELS = {
     "tools": "real tools on the node: NVIDIA's nvidia-smi, lspci, ibstat, NVIDIA's Go programs",
     "cross": "one fact, every surface: the cross-surface probe",
     "deploy": "deployment: the agent, kustomize, the unit and the images",
+    "cluster": "a real Kubernetes from parts (scripts/cluster.py): API server, kubelet, containerd, pods",
 }
 FAST_LEVELS = ("model", "render")
 _running_level: str | None = None

@@ -248,7 +248,7 @@ class FakeCluster:
                 parts = url.path.split("/")
                 name = parts[4] if url.path.startswith("/api/v1/nodes/") else ""
                 with cluster.lock:
-                    cluster.patches.append((url.path, ctype, body))
+                    cluster.patches.append((url.path, ctype, copy.deepcopy(body)))  # as sent: conditions below are merged by reference
                     if name not in cluster.nodes:
                         return self._send(404, status(404, "NotFound", url.path))
                     if url.path == f"/api/v1/nodes/{name}":

@@ -4,9 +4,12 @@ rejected annotations, the health condition and Events."""
 from __future__ import annotations
 
 import errno
+import json
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timezone
@@ -181,6 +184,23 @@ def test_decide():
     assert patch["metadata"]["annotations"][decisions.ANNOTATION_APPLIED] == "2026-12-01T00:00:00Z gpu=3 xid=79"
     rpatch = decisions.claim_patch(rej, "T")
     assert rpatch["metadata"]["annotations"][decisions.ANNOTATION_REJECTED].startswith("T gpu=3 xid=79: ")
+
+
+@pytest.mark.parametrize("value,said", [
+    ("gpu=7 xid=79", "'gpu=7 xid=79': no gpu7, the node has 4 GPUs (0..3)"),
+    ("gpu=7 xid=79\n", "'gpu=7 xid=79\\n': no gpu7, the node has 4 GPUs (0..3)"),
+    ("gpu=all xid=banana", "'gpu=all xid=banana': Xid must be a decimal number, got 'banana'"),
+    ("gpu=0", "'gpu=0': expected 'gpu=N KEY=VALUE' or 'node reset=1'"),
+    # one of several commands: the value, then which command and why
+    ("gpu=0 lost=1; gpu=9 lost=1", "'gpu=0 lost=1; gpu=9 lost=1': 'gpu=9 lost=1': no gpu9, the node has 4 GPUs (0..3)"),
+])  # fmt: skip
+def test_a_rejection_says_the_value_once(value, said):
+    """What the InjectionRejected Event says (value, then reason) and what mokkafs.io/rejected
+    records: a one-command value's reason does not name the command again."""
+    rej = decisions.decide(_node({decisions.ANNOTATION_INJECT: value}), config())
+    assert f"{rej.value!r}: {rej.reason}" == said
+    record = decisions.claim_patch(rej, "T")["metadata"]["annotations"][decisions.ANNOTATION_REJECTED]
+    assert record == f"T {value}: {rej.reason}" and record.count(value.split(";")[0].strip()) == 1
 
 
 def test_an_event_is_named_by_the_time_given_and_its_sequence():
@@ -435,6 +455,36 @@ def test_injection_applied_once_despite_a_conflict(running):
     assert node.read("gpu3/lost") == "0\n"
 
 
+def health_patches(cluster) -> list[dict]:
+    """The PATCHes of nodes/status that wrote MokkaGPUHealthy, as the fake API server saw them."""
+    return [body for path, _, body in cluster.patches if path.endswith("/status")
+            and any(c["type"] == decisions.CONDITION_TYPE for c in body["status"]["conditions"])]
+
+
+def test_the_condition_is_patched_once_per_change(running):
+    """One injection that changes the condition is one PATCH of it, though the watch then shows
+    the agent its own claim (a Node read before the condition changed); no change, no PATCH.
+    The fake API server, because it records every request: a real one shows its PATCHes only in
+    an audit log (the real-cluster tier checks what the condition says)."""
+    cluster, node, _ = running
+    wait_until(lambda: cluster.condition(decisions.CONDITION_TYPE), "the first health report")
+    time.sleep(1.5)  # past a resync (1 s): the start's reports are done
+    assert len(health_patches(cluster)) == 1, "the first report: one PATCH"
+    cluster.annotate(decisions.ANNOTATION_INJECT, "gpu=3 xid=79")
+    wait_until(lambda: cluster.condition(decisions.CONDITION_TYPE)["status"] == "False", "condition False")
+    time.sleep(1.5)  # the watch events of the claim and of the PATCH itself, and a resync
+    assert [p["status"]["conditions"][0]["status"] for p in health_patches(cluster)] == ["True", "False"]
+    cluster.annotate(decisions.ANNOTATION_INJECT, "gpu=1 temperature=70")  # no change to the condition
+    wait_until(lambda: events(cluster, "InjectionApplied")[1:], "the second injection")
+    cluster.heartbeat()  # the kubelet's own status update: nothing to write either
+    time.sleep(1.5)
+    assert len(health_patches(cluster)) == 2, "an injection that leaves the condition as it is writes none"
+    cluster.annotate(decisions.ANNOTATION_INJECT, "node reset=1")
+    wait_until(lambda: cluster.condition(decisions.CONDITION_TYPE)["status"] == "True", "condition True again")
+    time.sleep(1.5)
+    assert [p["status"]["conditions"][0]["status"] for p in health_patches(cluster)] == ["True", "False", "True"]
+
+
 @pytest.mark.parametrize("value,reason", [
     ("gpu=7 xid=79", "no gpu7, the node has 4 GPUs"),
     ("gpu=0 xid=banana", "Xid must be a decimal number"),
@@ -449,6 +499,7 @@ def test_bad_annotation_gets_an_event_and_changes_nothing(running, expect_log, v
     cluster.annotate(decisions.ANNOTATION_INJECT, value)
     (ev,) = wait_until(lambda: events(cluster, "InjectionRejected"), "the InjectionRejected event")
     assert ev["type"] == "Warning" and reason in ev["message"]
+    assert ev["message"].count(value.split(";")[0].strip()) == 1, f"the value said once: {ev['message']}"
     assert {p: node.read(p) for p in before} == before
     ann = annotations(cluster)
     assert decisions.ANNOTATION_INJECT not in ann and reason in ann[decisions.ANNOTATION_REJECTED]
@@ -509,6 +560,23 @@ def test_mig_annotation(start_agent, expect_log):
     shown = node.read("gpu1/mig")
     assert [line.split()[1] for line in shown.splitlines() if line.startswith("gi ")] == ["2", "3", "9", "10"]
     assert sorted(os.listdir(node.mnt / "proc/driver/nvidia/capabilities/gpu1/mig")) == ["gi10", "gi2", "gi3", "gi9"]
+
+
+def test_the_mounted_nodes_limits_are_read_once_per_daemon(node_factory, monkeypatch):
+    """The agent reads node/profile and node/gpu_count once per mount, not per annotation; a
+    remount (another daemon, another profile) is read afresh."""
+    node = node_factory("t4", 2)
+    tree = watch.MountedTree(str(node.mnt))
+    first = tree.node_config()
+    assert (first.profile.name, first.gpus) == ("t4", 2)
+    reads = []
+    monkeypatch.setattr(tree, "read", lambda rel: reads.append(rel) or watch.MountedTree.read(tree, rel))
+    assert tree.node_config() is first and reads == []
+    node.umount()
+    node.profile, node.gpus, node.state_dir = "l4", 1, node.state_dir.with_name("l4-state")
+    node.mount()
+    again = tree.node_config()
+    assert (again.profile.name, again.gpus) == ("l4", 1) and "node/profile" in reads
 
 
 class _StaleTree(watch.MountedTree):
@@ -665,6 +733,7 @@ def test_a_shipped_scenario_by_name_then_stop(start_agent, expect_log):
         ("configmap=stories/x.yaml", "configmap mokkafs/stories: not found"),
         ("configmap=big/short.yaml", "configmap mokkafs/big has no key 'short.yaml' (keys: huge.yaml)"),
         ("configmap=big/huge.yaml", "huge.yaml: longer than 65536 bytes"),
+        ("Bad/Name", "expected a shipped scenario's name or 'configmap=NAME/KEY', then seed=N, speed=X, start=UTC-TIME"),
     ]):  # fmt: skip
         cluster.annotate(decisions.ANNOTATION_SCENARIO, value)
         rejected = wait_until(lambda: events(cluster, "ScenarioRejected")[k:], f"the rejection of {value!r}")
@@ -677,8 +746,8 @@ def test_a_shipped_scenario_by_name_then_stop(start_agent, expect_log):
     assert cond["reason"] == "ScenarioRunning" and cond["message"].startswith("thermal-runaway (seed 2) at step ")
     # One at a time: a second one is refused while the first runs.
     cluster.annotate(decisions.ANNOTATION_SCENARIO, "gsp-error")
-    wait_until(lambda: events(cluster, "ScenarioRejected")[4:], "the busy rejection")
-    assert "scenario thermal-runaway runs already" in events(cluster, "ScenarioRejected")[4]["message"]
+    wait_until(lambda: events(cluster, "ScenarioRejected")[5:], "the busy rejection")
+    assert "scenario thermal-runaway runs already" in events(cluster, "ScenarioRejected")[5]["message"]
     cluster.annotate(decisions.ANNOTATION_SCENARIO, "stop")
     (ev,) = wait_until(lambda: events(cluster, "ScenarioStopped"), "ScenarioStopped")
     assert ev["message"].startswith("thermal-runaway stopped at step ")
@@ -690,7 +759,7 @@ def test_a_shipped_scenario_by_name_then_stop(start_agent, expect_log):
 # --- `mokka agent` as a process: mounts, writes the node files, applies, unmounts on SIGTERM ----
 
 
-def test_mokka_agent_command(cluster, tmp_path):
+def write_kubeconfig(cluster, tmp_path) -> Path:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "fake",
@@ -698,6 +767,11 @@ def test_mokka_agent_command(cluster, tmp_path):
         "users": [{"name": "u", "user": {"token": "t"}}],
         "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
     }))  # fmt: skip
+    return kubeconfig
+
+
+def test_mokka_agent_command(cluster, tmp_path):
+    kubeconfig = write_kubeconfig(cluster, tmp_path)
     cluster.node["metadata"]["labels"].update({decisions.LABEL_PROFILE: "t4", decisions.LABEL_GPUS: "2"})
     mnt, state = tmp_path / "root", tmp_path / "state"
     cdi, nfd = tmp_path / "cdi" / "nvidia.yaml", tmp_path / "features.d" / "mokkafs"
@@ -736,6 +810,216 @@ def test_mokka_agent_command(cluster, tmp_path):
     assert proc.returncode == 0, out
     assert not Path(mnt / "node").exists(), "unmounted on SIGTERM"
     assert "Traceback" not in out and " WARNING " not in out, out
+
+
+class AgentProcess:
+    """`mokka agent` as the DaemonSet's container runs it (mount, CDI spec, NFD file, watch),
+    started and stopped (SIGTERM) again and again on one state directory, as the kubelet
+    restarts the pod. Against the fake API server: the restart with new labels is what is
+    tested, and a plain process restarts in a second where a kubelet's back-off takes tens;
+    the real-cluster tier relabels a Node under the DaemonSet itself."""
+
+    def __init__(self, cluster, tmp_path: Path, extra_env: dict | None = None) -> None:
+        self.kubeconfig = write_kubeconfig(cluster, tmp_path)
+        self.mnt, self.state = tmp_path / "root", tmp_path / "state"
+        self.cdi, self.nfd = tmp_path / "cdi" / "nvidia.yaml", tmp_path / "features.d" / "mokkafs"
+        self.env = dict(os.environ, MOKKA_RUNTIME_DIR=str(tmp_path / "run"), NODE_NAME=cluster.first, **(extra_env or {}))
+        self.env.pop("KUBERNETES_SERVICE_HOST", None)
+        self.proc: subprocess.Popen | None = None
+        self.output = ""
+
+    def start(self) -> None:
+        """Start and wait for the node: the NFD file is written once the mount answers."""
+        self.nfd.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(
+            [*mokka_cmd(), "agent", "--kubeconfig", str(self.kubeconfig), "--mountpoint", str(self.mnt),
+             "--state-dir", str(self.state), "--cdi-spec", str(self.cdi), "--nfd-features", str(self.nfd),
+             "--resync", "1"],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        wait_until(lambda: self.nfd.exists() or self.proc.poll() is not None, "the NFD feature file", timeout=60)
+        if self.proc.poll() is not None:
+            self.output = self.proc.stdout.read()
+            raise AssertionError(f"mokka agent exited {self.proc.returncode} at start:\n{self.output}")
+
+    def stop(self) -> str:
+        """SIGTERM, as the kubelet stops a pod; the agent unmounts and exits 0. Its output."""
+        self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=30)
+        subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], capture_output=True)
+        assert self.proc.returncode == 0, out
+        assert not Path(self.mnt / "node").exists(), "unmounted on SIGTERM"
+        self.output = out
+        return out
+
+
+@pytest.fixture
+def agent_process(cluster, tmp_path):
+    procs = []
+
+    def make(**kw) -> AgentProcess:
+        procs.append(AgentProcess(cluster, tmp_path, **kw))
+        return procs[-1]
+
+    yield make
+    for p in procs:
+        if p.proc is not None and p.proc.poll() is None:
+            p.proc.kill()
+            p.proc.communicate()
+            subprocess.run(["fusermount3", "-u", "-z", str(p.mnt)], capture_output=True)
+
+
+def test_a_new_profile_starts_a_new_node(cluster, agent_process):
+    """A Node relabelled to another GPU count (or profile) and its agent restarted: the state
+    directory, made for the old node, is moved aside to state/previous with one log line and
+    one SimulatedNodeChanged Event, and the new node mounts fresh. The same labels keep the
+    state (faults survive a restart), and the old node's faults never come back."""
+    labels = cluster.node["metadata"]["labels"]
+    labels.update({decisions.LABEL_PROFILE: "t4", decisions.LABEL_GPUS: "2"})
+    agent = agent_process()
+    agent.start()
+    cluster.annotate(decisions.ANNOTATION_INJECT, "gpu=1 xid=79")
+    wait_until(lambda: events(cluster, "InjectionApplied"), "the injection")
+    assert (agent.mnt / "gpu1/lost").read_text() == "1\n"
+    agent.stop()
+
+    agent.start()  # a restart, nothing changed: the same node, its fault still there
+    assert (agent.mnt / "gpu1/lost").read_text() == "1\n"
+    out = agent.stop()
+    assert not events(cluster, decisions.REASON_NODE_CHANGED) and "previous" not in out
+    assert not (agent.state / "previous").exists()
+
+    labels[decisions.LABEL_GPUS] = "1"  # kubectl label node --overwrite mokkafs.io/gpus=1
+    agent.start()
+    assert (agent.mnt / "node/gpu_count").read_text() == "1\n"
+    assert "health: healthy" in (agent.mnt / "gpu0/info").read_text()
+    saved = json.loads((agent.state / "previous" / "node.json").read_text())
+    assert (saved["node"]["profile"], saved["node"]["gpus"]) == ("t4", 2), "the old node's files, for reading"
+    assert (agent.state / "previous" / "events.log").read_text().count("79") >= 1
+    assert json.loads((agent.state / "node.json").read_text())["node"]["gpus"] == 1
+    (ev,) = events(cluster, decisions.REASON_NODE_CHANGED)
+    assert ev["type"] == "Normal" and ev["involvedObject"]["name"] == cluster.first
+    said = (f"this Node is now 1 x t4 (was 2 x t4): the previous node's state moved to {agent.state / 'previous'}; "
+            "mounting a fresh node")  # fmt: skip
+    assert ev["message"] == said
+    out = agent.stop()
+    assert [line for line in out.splitlines() if "previous" in line] == [
+        line for line in out.splitlines() if line.endswith(f"{cluster.first}: {said}")], out
+    assert out.count(said) == 1 and "Traceback" not in out and " WARNING " not in out, out
+
+    labels[decisions.LABEL_GPUS] = "2"  # back to two GPUs: a fresh node again, not the old one
+    agent.start()
+    assert (agent.mnt / "gpu1/lost").read_text() == "0\n", "the old node's fault does not come back"
+    assert len(events(cluster, decisions.REASON_NODE_CHANGED)) == 2
+    assert json.loads((agent.state / "previous" / "node.json").read_text())["node"]["gpus"] == 1, "one generation kept"
+    agent.stop()
+
+
+def test_the_host_sees_the_state_directory_where_the_hostpath_puts_it(cluster, agent_process, tmp_path):
+    """A DaemonSet whose hostPath (here tmp/host/...) is not its mountPath (tmp/state, tmp/root):
+    node/state_dir, the driver root's run/ links and the CDI spec name the host's paths
+    (MOKKA_HOST_STATE_DIR, MOKKA_HOST_MOUNTPOINT), so `mokka env` on the host finds the driver;
+    the agent itself still reaches the daemon by its own path. Against the fake API server: what
+    is tested is the mount and the files, and two views of one directory are made here with
+    links; the real-cluster tier runs the DaemonSet on a real hostPath."""
+    host = tmp_path / "host"
+    cluster.node["metadata"]["labels"].update({decisions.LABEL_PROFILE: "t4", decisions.LABEL_GPUS: "2"})
+    agent = agent_process(extra_env={"MOKKA_HOST_STATE_DIR": str(host / "state"),
+                                     "MOKKA_HOST_MOUNTPOINT": str(host / "root")})  # fmt: skip
+    agent.start()
+    mnt = agent.mnt
+    assert (mnt / "node/state_dir").read_text() == f"{host / 'state'}\n"
+    assert os.readlink(mnt / "driver/run/mokka") == str(host / "state")
+    assert os.readlink(mnt / "driver/run/nvidia-persistenced/socket") == str(host / "state" / "node.sock")
+    spec = yaml.safe_load(agent.cdi.read_text())
+    mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    assert mounts["/run/mokka"] == str(host / "state")
+    assert mounts["/usr/bin/nvidia-smi"] == str(host / "root/driver/usr/bin/nvidia-smi")
+    nodes = [n["hostPath"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
+    assert nodes and all(n.startswith(f"{host / 'root'}/dev/nvidia") for n in nodes), nodes
+    # The host's paths do not exist in here (the agent's container): a setting still reaches
+    # the daemon's control socket, by the agent's own --state-dir.
+    cluster.annotate(decisions.ANNOTATION_INJECT, "gpu=0 power_limit=65")
+    wait_until(lambda: events(cluster, "InjectionApplied") or events(cluster, "InjectionFailed"), "the setting")
+    assert not events(cluster, "InjectionFailed"), events(cluster, "InjectionFailed")
+    assert "power_limit: 65" in (mnt / "gpu0/config").read_text()
+    # The host's view of the same directories: what `mokka env` there says works.
+    host.mkdir()
+    (host / "state").symlink_to(agent.state)
+    (host / "root").symlink_to(mnt)
+    shell = f'eval "$({shlex.join(mokka_cmd())} env --root {host / "root"})" && echo "$MOKKA_STATE" && nvidia-smi -L'
+    res = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60, env=agent.env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == str(host / "state" / "state")
+    assert [line.split(":")[0] for line in lines[1:]] == ["GPU 0", "GPU 1"], res.stdout
+    agent.stop()
+
+
+def test_the_latency_bench_runs():
+    """bench/bench_agent.py measures the agent's share of annotation-to-fault latency; this runs it
+    briefly so that it keeps working (its numbers are the bench's to print, not a test's to
+    judge). Against the fake API server, its default: the real-cluster tier passes --kubeconfig."""
+    res = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "bench" / "bench_agent.py"),
+                          "--n", "3", "--profile", "t4", "--gpus", "1"],
+                         capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [line.split() for line in res.stdout.splitlines() if "watch event -> control write done" in line
+            or "floor: a bare" in line]  # fmt: skip
+    assert len(rows) == 4 and all(float(r[-3]) > 0 for r in rows), res.stdout
+
+
+def test_the_hosts_paths_are_absolute(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MOKKA_HOST_STATE_DIR", raising=False)
+    assert watch.host_path(None, "MOKKA_HOST_STATE_DIR", "state") == str(tmp_path / "state"), "unset: the agent's own"
+    assert watch.host_path("/data//mokkafs/state/", "MOKKA_HOST_STATE_DIR", "state") == "/data/mokkafs/state"
+    monkeypatch.setenv("MOKKA_HOST_STATE_DIR", "data/state")
+    with pytest.raises(ValueError, match="MOKKA_HOST_STATE_DIR='data/state': the host's path must be absolute"):
+        watch.host_path(None, "MOKKA_HOST_STATE_DIR", "state")
+
+
+def test_retire_moves_everything_but_the_lock_and_waits_for_no_daemon(tmp_path):
+    """persist.retire on its own: the directory's files (the daemon's log and sockets too) go to
+    previous/, an older previous/ is replaced, node.json last; a directory a daemon holds is
+    left alone."""
+    import fcntl
+
+    from mokkafs.daemon import persist
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    for name in ("node.json", "gpu0.json", "events.log", "daemon.log"):
+        (state / name).write_text(name)
+    (state / "mirror").mkdir()
+    (state / "previous").mkdir()
+    (state / "previous" / "node.json").write_text("older")
+    (state / ".previous.new").mkdir()  # a retirement cut short
+    (state / ".previous.new" / "gpu9.json").write_text("x")
+    assert persist.retire(state) == state / "previous"
+    assert sorted(os.listdir(state)) == ["daemon.lock", "previous"]
+    assert sorted(os.listdir(state / "previous")) == ["daemon.log", "events.log", "gpu0.json", "mirror", "node.json"]
+    assert (state / "previous" / "node.json").read_text() == "node.json"
+    assert persist.saved_record(state) is None, "what the next daemon finds: a fresh directory"
+    with open(state / "daemon.lock") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (state / "node.json").write_text("{}")
+        with pytest.raises(RuntimeError, match="in use by a mokka daemon"):
+            persist.retire(state)
+    assert (state / "node.json").exists()
+
+
+def test_node_changed_says_what_was_and_what_is():
+    def rec(**node):
+        return {"format": 1, "node": {"profile": "h100", "gpus": 8, "hostname": "n1", **node}}
+
+    assert decisions.node_changed(rec(), rec(profile="a100", gpus=4), "/s/previous") == (
+        "this Node is now 4 x a100 (was 8 x h100): the previous node's state moved to /s/previous; mounting a fresh node")
+    assert decisions.node_changed(rec(node="pcie-8"), rec(), "/p").startswith(
+        "this Node is now 8 x h100 (was 8 x h100, composition pcie-8): ")
+    assert decisions.node_changed(rec(hostname="old"), rec(), "/p").startswith(
+        "this Node is now 8 x h100, hostname n1 (was 8 x h100, hostname old): ")
+    assert "(was a node this release does not describe)" in decisions.node_changed(["x"], rec(), "/p")
 
 
 # --- the node's profile for fake-gpu-operator (mokkafs/agent/fgo.py) ------------------------------

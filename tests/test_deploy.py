@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from conftest import force_unmount, mokka_cmd
+from helpers_go import go_tool
 from mokkafs.model.profiles import load_profile
 
 pytestmark = pytest.mark.level("deploy")
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.level("deploy")
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 PROFILES = sorted(p.stem for p in (REPO / "profiles").glob("*.yaml"))
-KUBECTL = shutil.which("kubectl")
+
 
 kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client is not installed (pip install kubernetes)")
 
@@ -38,9 +39,10 @@ MODELS = {
 
 
 def render(path: Path) -> list[dict]:
-    if KUBECTL is None:
-        pytest.skip("kubectl is not installed (Debian: kubernetes-client)")
-    res = subprocess.run([KUBECTL, "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    # The kubectl the suite installs (scripts/go-tools.txt; docs/kubernetes.md names the oldest that
+    # renders these overlays), not whichever one is first on PATH.
+    res = subprocess.run([str(go_tool("kubectl")), "kustomize", str(path)], capture_output=True, text=True,
+                         timeout=60)
     assert res.returncode == 0, res.stderr
     return [d for d in yaml.safe_load_all(res.stdout) if d]
 
@@ -125,6 +127,41 @@ def test_daemonset_mounts_what_design_says():
     assert {"operator": "Exists"} in pod["tolerations"]
     assert pod["serviceAccountName"] == "mokkafs-agent"
     assert pod["hostPID"] is True, "CUDA processes of every pod are listed with their node pids"
+
+
+def host_path_mismatches(ds: dict) -> list[str]:
+    """Where the agent's MOKKA_HOST_MOUNTPOINT / MOKKA_HOST_STATE_DIR do not name, on the host,
+    what its --mountpoint / --state-dir name in the container (through the volume mounted
+    there and its hostPath)."""
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in c["args"] if a.startswith("--") and "=" in a)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    out = []
+    for arg, name in (("mountpoint", "MOKKA_HOST_MOUNTPOINT"), ("state-dir", "MOKKA_HOST_STATE_DIR")):
+        inside = args[arg]
+        m = max((m for m in c["volumeMounts"] if (inside + "/").startswith(m["mountPath"].rstrip("/") + "/")),
+                key=lambda m: len(m["mountPath"]))  # fmt: skip
+        host = volumes[m["name"]]["hostPath"]["path"].rstrip("/") + inside[len(m["mountPath"].rstrip("/")):]
+        if env.get(name) != host:
+            out.append(f"{name}={env.get(name)!r}, but --{arg}={inside} is {host} on the host")
+    return out
+
+
+@pytest.mark.parametrize("overlay", ["h100", "t4", "kind"])
+def test_the_agent_knows_where_the_host_sees_its_paths(overlay):
+    """node/state_dir and the CDI spec name host paths: the env the DaemonSet gives the agent
+    matches its hostPath; a hostPath changed alone is caught."""
+    (ds,) = [o for o in render(DEPLOY / "kind" if overlay == "kind" else DEPLOY / "overlays" / overlay)
+             if o["kind"] == "DaemonSet"]  # fmt: skip
+    assert host_path_mismatches(ds) == []
+    vol = next(v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "mokkafs")
+    vol["hostPath"]["path"] = "/data/mokkafs"
+    assert host_path_mismatches(ds) == [
+        "MOKKA_HOST_MOUNTPOINT='/var/lib/mokkafs/root', but --mountpoint=/var/lib/mokkafs/root is /data/mokkafs/root on the host",
+        "MOKKA_HOST_STATE_DIR='/var/lib/mokkafs/state', but --state-dir=/var/lib/mokkafs/state is /data/mokkafs/state on the host",
+    ]
 
 
 def test_fake_gpu_operator_component(tmp_path):

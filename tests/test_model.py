@@ -441,3 +441,37 @@ def test_compute_limits_by_capability(cc, threads, blocks):
 
     limits = compute_limits(cc)
     assert (limits.max_threads_per_sm, limits.max_blocks_per_sm) == (threads, blocks)
+
+
+@pytest.mark.parametrize("cc, fabric, ampere, hopper, multicast", [
+    ("7.5", False, False, False, False), ("8.0", True, True, False, False), ("8.9", False, True, False, False),
+    ("9.0", False, True, True, False), ("9.0", True, True, True, True), ("10.3", True, True, True, True),
+    ("12.0", False, True, True, False)])
+def test_compute_features_by_capability(cc, fabric, ampere, hopper, multicast):
+    from mokkafs.model.compute import compute_features
+
+    f = compute_features(cc, 40 << 20, fabric)
+    assert (f.generic_compression, f.max_persisting_l2_bytes, f.max_access_policy_window_bytes,
+            f.reserved_shared_memory_per_block, f.rdma_writes_ordering) == (
+        (True, 30 << 20, 134213632, 1024, 100) if ampere else (False, 0, 0, 0, 0))
+    assert (f.cluster_launch, f.mem_sync_domain_count, f.tensor_map_access) == (
+        (True, 4, True) if hopper else (False, 1, False))
+    assert f.multicast == multicast
+
+
+@pytest.mark.parametrize("arch, answers", [
+    ("TURING", ()), ("AMPERE", ("sram_ecc_status",)),
+    ("ADA", ("sram_ecc_status", "repair_status", "power_average")),
+    ("HOPPER", ("sram_ecc_status", "repair_status", "power_average", "unrepairable_memory_flag", "edpp_multiplier",
+                "gpm")),
+    ("BLACKWELL", ("sram_ecc_status", "repair_status", "power_average", "unrepairable_memory_flag",
+                   "edpp_multiplier", "gpm")),
+    ("UNKNOWN", ("sram_ecc_status", "repair_status", "power_average", "unrepairable_memory_flag",
+                 "edpp_multiplier"))])
+def test_nvml_support_by_architecture(arch, answers):
+    from dataclasses import asdict
+
+    from mokkafs.model.compute import nvml_support
+    from mokkafs.model.nvml_consts import DEVICE_ARCHS
+
+    assert {k for k, v in asdict(nvml_support(DEVICE_ARCHS[arch])).items() if v} == set(answers)

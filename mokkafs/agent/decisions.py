@@ -37,11 +37,16 @@ class Reject:
     resource_version: str
 
 
+def injection(node: dict) -> object | None:
+    """The Node's `mokkafs.io/inject` value, None where it has none (most watch events)."""
+    return ((node.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_INJECT)
+
+
 def decide(node: dict, config: NodeConfig | ProfileError) -> Apply | Reject | None:
     """`config`: the mounted node's composition, or why it could not be had (a profile this
     install cannot load); then an annotation is rejected, as its limits cannot be checked."""
     meta = node.get("metadata") or {}
-    value = (meta.get("annotations") or {}).get(ANNOTATION_INJECT)
+    value = injection(node)
     if value is None:
         return None
     rv = meta.get("resourceVersion", "")
@@ -52,7 +57,15 @@ def decide(node: dict, config: NodeConfig | ProfileError) -> Apply | Reject | No
     try:
         return Apply(value, parse_injection(value, config), rv)
     except InvalidCommand as e:
-        return Reject(value, str(e), rv)
+        return Reject(value, said_once(value, str(e)), rv)
+
+
+def said_once(value: str, reason: str) -> str:
+    """`reason` without its leading `'<command>': ` where that command is the whole `value`:
+    the Event and the record quote the value before the reason, so a one-command annotation's
+    reason need not name it again (a command of several is still named)."""
+    prefix = f"{value.strip()!r}: "
+    return reason[len(prefix):] if reason.startswith(prefix) else reason
 
 
 def partial_failure(action: Apply, failed: int, error: str) -> str:
@@ -164,6 +177,33 @@ def node_event(node: dict, event_type: str, reason: str, message: str, now: str,
         "lastTimestamp": now,
         "count": 1,
     }
+
+
+REASON_NODE_CHANGED = "SimulatedNodeChanged"  # the Event of a node mounted fresh for new settings
+
+
+def _node_words(record: object, hostname: bool) -> str:
+    """A state directory's node.json record as `8 x h100` (`, composition pcie-8`, `, hostname
+    n1` where asked), or `a node this release does not describe` for any other content."""
+    node = record.get("node") if isinstance(record, dict) else None
+    if not isinstance(node, dict):
+        return "a node this release does not describe"
+    words = f"{node.get('gpus', '?')} x {node.get('profile', '?')}"
+    if node.get("node"):
+        words += f", composition {node['node']}"
+    if hostname:
+        words += f", hostname {node.get('hostname', '?')}"
+    return words
+
+
+def node_changed(saved: object, wanted: dict, moved_to: str) -> str:
+    """What the log line and the SimulatedNodeChanged Event say when the state directory held
+    another node (`saved`, its node.json) than the one to mount (`wanted`): both, and where the
+    old node's files went."""
+    old, new = _node_words(saved, False), _node_words(wanted, False)
+    if old == new:  # the same board and count: the hostname (or the record's format) differs
+        old, new = _node_words(saved, True), _node_words(wanted, True)
+    return f"this Node is now {new} (was {old}): the previous node's state moved to {moved_to}; mounting a fresh node"
 
 
 def node_settings(node: dict, env_profile: str | None, env_gpus: str | None) -> tuple[str, int | None]:

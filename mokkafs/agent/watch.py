@@ -24,6 +24,7 @@ from mokkafs.agent.decisions import (
     ANNOTATION_APPLIED,
     ANNOTATION_INJECT,
     ANNOTATION_SCENARIO,
+    REASON_NODE_CHANGED,
     SCENARIO_CONDITION,
     Apply,
     GpuHealth,
@@ -37,11 +38,14 @@ from mokkafs.agent.decisions import (
     decide_scenario,
     failure_patch,
     health_condition,
+    injection,
+    node_changed,
     node_composition,
     node_event,
     node_settings,
     parse_info,
     partial_failure,
+    said_once,
     scenario_annotation,
     scenario_claim_patch,
     scenario_condition,
@@ -78,9 +82,14 @@ def write_atomically(path: str, text: str) -> None:
 
 
 class MountedTree:
-    def __init__(self, root: str, composition: str | None = None) -> None:
+    def __init__(self, root: str, composition: str | None = None, state_dir: str | None = None) -> None:
         self.root = Path(root)
         self.composition = composition  # the node composition it was mounted with; None: the profile's
+        # The daemon's state directory as this process reaches it, where it is known (the agent
+        # mounted the node); None: through the tree's driver/run/mokka, which names it as the
+        # host sees it, and so fits only where host and agent see one path.
+        self.state_dir = state_dir
+        self._config: tuple[tuple[int, int], NodeConfig] | None = None  # (the mount's identity, its node)
 
     def read(self, rel: str) -> str:
         return (self.root / rel).read_text()
@@ -93,8 +102,16 @@ class MountedTree:
         profile (by the name in node/profile), composition (HCA count) and GPU count. Raises
         ProfileError for a profile or composition this install cannot load (the daemon was given
         a file the agent does not have)."""
-        profile = _profile(self.read("node/profile").strip())
-        return compose(profile, node=self.composition, gpus=self.gpu_count(), hostname="scratch")
+        # A mount's profile and GPU count never change in its daemon's life: read once per
+        # daemon, named by the mount root's device and mount time (its mtime), which a stat
+        # gets in a fraction of the two reads (a remount, with another profile or not, is read
+        # afresh). Every watch event with an annotation asks.
+        st = os.stat(self.root)
+        mount = (st.st_dev, st.st_mtime_ns)
+        if self._config is None or self._config[0] != mount:
+            config = _scratch_config(self.read("node/profile").strip(), self.composition, self.gpu_count())
+            self._config = (mount, config)
+        return self._config[1]
 
     def healths(self) -> list[GpuHealth]:
         out = []
@@ -118,7 +135,8 @@ class MountedTree:
             from mokkafs.cli.control_client import send
             from mokkafs.daemon.control_protocol import control_path
 
-            reply = send(control_path(self.root / "driver" / "run" / "mokka" / "state"), str(command.command))
+            state_dir = Path(self.state_dir) if self.state_dir else self.root / "driver" / "run" / "mokka"
+            reply = send(control_path(state_dir / "state"), str(command.command))
             if not reply.ok:
                 raise OSError(errno.EINVAL, str(reply))
             return
@@ -161,10 +179,19 @@ def _profile(name: str) -> GpuProfile:
     return load_profile(name)
 
 
-def write_node_files(tree: MountedTree, state_dir: str, cdi_path: str | None, nfd_path: str | None) -> None:
+@lru_cache(maxsize=8)
+def _scratch_config(profile: str, composition: str | None, gpus: int) -> NodeConfig:
+    """A node composed as the mounted one is, for checks (NodeConfig is frozen: shared safely)."""
+    return compose(_profile(profile), node=composition, gpus=gpus, hostname="scratch")
+
+
+def write_node_files(tree: MountedTree, host_mountpoint: str, host_state_dir: str, cdi_path: str | None,
+                     nfd_path: str | None) -> None:
+    """The CDI spec names the mount and the state directory as the host sees them: the
+    container runtime reads its hostPaths on the host."""
     if cdi_path:
-        state_file = os.path.join(os.path.abspath(state_dir), "state")
-        spec = cdi_spec(str(tree.root), state_file, tree.devices(), tree.driver_files(), platform.machine())
+        state_file = os.path.join(host_state_dir, "state")
+        spec = cdi_spec(host_mountpoint, state_file, tree.devices(), tree.driver_files(), platform.machine())
         write_atomically(cdi_path, spec)
         log.info("wrote CDI spec %s", cdi_path)
     if nfd_path:
@@ -201,6 +228,7 @@ class Agent:
         self.fgo_namespace = fgo_namespace  # where fake-gpu-operator reads GPU profiles; None: not published
         self.fgo_published: str | None = None  # created / replaced / unchanged, once published
         self._scenario_condition: dict | None = None  # the MokkaScenario condition last written
+        self._health_condition: dict | None = None  # the MokkaGPUHealthy condition last written
         self._seq = 0
         self.stopping = False
 
@@ -228,7 +256,7 @@ class Agent:
                     self.reconcile(node)
                     rv = node["metadata"]["resourceVersion"]
                 rv = self.watch(rv)
-                self.report_health(self.get_node())
+                self.report_health(self.get_node(), fresh=True)
                 backoff = 0.5
             except Gone:
                 log.info("watch: resourceVersion %s is gone; listing again", rv)
@@ -285,6 +313,8 @@ class Agent:
         from kubernetes.client.rest import ApiException
 
         for _ in range(CONFLICT_RETRIES):
+            if injection(node) is None:
+                break  # most events: the mounted node's limits are not needed
             try:
                 config: NodeConfig | ProfileError = self.tree.node_config()
             except ProfileError as e:
@@ -370,7 +400,7 @@ class Agent:
             text, where = self.scenario_text(request)
             config = self.tree.node_config()
         except InvalidCommand as e:
-            return RejectScenario(value, str(e), rv)
+            return RejectScenario(value, said_once(value, str(e)), rv)
         except ProfileError as e:
             return RejectScenario(value, f"cannot check it against the node's limits: {e}", rv)
         return decide_scenario(request, text, where, config, self.tree.read("node/scenario"), time.time(), rv)
@@ -488,13 +518,17 @@ class Agent:
         except ApiException as e:
             log.warning("%s: could not correct %s: %s", self.node_name, ANNOTATION_APPLIED, _short(e))
 
-    def report_health(self, node: dict) -> None:
+    def report_health(self, node: dict, fresh: bool = False) -> None:
         """The MokkaGPUHealthy and MokkaScenario conditions, written when they change, and the
-        Event of a scenario that has ended since the last report."""
+        Event of a scenario that has ended since the last report. `fresh`: `node` was just read
+        (GET), not taken from a watch event."""
         now = utc_now()
-        health = health_condition(self.tree.healths(), current_condition(node), now)
-        # The agent alone writes this condition: what it wrote last is newer than a Node read
-        # from a watch event that may predate it (which would announce an ending twice).
+        # The agent alone writes these conditions: what it wrote last is newer than a Node read
+        # from a watch event that may predate it (the event of its own claim, say), which would
+        # write the condition again or announce an ending twice. A fresh read is newer still, so
+        # a condition someone removed is written again at the next resync.
+        known = None if fresh else self._health_condition
+        health = health_condition(self.tree.healths(), known or current_condition(node), now)
         previous = self._scenario_condition or current_condition(node, SCENARIO_CONDITION)
         scenario, ended = scenario_condition(self.tree.read("node/scenario"), previous, now)
         changed = [c for c in (health, scenario) if c is not None]
@@ -509,24 +543,32 @@ class Agent:
         )
         if scenario is not None:
             self._scenario_condition = scenario
+        if health is not None:
+            self._health_condition = health
         for c in changed:
             log.info("%s: %s=%s (%s)", self.node_name, c["type"], c["status"], c["message"])
         if ended is not None:
             self.event(node, *ended)
 
     def event(self, node: dict, event_type: str, reason: str, message: str) -> None:
-        from kubernetes.client.rest import ApiException
-
         self._seq += 1
-        body = node_event(node, event_type, reason, message, utc_now(), self._seq, time.time_ns() // 1_000_000)
-        try:
-            from kubernetes.client import CoreV1Event
+        post_event(self.api, node, event_type, reason, message, self._seq)
 
-            # Pydantic-era clients (>= 35) take a model; older ones take the dict.
-            model = CoreV1Event.from_dict(body) if hasattr(CoreV1Event, "from_dict") else body
-            self.api.create_namespaced_event(body["metadata"]["namespace"], model, _preload_content=False)
-        except ApiException as e:  # an Event is a report; losing one must not stop the agent
-            log.warning("%s: could not record event %s: %s", self.node_name, reason, _short(e))
+
+def post_event(api, node: dict, event_type: str, reason: str, message: str, seq: int = 0) -> None:
+    """An Event about the Node (decisions.node_event); one the API refuses is logged, never raised."""
+    from kubernetes.client.rest import ApiException
+
+    body = node_event(node, event_type, reason, message, utc_now(), seq, time.time_ns() // 1_000_000)
+    try:
+        from kubernetes.client import CoreV1Event
+
+        # Pydantic-era clients (>= 35) take a model; older ones take the dict.
+        model = CoreV1Event.from_dict(body) if hasattr(CoreV1Event, "from_dict") else body
+        api.create_namespaced_event(body["metadata"]["namespace"], model, _preload_content=False)
+    except ApiException as e:  # an Event is a report; losing one must not stop the agent
+        name = (node.get("metadata") or {}).get("name", "")
+        log.warning("%s: could not record event %s: %s", name, reason, _short(e))
 
 
 def _short(e: Exception) -> str:
@@ -555,6 +597,44 @@ class _Stop(Exception):
     pass
 
 
+def host_path(given: str | None, env: str, own: str) -> str:
+    """A path as the host sees it: `given` (an option), else $`env`, else `own`, the path as
+    this process sees it (a DaemonSet whose hostPath is its mountPath). ValueError for a path
+    that is not absolute."""
+    path = given or os.environ.get(env) or os.path.abspath(own)
+    if not path.startswith("/") or "\n" in path:
+        raise ValueError(f"{env}={path!r}: the host's path must be absolute, on one line")
+    return os.path.normpath(path)
+
+
+def retire_another_nodes_state(api, node: dict, state_dir: str, profile: str, composition: str | None,
+                               gpus: int | None, hostname: str, host_state_dir: str | None = None) -> str | None:
+    """When `state_dir` holds another node than the one about to be mounted (the Node's
+    profile, GPU count or composition changed since: a pod restart after a relabel, or a new
+    ConfigMap), move its files aside (persist.retire) so the mount starts a fresh node, and say
+    so in one log line and a SimulatedNodeChanged Event. Returns that message, or None when the
+    directory is this node's, fresh, or not readable (then the mount refuses it with the reason).
+    RuntimeError or OSError when it cannot be moved (a daemon still uses it)."""
+    from mokkafs.daemon.persist import StateError, node_record, retire, saved_record
+
+    try:
+        wanted = node_record(compose(load_profile(profile), node=composition, gpus=gpus, hostname=hostname))
+        saved = saved_record(Path(state_dir))
+    except (ProfileError, StateError, ValueError, OSError):
+        return None  # the mount says what is wrong, as it would have
+    if saved is None or saved == wanted:
+        return None
+    try:
+        moved_to = retire(Path(state_dir))
+    except StateError as e:
+        raise RuntimeError(str(e)) from None
+    shown = os.path.join(host_state_dir, moved_to.name) if host_state_dir else str(moved_to)  # as the host sees it
+    message = node_changed(saved, wanted, shown)
+    log.info("%s: %s", hostname, message)
+    post_event(api, node, "Normal", REASON_NODE_CHANGED, message)
+    return message
+
+
 def main(args) -> int:
     """Entry point of `mokka agent` (arguments from mokkafs.cli.main)."""
     node_name = args.node_name or os.environ.get("NODE_NAME")
@@ -566,13 +646,21 @@ def main(args) -> int:
     try:
         profile, gpus = node_settings(node, args.profile or os.environ.get("MOKKA_PROFILE"), args.gpus or os.environ.get("MOKKA_GPUS"))
         composition = node_composition(node, getattr(args, "node", None) or os.environ.get("MOKKA_NODE"))
+        # Where the host sees the mount and the state directory (the DaemonSet's hostPath).
+        host_mountpoint = host_path(getattr(args, "host_mountpoint", None), "MOKKA_HOST_MOUNTPOINT", args.mountpoint)
+        host_state_dir = host_path(getattr(args, "host_state_dir", None), "MOKKA_HOST_STATE_DIR", args.state_dir)
     except ValueError as e:
         print(f"mokka: agent: {e}", file=sys.stderr)
         return 2
     mounted_here = False
     if not args.no_mount:
+        try:
+            retire_another_nodes_state(api, node, args.state_dir, profile, composition, gpus, node_name, host_state_dir)
+        except (RuntimeError, OSError) as e:  # a daemon still uses it; the mount would refuse it too
+            print(f"mokka: agent: {e}", file=sys.stderr)
+            return 1
         cmd = [sys.executable, "-m", "mokkafs.cli", "mount", args.mountpoint, "--profile", profile,
-               "--state-dir", args.state_dir, "--hostname", node_name]  # fmt: skip
+               "--state-dir", args.state_dir, "--host-state-dir", host_state_dir, "--hostname", node_name]  # fmt: skip
         if composition is not None:
             cmd += ["--node", composition]
         if gpus is not None:
@@ -583,7 +671,7 @@ def main(args) -> int:
         if res.returncode != 0:
             return res.returncode
         mounted_here = True
-    tree = MountedTree(args.mountpoint, composition)
+    tree = MountedTree(args.mountpoint, composition, args.state_dir if mounted_here else None)
     namespace = getattr(args, "namespace", None) or os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE
     fgo_namespace = getattr(args, "fgo_namespace", None) or os.environ.get("MOKKA_FGO_NAMESPACE") or None
     agent = Agent(api, node_name, tree, resync_s=args.resync, namespace=namespace, fgo_namespace=fgo_namespace)
@@ -595,7 +683,7 @@ def main(args) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        write_node_files(tree, args.state_dir, args.cdi_spec or None, args.nfd_features or None)
+        write_node_files(tree, host_mountpoint, host_state_dir, args.cdi_spec or None, args.nfd_features or None)
         agent.run()
     except _Stop:
         log.info("signal: stopping")

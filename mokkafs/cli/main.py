@@ -126,6 +126,7 @@ def cmd_mount(args) -> int:
         node=args.node,
         gpus=args.gpus,
         state_dir=args.state_dir,
+        host_state_dir=args.host_state_dir,
         kmsg=args.kmsg,
         metrics=args.metrics,
         driver_version=args.driver_version,
@@ -302,24 +303,31 @@ def _send_control(root: str, line: str, where: str) -> int:
     return 0 if reply.ok else _fail(f"{where}: {reply.message or reply.status}", 2)
 
 
-def cmd_profiles(args) -> int:
+def _shipped_table(names: list[str], load, row, min_width: int = 0) -> int:
+    """One line per shipped name: the name in a column as wide as the longest (at least
+    `min_width`), then `row(load(name))`, or `INVALID: why` for one that does not load."""
     from mokkafs.model.schema import ProfileError
-    from mokkafs.model.profiles import available_profiles, load_profile
 
-    names = available_profiles()
-    width = max(map(len, names), default=0)
+    width = max([min_width, *map(len, names)])
     for name in names:
         try:
-            p = load_profile(name)
+            item = load(name)
         except ProfileError as e:
             print(f"{name:<{width}} INVALID: {e}")
             continue
-        print(
-            f"{name:<{width}} {p.product_name:<24} {p.architecture:<12} {p.memory.total_mib:>7} MiB "
-            f"{p.power.default_limit_w:>6.0f} W  {_count(p.node.gpus, 'GPU')}, driver {p.node.driver_version}"
-            f"{f', node {p.composition.name}' if p.composition else ''}"
-        )
+        print(f"{name:<{width}} {row(item)}")
     return 0
+
+
+def cmd_profiles(args) -> int:
+    from mokkafs.model.profiles import available_profiles, load_profile
+
+    def row(p) -> str:
+        return (f"{p.product_name:<24} {p.architecture:<12} {p.memory.total_mib:>7} MiB "
+                f"{p.power.default_limit_w:>6.0f} W  {_count(p.node.gpus, 'GPU')}, driver {p.node.driver_version}"
+                f"{f', node {p.composition.name}' if p.composition else ''}")
+
+    return _shipped_table(available_profiles(), load_profile, row)
 
 
 def _count(n: int, noun: str, plural: str = "") -> str:
@@ -328,22 +336,15 @@ def _count(n: int, noun: str, plural: str = "") -> str:
 
 
 def cmd_nodes(args) -> int:
-    from mokkafs.model.schema import ProfileError
     from mokkafs.model.profiles import available_compositions, load_composition
 
-    names = available_compositions()
-    width = max([14, *map(len, names)])
-    for name in names:
-        try:
-            c = load_composition(name)
-        except ProfileError as e:
-            print(f"{name:<{width}} INVALID: {e}")
-            continue
+    def row(c) -> str:
         switches = _count(c.nvswitches, "NVSwitch", "NVSwitches") if c.nvswitches else "no NVSwitch"
         hcas = f"{c.hcas} x {c.hca.model}" if c.hca and c.hcas else "no HCA"
-        print(f"{name:<{width}} {c.gpus:>2} {'GPU ' if c.gpus == 1 else 'GPUs'}  {c.cpu.numa_nodes} x {c.cpu.arch:<7}  {switches:<13}  "
-              f"{hcas:<16} driver {c.driver_version}")
-    return 0
+        return (f"{c.gpus:>2} {'GPU ' if c.gpus == 1 else 'GPUs'}  {c.cpu.numa_nodes} x {c.cpu.arch:<7}  {switches:<13}  "
+                f"{hcas:<16} driver {c.driver_version}")
+
+    return _shipped_table(available_compositions(), load_composition, row, min_width=14)
 
 
 def cmd_profile_import(args) -> int:
@@ -420,6 +421,12 @@ def cmd_agent(args) -> int:
     return watch.main(args)
 
 
+def _absolute(path: str) -> str:
+    if not path.startswith("/") or "\n" in path:
+        raise argparse.ArgumentTypeError(f"{path!r}: an absolute path on one line")
+    return os.path.normpath(path)
+
+
 def _listen_address(spec: str) -> str:
     from mokkafs.daemon.metrics_server import parse_listen
 
@@ -461,6 +468,9 @@ def parser() -> argparse.ArgumentParser:
                         "file (default: the profile's composition)")
     m.add_argument("--gpus", type=int, help="GPU count (default: the composition's)")
     m.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    m.add_argument("--host-state-dir", type=_absolute, metavar="DIR",
+                   help="the state directory as the host sees it, when this runs in a container that mounts it "
+                        "elsewhere: what node/state_dir and driver/run/mokka name (default: --state-dir)")
     m.add_argument("--hostname", help="seeds UUIDs and serials (default: this host's name)")
     m.add_argument("--driver-version")
     m.add_argument("--cuda-version")
@@ -516,6 +526,12 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--kubeconfig", help="default: in-cluster config, else ~/.kube/config")
     g.add_argument("--mountpoint", help="default: /var/lib/mokkafs/root (mokkafs.agent)")
     g.add_argument("--state-dir", help="default: /var/lib/mokkafs/state (mokkafs.agent)")
+    g.add_argument("--host-mountpoint", type=_absolute,
+                   help="--mountpoint as the host sees it, for the CDI spec (default: $MOKKA_HOST_MOUNTPOINT, "
+                        "else --mountpoint; the DaemonSet sets it from its hostPath)")
+    g.add_argument("--host-state-dir", type=_absolute,
+                   help="--state-dir as the host sees it, for node/state_dir and the CDI spec (default: "
+                        "$MOKKA_HOST_STATE_DIR, else --state-dir)")
     g.add_argument("--profile", help="default: label mokkafs.io/profile, else $MOKKA_PROFILE, else h100")
     g.add_argument("--gpus", help="default: label mokkafs.io/gpus, else $MOKKA_GPUS, else the profile's")
     g.add_argument("--node", help="a shipped composition (default: label mokkafs.io/node, else $MOKKA_NODE, "

@@ -48,6 +48,9 @@ class Options:
     node: str | None = None  # a composition: a shipped name or a YAML file (default: the profile's)
     gpus: int | None = None
     state_dir: str = DEFAULT_STATE_DIR
+    # The state directory as processes outside this mount namespace reach it (a container whose
+    # hostPath differs from its mountPath): what node/state_dir and driver/run/ name. None: state_dir.
+    host_state_dir: str | None = None
     hostname: str = field(default_factory=socket.gethostname)
     driver_version: str | None = None
     cuda_version: str | None = None
@@ -94,7 +97,8 @@ def build(
     state = StateDir(Path(opts.state_dir))
     restored = state.open(node)
     controller = Controller(node, state, clock)
-    tree = Tree(root(config, state_dir=os.path.abspath(opts.state_dir), scenario_status=scenario_status,
+    shown = opts.host_state_dir or os.path.abspath(opts.state_dir)
+    tree = Tree(root(config, state_dir=shown, scenario_status=scenario_status,
                      host_modules=HostModules()))
     return controller, tree, restored
 

@@ -6,6 +6,8 @@
     <state-dir>/events.log    the node event log, one JSON array per line, append-only
     <state-dir>/scenario.json the running scenario (its file, seed, speed, start, next step);
                               absent when none runs (mokkafs/daemon/scenario_runner.py)
+    <state-dir>/previous/     what the directory held before `retire` (another node's files),
+                              for reading; nothing restores from it
 
 Each write completes (write to a temporary file, then rename) before the control write that
 caused it returns, so a killed daemon loses nothing it acknowledged. Files are not fsynced: a
@@ -15,15 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
 import re
+import shutil
 import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from mokkafs.model import Node
+from mokkafs.model import Node, NodeConfig
 from mokkafs.model.state import LOG_LIMIT, LogEntry, RestoreError
 
 log = logging.getLogger(__name__)
@@ -40,6 +44,9 @@ MAX_MESSAGE = 300  # a StateError is one line of at most this many characters (p
 # daemon, as root, elsewhere, and a FIFO opens at once instead of blocking the start.
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATING = ".creating"  # present while a fresh state directory is being written
+PREVIOUS = "previous"  # where `retire` moves another node's files
+_RETIRING = ".previous.new"  # `retire` fills it, then renames it to PREVIOUS
+_LOCK = "daemon.lock"  # held by the daemon using the directory (mokkafs/daemon/lifetime.py)
 _STATE_FILES = re.compile(r"gpu[0-9]+\.json|hcas\.json|events\.log")
 
 
@@ -177,6 +184,53 @@ def _parse_json(data: bytes):
     return json.loads(data, parse_constant=_no_constants)
 
 
+def node_record(config: NodeConfig) -> dict:
+    """What node.json holds for a node of `config`; a state directory whose node.json says
+    otherwise belongs to another node and is refused (StateDir.open)."""
+    return {"format": FORMAT_VERSION, "node": config.key}
+
+
+def saved_record(path: Path) -> object | None:
+    """What `<path>/node.json` holds, or None where there is none (a fresh directory);
+    StateError if it cannot be read as the daemon wrote it."""
+    if not os.path.lexists(path / "node.json"):
+        return None
+    return StateDir(path)._load_json("node.json")
+
+
+def retire(path: Path) -> Path:
+    """Move everything in state directory `path` (but its lock) into `path/previous`, replacing
+    an older one there, so that the next daemon there makes a fresh node: for a node whose
+    profile, GPU count or composition changed, whose old faults must not come back. Returns
+    where they went. node.json moves last, so a retirement cut short leaves a directory that is
+    still refused, and retired again at the next start. RuntimeError while a daemon uses it."""
+    check_state_dir(path)
+    try:
+        fd = os.open(path / _LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise StateError(f"{path / _LOCK}: cannot open ({e.strerror}); a symlink here is refused") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"{path} is in use by a mokka daemon; `mokka umount` it first") from None
+        staging, previous = path / _RETIRING, path / PREVIOUS
+        if os.path.lexists(staging):
+            shutil.rmtree(staging)  # what a retirement cut short had moved: that node's, too
+        os.mkdir(staging, 0o755)
+        names = sorted(n for n in os.listdir(path) if n not in (PREVIOUS, _RETIRING, _LOCK))
+        for name in sorted(names, key=lambda n: n == "node.json"):
+            os.rename(path / name, staging / name)
+        if os.path.isdir(previous) and not os.path.islink(previous):
+            shutil.rmtree(previous)  # one generation is kept
+        elif os.path.lexists(previous):
+            os.unlink(previous)
+        os.rename(staging, previous)
+        return previous
+    finally:
+        os.close(fd)
+
+
 class StateDir:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -197,7 +251,7 @@ class StateDir:
         """Create the directory for `node`, or restore `node` from it. True if restored."""
         check_state_dir(self.path)
         meta_path = self.path / "node.json"
-        meta = {"format": FORMAT_VERSION, "node": node.config.key}
+        meta = node_record(node.config)
         if not self._exists("node.json"):
             if not self._exists(_CREATING):
                 found = sorted(n for n in os.listdir(self.path) if _STATE_FILES.fullmatch(n))

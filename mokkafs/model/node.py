@@ -13,7 +13,8 @@ from collections import deque
 
 from mokkafs.model import dynamics, faults, mig, state
 from mokkafs.model.accounting import AccountingRecord
-from mokkafs.model.compute import ComputeLimits, compute_limits
+from mokkafs.model.compute import (ComputeFeatures, ComputeLimits, NvmlSupport, compute_features, compute_limits,
+                                   nvml_support)
 from mokkafs.model.config import SETTINGS
 from mokkafs.model.dynamics import EVENT_COUNTERS, Readings
 from mokkafs.model.events import Event, InvalidCommand
@@ -31,9 +32,13 @@ class Node:
         self.profile = config.profile
         self.identities: list[GpuIdentity] = gpu_identities(config)
         # Facts of the composition, computed once: where every PCI function sits, what each
-        # NVLink reaches, the topology levels and CPU masks, the SM limits CUDA reports.
+        # NVLink reaches, the topology levels and CPU masks, the SM limits and the features CUDA
+        # reports, the queries NVML answers on this architecture.
         self.layout: Layout = pci_layout(config)
         self.compute: ComputeLimits = compute_limits(self.profile.compute_capability)
+        self.features: ComputeFeatures = compute_features(
+            self.profile.compute_capability, self.profile.l2_cache_bytes, self.profile.fabric is not None)
+        self.nvml_support: NvmlSupport = nvml_support(self.profile.nvml_architecture)
         # The persisted records (model/state.py).
         self.gpus: list[GpuState] = [
             GpuState(t0=now, temp0=float(self.profile.thermal.idle_c)) for _ in self.identities

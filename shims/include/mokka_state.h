@@ -76,7 +76,12 @@
  * Addressing mode (version 8): each GPU record carries the board's
  * nvmlDeviceGetAddressingMode answer (the profile's addressing_mode).
  *
- * Recovery action (version 12): each GPU record carries what the driver asks for after a
+ * Features (version 12): each GPU record carries what its compute
+ * capability turns on in CUDA (L2 persistence, clusters, multicast, ...)
+ * and which of NVML's architecture-bound queries it answers, as the model
+ * decided them; the shims copy the values, never compare an architecture.
+ *
+ * Recovery action (version 13): each GPU record carries what the driver asks for after a
  * fault (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), as the model's Xid catalogue sets it. System
  * events (a GPU's driver unbound or bound, nvmlSystemEventSetWait) share the event ring, their
  * type marked MOKKA_EVENT_SYSTEM so that no device event set matches one.
@@ -110,7 +115,7 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/daemon/shm/layout.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 12
+#define MOKKA_STATE_VERSION 13
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_CPU_WORDS 16         /* 1024 CPUs, what NVML's CPU masks carry */
 #define MOKKA_MAX_NVLINKS 18
@@ -324,7 +329,7 @@ struct mokka_gpu {
     uint32_t lost;             /* fallen off the bus: NVML_ERROR_GPU_IS_LOST */
     uint32_t needs_reset;
     uint32_t last_xid;         /* 0: none since reset */
-    uint32_t recovery_action;  /* nvmlDeviceGpuRecoveryAction_t the driver asks for (version 12) */
+    uint32_t recovery_action;  /* nvmlDeviceGpuRecoveryAction_t the driver asks for (version 13) */
     /* CUDA (version 2) */
     uint64_t l2_cache_bytes;
     uint32_t mem_used_pinned;  /* mem_used is a pin, not the processes' sum */
@@ -341,6 +346,25 @@ struct mokka_gpu {
     uint32_t shared_memory_per_block_optin; /* bytes */
     uint32_t max_blocks_per_sm;
     uint32_t fp32_to_fp64_ratio;
+    /* what the compute capability turns on, as cuDeviceGetAttribute reports it (version 12,
+       mokkafs/model/compute.py compute_features); 0/1 for the flags */
+    uint32_t generic_compression;
+    uint32_t max_persisting_l2_bytes;
+    uint32_t max_access_policy_window_bytes;
+    uint32_t reserved_shared_memory_per_block; /* bytes */
+    uint32_t rdma_writes_ordering;  /* CUGPUDirectRDMAWritesOrdering */
+    uint32_t cluster_launch;
+    uint32_t mem_sync_domain_count;
+    uint32_t tensor_map_access;
+    uint32_t multicast;
+    /* what the architecture lets NVML answer (version 12, compute.py nvml_support); 0/1 */
+    uint32_t nvml_sram_ecc_status;      /* nvmlDeviceGetSramEccErrorStatus (with ECC on) */
+    uint32_t nvml_repair_status;        /* nvmlDeviceGetRepairStatus */
+    uint32_t nvml_unrepairable_flag;    /* nvmlDeviceGetUnrepairableMemoryFlag_v1 */
+    uint32_t nvml_power_average;        /* NVML_FI_DEV_POWER_AVERAGE */
+    uint32_t nvml_edpp_multiplier;      /* NVML_FI_DEV_EDPP_MULTIPLIER */
+    uint32_t nvml_gpm;                  /* GPU performance monitoring */
+    uint32_t pad4;
     /* settings (version 6) */
     uint32_t ecc_pending;      /* ECC mode the next GPU reset brings (nvmlDeviceGetEccMode pending) */
     uint32_t accounting_mode;  /* nvmlDeviceGetAccountingMode */
@@ -384,7 +408,7 @@ struct mokka_accounting {
 
 struct mokka_event {
     uint64_t seq;              /* event number + 1; 0 = slot never written */
-    uint64_t type;             /* nvmlEventType bits; or MOKKA_EVENT_SYSTEM | nvmlSystemEventType bits (version 12) */
+    uint64_t type;             /* nvmlEventType bits; or MOKKA_EVENT_SYSTEM | nvmlSystemEventType bits (version 13) */
     uint64_t data;             /* Xid for XID_CRITICAL_ERROR, count for ECC, the recovery action for
                                   GPU_RECOVERY_ACTION; a system event's gpuId */
     uint32_t gpu;              /* index */

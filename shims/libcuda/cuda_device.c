@@ -586,10 +586,16 @@ CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId)
     return CUDA_ERROR_INVALID_DEVICE;
 }
 
-/* The SM's limits per compute capability (the CUDA programming guide's "technical
-   specifications per compute capability") are data, in mokkafs/model/compute.py, published. */
+/* What the compute capability decides (the SM's limits, the CUDA programming guide's "technical
+   specifications per compute capability", and the features each architecture turns on) is the
+   model's, in mokkafs/model/compute.py, published: copied here, never re-derived. */
 struct sm_limits {
     uint32_t threads_per_sm, shared_per_sm, shared_optin, blocks_per_sm, fp64_ratio;
+};
+
+struct cc_features {
+    uint32_t compression, persisting_l2, policy_window, reserved_shared, rdma_ordering, cluster_launch,
+        sync_domains, tensor_map, multicast;
 };
 
 CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
@@ -602,10 +608,20 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     uint32_t cc[2], pci[3], sm, bus_width, ecc, compute_mode, clk_max[4], index, has_fabric, pci_ids[2];
     int32_t numa;
     uint64_t l2;
+    struct cc_features f;
     MOKKA_CONSISTENT(state()) {
         cc[0] = g->cc_major, cc[1] = g->cc_minor;
         pci[0] = g->pci_domain, pci[1] = g->pci_bus, pci[2] = g->pci_device;
         pci_ids[0] = g->pci_device_id, pci_ids[1] = g->pci_subsystem_id;
+        f.compression = g->generic_compression;
+        f.persisting_l2 = g->max_persisting_l2_bytes;
+        f.policy_window = g->max_access_policy_window_bytes;
+        f.reserved_shared = g->reserved_shared_memory_per_block;
+        f.rdma_ordering = g->rdma_writes_ordering;
+        f.cluster_launch = g->cluster_launch;
+        f.sync_domains = g->mem_sync_domain_count;
+        f.tensor_map = g->tensor_map_access;
+        f.multicast = g->multicast;
     }
     SNAP(g->multiprocessor_count, sm);
     if (g_mig[dev].on)
@@ -624,7 +640,6 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     SNAP(g->shared_memory_per_block_optin, a.shared_optin);
     SNAP(g->max_blocks_per_sm, a.blocks_per_sm);
     SNAP(g->fp32_to_fp64_ratio, a.fp64_ratio);
-    int ampere = cc[0] >= 8, hopper = cc[0] >= 9;
     int v = 0;
     switch (attrib) {
     case 1: v = 1024; break;                         /* MAX_THREADS_PER_BLOCK */
@@ -698,23 +713,23 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     case 99: v = 1; break;                           /* HOST_REGISTER_SUPPORTED */
     case 102: case 103: v = 1; break;                /* VMM, POSIX fd handles */
     case 106: v = (int)a.blocks_per_sm; break;       /* MAX_BLOCKS_PER_MULTIPROCESSOR */
-    case 107: v = ampere; break;                     /* GENERIC_COMPRESSION_SUPPORTED */
-    case 108: v = ampere ? (int)(l2 / 4 * 3) : 0; break; /* MAX_PERSISTING_L2_CACHE_SIZE */
-    case 109: v = ampere ? 134213632 : 0; break;     /* MAX_ACCESS_POLICY_WINDOW_SIZE */
+    case 107: v = (int)f.compression; break;         /* GENERIC_COMPRESSION_SUPPORTED */
+    case 108: v = (int)f.persisting_l2; break;       /* MAX_PERSISTING_L2_CACHE_SIZE */
+    case 109: v = (int)f.policy_window; break;       /* MAX_ACCESS_POLICY_WINDOW_SIZE */
     case 110: v = 1; break;                          /* GPU_DIRECT_RDMA_WITH_CUDA_VMM */
-    case 111: v = ampere ? 1024 : 0; break;          /* RESERVED_SHARED_MEMORY_PER_BLOCK */
+    case 111: v = (int)f.reserved_shared; break;     /* RESERVED_SHARED_MEMORY_PER_BLOCK */
     case 112: case 113: case 114: case 115: case 116: case 117: v = 1; break;
-    case 118: v = ampere ? 100 : 0; break;           /* GPU_DIRECT_RDMA_WRITES_ORDERING */
+    case 118: v = (int)f.rdma_ordering; break;       /* GPU_DIRECT_RDMA_WRITES_ORDERING */
     case 119: v = 9; break;                          /* MEMPOOL_SUPPORTED_HANDLE_TYPES */
-    case 120: v = hopper; break;                     /* CLUSTER_LAUNCH */
+    case 120: v = (int)f.cluster_launch; break;      /* CLUSTER_LAUNCH */
     case 121: case 122: case 123: case 124: case 125: v = 1; break;
-    case 126: v = hopper ? 4 : 1; break;             /* MEM_SYNC_DOMAIN_COUNT */
-    case 127: v = hopper; break;                     /* TENSOR_MAP_ACCESS_SUPPORTED */
+    case 126: v = (int)f.sync_domains; break;        /* MEM_SYNC_DOMAIN_COUNT */
+    case 127: v = (int)f.tensor_map; break;          /* TENSOR_MAP_ACCESS_SUPPORTED */
     case 128: v = (int)has_fabric; break;            /* HANDLE_TYPE_FABRIC_SUPPORTED */
     case 129: v = 1; break;                          /* UNIFIED_FUNCTION_POINTERS */
     case 130: v = 0; break;                          /* NUMA_CONFIG: none */
     case 131: v = -1; break;                         /* NUMA_ID */
-    case 132: v = hopper && has_fabric; break;       /* MULTICAST_SUPPORTED */
+    case 132: v = (int)f.multicast; break;           /* MULTICAST_SUPPORTED */
     case 134: v = numa; break;                       /* HOST_NUMA_ID */
     case 139: v = (int)pci_ids[0]; break;            /* GPU_PCI_DEVICE_ID */
     case 140: v = (int)pci_ids[1]; break;            /* GPU_PCI_SUBSYSTEM_ID */

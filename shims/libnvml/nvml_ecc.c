@@ -180,14 +180,14 @@ nvmlReturn_t DECLDIR nvmlDeviceGetSramEccErrorStatus(nvmlDevice_t device, nvmlEc
 {
     DEV(device);
     VERSIONED_ARG(status, nvmlEccSramErrorStatus_v1);
-    uint32_t arch, on;
+    uint32_t supported, on;
     uint64_t ecc[2][2][MOKKA_ECC_LOCATIONS];
     MOKKA_CONSISTENT(s) {
-        arch = g->architecture;
+        supported = g->nvml_sram_ecc_status;
         on = g->ecc_enabled;
         memcpy(ecc, g->ecc, sizeof(ecc));
     }
-    if (arch < NVML_DEVICE_ARCH_AMPERE || !on)
+    if (!supported || !on)
         return NVML_ERROR_NOT_SUPPORTED;
     enum { VOL = NVML_VOLATILE_ECC, AGG = NVML_AGGREGATE_ECC, COR = NVML_MEMORY_ERROR_TYPE_CORRECTED,
            UNC = NVML_MEMORY_ERROR_TYPE_UNCORRECTED };
@@ -233,9 +233,9 @@ nvmlReturn_t DECLDIR nvmlDeviceGetRepairStatus(nvmlDevice_t device, nvmlRepairSt
 {
     DEV(device);
     VERSIONED_ARG(repairStatus, nvmlRepairStatus_v1);
-    uint32_t arch;
-    SNAP(s, g->architecture, arch);
-    if (arch < NVML_DEVICE_ARCH_ADA)
+    uint32_t supported;
+    SNAP(s, g->nvml_repair_status, supported);
+    if (!supported)
         return NVML_ERROR_NOT_SUPPORTED;
     repairStatus->bChannelRepairPending = 0;
     repairStatus->bTpcRepairPending = 0;
@@ -266,9 +266,9 @@ nvmlReturn_t DECLDIR nvmlDeviceGetUnrepairableMemoryFlag_v1(nvmlDevice_t device,
 {
     DEV(device);
     ARG(unrepairableMemoryStatus);
-    uint32_t arch;
-    SNAP(s, g->architecture, arch);
-    if (arch < NVML_DEVICE_ARCH_HOPPER)
+    uint32_t supported;
+    SNAP(s, g->nvml_unrepairable_flag, supported);
+    if (!supported)
         return NVML_ERROR_NOT_SUPPORTED;
     unrepairableMemoryStatus->bUnrepairableMemory = 0;
     return NVML_SUCCESS;

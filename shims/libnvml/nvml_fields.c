@@ -59,15 +59,16 @@ static nvmlReturn_t nvlink_field(const struct mokka_gpu *c, unsigned id, unsigne
 /* The power fields (185-192) of one scope. The model has the GPU's power and limits only: the
    GPU scope answers them, the module and memory scopes are NOT_SUPPORTED (an H100's module
    readings are N/A in the captures; its memory average is a value the model does not have).
-   The 1 s average is the model's power, which is a smooth function of time; NVML documents the
-   average for Ampere (except GA100) and later, and the A100 and T4 captures show it N/A. */
+   The 1 s average is the model's power, which is a smooth function of time; which boards answer
+   it is the model's rule (compute.py nvml_support: NVML documents the average for Ampere, except
+   GA100, and later, and the A100 and T4 captures show it N/A). */
 static nvmlReturn_t power_field(const struct mokka_gpu *c, unsigned id, unsigned scope, unsigned long long *v)
 {
     if (scope != NVML_POWER_SCOPE_GPU)
         return NVML_ERROR_NOT_SUPPORTED;
     switch (id) {
     case NVML_FI_DEV_POWER_AVERAGE:
-        if (c->architecture < NVML_DEVICE_ARCH_ADA)
+        if (!c->nvml_power_average)
             return NVML_ERROR_NOT_SUPPORTED;
         *v = c->power_usage;
         break;
@@ -266,7 +267,7 @@ static nvmlReturn_t counter_field(const struct mokka_gpu *cp, unsigned id, unsig
     /* the EDPp multiplier, percent (Hopper and later): no EDPp override is set, 100 % as the
        590 capture shows */
     case NVML_FI_DEV_EDPP_MULTIPLIER:
-        if (c.architecture < NVML_DEVICE_ARCH_HOPPER)
+        if (!c.nvml_edpp_multiplier)
             return NVML_ERROR_NOT_SUPPORTED;
         *v = 100;
         return NVML_SUCCESS;

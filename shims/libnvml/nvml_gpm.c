@@ -59,12 +59,13 @@ static struct gpm_sample *sample_of(nvmlGpmSample_t h)
     return &chunk[slot % SAMPLE_CHUNK];
 }
 
-/* GPM needs the performance monitor of Hopper and later (the header's "Hopper or newer"). */
+/* GPM needs the performance monitor of Hopper and later (the header's "Hopper or newer"): the
+   model's rule (compute.py nvml_support), published. */
 static int gpm_supported(const struct mokka_state *s, const struct mokka_gpu *g)
 {
-    uint32_t arch;
-    SNAP(s, g->architecture, arch);
-    return arch >= NVML_DEVICE_ARCH_HOPPER && arch != NVML_DEVICE_ARCH_UNKNOWN;
+    uint32_t supported;
+    SNAP(s, g->nvml_gpm, supported);
+    return supported != 0;
 }
 
 nvmlReturn_t DECLDIR nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *gpmSupport)

@@ -26,9 +26,11 @@ def header_path() -> Path:
     raise FileNotFoundError(f"mokka_state.h not found in {', '.join(map(str, HEADER_CANDIDATES))}")
 
 
-def cdef_source(path: Path | None = None) -> str:
-    """The part of the header between the CDEF markers: what cffi parses."""
-    text = (path or header_path()).read_text()
+_HEADER_TEXT = header_path().read_text()  # read once, at import: the layout never changes under a process
+
+
+def cdef_source(text: str = _HEADER_TEXT) -> str:
+    """The part of the header `text` between the CDEF markers: what cffi parses."""
     m = re.search(r"/\* BEGIN CDEF[^\n]*\n(.*?)/\* END CDEF \*/", text, re.S)
     if not m:
         raise ValueError("mokka_state.h has no BEGIN CDEF / END CDEF region")
@@ -43,9 +45,9 @@ def make_ffi() -> FFI:
     return ffi
 
 
-def string_defines(path: Path | None = None) -> dict[str, str]:
+def string_defines(text: str = _HEADER_TEXT) -> dict[str, str]:
     """The header's `#define MOKKA_X "text"` lines (paths, names and suffixes the shims use)."""
-    return dict(re.findall(r'^#define (MOKKA_\w+) "([^"]*)"', (path or header_path()).read_text(), re.M))
+    return dict(re.findall(r'^#define (MOKKA_\w+) "([^"]*)"', text, re.M))
 
 
 ffi = make_ffi()

@@ -145,6 +145,23 @@ def fill_static(g, node: Node, i: int) -> None:
     g.shared_memory_per_block_optin = limits.shared_memory_per_block_optin
     g.max_blocks_per_sm = limits.max_blocks_per_sm
     g.fp32_to_fp64_ratio = limits.fp32_to_fp64_ratio
+    f = node.features
+    g.generic_compression = int(f.generic_compression)
+    g.max_persisting_l2_bytes = f.max_persisting_l2_bytes
+    g.max_access_policy_window_bytes = f.max_access_policy_window_bytes
+    g.reserved_shared_memory_per_block = f.reserved_shared_memory_per_block
+    g.rdma_writes_ordering = f.rdma_writes_ordering
+    g.cluster_launch = int(f.cluster_launch)
+    g.mem_sync_domain_count = f.mem_sync_domain_count
+    g.tensor_map_access = int(f.tensor_map_access)
+    g.multicast = int(f.multicast)
+    nv = node.nvml_support
+    g.nvml_sram_ecc_status = int(nv.sram_ecc_status)
+    g.nvml_repair_status = int(nv.repair_status)
+    g.nvml_unrepairable_flag = int(nv.unrepairable_memory_flag)
+    g.nvml_power_average = int(nv.power_average)
+    g.nvml_edpp_multiplier = int(nv.edpp_multiplier)
+    g.nvml_gpm = int(nv.gpm)
 
 
 def fill_readings(g, r: Readings) -> None:
