@@ -36,8 +36,10 @@ TABLES = {
     "ADDRESSING_MODES": ("nvmlDeviceAddressingModeType_t", [rf"\bNVML_DEVICE_ADDRESSING_MODE_(\w+)\s*=\s*{_NUM}"]),
     "NVLINK_DEVICE_TYPES": ("nvmlIntNvLinkDeviceType_t", [rf"\bNVML_NVLINK_DEVICE_TYPE_(\w+)\s*=\s*{_NUM}"]),
     "TOPOLOGY_LEVELS": ("nvmlGpuTopologyLevel_t", [rf"\bNVML_TOPOLOGY_(\w+)\s*=\s*{_NUM}"]),
+    "RECOVERY_ACTIONS": ("nvmlDeviceGpuRecoveryAction_t", [rf"\bNVML_GPU_RECOVERY_ACTION_(\w+)\s*=\s*{_NUM}"]),
+    "SYSTEM_EVENT_TYPES": ("nvmlSystemEventType* bits", [rf"#define nvmlSystemEventType(Gpu\w+)\s+{_NUM}"]),
 }
-BIT_TABLES = ("CLOCKS_EVENT_REASONS", "EVENT_TYPES")  # written in hex; the enums in decimal
+BIT_TABLES = ("CLOCKS_EVENT_REASONS", "EVENT_TYPES", "SYSTEM_EVENT_TYPES")  # written in hex; the enums in decimal
 
 
 def tables(header: Path = HEADER) -> dict[str, dict[str, int]]:

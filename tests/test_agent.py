@@ -69,7 +69,7 @@ BAD = [
     ("node reset=2", "expected 1"),
     ("gpu=0", "expected 'gpu=N KEY=VALUE'"),
     ("xid=79 gpu=0", "target must be"),
-    ("gpu=0 ecc=dbe", "expected 'sbe N' or 'dbe N'"),
+    ("gpu=0 ecc=dbe", "expected 'sbe N [LOCATION]' or 'dbe N [LOCATION]"),
     ("gpu=0 ecc=tbe 1", "ECC kind must be sbe or dbe"),
     ("gpu=0  xid=79", "stray whitespace"),
     ("gpu=0 xid=79;", "empty command"),

@@ -22,6 +22,8 @@ C_NAMES = {
     "ADDRESSING_MODES": lambda s: f"NVML_DEVICE_ADDRESSING_MODE_{s}",
     "NVLINK_DEVICE_TYPES": lambda s: f"NVML_NVLINK_DEVICE_TYPE_{s}",
     "TOPOLOGY_LEVELS": lambda s: f"NVML_TOPOLOGY_{s}",
+    "RECOVERY_ACTIONS": lambda s: f"NVML_GPU_RECOVERY_ACTION_{s}",
+    "SYSTEM_EVENT_TYPES": lambda s: f"nvmlSystemEventType{s}",
 }
 
 

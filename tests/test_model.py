@@ -15,7 +15,7 @@ from mokkafs.model.commands import gpu, parse_line, parse_write
 from mokkafs.model.counters import EccCounter, EccKind, EccScope, MemoryLocation, NvLinkCounter
 from mokkafs.model.events import IbPortCommand, InjectXid, NvLinkCommand, Pin, Reset, SetLost
 from mokkafs.model.dynamics import THERMAL_TAU_S
-from mokkafs.model.outcome import EVENT_DBE, EVENT_SBE, EVENT_XID
+from mokkafs.model.outcome import EVENT_DBE, EVENT_RECOVERY, EVENT_SBE, EVENT_XID, SYSTEM_BIND, SYSTEM_UNBIND
 from mokkafs.model.schema import ProfileError
 from mokkafs.model.profiles import load_profile
 
@@ -131,8 +131,8 @@ def test_xid_79_loses_the_gpu_and_reset_brings_it_back(h100):
     h100.apply(InjectXid(2, 79), T0)
     assert h100.gpus[2].lost and h100.health(2) == "lost"
     assert h100.log[-1].text == "NVRM: Xid (PCI:0000:24:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
-    h100.apply(Reset(2), T0 + 1)
-    assert not h100.gpus[2].lost and h100.health(2) == "healthy"
+    h100.apply(Reset(2), T0 + 1)  # the control file's reset, which clears every fault
+    assert not h100.gpus[2].lost and h100.gpus[2].recovery_action == "none" and h100.health(2) == "healthy"
 
 
 def test_writing_lost_is_xid_79(h100):
@@ -186,12 +186,16 @@ def test_apply_says_what_the_event_did_in_one_outcome(h100):
     are told, the lines it logged (the sender's note first), the GPUs and HCAs whose records it
     touched, the counters it brought to their maximum (once), and the sender's reply."""
     out = h100.apply(InjectXid(3, 48), T0 + 1, note="scenario s step 1: gpu=3 xid 48")
-    assert [(n.gpu, n.event_type, n.data) for n in out.notifications] == [(3, EVENT_XID, 48), (3, EVENT_DBE, 1)]
+    assert [(n.gpu, n.event_type, n.data) for n in out.notifications] == [
+        (3, EVENT_XID, 48), (3, EVENT_DBE, 1), (3, EVENT_RECOVERY, 1)]  # GPU_RESET
     assert list(out.log) == list(h100.log)[-2:] and out.log[0].text == "scenario s step 1: gpu=3 xid 48"
     assert out.log[1].text.startswith("NVRM: Xid (PCI:0000:") and out.log[1].gpu == 3
     assert (out.gpus, out.hcas, out.saturated, out.reply) == ((3,), False, (), "")
     node_wide = h100.apply(Reset(None), T0 + 2)
-    assert node_wide.gpus == tuple(range(8)) and node_wide.hcas and node_wide.notifications == ()
+    assert node_wide.gpus == tuple(range(8)) and node_wide.hcas
+    # the driver unbinds every GPU, GPU 3's recovery action is NONE again, and it binds every GPU
+    assert [(n.gpu, n.event_type) for n in node_wide.notifications] == [
+        *((i, SYSTEM_UNBIND) for i in range(8)), (3, EVENT_RECOVERY), *((i, SYSTEM_BIND) for i in range(8))]
     flood = IbPortCommand(None, 0, 1, "errors", "symbol_error", 1_000_000)  # a 16-bit counter
     assert h100.apply(flood, T0 + 3).saturated == ("mlx5_0 port 1 symbol_error",)
     assert h100.apply(flood, T0 + 4).saturated == ()  # named once: it stays at its maximum
@@ -205,7 +209,9 @@ def test_ecc_injection_by_location(h100):
     assert [(n.event_type, n.data) for n in notes] == [(EVENT_SBE, 7)]
     notes = h100.apply(parse_write(gpu(5), "ecc", b"dbe 2"), T0).notifications
     assert h100.gpus[5].ecc[ecc("aggregate", "uncorrected", "dram")] == 2
-    assert [(n.event_type, n.data) for n in notes] == [(EVENT_DBE, 2)]
+    # the DBE, then the driver's Xids: 95 (uncontained), GPU_RESET asked, 63 (the row it remapped)
+    assert [(n.event_type, n.data) for n in notes] == [(EVENT_DBE, 2), (EVENT_XID, 95), (EVENT_RECOVERY, 1),
+                                                       (EVENT_XID, 63)]
 
 
 # --- validation: a bad event changes nothing ------------------------------------------------

@@ -98,6 +98,17 @@ class Kubelet:
         assert "error" not in ev, ev
         return ev["response"]["containerResponses"][0]
 
+    def watching(self, timeout: float = 30) -> None:
+        """Until the plugin's health checker has its NVML event set (it logs the Xids it ignores,
+        then creates the set and registers each GPU): an Xid before that is one no set was made
+        to see (a new event set does not replay history), on a real node as here."""
+        deadline = time.monotonic() + timeout
+        while "Ignoring the following XIDs for health checks" not in self.log.read_text():
+            if time.monotonic() > deadline:
+                pytest.fail(f"the health checker never started; log:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.05)
+        time.sleep(0.5)  # the set is created and the GPUs registered right after that line
+
     def close(self) -> None:
         if self.proc.poll() is None:
             with contextlib.suppress(BrokenPipeError):
@@ -185,10 +196,25 @@ def test_a_critical_xid_makes_its_gpu_unhealthy_at_once(node_factory, kubelet, c
     k = kubelet(node)
     ids = uuids(node, 4)
     assert set(k.registered()[GPU].values()) == {"Healthy"}
+    k.watching()
     xid(node, 2, code)
     h, took = wait_health(k, GPU, ids[2], "Unhealthy")
     assert {u: s for u, s in h.items() if u != ids[2]} == {u: "Healthy" for u in ids if u != ids[2]}
     assert took < 5, took  # the plugin waits on NVML events in 5 s slices: the event, not a poll
+
+
+@pytest.mark.parametrize("args", [b"dbe 1\n", b"dbe 1 dram contained\n"])
+def test_an_uncorrectable_ecc_error_makes_its_gpu_unhealthy(node_factory, kubelet, args):
+    """inject_ecc dbe comes with its Xids (95, or 94 contained, and the remapper's 63), as on a real
+    H100: the plugin, which acts on Xids and not on the DBE event, takes the GPU out at once."""
+    node = node_factory("h100", gpus=2)
+    k = kubelet(node)
+    ids = uuids(node, 2)
+    assert set(k.registered()[GPU].values()) == {"Healthy"}
+    k.watching()
+    assert node.write("gpu1/inject_ecc", args) == 0
+    h, took = wait_health(k, GPU, ids[1], "Unhealthy")
+    assert h[ids[0]] == "Healthy" and took < 5, (h, took)
 
 
 def test_xid_13_is_ignored_and_a_reset_does_not_heal_until_the_plugin_restarts(node_factory, kubelet):
@@ -196,6 +222,7 @@ def test_xid_13_is_ignored_and_a_reset_does_not_heal_until_the_plugin_restarts(n
     k = kubelet(node)
     ids = uuids(node, 4)
     k.registered()
+    k.watching()
     xid(node, 1, 13)  # a graphics engine exception: an application's fault, in the plugin's skip list
     xid(node, 3, 79)
     h, _ = wait_health(k, GPU, ids[3], "Unhealthy")
@@ -284,6 +311,7 @@ def test_xid_79_on_a_mig_gpu_marks_one_device_per_profile_under_mixed(node_facto
     mig(node, 0, "create", "3g.40gb,2g.20gb,1g.10gb,1g.10gb")
     k = kubelet(node, "--mig-strategy", "mixed", "--device-id-strategy", "uuid")
     got = k.registered(4)
+    k.watching()
     profiles = dict((u, p) for p, u in mig_uuids(node, 0))
     xid(node, 0, 79)
     latest = dict(got)

@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from conftest import mokka_cmd
+from helpers import wait_for
 from helpers_go import go_tool, node_info
 
 pytestmark = pytest.mark.level("tools")
@@ -96,7 +97,11 @@ def decode_slice(body: bytes) -> dict:
         for entry in df.get(3, []):
             e = _fields(entry)
             capacity[text(e, 1)] = {"value": text(_fields(_fields(e[2][0])[1][0]), 1)}
-        devices.append({"name": text(df, 1), "attributes": attributes, "capacity": capacity})
+        taints = []
+        for entry in df.get(8, []):  # DeviceTaint {key 1, value 2, effect 3}
+            t = _fields(entry)
+            taints.append({"key": text(t, 1), "value": text(t, 2), "effect": text(t, 3)})
+        devices.append({"name": text(df, 1), "attributes": attributes, "capacity": capacity, "taints": taints})
     return {"metadata": {"name": text(meta, 1), "generateName": text(meta, 2)},
             "spec": {"driver": text(spec, 1), "nodeName": text(spec, 3),
                      "pool": {"name": text(pool, 1), "generation": pool.get(2, [0])[0],
@@ -162,9 +167,12 @@ class ApiServer:
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
 
+            def do_PUT(self) -> None:  # an update of a slice it made (the health monitor's taints)
+                self.do_POST()
+
             def do_POST(self) -> None:
                 url = urlsplit(self.path)
-                api.requests.append(f"POST {url.path}")
+                api.requests.append(f"{self.command} {url.path}")
                 raw = self.rfile.read(int(self.headers["Content-Length"]))
                 if self.headers.get("Content-Type") == "application/vnd.kubernetes.protobuf":
                     body = decode_slice(raw)
@@ -180,7 +188,7 @@ class ApiServer:
                     api.lock.notify_all()
                 reply = {"kind": "ResourceSlice", "apiVersion": "resource.k8s.io/v1", "metadata": meta,
                          "spec": {k: v for k, v in body["spec"].items() if k != "devices"}}
-                self.reply(201, reply)
+                self.reply(201 if self.command == "POST" else 200, reply)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -233,6 +241,7 @@ def published(tmp_path):
         assert all(s["spec"]["driver"] == "gpu.nvidia.com" for s in slices)
         return [d for s in slices for d in s["spec"].get("devices", [])]
 
+    run.runs = runs
     yield run
     for proc, api, log in runs:
         proc.terminate()
@@ -295,3 +304,31 @@ def test_mig_devices_carry_their_profile_and_placement(node_factory, published):
         assert a["parentUUID"] == node_info(node, 0)["uuid"]
         assert a["uuid"].startswith("MIG-")
     assert "gpu-1" in devices and "gpu-0" not in devices
+
+
+def test_an_uncorrectable_ecc_error_taints_its_gpu_through_the_health_check(node_factory, published, tmp_path):
+    """With NVMLDeviceHealthCheck on, the plugin waits on NVML's Xid events and taints the device in
+    its ResourceSlice (gpu.nvidia.com/xid, NoSchedule, the Xid's number as the value): inject_ecc
+    dbe on an H100 comes with its Xids (95, then the remapper's 63), so the GPU is tainted."""
+    node = node_factory("h100", gpus=2)
+    before = {d["name"]: d for d in published(node, "--feature-gates", "NVMLDeviceHealthCheck=true")}
+    assert [d["taints"] for d in before.values()] == [[], []]
+    api = [a for _, a, _ in published.runs][-1]
+    seen = len(api.created)
+    assert node.write("gpu1/inject_ecc", b"dbe 1\n") == 0
+
+    def tainted() -> list[dict] | None:
+        with api.lock:
+            api.lock.wait_for(lambda: len(api.created) > seen, 0.5)
+            for body in api.created[seen:]:
+                for d in body["spec"].get("devices", []):
+                    if d["name"] == "gpu-1" and d["taints"]:
+                        return [{k: t[k] for k in ("key", "effect")} | {"value": t["value"]} for t in d["taints"]]
+        return None
+
+    taints = wait_for(tainted, timeout=30)
+    assert taints, "\n".join(api.requests) + (tmp_path / "plugin.log").read_text()[-3000:]
+    assert {t["key"]: t["effect"] for t in taints} == {"gpu.nvidia.com/xid": "NoSchedule"}
+    assert taints[0]["value"] in ("95", "63")
+    last = [d for body in api.created[seen:] for d in body["spec"].get("devices", []) if d["name"] == "gpu-0"]
+    assert all(not d["taints"] for d in last)

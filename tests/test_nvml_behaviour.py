@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from helpers_nvml import INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, SUCCESS, UNINITIALIZED, Published
-from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin
+from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin, Reset
 
 UNKNOWN = 999  # NVML_ERROR_UNKNOWN
 from mokkafs.daemon.shm.layout import STATE_SIZE
@@ -334,3 +334,85 @@ def test_a_board_with_a_fan_reports_the_profiles_speed(nvml, tmp_path, monkeypat
         assert nvml.nvmlDeviceGetNumFans(h, C.byref(v)) == SUCCESS and v.value == 1
     finally:
         pub.close()
+
+
+# The system event API (nvml.h's nvmlSystemEventSet*), through ctypes: pynvml has no bindings for it.
+SYSTEM_EVENTS = """
+import ctypes as C, json, sys
+class Create(C.Structure): _fields_ = [("version", C.c_uint), ("set", C.c_void_p)]
+class Register(C.Structure): _fields_ = [("version", C.c_uint), ("eventTypes", C.c_ulonglong), ("set", C.c_void_p)]
+class Data(C.Structure): _fields_ = [("eventType", C.c_ulonglong), ("gpuId", C.c_uint)]
+class Wait(C.Structure):
+    _fields_ = [("version", C.c_uint), ("timeoutms", C.c_uint), ("set", C.c_void_p), ("data", C.POINTER(Data)),
+                ("dataSize", C.c_uint), ("numEvent", C.c_uint)]
+def version(t): return C.sizeof(t) | 1 << 24  # NVML_STRUCT_VERSION(..., 1)
+n = C.CDLL("libnvidia-ml.so.1")
+assert n.nvmlInit_v2() == 0
+out = {"early": n.nvmlSystemEventSetCreate(C.byref(Create(version(Create) + 1)))}
+ds, h = C.c_void_p(), C.c_void_p()
+assert n.nvmlEventSetCreate(C.byref(ds)) == 0 and n.nvmlDeviceGetHandleByIndex_v2(0, C.byref(h)) == 0
+assert n.nvmlDeviceRegisterEvents(h, C.c_ulonglong(0xB), ds) == 0  # SBE, DBE, Xid: bits the system types share
+c = Create(version(Create))
+assert n.nvmlSystemEventSetCreate(C.byref(c)) == 0
+out["unsupported"] = n.nvmlSystemRegisterEvents(C.byref(Register(version(Register), 4, c.set)))
+out["register"] = n.nvmlSystemRegisterEvents(C.byref(Register(version(Register), 3, c.set)))
+# a system set is no device set, and a device set no system set
+out["as_device_set"] = n.nvmlEventSetWait_v2(C.c_void_p(c.set), C.byref(C.create_string_buffer(64)), 0)
+buf = (Data * 8)()
+w = Wait(version(Wait), 0, c.set, buf, 8, 0)
+out["empty"] = [n.nvmlSystemEventSetWait(C.byref(w)), w.numEvent]
+print(json.dumps(out), flush=True)
+sys.stdin.readline()  # the node resets now
+got = []
+while len(got) < 4:
+    w = Wait(version(Wait), 5000, c.set, buf, 3, 0)
+    r = n.nvmlSystemEventSetWait(C.byref(w))
+    assert r == 0, r
+    got += [[buf[k].eventType, buf[k].gpuId] for k in range(w.numEvent)]
+w = Wait(version(Wait), 50, c.set, buf, 8, 0)
+rest = n.nvmlSystemEventSetWait(C.byref(w))
+class EventData(C.Structure):
+    _fields_ = [("device", C.c_void_p), ("eventType", C.c_ulonglong), ("eventData", C.c_ulonglong),
+                ("gi", C.c_uint), ("ci", C.c_uint)]
+dev_events = []
+e = EventData()
+while n.nvmlEventSetWait_v2(C.c_void_p(ds.value), C.byref(e), 50) == 0:
+    dev_events.append([e.eventType, e.eventData])
+free = n.nvmlSystemEventSetFree(C.byref(Create(version(Create), c.set)))
+again = n.nvmlSystemEventSetFree(C.byref(Create(version(Create), c.set)))
+print(json.dumps({"events": got, "then": rest, "free": [free, again], "device": dev_events}), flush=True)
+"""
+
+
+def test_system_event_sets_report_a_driver_reload_as_unbind_then_bind(tmp_path):
+    """nvmlSystemEventSetCreate/RegisterEvents/Wait/Free as nvml.h describes them: versioned
+    requests, the two system event types (GPU driver unbind 0x1, bind 0x2) and no other, nothing
+    before an event, then what a node reset (the driver reloaded) does, batched up to dataSize, each
+    GPU named by its PCI location (domain << 16 | bus << 8 | device)."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers_nvml import consumer_env
+
+    pub = Published(tmp_path, "h100", 2)
+    try:
+        w = subprocess.Popen([sys.executable, "-c", SYSTEM_EVENTS], env=consumer_env(pub.path),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            first = json.loads(w.stdout.readline())
+            assert first == {"early": 25, "unsupported": 3, "register": 0, "as_device_set": 2, "empty": [10, 0]}
+            pub.apply(InjectXid(0, 13))  # device events are no system events
+            pub.apply(Reset(None))
+            w.stdin.write("\n")
+            w.stdin.flush()
+            second = json.loads(w.stdout.readline())
+        finally:
+            w.kill()
+            w.wait()
+            w.stdin.close()
+            w.stdout.close()
+    finally:
+        pub.close()
+    assert second == {"events": [[1, 0x1800], [1, 0x1E00], [2, 0x1800], [2, 0x1E00]], "then": 10, "free": [0, 2],
+                      "device": [[8, 13]]}  # a device set sees the Xid, and no system event

@@ -358,11 +358,16 @@ def test_cuda_process_listed(node):
         # a GPU in use is not reset: the driver's IN_USE, as the real tool prints it
         events = node.mounted.state_dir / "events.log"
         resets = events.read_text().count("mokka: gpu1 reset")
-        node.mounted.expect_warning(r"ctl\.sock: in_use from uid 0 pid \d+: 'gpu=1 reset idle'")
+        node.mounted.expect_warning(r"ctl\.sock: in_use from uid 0 pid \d+: 'node reset idle 1'")
         node.mounted.expect_warning(r"ctl\.sock: in_use from uid 0: and \d+ more like it")
         refused = node.real("-r", "-i", "1")
+        bus = ok(node.ours("--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "1")).strip()
         assert (refused.returncode, refused.stdout, refused.stderr) == (
-            19, "GPU reset unavailable: In use by another client\n", "")
+            255, f"The following GPUs could not be reset:\n  GPU {bus}: In use by another client\n\n1 device is "
+            "currently being used by one or more other processes (e.g., Fabric Manager, CUDA application, graphics "
+            "application such as an X server, or a monitoring application such as another instance of nvidia-smi). "
+            "Please first kill all processes using this device and all compute applications running in the system.\n",
+            "")
         ours = node.ours("-r", "-i", "1")  # ours asks the same node the same way: the same answer
         assert (ours.returncode, ours.stdout, ours.stderr) == (refused.returncode, refused.stdout, refused.stderr)
         assert events.read_text().count("mokka: gpu1 reset") == resets

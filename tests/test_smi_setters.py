@@ -194,13 +194,23 @@ print(json.dumps([first, list(results)]))
 """
 
 
+# What the driver's refusal prints (real runs of nvidia-smi -r; NVIDIA's 470-550 binaries on our NVML).
+IN_USE_TEXT = (
+    "The following GPUs could not be reset:\n  GPU {bus}: In use by another client\n\n1 device is currently being "
+    "used by one or more other processes (e.g., Fabric Manager, CUDA application, graphics application such as an X "
+    "server, or a monitoring application such as another instance of nvidia-smi). Please first kill all processes "
+    "using this device and all compute applications running in the system.\n"
+)
+
+
 def test_a_gpu_in_use_is_refused_by_nvidia_smi_r_and_nvml_but_not_by_the_reset_file(node_factory):
     """One check, the node's (`reset idle`): our nvidia-smi -r and NVML's reset (what NVIDIA's
     nvidia-smi -r calls) both get IN_USE for a GPU with a CUDA process on it and print or return
-    the driver's answer; the fault-injection reset file still resets it."""
+    the driver's answer, and a set of GPUs with one busy is not reset at all; the fault-
+    injection reset file still resets it."""
     node = node_factory(gpus=2, mount=False)
     node.mount(("--driver-version", "550.163.01"))  # the export table's branches: 470 to 550
-    node.expect_warning(r"ctl\.sock: in_use from uid 0 pid \d+: 'gpu=1 reset idle'")
+    node.expect_warning(r"ctl\.sock: in_use from uid 0 pid \d+: 'node reset idle [0-9,]+'")
     node.expect_warning(r"ctl\.sock: in_use from uid 0: and \d+ more like it")
     env = mount_env(node)
     events = node.state_dir / "events.log"
@@ -216,11 +226,12 @@ def test_a_gpu_in_use_is_refused_by_nvidia_smi_r_and_nvml_but_not_by_the_reset_f
         while str(holder.pid) not in smi(node, "--query-compute-apps=pid", "--format=csv,noheader").stdout:
             assert time.monotonic() < deadline, "the CUDA process never showed"
             time.sleep(0.05)
-        r = smi(node, "-r", "-i", "1")
-        assert (r.returncode, r.stdout) == (19, "GPU reset unavailable: In use by another client\n")
-        assert resets(1) == 0
-        assert run_py_json(env, NVML_RESET) == [19, [19, 0]]  # IN_USE for GPU 1; GPU 0 is idle and resets
-        assert (resets(1), resets(0)) == (0, 1)
+        r = smi(node, "-r", "-i", "0,1")
+        assert (r.returncode, r.stdout) == (255, IN_USE_TEXT.format(bus=GPU1))
+        assert (resets(1), resets(0)) == (0, 0)  # GPU 0 is idle, and not reset either
+        # UNKNOWN, IN_USE for GPU 1, SUCCESS for GPU 0: what NVIDIA's nvidia-smi prints as above
+        assert run_py_json(env, NVML_RESET) == [999, [19, 0]]
+        assert (resets(1), resets(0)) == (0, 0)
         assert node.write("gpu1/reset", b"1\n") == 0  # the fault-clearing reset: whatever runs
         assert resets(1) == 1
     finally:
@@ -228,10 +239,40 @@ def test_a_gpu_in_use_is_refused_by_nvidia_smi_r_and_nvml_but_not_by_the_reset_f
         holder.wait(timeout=30)
         holder.stdout.close()
     deadline = time.monotonic() + 10
-    while (r := smi(node, "-r", "-i", "1")).returncode == 19 and time.monotonic() < deadline:
+    while (r := smi(node, "-r", "-i", "1")).returncode == 255 and time.monotonic() < deadline:
         time.sleep(0.1)  # until the daemon has seen the process go
     assert (r.returncode, r.stdout) == (0, f"GPU {GPU1} was successfully reset.\nAll done.\n")
     assert resets(1) == 2
+
+
+def test_two_busy_gpus_of_three_are_named_and_none_of_the_three_is_reset(node_factory):
+    """The plural of the driver's refusal, as NVIDIA's binaries print it ("2 devices are ...
+    these devices"), each busy GPU on its own line in index order, the idle one neither listed nor reset."""
+    node = node_factory(gpus=3)
+    node.expect_warning(r"ctl\.sock: in_use from uid 0 pid \d+: 'node reset idle 0,1,2'")
+    env = mount_env(node)
+    holders = [subprocess.Popen([sys.executable, "-c", HOLD_GPU1.replace("0, 1)", f"0, {g})")], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for g in (0, 2)]
+    try:
+        assert [h.stdout.readline().strip() for h in holders] == ["ready", "ready"]
+        deadline = time.monotonic() + 10
+        while len(smi(node, "--query-compute-apps=pid", "--format=csv,noheader").stdout.split()) < 2:
+            assert time.monotonic() < deadline, "the CUDA processes never showed"
+            time.sleep(0.05)
+        r = smi(node, "-r")
+        buses = smi(node, "--query-gpu=pci.bus_id", "--format=csv,noheader").stdout.split()
+        assert (r.returncode, r.stdout) == (255, (
+            f"The following GPUs could not be reset:\n  GPU {buses[0]}: In use by another client\n"
+            f"  GPU {buses[2]}: In use by another client\n\n2 devices are currently being used by one or more other "
+            "processes (e.g., Fabric Manager, CUDA application, graphics application such as an X server, or a "
+            "monitoring application such as another instance of nvidia-smi). Please first kill all processes using "
+            "these devices and all compute applications running in the system.\n"))
+        assert "reset" not in (node.state_dir / "events.log").read_text()
+    finally:
+        for h in holders:
+            h.stdin.close()
+            h.wait(timeout=30)
+            h.stdout.close()
 
 
 def test_ecc_mode_is_pending_until_nvidia_smi_r_resets_the_gpu(node_factory):

@@ -40,6 +40,7 @@ def test_each_xid_does_what_its_catalogue_row_says(profile, code):
     assert notes[0].data == code
     assert node.health(1) == rule.health
     assert (g.lost, g.needs_reset) == (rule.lost, rule.needs_reset)
+    assert g.recovery_action == rule.recovery.spelling
     counted = {c: n for c, n in g.ecc.items() if n}
     if rule.ecc is None:
         assert counted == {}
@@ -52,7 +53,10 @@ def test_each_xid_does_what_its_catalogue_row_says(profile, code):
     assert g.retired_pending == (not remapper and rule.remap is not None)
     errs = {link: {c: n for c, n in e.items() if n} for link, e in g.nvlink_errors.items()}
     assert errs == ({0: dict.fromkeys(rule.nvlink_errors, 1)} if rule.nvlink_errors else {})
-    assert node.log[-1].text == kernel_log_line(node.identities[1].bdf.xid, code, link=0)
+    assert node.log[-1].text == kernel_log_line(node.identities[1].bdf.xid, code, remapper=remapper, link=0)
+    if code in (63, 64):  # a row remapped, or a page retired, in the driver's words for each
+        assert ("Row Remapper" in node.log[-1].text) == remapper
+        assert ("Dynamic Page Retirement" in node.log[-1].text) == (not remapper)
     assert g.xid_counts == {str(code): 1} and g.last_xid == code
     assert {EVENT_XID, EVENT_SBE, EVENT_DBE} <= set(bits.values())
 

@@ -4,7 +4,7 @@ agent's annotations and scenario steps are spellings of these commands and parse
 
     target     verb         arguments                          control file
     gpu=N      xid          CODE [gi=G [ci=C]]                 gpuN/inject_xid (gi, ci: the MIG instance it names)
-    gpu=N      ecc          sbe|dbe COUNT [LOCATION]           gpuN/inject_ecc
+    gpu=N      ecc          sbe|dbe COUNT [LOCATION] [contained]  gpuN/inject_ecc (dbe: with its Xids)
     gpu=N      temperature  ... memory_used, throttle (pins)   gpuN/<verb>
     gpu=N      lost         0|1                                gpuN/lost
     gpu=N      nvlink       LINK up|down|reset_errors, LINK errors COUNT   gpuN/nvlink
@@ -20,7 +20,7 @@ agent's annotations and scenario steps are spellings of these commands and parse
     gpu=N      clear_ecc    volatile|aggregate                 (control socket)
     gpu=N      clear_accounting 1                              (control socket)
     gpu=N      mig          enable|disable, create LIST, ...   (control socket; gpuN/mig shows it; docs/mig.md)
-    node       reset        1|idle                             node/reset
+    node       reset        1|idle|idle GPU,...                node/reset (GPU,...: those GPUs' reset, all or none)
     hca=N      port         up|down|errors [COUNTER] COUNT     ib/mlx5_N/port1
 
 A parser returns a complete event or raises `InvalidCommand` with the reason; nothing is applied
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from mokkafs.model import mig
 from mokkafs.model.config import SETTINGS, parse_setting
+from mokkafs.model.state_limits import MAX_GPUS
 from mokkafs.model.events import (
     MAX_COUNT,
     MAX_XID,
@@ -144,12 +145,16 @@ def _xid(i: int, text: str) -> InjectXid:
 
 
 def _ecc(i: int, text: str) -> InjectEcc:
+    """`sbe N [LOCATION]`, `dbe N [LOCATION] [contained|uncontained]` (default uncontained)."""
     words = text.split(" ")
+    containment = words.pop() if len(words) > 2 and words[-1] in ("contained", "uncontained") else None
     if len(words) not in (2, 3):
-        raise InvalidCommand("expected 'sbe N' or 'dbe N' [location]")
+        raise InvalidCommand("expected 'sbe N [LOCATION]' or 'dbe N [LOCATION] [contained|uncontained]'")
     kind, count = words[0], _uint(words[1], "count", MAX_COUNT)
     location = words[2] if len(words) == 3 else "dram"
-    return InjectEcc(i, kind, count, location)
+    if containment is not None and kind != "dbe":
+        raise InvalidCommand(f"{containment}: only an uncorrectable (dbe) error is contained or not")
+    return InjectEcc(i, kind, count, location, containment == "contained")
 
 
 def _lost(i: int, text: str) -> SetLost:
@@ -162,6 +167,17 @@ def _reset(i: int | None, text: str) -> Reset:
     if text not in ("1", "idle"):
         raise InvalidCommand("expected 1 or idle")
     return Reset(i, idle=text == "idle")
+
+
+def _node_reset(i: None, text: str) -> Reset:
+    """`1`, `idle` (the node), or `idle GPU,GPU,...`: NVIDIA's reset of those GPUs together."""
+    words = text.split(" ")
+    if len(words) == 2 and words[0] == "idle":
+        gpus = tuple(_uint(w, "gpu", MAX_GPUS - 1) for w in words[1].split(","))
+        if len(set(gpus)) != len(gpus):
+            raise InvalidCommand("a GPU named twice")
+        return Reset(None, idle=True, gpus=gpus)
+    return _reset(i, text)
 
 
 def _clear_ecc(i: int, text: str) -> ClearEcc:
@@ -232,7 +248,7 @@ class Verb:
 
 _VERBS = (
     Verb("xid", "gpu", "inject_xid", f"CODE (1..{MAX_XID}) [gi=G [ci=C]]", _xid),
-    Verb("ecc", "gpu", "inject_ecc", "sbe|dbe COUNT [LOCATION]", _ecc),
+    Verb("ecc", "gpu", "inject_ecc", "sbe|dbe COUNT [LOCATION] [contained|uncontained]", _ecc),
     Verb("temperature", "gpu", "temperature", "C|auto", _pin("temperature", 1, 200)),
     Verb("power", "gpu", "power", "W|auto", _pin("power", 1, 10_000)),
     Verb("utilization", "gpu", "utilization", "GPU% MEM%|auto", _pin("utilization", 2, 100)),
@@ -247,7 +263,7 @@ _VERBS = (
     Verb("clear_ecc", "gpu", None, "volatile|aggregate", _clear_ecc),
     Verb("clear_accounting", "gpu", None, "1", _clear_accounting, default="1"),
     Verb("mig", "gpu", None, mig.USAGE, mig.parse),
-    Verb("reset", "node", "reset", "1|idle", _reset, default="1"),
+    Verb("reset", "node", "reset", "1|idle|idle GPU,GPU,...", _node_reset, default="1"),
     Verb("port", "hca", "port1", "up|down, errors [COUNTER] COUNT", _ib_port),
 )
 VERBS: dict[str, dict[str, Verb]] = {kind: {v.name: v for v in _VERBS if v.target == kind} for kind in TARGET_KINDS}

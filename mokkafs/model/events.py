@@ -107,14 +107,20 @@ class InjectXid(Event):
 
 @dataclass(frozen=True)
 class InjectEcc(Event):
+    """ECC errors as the driver meets them. An uncorrectable (dbe) one comes with its Xid: on
+    Ampere and later 95 (uncontained), or 94 with `contained`; 48 on older boards (docs/faults.md)."""
+
     kind: str  # "sbe" | "dbe"
     count: int
     location: str = "dram"
+    contained: bool = False  # dbe: the driver contained it to the process that met it (Xid 94)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.kind not in ("sbe", "dbe"):
             raise InvalidCommand(f"ECC kind must be sbe or dbe, got {self.kind!r}")
+        if self.contained and self.kind != "dbe":
+            raise InvalidCommand("only an uncorrectable (dbe) error is contained")
         if not 1 <= self.count <= MAX_COUNT:
             raise InvalidCommand(f"ECC count must be 1..{MAX_COUNT}, got {self.count}")
         if self.location not in MEMORY_LOCATIONS:
@@ -208,9 +214,18 @@ class SetProcesses(Event):
 class Reset(Event):
     """`gpu=None` resets the whole node. `idle`: NVIDIA's reset (nvidia-smi -r, NVML's reset),
     which the driver refuses (IN_USE) while a process is on a GPU it names; without it, the
-    fault-clearing reset of the control files, which resets whatever runs."""
+    fault-clearing reset of the control files, which resets whatever runs. `gpus` (with
+    `gpu=None`): a GPU reset of those GPUs together, all or none, as `nvidia-smi -r -i A,B`."""
 
     idle: bool = False
+    gpus: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.gpus and self.gpu is not None:
+            raise InvalidCommand("a reset names one GPU or a set of them, not both")
+        if len(set(self.gpus)) != len(self.gpus) or any(not isinstance(i, int) or i < 0 for i in self.gpus):
+            raise InvalidCommand(f"bad GPU set {self.gpus!r}")
 
 
 ECC_CLEAR_SCOPES = ("volatile", "aggregate")  # nvmlEccCounterType_t order

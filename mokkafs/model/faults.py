@@ -15,10 +15,12 @@ from mokkafs.model.events import (
     ClearEcc, IbPortCommand, InjectEcc, InjectXid, InvalidCommand, NvLinkCommand, Reset, SetLost,
 )
 from mokkafs.model.mig import MigState
-from mokkafs.model.outcome import EVENT_DBE, EVENT_SBE, EVENT_XID, Change, Outcome
+from mokkafs.model.outcome import (
+    EVENT_DBE, EVENT_RECOVERY, EVENT_SBE, EVENT_XID, SYSTEM_BIND, SYSTEM_UNBIND, Change, Outcome,
+)
 from mokkafs.model.schema import GpuProfile
 from mokkafs.model.state import GpuState, HcaState
-from mokkafs.model.xid import Remap, kernel_log_line, xid_rule
+from mokkafs.model.xid import RecoveryAction, Remap, kernel_log_line, xid_rule
 
 if TYPE_CHECKING:
     from mokkafs.model.node import Node
@@ -26,7 +28,14 @@ if TYPE_CHECKING:
 
 def has_row_remapper(profile: GpuProfile) -> bool:
     """Ampere and later remap rows; Turing and earlier retire pages (nvidia-smi -q shows which)."""
-    return profile.architecture not in ("Turing",)
+    return profile.architecture not in ("Turing", "Volta")
+
+
+def has_error_containment(profile: GpuProfile) -> bool:
+    """Ampere and later contain an uncorrectable error (Xid 94, or 95 when they cannot: the
+    catalogue's "GPUs that support error containment, starting with NVIDIA A100"); Volta and
+    Turing report it as Xid 48."""
+    return profile.architecture not in ("Turing", "Volta")
 
 
 def require_on_bus(node: Node, i: int) -> None:
@@ -56,17 +65,24 @@ def _check_instance(node: Node, i: int, gi: int, ci: int | None) -> None:
     raise mig.NotFound(f"gpu{i} has no GPU instance {gi}")
 
 
-def xid(node: Node, i: int, code: int, change: Change, gi: int | None = None, ci: int | None = None) -> None:
-    """What Xid `code` does to GPU `i`: a row of the catalogue (model/xid.py)."""
+def xid(node: Node, i: int, code: int, change: Change, gi: int | None = None, ci: int | None = None,
+        reported: bool = False) -> None:
+    """What Xid `code` does to GPU `i`: a row of the catalogue (model/xid.py). `reported`: the
+    driver reports an error the caller has already counted (an injected ECC error's Xids), so the
+    row's own ECC counts and remap are not made again."""
     g, ident = node.gpus[i], node.identities[i]
     rule = xid_rule(code)
     details: dict = {}
     change.notify(i, EVENT_XID, code, gi, ci)
-    if rule.ecc is not None:
+    if reported:
+        pass
+    elif rule.ecc is not None:
         _count_ecc(g, i, rule.ecc.kind, rule.ecc.location, rule.ecc.count, change)
         event = EVENT_DBE if rule.ecc.kind is EccKind.UNCORRECTED else EVENT_SBE
         change.notify(i, event, rule.ecc.count)
-    if rule.remap is Remap.PENDING:
+    if reported:
+        pass
+    elif rule.remap is Remap.PENDING:
         _record_remap_or_retire(node, i, change, uncorrectable=True)
     elif rule.remap is Remap.FAILED:
         if has_row_remapper(node.profile):
@@ -81,9 +97,10 @@ def xid(node: Node, i: int, code: int, change: Change, gi: int | None = None, ci
         g.lost = True
     if rule.needs_reset:
         g.needs_reset = True
+    raise_recovery(g, i, rule.recovery, change)
     g.last_xid, g.last_xid_time = code, change.now
     g.xid_counts[str(code)] = change.add(f"gpu{i} xid_counts.{code}", "xid_counts", g.xid_counts.get(str(code), 0), 1)
-    change.log(i, kernel_log_line(ident.bdf.xid, code, gi, ci, **details))
+    change.log(i, kernel_log_line(ident.bdf.xid, code, gi, ci, has_row_remapper(node.profile), **details))
 
 
 def _record_remap_or_retire(node: Node, i: int, change: Change, uncorrectable: bool) -> None:
@@ -96,6 +113,25 @@ def _record_remap_or_retire(node: Node, i: int, change: Change, uncorrectable: b
         key = "retired_dbe" if uncorrectable else "retired_sbe"
         setattr(g, key, change.add(f"gpu{i} {key}", "retired_pages", getattr(g, key), 1))
         g.retired_pending = True
+
+
+def recovery_action(g: GpuState) -> RecoveryAction:
+    return RecoveryAction.from_spelling(g.recovery_action)
+
+
+def _set_recovery(g: GpuState, i: int, action: RecoveryAction, change: Change) -> None:
+    if action is not recovery_action(g):
+        g.recovery_action = action.spelling
+        # nvmlEventTypeGpuRecoveryAction: the driver's notice that the action changed (its data is
+        # the new action here; NVML hands a waiter 0, as for every event but an Xid).
+        change.notify(i, EVENT_RECOVERY, int(action))
+
+
+def raise_recovery(g: GpuState, i: int, action: RecoveryAction, change: Change) -> None:
+    """A fault asks for `action`; a later fault never lowers what an earlier one asked for
+    (a GPU reset does not answer a node reboot)."""
+    if action.rank > recovery_action(g).rank:
+        _set_recovery(g, i, action, change)
 
 
 def _first_up_link(profile: GpuProfile, g: GpuState) -> int:
@@ -119,16 +155,27 @@ def _count_nvlink(g: GpuState, i: int, link: int, counters: tuple[NvLinkCounter,
 
 
 def inject_ecc(node: Node, e: InjectEcc, now: float) -> Outcome:
+    """ECC errors; an uncorrectable one as the driver couples it (docs/faults.md): its DBE event,
+    then its Xid (95 uncontained, 94 contained; 48 before Ampere), then, in DRAM, the remapper's
+    (or page retirement's) Xid 63 for the row it marked, 64 when the board's remapping has failed."""
     change = Change(now)
-    _count_ecc(node.gpus[e.gpu], e.gpu, EccKind.from_short(e.kind), MemoryLocation.from_spelling(e.location), e.count,
-               change)
-    change.log(e.gpu, f"mokka: gpu{e.gpu} {e.count} {e.kind.upper()} ECC error(s) in {e.location}")
-    if e.kind == "dbe":
-        if e.location == "dram":
-            _record_remap_or_retire(node, e.gpu, change, uncorrectable=True)
-        change.notify(e.gpu, EVENT_DBE, e.count)
+    i, g = e.gpu, node.gpus[e.gpu]
+    _count_ecc(g, i, EccKind.from_short(e.kind), MemoryLocation.from_spelling(e.location), e.count, change)
+    change.log(i, f"mokka: gpu{i} {e.count} {e.kind.upper()} ECC error(s) in {e.location}")
+    if e.kind != "dbe":
+        change.notify(i, EVENT_SBE, e.count)
+        return change.outcome()
+    change.notify(i, EVENT_DBE, e.count)
+    if not has_error_containment(node.profile):
+        code = 48
     else:
-        change.notify(e.gpu, EVENT_SBE, e.count)
+        code = 94 if e.contained else 95
+    xid(node, i, code, change, reported=True)
+    if e.location == "dram":
+        failed = g.remap_failure if has_row_remapper(node.profile) else False
+        if not failed:
+            _record_remap_or_retire(node, i, change, uncorrectable=True)
+        xid(node, i, 64 if failed else 63, change, reported=True)
     return change.outcome()
 
 
@@ -157,10 +204,9 @@ def set_lost(node: Node, e: SetLost, now: float) -> Outcome:
     change = Change(now)
     i, g = e.gpu, node.gpus[e.gpu]
     if e.lost and not g.lost:
-        # Writing `lost` is the same fault as Xid 79, with the same consequences and log line,
-        # but raises no NVML event (only `xid 79` does).
+        # Writing `lost` is the same fault as Xid 79, with the same consequences, log line and
+        # NVML events (a consumer waiting on Xids hears of it as of the driver's).
         xid(node, i, 79, change)
-        change.notifications.clear()
     elif not e.lost and g.lost:
         g.lost = False
         change.log(i, f"mokka: gpu{i} back on the bus")
@@ -217,26 +263,50 @@ def ib_port(node: Node, e: IbPortCommand, now: float) -> Outcome:
 # --- resets -------------------------------------------------------------------------------------
 
 
+def _reset_targets(node: Node, e: Reset) -> list[int]:
+    if e.gpus:
+        return list(e.gpus)
+    return list(range(len(node.gpus))) if e.gpu is None else [e.gpu]
+
+
 def validate_reset(node: Node, e: Reset) -> None:
+    for i in e.gpus:
+        if i >= len(node.gpus):
+            raise InvalidCommand(f"no gpu{i} (node has {len(node.gpus)})")
     if e.idle:
         # NVIDIA's reset: the driver refuses a GPU a client holds (nvidia-smi -r: "In use by
-        # another client"); the control files' reset (not idle) resets under processes.
-        for i in range(len(node.gpus)) if e.gpu is None else [e.gpu]:
-            if node.processes[i]:
-                raise mig.InUse(f"GPU {i} is in use: {len(node.processes[i])} process(es) on it")
+        # another client"), and a set of GPUs as a whole: one busy GPU and none is reset. The
+        # control files' reset (not idle) resets under processes.
+        busy = [i for i in _reset_targets(node, e) if node.processes[i]]
+        if busy:
+            raise mig.InUse("in use: " + ", ".join(f"GPU {i} ({len(node.processes[i])} process(es))" for i in busy))
 
 
 def reset(node: Node, e: Reset, now: float) -> Outcome:
-    """A GPU reset, or (`gpu=None`) a node reset: every GPU as on a driver reload, and the HCAs."""
+    """A GPU reset, or (`gpu=None`) a node reset: every GPU as on a driver reload, and the HCAs;
+    or (`gpus`) a GPU reset of each of those GPUs."""
     change = Change(now)
-    for i in range(len(node.gpus)) if e.gpu is None else [e.gpu]:
-        _reset_gpu(node, i, change, driver_reload=e.gpu is None)
-    if e.gpu is None:
+    node_reset = e.gpu is None and not e.gpus
+    targets = _reset_targets(node, e)
+    if node_reset:  # the driver lets go of every GPU, and binds each again once reloaded
+        for i in targets:
+            change.notify(i, SYSTEM_UNBIND, pci_gpu_id(node, i))
+    for i in targets:
+        _reset_gpu(node, i, change, driver_reload=node_reset, answers_reboot=node_reset or not e.idle)
+    if node_reset:
+        for i in targets:
+            change.notify(i, SYSTEM_BIND, pci_gpu_id(node, i))
         _reset_hcas(node, change)
     return change.outcome()
 
 
-def _reset_gpu(node: Node, i: int, change: Change, driver_reload: bool = False) -> None:
+def pci_gpu_id(node: Node, i: int) -> int:
+    """A system event's gpuId ("in PCI format", nvml.h): (domain << 16) | (bus << 8) | device."""
+    bdf = node.identities[i].bdf
+    return bdf.domain << 16 | bdf.bus << 8 | bdf.device
+
+
+def _reset_gpu(node: Node, i: int, change: Change, driver_reload: bool = False, answers_reboot: bool = True) -> None:
     """What a GPU reset does: the GPU comes back, volatile counters clear, pending row remaps
     and page retirements take effect, links retrain, pins return to the simulated curves,
     settings return to their defaults but those the driver keeps (on a node reset, a driver
@@ -252,6 +322,11 @@ def _reset_gpu(node: Node, i: int, change: Change, driver_reload: bool = False) 
         accounting.switched(node, i, False)
     g.lost = False
     g.needs_reset = False
+    # A reset answers what a reset answers. A node reboot is asked of the node: NVIDIA's reset
+    # (nvidia-smi -r, NVML's) leaves it; a driver reload (`node/reset`) starts the driver's state,
+    # this action included, over; and the control files' fault-clearing reset clears every fault.
+    if answers_reboot or recovery_action(g) is not RecoveryAction.NODE_REBOOT:
+        _set_recovery(g, i, RecoveryAction.NONE, change)
     g.pins.clear()
     for counter in g.ecc:
         if counter.scope is EccScope.VOLATILE:
@@ -284,6 +359,8 @@ def active_faults(g: GpuState) -> list[str]:
         faults.append("lost")
     if g.needs_reset:
         faults.append("reset_required")
+    if g.recovery_action == RecoveryAction.NODE_REBOOT.spelling:
+        faults.append("reboot_required")
     if g.remap_pending:
         faults.append("row_remap_pending")
     if g.remap_failure:
@@ -300,7 +377,7 @@ def active_faults(g: GpuState) -> list[str]:
 def health(g: GpuState) -> str:
     if g.lost:
         return "lost"
-    if g.needs_reset or g.remap_failure or g.remap_pending or g.retired_pending:
+    if g.needs_reset or g.remap_failure or g.remap_pending or g.retired_pending or g.recovery_action != "none":
         return "unhealthy"
     if g.last_xid is not None or g.nvlink_down:
         return "degraded"

@@ -103,3 +103,21 @@ TOPOLOGY_LEVELS: dict[str, int] = {
     'NODE': 40,
     'SYSTEM': 50,
 }
+
+# nvmlDeviceGpuRecoveryAction_t
+RECOVERY_ACTIONS: dict[str, int] = {
+    'NONE': 0,
+    'GPU_RESET': 1,
+    'NODE_REBOOT': 2,
+    'DRAIN_P2P': 3,
+    'DRAIN_AND_RESET': 4,
+    'RECOVER_IMEX_DOMAIN': 5,
+    'BUS_RESET': 6,
+    'SYSTEM_REBOOT': 7,
+}
+
+# nvmlSystemEventType* bits
+SYSTEM_EVENT_TYPES: dict[str, int] = {
+    'GpuDriverUnbind': 0x1,
+    'GpuDriverBind': 0x2,
+}

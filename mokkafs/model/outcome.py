@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mokkafs.model.nvml_consts import EVENT_TYPES
+from mokkafs.model.nvml_consts import EVENT_TYPES, SYSTEM_EVENT_TYPES
+from mokkafs.model.state_limits import EVENT_SYSTEM
 from mokkafs.model.state import LogEntry, counter_max
 
 # The NVML event types the model raises (nvml.h's nvmlEventType* bits), delivered to
@@ -15,6 +16,11 @@ from mokkafs.model.state import LogEntry, counter_max
 EVENT_SBE = EVENT_TYPES["SingleBitEccError"]
 EVENT_DBE = EVENT_TYPES["DoubleBitEccError"]
 EVENT_XID = EVENT_TYPES["XidCriticalError"]
+EVENT_RECOVERY = EVENT_TYPES["GpuRecoveryAction"]  # data: the new nvmlDeviceGpuRecoveryAction_t
+# System events (nvmlSystemEventSetWait), marked apart from the device events in the same ring;
+# data: the GPU's PCI location (`pci_gpu_id`).
+SYSTEM_UNBIND = EVENT_SYSTEM | SYSTEM_EVENT_TYPES["GpuDriverUnbind"]
+SYSTEM_BIND = EVENT_SYSTEM | SYSTEM_EVENT_TYPES["GpuDriverBind"]
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from mokkafs.model.events import IB_ERROR_COUNTERS, PIN_SIGNALS, Event, InvalidC
 from mokkafs.model import mig
 from mokkafs.model.mig import MigState
 from mokkafs.model.schema import GpuProfile
+from mokkafs.model.xid import RecoveryAction
 
 LOG_LIMIT = 4096  # node event-log lines kept (and persisted)
 
@@ -92,6 +93,9 @@ class GpuState:
     energy0_mj: float = 0.0
     lost: bool = False
     needs_reset: bool = False
+    # What the driver says the GPU needs (model/xid.py RecoveryAction, by its spelling): set by
+    # Xids as the catalogue says, cleared by the reset that answers it (model/faults.py).
+    recovery_action: str = "none"
     pins: dict[str, tuple] = field(default_factory=dict)
     # Settings (model/config.py): None is the default, what a driver load sets.
     power_limit_w: float | None = None
@@ -244,6 +248,8 @@ def _check_ranges(state: "GpuState") -> None:
     for link, errs in state.nvlink_errors.items():
         for counter, value in errs.items():
             _check_counter(f"nvlink_errors.{link}.{counter.spelling}", "nvlink_errors", value)
+    if state.recovery_action not in {a.spelling for a in RecoveryAction}:
+        raise ValueError(f"recovery_action: {state.recovery_action[:40]!r} is not a recovery action")
     if state.last_xid is not None and not 1 <= state.last_xid <= 999:
         raise ValueError(f"last_xid: {state.last_xid} is not an Xid")
     if (state.last_xid is None) != (state.last_xid_time is None):

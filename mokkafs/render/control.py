@@ -40,6 +40,7 @@ def render_info(ctx: Ctx, i: int) -> str:
         ("profile", node.profile.name),
         ("health", node.health(i)),
         ("faults", " ".join(faults) if faults else "none"),
+        ("recovery_action", node.gpus[i].recovery_action),  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION's
     ]
     return "".join(f"{k}: {v}\n" for k, v in rows)
 

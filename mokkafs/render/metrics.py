@@ -20,6 +20,7 @@ from mokkafs.model import Node, Readings
 from mokkafs.model.counters import EccKind, EccScope, NvLinkCounter, ecc_total
 from mokkafs.model.mig import GpuInstanceView
 from mokkafs.model.state import GpuState
+from mokkafs.model.xid import RecoveryAction
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -171,6 +172,15 @@ EXTRA_FIELDS: tuple[Field, ...] = (
         "Power management limit (in W).",
         lambda s: s.r.power_limit_w,
         is_float=True,
+    ),
+    # DCGM field 1523 (dcgm_fields.h: "GPU Recovery Action (see nvmlDeviceGpuRecoveryAction_t for
+    # return values)"), which health checks read to drain or reset a GPU.
+    Field(
+        "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",
+        "gauge",
+        "GPU Recovery Action (see nvmlDeviceGpuRecoveryAction_t for return values).",
+        lambda s: int(RecoveryAction.from_spelling(s.g.recovery_action)),
+        polled=False,
     ),
     Field("DCGM_FI_DEV_ECC_CURRENT", "gauge", "Current ECC mode for the device.", lambda s: int(s.ecc_mode[0])),
     Field("DCGM_FI_DEV_ECC_PENDING", "gauge", "Pending ECC mode for the device.", lambda s: int(s.ecc_mode[1])),

@@ -81,6 +81,11 @@
  * and which of NVML's architecture-bound queries it answers, as the model
  * decided them; the shims copy the values, never compare an architecture.
  *
+ * Recovery action (version 13): each GPU record carries what the driver asks for after a
+ * fault (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), as the model's Xid catalogue sets it. System
+ * events (a GPU's driver unbound or bound, nvmlSystemEventSetWait) share the event ring, their
+ * type marked MOKKA_EVENT_SYSTEM so that no device event set matches one.
+ *
  * Restart: a daemon that finds a valid file of this version rewrites it in
  * place and continues `event_head`/`event_wake`, so consumers that hold the
  * mapping across a daemon restart keep working.
@@ -110,7 +115,7 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/daemon/shm/layout.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 12
+#define MOKKA_STATE_VERSION 13
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_CPU_WORDS 16         /* 1024 CPUs, what NVML's CPU masks carry */
 #define MOKKA_MAX_NVLINKS 18
@@ -132,6 +137,7 @@
 #define MOKKA_MAX_CI_PROFILES 8    /* compute instance profiles of one GPU instance profile */
 #define MOKKA_MAX_MIG_PLACEMENTS 8
 #define MOKKA_NO_MIG 0xFFFF        /* mokka_gpu_process.mig_gi/mig_ci: not on a MIG device */
+#define MOKKA_EVENT_SYSTEM 0x8000000000000000 /* mokka_event.type: a system event (nvmlSystemEventType bits below it) */
 
 struct mokka_gpu_process {
     uint32_t pid;
@@ -323,7 +329,7 @@ struct mokka_gpu {
     uint32_t lost;             /* fallen off the bus: NVML_ERROR_GPU_IS_LOST */
     uint32_t needs_reset;
     uint32_t last_xid;         /* 0: none since reset */
-    uint32_t pad1;
+    uint32_t recovery_action;  /* nvmlDeviceGpuRecoveryAction_t the driver asks for (version 13) */
     /* CUDA (version 2) */
     uint64_t l2_cache_bytes;
     uint32_t mem_used_pinned;  /* mem_used is a pin, not the processes' sum */
@@ -402,8 +408,9 @@ struct mokka_accounting {
 
 struct mokka_event {
     uint64_t seq;              /* event number + 1; 0 = slot never written */
-    uint64_t type;             /* nvmlEventType bits */
-    uint64_t data;             /* Xid for XID_CRITICAL_ERROR, count for ECC */
+    uint64_t type;             /* nvmlEventType bits; or MOKKA_EVENT_SYSTEM | nvmlSystemEventType bits (version 13) */
+    uint64_t data;             /* Xid for XID_CRITICAL_ERROR, count for ECC, the recovery action for
+                                  GPU_RECOVERY_ACTION; a system event's gpuId */
     uint32_t gpu;              /* index */
     uint16_t mig_gi;           /* the MIG instance an Xid names (docs/mig.md); MOKKA_NO_MIG: none */
     uint16_t mig_ci;

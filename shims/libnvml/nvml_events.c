@@ -1,5 +1,5 @@
 /*
- * libnvidia-ml: event sets, and waiting on the state's event ring (futex wake word).
+ * libnvidia-ml: event sets, device and system, and waiting on the state's event ring (futex wake word).
  */
 #include "nvml_internal.h"
 
@@ -15,7 +15,10 @@
 /* ---- events --------------------------------------------------------------------------- */
 
 #define SUPPORTED_EVENTS (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | \
-                          nvmlEventTypeXidCriticalError)
+                          nvmlEventTypeXidCriticalError | nvmlEventTypeGpuRecoveryAction)
+/* System events ride the same ring with MOKKA_EVENT_SYSTEM set in their type (mokka_state.h); a
+   device set skips them (their low bits are the system types, which share values with SBE and DBE). */
+#define SUPPORTED_SYSTEM_EVENTS (nvmlSystemEventTypeGpuDriverUnbind | nvmlSystemEventTypeGpuDriverBind)
 
 /* Event sets live in a table the library owns, and a handle is a number, never an address:
    tag (16 bits) | generation (32) | slot (16). Nothing a caller hands back is dereferenced, so a
@@ -31,6 +34,7 @@
 
 struct event_set {
     uint32_t gen;                               /* odd while handed out, even while free */
+    unsigned system;                            /* a system event set (its mask in mask[0]) */
     unsigned waiters;                           /* threads in nvmlEventSetWait on this slot */
     uint64_t next;                              /* next event number to look at */
     unsigned long long mask[MOKKA_MAX_GPUS];    /* registered types per GPU */
@@ -41,30 +45,28 @@ static struct event_set *g_set_chunks[SET_CHUNKS]; /* guarded by g_sets_lock */
 
 _Static_assert(sizeof(nvmlEventSet_t) == 8, "handles carry 64 bits");
 
-/* The set a handle names, or NULL if it names none that is live (g_sets_lock held). */
-static struct event_set *set_of(nvmlEventSet_t set)
+/* The set of that kind a handle names, or NULL if it names none that is live (g_sets_lock held). */
+static struct event_set *set_of_kind(uint64_t h, unsigned system)
 {
-    uint64_t h = (uint64_t)(uintptr_t)set;
     unsigned slot = (unsigned)(h & 0xFFFF);
     uint32_t gen = (uint32_t)(h >> 16);
     if (h >> 48 != SET_TAG || slot >= SET_CHUNK * SET_CHUNKS || !(gen & 1))
         return NULL;
     struct event_set *chunk = g_set_chunks[slot / SET_CHUNK];
-    if (!chunk || chunk[slot % SET_CHUNK].gen != gen)
+    if (!chunk || chunk[slot % SET_CHUNK].gen != gen || chunk[slot % SET_CHUNK].system != system)
         return NULL;
     return &chunk[slot % SET_CHUNK];
 }
+
+static struct event_set *set_of(nvmlEventSet_t set) { return set_of_kind((uint64_t)(uintptr_t)set, 0); }
 
 /* A fork while another thread holds the lock would leave the child's copy locked forever. */
 static void sets_prepare(void) { pthread_mutex_lock(&g_sets_lock); }
 static void sets_release(void) { pthread_mutex_unlock(&g_sets_lock); }
 __attribute__((constructor)) static void sets_atfork(void) { pthread_atfork(sets_prepare, sets_release, sets_release); }
 
-nvmlReturn_t DECLDIR nvmlEventSetCreate(nvmlEventSet_t *set)
+static nvmlReturn_t set_create(unsigned system, uint64_t *handle)
 {
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    ARG(set);
     int saved = errno;
     nvmlReturn_t r = NVML_ERROR_MEMORY; /* every slot taken, or no memory for a new chunk */
     pthread_mutex_lock(&g_sets_lock);
@@ -76,10 +78,11 @@ nvmlReturn_t DECLDIR nvmlEventSetCreate(nvmlEventSet_t *set)
             if (es->gen & 1)
                 continue;
             es->gen++;
+            es->system = system;
             memset(es->mask, 0, sizeof(es->mask));
             /* Only events after creation: a new set does not replay history. */
             es->next = __atomic_load_n(&state()->event_head, __ATOMIC_ACQUIRE);
-            *set = (nvmlEventSet_t)(uintptr_t)(SET_TAG << 48 | (uint64_t)es->gen << 16 | (c * SET_CHUNK + i));
+            *handle = SET_TAG << 48 | (uint64_t)es->gen << 16 | (c * SET_CHUNK + i);
             r = NVML_SUCCESS;
             break;
         }
@@ -89,12 +92,22 @@ nvmlReturn_t DECLDIR nvmlEventSetCreate(nvmlEventSet_t *set)
     return r;
 }
 
-nvmlReturn_t DECLDIR nvmlEventSetFree(nvmlEventSet_t set)
+nvmlReturn_t DECLDIR nvmlEventSetCreate(nvmlEventSet_t *set)
 {
     if (!initialized())
         return NVML_ERROR_UNINITIALIZED;
+    ARG(set);
+    uint64_t h;
+    nvmlReturn_t r = set_create(0, &h);
+    if (r == NVML_SUCCESS)
+        *set = (nvmlEventSet_t)(uintptr_t)h;
+    return r;
+}
+
+static nvmlReturn_t set_free(uint64_t handle, unsigned system)
+{
     pthread_mutex_lock(&g_sets_lock);
-    struct event_set *es = set_of(set);
+    struct event_set *es = set_of_kind(handle, system);
     unsigned waiters = 0;
     if (es) {
         es->gen++;
@@ -109,6 +122,13 @@ nvmlReturn_t DECLDIR nvmlEventSetFree(nvmlEventSet_t set)
         errno = saved;
     }
     return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlEventSetFree(nvmlEventSet_t set)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    return set_free((uint64_t)(uintptr_t)set, 0);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes)
@@ -136,13 +156,14 @@ nvmlReturn_t DECLDIR nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long
     return r;
 }
 
-/* Take the next event for `set` if one is there. 1: *out filled; 0: nothing new; -1: the set
-   was freed. */
-static int take_event(const struct mokka_state *s, nvmlEventSet_t set, nvmlEventData_t *out)
+/* Take the next event for the set `handle` names if one is there, into *out (a device set) or
+   *sys_out (a system set). 1: filled; 0: nothing new; -1: the set was freed. */
+static int take_event(const struct mokka_state *s, uint64_t handle, unsigned system, nvmlEventData_t *out,
+                      nvmlSystemEventData_v1_t *sys_out)
 {
     int found = 0;
     pthread_mutex_lock(&g_sets_lock);
-    struct event_set *es = set_of(set);
+    struct event_set *es = set_of_kind(handle, system);
     if (!es) {
         pthread_mutex_unlock(&g_sets_lock);
         return -1;
@@ -168,7 +189,15 @@ static int take_event(const struct mokka_state *s, nvmlEventSet_t set, nvmlEvent
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         if (__atomic_load_n(&slot->seq, __ATOMIC_RELAXED) != n + 1 || e.gpu >= MOKKA_MAX_GPUS)
             continue; /* overwritten while read */
-        if (!(es->mask[e.gpu] & e.type))
+        if (system) {
+            if (!(e.type & MOKKA_EVENT_SYSTEM) || !(es->mask[0] & e.type & ~(uint64_t)MOKKA_EVENT_SYSTEM))
+                continue;
+            sys_out->eventType = e.type & ~(uint64_t)MOKKA_EVENT_SYSTEM;
+            sys_out->gpuId = e.data; /* the GPU's PCI location, as the daemon wrote it */
+            found = 1;
+            continue;
+        }
+        if ((e.type & MOKKA_EVENT_SYSTEM) || !(es->mask[e.gpu] & e.type))
             continue;
         out->device = gpu_handle(e.gpu);
         out->eventType = e.type;
@@ -189,14 +218,12 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+/* Wait up to timeoutms for the next event of the set `handle` names (see take_event). */
+static nvmlReturn_t wait_event(uint64_t handle, unsigned system, nvmlEventData_t *data,
+                               nvmlSystemEventData_v1_t *sys_data, unsigned int timeoutms)
 {
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    if (!data)
-        return NVML_ERROR_INVALID_ARGUMENT;
     pthread_mutex_lock(&g_sets_lock);
-    struct event_set *es = set_of(set); /* its memory is never freed: safe to count out below */
+    struct event_set *es = set_of_kind(handle, system); /* its memory is never freed: safe to count out below */
     if (es)
         es->waiters++;
     pthread_mutex_unlock(&g_sets_lock);
@@ -210,7 +237,7 @@ nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *da
            retires, and they carry on in its successor, whose counters continue the old ones. */
         const struct mokka_state *s = mokka_state_checked();
         uint32_t wake = __atomic_load_n(&s->event_wake, __ATOMIC_ACQUIRE);
-        int got = take_event(s, set, data);
+        int got = take_event(s, handle, system, data, sys_data);
         if (got != 0) {
             r = got > 0 ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT; /* < 0: freed meanwhile */
             break;
@@ -236,7 +263,81 @@ nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *da
     return r;
 }
 
+nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return wait_event((uint64_t)(uintptr_t)set, 0, data, NULL, timeoutms);
+}
+
 nvmlReturn_t DECLDIR nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
 {
     return nvmlEventSetWait_v2(set, data, timeoutms);
+}
+
+/* ---- system events: a GPU's driver bound or unbound (nvml.h's nvmlSystemEventType) ---------- */
+/* The daemon raises them for every GPU when the node's driver reloads (node/reset): an unbind,
+   then a bind (docs/nvml.md). gpuId is the GPU's PCI location, (domain << 16) | (bus << 8) | device. */
+
+nvmlReturn_t DECLDIR nvmlSystemEventSetCreate(nvmlSystemEventSetCreateRequest_t *request)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    VERSIONED_ARG(request, nvmlSystemEventSetCreateRequest_v1);
+    uint64_t h;
+    nvmlReturn_t r = set_create(1, &h);
+    if (r == NVML_SUCCESS)
+        request->set = (nvmlSystemEventSet_t)(uintptr_t)h;
+    return r;
+}
+
+nvmlReturn_t DECLDIR nvmlSystemEventSetFree(nvmlSystemEventSetFreeRequest_t *request)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    VERSIONED_ARG(request, nvmlSystemEventSetFreeRequest_v1);
+    return set_free((uint64_t)(uintptr_t)request->set, 1);
+}
+
+nvmlReturn_t DECLDIR nvmlSystemRegisterEvents(nvmlSystemRegisterEventRequest_t *request)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    VERSIONED_ARG(request, nvmlSystemRegisterEventRequest_v1);
+    nvmlReturn_t r = NVML_SUCCESS;
+    pthread_mutex_lock(&g_sets_lock);
+    struct event_set *es = set_of_kind((uint64_t)(uintptr_t)request->set, 1);
+    if (!es)
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    else if (request->eventTypes & ~(unsigned long long)SUPPORTED_SYSTEM_EVENTS)
+        r = NVML_ERROR_NOT_SUPPORTED; /* none of them registered, as nvml.h says */
+    else
+        es->mask[0] |= request->eventTypes;
+    pthread_mutex_unlock(&g_sets_lock);
+    return r;
+}
+
+/* Up to dataSize events, waiting up to timeoutms for the first (0: not at all); TIMEOUT when none
+   came. numEvent equal to dataSize means more may be waiting. */
+nvmlReturn_t DECLDIR nvmlSystemEventSetWait(nvmlSystemEventSetWaitRequest_t *request)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    VERSIONED_ARG(request, nvmlSystemEventSetWaitRequest_v1);
+    if (!request->data || !request->dataSize)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t h = (uint64_t)(uintptr_t)request->set;
+    request->numEvent = 0;
+    nvmlReturn_t r = wait_event(h, 1, NULL, &request->data[0], request->timeoutms);
+    if (r != NVML_SUCCESS)
+        return r;
+    unsigned n = 1;
+    int saved = errno;
+    while (n < request->dataSize && take_event(mokka_state_checked(), h, 1, NULL, &request->data[n]) > 0)
+        n++;
+    errno = saved;
+    request->numEvent = n;
+    return NVML_SUCCESS;
 }

@@ -111,33 +111,61 @@ static int handle_gpu(nvmlDevice_t device)
     return handle_resolve(device, &gpu, &mig) == HANDLE_GPU && gpu < gpu_count(state()) ? (int)gpu : -1;
 }
 
-/* (unsigned count, nvmlDevice_t *devices, nvmlReturn_t *results, ...): the reset of each
-   device, through the node's `reset idle` command (the controller, as our own nvidia-smi -r
-   sends it), each one's result in results[k]. The node refuses a GPU with a process on it:
-   IN_USE, as the driver refuses while a client holds the GPU (the tool then prints "GPU reset
-   unavailable: In use by another client"); the check is the model's (Node.validate), one place
-   for both tools, decided where the process table is. */
+/* (unsigned count, nvmlDevice_t *devices, nvmlReturn_t *results, ...): the reset of the devices,
+   together, through the node's `reset idle GPU,GPU,...` command (the controller, as our own
+   nvidia-smi -r sends it), each one's result in results[k]. The node refuses the whole set while
+   a process is on any of them (the one check, the model's: Node.validate), as the driver refuses
+   while a client holds a GPU: nothing is reset, the busy GPUs answer IN_USE, the others SUCCESS,
+   and the call UNKNOWN. That is what NVIDIA's nvidia-smi (470-550, tried) turns into the driver's
+   "The following GPUs could not be reset: ... In use by another client ... N device(s) ...
+   currently being used", exit 255; an IN_USE from the call itself would print "GPU reset
+   unavailable". A handle that names no GPU answers INVALID_ARGUMENT and is not sent. */
 static nvmlReturn_t entry_reset(unsigned int count, nvmlDevice_t *devices, nvmlReturn_t *results)
 {
     if (!initialized())
         return NVML_ERROR_UNINITIALIZED;
     if (count && !devices)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (count > MOKKA_MAX_GPUS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct mokka_state *s = state();
+    char line[32 + 3 * MOKKA_MAX_GPUS] = "node reset idle ";
+    size_t len = strlen(line);
+    int gpu_of[MOKKA_MAX_GPUS], named[MOKKA_MAX_GPUS] = {0}, sent = 0;
     nvmlReturn_t first = NVML_SUCCESS;
     for (unsigned int k = 0; k < count; k++) {
-        int i = handle_gpu(devices[k]);
-        nvmlReturn_t r = NVML_ERROR_INVALID_ARGUMENT;
-        if (i >= 0) {
-            char line[48];
-            snprintf(line, sizeof(line), "gpu=%d reset idle", i);
-            r = control_status(mokka_control(line, NULL, 0));
+        int i = gpu_of[k] = handle_gpu(devices[k]);
+        if (i < 0) {
+            first = NVML_ERROR_INVALID_ARGUMENT;
+            continue;
         }
-        if (results)
-            results[k] = r;
-        if (first == NVML_SUCCESS)
-            first = r;
+        if (named[i]++)
+            continue; /* the node resets a GPU once, however often it is asked */
+        len += (size_t)snprintf(line + len, sizeof(line) - len, "%s%d", sent++ ? "," : "", i);
     }
-    return first;
+    nvmlReturn_t r = sent ? control_status(mokka_control(line, NULL, 0)) : NVML_SUCCESS;
+    unsigned int busy = 0;
+    if (r == NVML_ERROR_IN_USE)
+        for (unsigned int k = 0; k < count; k++) {
+            uint32_t procs = 0;
+            if (gpu_of[k] >= 0)
+                SNAP(s, s->gpus[gpu_of[k]].process_count, procs);
+            busy += procs != 0;
+        }
+    for (unsigned int k = 0; k < count && results; k++) {
+        if (gpu_of[k] < 0)
+            results[k] = NVML_ERROR_INVALID_ARGUMENT;
+        else if (r != NVML_ERROR_IN_USE)
+            results[k] = r;
+        else { /* the busy ones; if the process left since the node refused, every one */
+            uint32_t procs = 0;
+            SNAP(s, s->gpus[gpu_of[k]].process_count, procs);
+            results[k] = procs || !busy ? NVML_ERROR_IN_USE : NVML_SUCCESS;
+        }
+    }
+    if (r == NVML_ERROR_IN_USE)
+        return NVML_ERROR_UNKNOWN;
+    return r != NVML_SUCCESS ? r : first;
 }
 
 /* ---- pmon: per-process utilization ------------------------------------------------------- */

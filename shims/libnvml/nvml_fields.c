@@ -226,10 +226,8 @@ static nvmlReturn_t counter_field(const struct mokka_gpu *cp, unsigned id, unsig
         *v = n;
         return NVML_SUCCESS;
     }
-    /* what the driver recommends after a fault: a GPU reset where the model needs one (226) */
-    case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
-        *v = c.needs_reset ? NVML_GPU_RECOVERY_ACTION_GPU_RESET : NVML_GPU_RECOVERY_ACTION_NONE;
-        return NVML_SUCCESS;
+    /* what the driver recommends after a fault: the model's recovery action (docs/faults.md) */
+    case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: *v = c.recovery_action; return NVML_SUCCESS;
     case NVML_FI_DEV_RETIRED_SBE: *v = c.retired_sbe; return c.has_row_remapper ? NVML_ERROR_NOT_SUPPORTED : NVML_SUCCESS;
     case NVML_FI_DEV_RETIRED_DBE: *v = c.retired_dbe; return c.has_row_remapper ? NVML_ERROR_NOT_SUPPORTED : NVML_SUCCESS;
     case NVML_FI_DEV_RETIRED_PENDING: *v = c.retired_pending; return c.has_row_remapper ? NVML_ERROR_NOT_SUPPORTED : NVML_SUCCESS;

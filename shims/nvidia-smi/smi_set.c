@@ -122,24 +122,50 @@ static void not_supported_warning(const char *what, const char *bus)
 static int set_failed(nvmlReturn_t r);
 
 /* -r: NVML has no public reset, so the tool asks the daemon, as the real one asks its driver:
-   the node's `reset idle` command for this GPU, through the control socket beside the state
-   file the loaded NVML reads (mokka_control.h). The node refuses a GPU with a process on it
-   (IN_USE), the one check NVML's reset entry meets too. */
-static int reset_gpu(const struct dev *d, const char *bus)
+   the node's `reset idle GPU,GPU,...` command for every selected GPU at once, through the control
+   socket beside the state file the loaded NVML reads (mokka_control.h). The node refuses the
+   whole set while a process is on any of them (IN_USE, the one check NVML's reset entry meets
+   too): nothing is reset, and the tool names the busy GPUs in the driver's words, exit 255
+   (docs/nvidia-smi.md: real runs, and NVIDIA's own binaries on our NVML). */
+static int reset_gpus(void)
 {
-    char line[64];
-    /* maps the node's state, which names the socket; the command names the node's index */
-    snprintf(line, sizeof(line), "gpu=%u reset idle", node_of(d->index));
+    char line[32 + 4 * 64] = "node reset idle ";
+    size_t len = strlen(line);
+    for (unsigned i = 0; i < g_ndevs && len < sizeof(line); i++)
+        len += (size_t)snprintf(line + len, sizeof(line) - len, "%s%u", i ? "," : "", node_of(g_devs[i].index));
     nvmlReturn_t r = mokka_ctl_nvml_error(mokka_control(line, NULL, 0));
-    if (r == NVML_ERROR_IN_USE) { /* the real tool's words, and no "Terminating early" line */
-        printf("GPU reset unavailable: %s\n", nvml_error(r));
-        return (int)r;
+    char bus[32];
+    if (r == NVML_ERROR_IN_USE) {
+        unsigned busy[64], n = 0;
+        for (unsigned i = 0; i < g_ndevs && n < 64; i++) {
+            unsigned cnt = 0;
+            nvmlReturn_t pr = NV(nvmlDeviceGetComputeRunningProcesses_v3, g_devs[i].h, &cnt, NULL);
+            if ((pr == NVML_SUCCESS || pr == NVML_ERROR_INSUFFICIENT_SIZE) && cnt)
+                busy[n++] = i;
+        }
+        if (!n) /* the process left since the node refused: every GPU it was asked for */
+            for (unsigned i = 0; i < g_ndevs && n < 64; i++)
+                busy[n++] = i;
+        printf("The following GPUs could not be reset:\n");
+        for (unsigned k = 0; k < n; k++) {
+            set_bus_id(&g_devs[busy[k]], bus, sizeof(bus));
+            printf("  GPU %s: %s\n", bus, nvml_error(r));
+        }
+        printf("\n%u %s currently being used by one or more other processes (e.g., Fabric Manager, CUDA application, "
+               "graphics application such as an X server, or a monitoring application such as another instance of "
+               "nvidia-smi). Please first kill all processes using %s and all compute applications running in the "
+               "system.\n", n, n == 1 ? "device is" : "devices are", n == 1 ? "this device" : "these devices");
+        return EXIT_OTHER;
     }
     if (r != NVML_SUCCESS) {
+        set_bus_id(&g_devs[0], bus, sizeof(bus));
         printf("Unable to reset GPU %s: %s\n", bus, nvml_error(r));
         return set_failed(r);
     }
-    printf("GPU %s was successfully reset.\n", bus);
+    for (unsigned i = 0; i < g_ndevs; i++) {
+        set_bus_id(&g_devs[i], bus, sizeof(bus));
+        printf("GPU %s was successfully reset.\n", bus);
+    }
     return 0;
 }
 
@@ -317,8 +343,6 @@ static int set_one(const struct set_cmd *c, const struct dev *d)
         }
         printf("GPU operation mode set for GPU %s.\n", bus);
         return 0;
-    case SET_RESET:
-        return reset_gpu(d, bus);
     default:
         return 0;
     }
@@ -330,6 +354,16 @@ int cmd_set(const struct set_cmd *c)
         if (g_devs[i].err != NVML_SUCCESS) {
             print_handle_error(&g_devs[i]);
             return set_failed(g_devs[i].err);
+        }
+        if (c->kind == SET_RESET) { /* every selected GPU at once, after each one's handle */
+            if (i + 1 < g_ndevs)
+                continue;
+            int rc = reset_gpus();
+            if (rc) {
+                fflush(stdout);
+                return rc;
+            }
+            break;
         }
         int rc = set_one(c, &g_devs[i]);
         if (rc) {

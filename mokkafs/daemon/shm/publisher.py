@@ -21,6 +21,7 @@ from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS
 from mokkafs.model.mig import ci_span
 from mokkafs.model.dynamics import Readings
 from mokkafs.model.nvml_consts import NVLINK_DEVICE_TYPES
+from mokkafs.model.xid import RecoveryAction
 from mokkafs.daemon.shm.layout import (
     ACCOUNTING_RECORDS,
     MAGIC,
@@ -205,6 +206,7 @@ def fill_dynamic(g, node: Node, i: int, now: float) -> None:
         nl.errors = [errs[c] for c in NVLINK_COUNTERS] if errs else [0] * len(NVLINK_COUNTERS)
     g.lost = int(st.lost)
     g.needs_reset = int(st.needs_reset)
+    g.recovery_action = int(RecoveryAction.from_spelling(st.recovery_action))
     g.last_xid = st.last_xid or 0
     g.mem_used_pinned = int("memory_used" in st.pins)
     procs = node.processes[i][:MAX_GPU_PROCS]
