@@ -434,6 +434,9 @@ def with_driver_root_alone(driver: Path, hide: Path, cmd: list[str]) -> list[str
             str(hide / "a-state" / "node.sock"), *cmd]
 
 
+POD_SMI = "/run/driver-root/usr/bin/nvidia-smi"
+
+
 def test_a_pod_given_the_driver_root_alone_finds_the_node(node_factory, tmp_path):
     """The device plugin's pod mounts the host's driver root and loads our libnvidia-ml.so.1 from
     it, with no MOKKA_STATE and no state directory: a link to the node's socket would dangle
@@ -447,7 +450,7 @@ def test_a_pod_given_the_driver_root_alone_finds_the_node(node_factory, tmp_path
 
     def pod_sees_the_node() -> None:
         assert _py(with_driver_root_alone(a.mnt / "driver", tmp_path, []), env, NVML_NODE) == names
-        smi = subprocess.run(with_driver_root_alone(a.mnt / "driver", tmp_path, ["/run/driver-root/usr/bin/nvidia-smi", "-L"]),
+        smi = subprocess.run(with_driver_root_alone(a.mnt / "driver", tmp_path, [POD_SMI, "-L"]),
                              env=bare_env(), capture_output=True, text=True, timeout=60)
         assert smi.stdout.count("GPU ") == 2, smi.stdout + smi.stderr
 
