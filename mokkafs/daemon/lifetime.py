@@ -275,6 +275,8 @@ async def _bind_node_socket(stack: contextlib.ExitStack, node_socket: NodeSocket
     NodeSocket binds a new one; unbound at teardown before the FUSE unmount (`stack` is LIFO).
     The mount must serve already: the bind looks its target up in the mount, from a worker
     thread (the loop serves that lookup meanwhile)."""
+    if not node_socket.path.is_socket():
+        return  # it could not listen and said so; the daemon runs on, the placeholder refuses callers
     bind = SocketBind(node_socket.path, target)
     stack.callback(bind.unbind)
     try:
