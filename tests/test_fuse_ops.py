@@ -138,3 +138,24 @@ async def test_an_internal_error_is_eio_not_a_dead_daemon(ops, expect_log, monke
     with pytest.raises(pyfuse3.FUSEError) as err:
         await ops.open(inode, os.O_RDONLY, None)
     assert err.value.errno == errno.EIO
+
+
+@pytest.mark.parametrize("bind", [True, False])
+async def test_the_persistenced_socket_is_a_placeholder_where_the_daemon_binds_else_a_link(bind):
+    """A daemon that binds the node's socket over driver/run/nvidia-persistenced/socket shows a
+    socket there (srw-rw-rw-, never opened: the bind covers it); one that cannot, a link to it."""
+    clock = Clock()
+    config = compose(load_profile("h100"), gpus=1, hostname="ops")
+    tree = Tree(root(config, state_dir="/run/st", bind_node_socket=bind))
+    ops = MokkaOperations(tree, Controller(Node(config, clock()), None, clock), clock)
+    inode = await walk(ops, "driver/run/nvidia-persistenced/socket")
+    mode = (await ops.getattr(inode, None)).st_mode
+    if bind:
+        assert stat.S_ISSOCK(mode) and mode & 0o777 == 0o666
+        with pytest.raises(pyfuse3.FUSEError) as err:
+            await ops.open(inode, os.O_RDWR, ROOT)
+        assert err.value.errno == errno.ENXIO
+    else:
+        assert stat.S_ISLNK(mode)
+        assert await ops.readlink(inode, None) == b"/run/st/node.sock"
+    assert await ops.readlink(await walk(ops, "driver/run/mokka"), None) == b"/run/st"

@@ -19,6 +19,17 @@ from mokkafs.daemon.paths import DEAD_MOUNT_ERRNOS
 pytestmark = pytest.mark.level("mount")
 
 
+def mounts_at_or_under(mnt: Path) -> list[str]:
+    """The mount points of this namespace at `mnt` or below it (the FUSE mount, the node's socket
+    a root daemon binds into its driver root)."""
+    with open("/proc/self/mounts") as f:
+        points = [line.split()[1] for line in f]
+    return [p for p in points if p == str(mnt) or p.startswith(f"{mnt}/")]
+
+
+SOCKET_BIND = "driver/run/nvidia-persistenced/socket"
+
+
 def sh(script: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, **kw)
 
@@ -126,6 +137,7 @@ def test_sigterm_unmounts_cleanly(mounted: MountedNode):
         time.sleep(0.01)
     assert not _alive(pid)
     assert not is_mounted(str(mounted.mnt))  # unmounted by the daemon itself, not left dead
+    assert mounts_at_or_under(mounted.mnt) == []  # the node's socket bound below it too
     assert os.listdir(mounted.mnt) == []
 
 
@@ -139,7 +151,10 @@ def test_kill_9_then_remount_clears_the_stale_mount_and_restores_state(node_fact
     with pytest.raises(OSError) as err:
         os.stat(node.mnt / "node")
     assert err.value.errno in DEAD_MOUNT_ERRNOS
+    assert mounts_at_or_under(node.mnt) == [str(node.mnt), str(node.mnt / SOCKET_BIND)]
     node.mount()
+    # The dead daemon's mount went with the socket bound below it; the new daemon bound its own.
+    assert mounts_at_or_under(node.mnt) == [str(node.mnt), str(node.mnt / SOCKET_BIND)]
     assert node.read("gpu1/lost") == "1\n"
     assert "volatile sbe l2 12" in node.read("gpu2/inject_ecc")
     assert node.read("gpu3/temperature") == "91\n"
@@ -320,3 +335,14 @@ def test_the_event_log_reports_its_real_size_so_tail_shows_the_last_line(mounted
     assert last == text.splitlines(keepends=True)[-1]
     gpu3 = mounted.read("gpu3/events")
     assert (mounted.mnt / "gpu3/events").stat().st_size == len(gpu3.encode())
+
+
+def test_umount_after_kill_9_clears_the_mount_and_the_socket_bound_in_it(node_factory):
+    """`mokka umount` of a dead daemon's mount detaches the socket bound in its driver root too:
+    nothing of the node stays mounted, and the mount point is a plain directory again."""
+    node = node_factory(gpus=1)
+    assert mounts_at_or_under(node.mnt) == [str(node.mnt), str(node.mnt / SOCKET_BIND)]
+    node.kill9()
+    node.umount()
+    assert mounts_at_or_under(node.mnt) == []
+    assert os.listdir(node.mnt) == []

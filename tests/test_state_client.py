@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import socket
 import sys
@@ -392,14 +393,21 @@ def with_socket_at_persistenced(sock: Path, cmd: list[str]) -> list[str]:
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(sock), *cmd]
 
 
+def the_node_socket_is_bound_at(link: Path, node_sock: Path) -> bool:
+    """Whether `link` is the node's socket itself (a root daemon binds it there), not a link."""
+    got, want = os.lstat(link), os.stat(node_sock)
+    return stat.S_ISSOCK(got.st_mode) and (got.st_dev, got.st_ino) == (want.st_dev, want.st_ino)
+
+
 def test_a_library_outside_any_tree_finds_the_node_through_the_persistenced_socket(node_factory, tmp_path):
     """What NVIDIA's CDI spec mounts from a driver root, run/nvidia-persistenced/socket, is in a
-    mount's driver root a link to the node's socket, which hands over the state file; a socket
-    that answers nothing (a real nvidia-persistenced's) is no node, within a bounded wait."""
+    root mount's driver root the node's socket itself (bound there), which hands over the state
+    file; a socket that answers nothing (a real nvidia-persistenced's) is no node, within a
+    bounded wait."""
     pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
     a = node_factory(profile="h100", gpus=2, name="a")
     link = a.mnt / "driver/run/nvidia-persistenced/socket"
-    assert os.readlink(link) == str(a.state_dir / "node.sock")
+    assert the_node_socket_is_bound_at(link, a.state_dir / "node.sock")
     env = bare_env(LD_LIBRARY_PATH=str(native.LIB_DIR))
     assert _py(with_socket_at_persistenced(link, []), env, NVML_NODE) == [load_profile("h100").product_name] * 2
     smi = subprocess.run(with_socket_at_persistenced(link, [str(native.LIB_DIR.parent / "bin" / "nvidia-smi"), "-L"]),
@@ -413,3 +421,47 @@ def test_a_library_outside_any_tree_finds_the_node_through_the_persistenced_sock
         t0 = time.monotonic()
         assert _py(with_socket_at_persistenced(tmp_path / "silent.sock", []), env, NVML_NO_NODE) == "Driver Not Loaded"
         assert time.monotonic() - t0 < 10
+
+
+def with_driver_root_alone(driver: Path, hide: Path, cmd: list[str]) -> list[str]:
+    """`cmd` in a private mount namespace that has `driver` bound (recursively, as a runtime binds
+    a hostPath) at /run/driver-root, `hide` (what holds the state directory) covered by an empty
+    tmpfs, and nothing else in /run: a pod given the host's driver root alone, as NVIDIA's
+    device plugin chart gives it at /driver-root."""
+    script = ('mount -t tmpfs none /run && mkdir /run/driver-root && mount --rbind "$1" /run/driver-root'
+              ' && mount -t tmpfs none "$2" && ! test -e "$3" && shift 3 && exec "$@"')
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(driver), str(hide),
+            str(hide / "a-state" / "node.sock"), *cmd]
+
+
+POD_SMI = "/run/driver-root/usr/bin/nvidia-smi"
+
+
+def test_a_pod_given_the_driver_root_alone_finds_the_node(node_factory, tmp_path):
+    """The device plugin's pod mounts the host's driver root and loads our libnvidia-ml.so.1 from
+    it, with no MOKKA_STATE and no state directory: a link to the node's socket would dangle
+    there, the socket bound over the name does not. Bound again when someone removes the
+    socket, and gone with the mount."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    a = node_factory(profile="h100", gpus=2, name="a")
+    a.expect_warning("was removed or replaced; binding it again")
+    env = bare_env(LD_LIBRARY_PATH="/run/driver-root/usr/lib64")
+    names = [load_profile("h100").product_name] * 2
+
+    def pod_sees_the_node() -> None:
+        assert _py(with_driver_root_alone(a.mnt / "driver", tmp_path, []), env, NVML_NODE) == names
+        smi = subprocess.run(with_driver_root_alone(a.mnt / "driver", tmp_path, [POD_SMI, "-L"]),
+                             env=bare_env(), capture_output=True, text=True, timeout=60)
+        assert smi.stdout.count("GPU ") == 2, smi.stdout + smi.stderr
+
+    pod_sees_the_node()
+    link, node_sock = a.mnt / "driver/run/nvidia-persistenced/socket", a.state_dir / "node.sock"
+    node_sock.unlink()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (node_sock.exists() and the_node_socket_is_bound_at(link, node_sock)):
+        time.sleep(0.05)
+    assert the_node_socket_is_bound_at(link, node_sock)
+    pod_sees_the_node()
+    a.umount()
+    with open("/proc/self/mounts") as f:
+        assert not [line for line in f if f" {a.mnt}/" in line or f" {a.mnt} " in line]

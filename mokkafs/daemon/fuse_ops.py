@@ -22,7 +22,7 @@ from mokkafs.daemon.caller import supplementary_groups
 from mokkafs.daemon.controller import Controller
 from mokkafs.model import InvalidCommand
 from mokkafs.daemon.ratelimit import RateLimiter, RefusalLog, Summary
-from mokkafs.render.vfs import CharDev, Ctx, Dir, Entry, File, Symlink, Tree, file_type
+from mokkafs.render.vfs import CharDev, Ctx, Dir, Entry, File, SocketPlaceholder, Symlink, Tree, file_type
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,8 @@ class MokkaOperations(pyfuse3.Operations):
         elif isinstance(entry, CharDev):
             attr.st_mode = kind | entry.mode
             attr.st_rdev = os.makedev(entry.major, entry.minor)
+        elif isinstance(entry, SocketPlaceholder):
+            attr.st_mode = kind | entry.mode
         attr.st_nlink = attr.st_nlink or 1
         attr.st_uid = 0
         attr.st_blksize = 4096

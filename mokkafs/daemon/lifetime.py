@@ -36,6 +36,8 @@ from mokkafs.daemon.scenario_runner import ScenarioRunner
 from mokkafs.daemon.shm.layout import state_path
 from mokkafs.daemon.shm.proctable import ProcessTable, procs_path
 from mokkafs.daemon.shm.publisher import TICK_S, Publisher
+from mokkafs.daemon.socket_bind import SocketBind, may_bind
+from mokkafs.render.driver import PERSISTENCED_SOCKET
 from mokkafs.render.vfs import Tree
 
 log = logging.getLogger(__name__)
@@ -99,9 +101,11 @@ def node_config(opts: Options) -> NodeConfig:
 
 
 def build(
-    opts: Options, clock: Callable[[], float], scenario_status: Callable[[float], str] | None = None
+    opts: Options, clock: Callable[[], float], scenario_status: Callable[[float], str] | None = None,
+    bind_node_socket: bool = False,
 ) -> tuple[Controller, Tree, bool]:
-    """The node, its restored state and its tree; no mounting. Raises ProfileError/StateError."""
+    """The node, its restored state and its tree; no mounting. Raises ProfileError/StateError.
+    `bind_node_socket`: the daemon will bind the node's socket into the driver root."""
     config = opts.config if opts.config is not None else node_config(opts)
     node = Node(config, clock())
     state = StateDir(Path(opts.state_dir))
@@ -109,7 +113,7 @@ def build(
     controller = Controller(node, state, clock)
     shown = opts.host_state_dir or os.path.abspath(opts.state_dir)
     tree = Tree(root(config, state_dir=shown, scenario_status=scenario_status,
-                     host_modules=HostModules()))
+                     host_modules=HostModules(), bind_node_socket=bind_node_socket))
     return controller, tree, restored
 
 
@@ -194,6 +198,7 @@ class Daemon:
     control: ControlSocket
     metrics: tuple[str, int] | None = None  # where /metrics is served
     scenarios: ScenarioRunner | None = None
+    node_socket: NodeSocket | None = None
 
 
 async def start(
@@ -202,13 +207,15 @@ async def start(
     stack: contextlib.ExitStack,
     nursery: trio.Nursery,
     mount: Callable[[MokkaOperations], None] | None = None,
+    bind_node_socket: bool = False,
 ) -> Daemon:
     """Build the node and start every service of the daemon on `clock`, in order: the state
     file and the process table before the mount (a consumer that finds the tree must find
     them), `mount(ops)` (the kernel's; None to call the operations directly), then what serves
-    the mounted node. Teardown goes on `stack`, tasks into `nursery`."""
+    the mounted node. Teardown goes on `stack`, tasks into `nursery`. `bind_node_socket`: the
+    tree has a socket placeholder where the caller binds the node's socket once the mount serves."""
     scenarios = ScenarioRunner(clock)
-    controller, tree, restored = build(opts, clock, scenarios.status)
+    controller, tree, restored = build(opts, clock, scenarios.status, bind_node_socket)
     scenarios.attach(controller)
     node = controller.node
     # The publisher hears of each event first: a waiter in nvmlEventSetWait wakes before the
@@ -237,8 +244,9 @@ async def start(
     stack.callback(control.flush_refusals, True)
     await nursery.start(control.serve)
     # A container made from NVIDIA's CDI spec reaches the node through the driver root's
-    # run/nvidia-persistenced/socket, which links here (docs/containers.md).
-    await nursery.start(NodeSocket(node_socket_path(opts.state_dir), state_path(opts.state_dir), clock).serve)
+    # run/nvidia-persistenced/socket, which is this socket or links here (docs/containers.md).
+    node_socket = NodeSocket(node_socket_path(opts.state_dir), state_path(opts.state_dir), clock)
+    await nursery.start(node_socket.serve)
     if mount is not None:
         mount(ops)
 
@@ -258,7 +266,32 @@ async def start(
     nursery.start_soon(_flush_refusals, ops, clock)
     # Last: a scenario left running by a previous daemon resumes on a node that serves.
     await nursery.start(scenarios.run)
-    return Daemon(controller, tree, restored, clock, publisher, procs, ops, mirror, control, bound, scenarios)
+    return Daemon(controller, tree, restored, clock, publisher, procs, ops, mirror, control, bound, scenarios,
+                  node_socket)
+
+
+async def _bind_node_socket(stack: contextlib.ExitStack, node_socket: NodeSocket, target: Path) -> None:
+    """Bind the node's socket over the driver root's placeholder, and again whenever the
+    NodeSocket binds a new one; unbound at teardown before the FUSE unmount (`stack` is LIFO).
+    The mount must serve already: the bind looks its target up in the mount, from a worker
+    thread (the loop serves that lookup meanwhile)."""
+    if not node_socket.path.is_socket():
+        return  # it could not listen and said so; the daemon runs on, the placeholder refuses callers
+    bind = SocketBind(node_socket.path, target)
+    stack.callback(bind.unbind)
+    try:
+        await trio.to_thread.run_sync(bind.bind, abandon_on_cancel=True)
+    except OSError as e:
+        raise RuntimeError(f"{target}: cannot bind the node's socket there ({e}); a pod given the driver "
+                           "root alone would find no node") from None
+
+    async def rebound() -> None:
+        try:
+            await trio.to_thread.run_sync(bind.bind, abandon_on_cancel=True)
+        except OSError as e:
+            log.warning("%s: %s; pods given the driver root alone find no node", target, e)
+
+    node_socket.rebound = rebound
 
 
 async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED, clock: Clock | None = None) -> None:
@@ -282,8 +315,16 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED, clock: Cloc
             pidf.write_text(f"{os.getpid()}\n")
             stack.callback(lambda: pidf.unlink(missing_ok=True))
 
+        # Root binds the node's socket into the driver root (mokkafs/daemon/socket_bind.py).
+        binds = may_bind()
+        sock_target = Path(os.path.abspath(mountpoint), "driver", PERSISTENCED_SOCKET)
+
+        async def serve_fuse(done: trio.CancelScope) -> None:
+            await pyfuse3.main()
+            done.cancel()
+
         async with trio.open_nursery() as nursery:
-            daemon = await start(opts, clock, stack, nursery, mount)
+            daemon = await start(opts, clock, stack, nursery, mount, bind_node_socket=binds)
             nursery.start_soon(_watch_signals)
             nursery.start_soon(_freeze_start_up, daemon.mirror)
             node = daemon.controller.node
@@ -296,6 +337,8 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED, clock: Cloc
                 opts.state_dir,
                 " (restored)" if daemon.restored else "",
             )
+            nursery.start_soon(serve_fuse, nursery.cancel_scope)
+            if binds:
+                # Before "ready": a consumer started right after finds the socket.
+                await _bind_node_socket(stack, daemon.node_socket, sock_target)
             task_status.started()
-            await pyfuse3.main()
-            nursery.cancel_scope.cancel()

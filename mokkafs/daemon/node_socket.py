@@ -1,6 +1,7 @@
 """The node's socket: how a shim in a container built from NVIDIA's own CDI spec finds the node.
 The spec mounts the driver root's `run/nvidia-persistenced/socket` at
-`/run/nvidia-persistenced/socket`; in a mount's driver root that name links to this socket, and
+`/run/nvidia-persistenced/socket`; in a mount's driver root that name is this socket (bound there
+by a daemon that may mount, mokkafs/daemon/socket_bind.py) or links to it, and
 each connection is answered with one byte and a read-only descriptor of the state file
 (SCM_RIGHTS), which the shim maps: its reads stay plain loads (docs/containers.md)."""
 from __future__ import annotations
@@ -9,6 +10,7 @@ import array
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -29,10 +31,18 @@ class NodeSocket:
 
     def __init__(self, path: Path, state: Path, clock: Clock) -> None:
         self.path, self.state, self.clock = path, state, clock
+        # Run after the socket is bound again (someone removed it): what was bound over the
+        # driver root's name holds the old one.
+        self.rebound: Callable[[], Awaitable[None]] | None = None
 
     async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await serve_unix(self.path, self._connection, self.clock,
-                         "containers made from NVIDIA's CDI specs find no node", task_status=task_status)
+                         "containers made from NVIDIA's CDI specs find no node", on_rebound=self._rebound,
+                         task_status=task_status)
+
+    async def _rebound(self) -> None:
+        if self.rebound is not None:
+            await self.rebound()
 
     async def _connection(self, conn) -> None:
         with conn:

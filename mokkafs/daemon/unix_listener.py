@@ -25,12 +25,14 @@ async def serve_unix(
     clock: Clock,
     without: str,
     on_idle: Callable[[], None] | None = None,
+    on_rebound: Callable[[], Awaitable[None]] | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Keep `path` bound (one removed or replaced is bound again within RECHECK_S) and run
     `on_connection(conn)` in a task of its own for each caller. Reports started once bound, or
     once binding failed: then it logs one line saying what the daemon goes `without` and returns,
-    and the daemon runs on. `on_idle` runs after each quiet RECHECK_S."""
+    and the daemon runs on. `on_idle` runs after each quiet RECHECK_S, `on_rebound` after each
+    bind but the first."""
     started = False
     accept_error: str | None = None
     async with trio.open_nursery() as nursery:
@@ -52,6 +54,8 @@ async def serve_unix(
                 if not started:
                     task_status.started()
                     started = True
+                elif on_rebound is not None:
+                    await on_rebound()
                 while True:
                     conn = None
                     with trio.move_on_after(RECHECK_S):

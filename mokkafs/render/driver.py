@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mokkafs.render import native
 from mokkafs.model import NodeConfig
-from mokkafs.render.vfs import Dir, Entry, File, Symlink, static_dir
+from mokkafs.render.vfs import Dir, Entry, File, SocketPlaceholder, Symlink, static_dir
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +53,14 @@ def lib64_children(config: NodeConfig) -> dict[str, Entry]:
 
 # The node's socket in the state directory (mokkafs/daemon/node_socket.py serves it).
 NODE_SOCKET = "node.sock"
+# Where the driver root has nvidia-persistenced's socket, and NVIDIA's CDI specs look for it.
+PERSISTENCED_SOCKET = "run/nvidia-persistenced/socket"
 
 
-def driver_tree(config: NodeConfig, dev: Dir, proc: Dir | None = None, state_dir: str | None = None) -> Dir:
+def driver_tree(config: NodeConfig, dev: Dir, proc: Dir | None = None, state_dir: str | None = None,
+                bind_node_socket: bool = False) -> Dir:
+    """`bind_node_socket`: the daemon binds the node's socket over run/nvidia-persistenced/socket
+    (mokkafs/daemon/socket_bind.py), so the name is a socket placeholder here; else a link."""
     lib64 = static_dir(lib64_children(config))
     # usr/bin/nvidia-smi: the native tool setup.py builds beside the libraries (shims/nvidia-smi)
     smi = _built(native.LIB_DIR.parent / "bin" / "nvidia-smi")
@@ -72,7 +77,10 @@ def driver_tree(config: NodeConfig, dev: Dir, proc: Dir | None = None, state_dir
         # state directory at /run/mokka does; so a shim reads the node of the tree it came from.
         # run/nvidia-persistenced/socket: the node's socket (mokkafs/daemon/node_socket.py), which
         # NVIDIA's CDI specs mount at /run/nvidia-persistenced/socket; a shim in such a
-        # container gets the state file's descriptor there.
-        persistenced = static_dir({"socket": Symlink(f"{state_dir}/{NODE_SOCKET}")})
+        # container gets the state file's descriptor there. A daemon that may mount binds the
+        # socket itself over the name, which then survives a bind of the driver root alone (a
+        # pod's hostPath); an unprivileged one leaves a link to it (docs/containers.md).
+        sock: Entry = SocketPlaceholder() if bind_node_socket else Symlink(f"{state_dir}/{NODE_SOCKET}")
+        persistenced = static_dir({"socket": sock})
         children["run"] = static_dir({"mokka": Symlink(state_dir), "nvidia-persistenced": persistenced})
     return static_dir(children)

@@ -36,9 +36,12 @@ def root(
     state_dir: str | None = None,
     scenario_status: Callable[[float], str] | None = None,
     host_modules: Callable[[], str] = _no_host_modules,
+    bind_node_socket: bool = False,
 ) -> Dir:
     """`host_modules` gives the host's /proc/modules at each open of proc/modules (the daemon
-    passes mokkafs.daemon.host_modules.HostModules(); without it the list is the driver's modules alone)."""
+    passes mokkafs.daemon.host_modules.HostModules(); without it the list is the driver's modules alone).
+    `bind_node_socket`: the daemon binds the node's socket over driver/run/nvidia-persistenced/socket
+    (render/driver.py)."""
     top: dict[str, Entry] = dict(control_tree(config.gpus, scenario_status))
     if state_dir is not None:
         # `mokka run` reads this to point MOKKA_STATE at the daemon's shared state file.
@@ -51,5 +54,5 @@ def root(
     top["dev"] = dev_tree(config, layout)
     if config.hcas:
         top["ib"] = infiniband.control_dir(config)
-    top["driver"] = driver_tree(config, top["dev"], top["proc"], state_dir)
+    top["driver"] = driver_tree(config, top["dev"], top["proc"], state_dir, bind_node_socket)
     return static_dir(top)

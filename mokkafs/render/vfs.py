@@ -67,6 +67,15 @@ class CharDev(Entry):
     mode: int = 0o666
 
 
+@dataclass(frozen=True, eq=False)
+class SocketPlaceholder(Entry):
+    """A unix socket's name with no listener of its own: the daemon binds a real socket over it
+    (mount --bind) once the mount serves, so that the name is that socket in any bind of a
+    directory above it, where a symlink to an absolute host path would dangle."""
+
+    mode: int = 0o666
+
+
 def static_dir(children: Mapping[str, Entry], mode: int = 0o555) -> Dir:
     """A directory whose children never change."""
     frozen = dict(children)
@@ -90,6 +99,8 @@ def file_type(entry: Entry) -> int:
         return stat.S_IFLNK
     if isinstance(entry, CharDev):
         return stat.S_IFCHR
+    if isinstance(entry, SocketPlaceholder):
+        return stat.S_IFSOCK
     return stat.S_IFREG
 
 
