@@ -7,8 +7,9 @@ In order, as a user meets them (each step's failure names the step):
      8 x H100 node on the host, with its CDI spec;
   3. NVIDIA's device plugin, as its chart renders it in CDI mode, makes nvidia.com/gpu: 8
      allocatable;
-  4. a pod asking for one GPU runs and its nvidia-smi lists exactly that GPU;
-  5. a ResourceClaim of class gpu.nvidia.com (NVIDIA's DRA driver) gets one GPU, seen in the pod;
+  4. a pod asking for one GPU runs and sees exactly that GPU (nvidia-smi, NVML, CUDA), with a
+     temperature pinned on the host showing inside;
+  5. a ResourceClaim of class gpu.nvidia.com (NVIDIA's DRA driver) gets one GPU, seen the same way;
   6. `kubectl annotate node ... mokkafs.io/inject='gpu=3 xid=79'` makes allocatable 7, the DRA
      driver taints gpu-3 and MokkaGPUHealthy turns False, with an Event; `node reset=1` brings
      the condition back, and allocatable 8 once the device plugin restarts (it never marks a
@@ -18,6 +19,7 @@ In order, as a user meets them (each step's failure names the step):
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -35,6 +37,23 @@ CLUSTER_DIR = Path("/var/lib/mokka-cluster-test")
 MOUNT = Path("/var/lib/mokkafs/root")
 GPU = "nvidia.com/gpu"
 FIXTURES = REPO / "tests" / "fixtures" / "cluster"
+
+# What a workload asks of the GPU it was given, through the shims the CDI spec brought (the same
+# entry points pynvml and cuda-python call): one JSON line.
+PROBE = """\
+import ctypes, json
+nv = ctypes.CDLL("libnvidia-ml.so.1")
+out = {"nvmlInit": nv.nvmlInit_v2()}
+n = ctypes.c_uint(); nv.nvmlDeviceGetCount_v2(ctypes.byref(n)); out["nvml_count"] = n.value
+h = ctypes.c_void_p(); nv.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h))
+buf = ctypes.create_string_buffer(96); nv.nvmlDeviceGetUUID(h, buf, 96); out["uuid"] = buf.value.decode()
+m = ctypes.c_uint(); nv.nvmlDeviceGetMinorNumber(h, ctypes.byref(m)); out["minor"] = m.value
+t = ctypes.c_uint(); out["temperature_rc"] = nv.nvmlDeviceGetTemperature(h, 0, ctypes.byref(t))
+out["temperature"] = t.value
+cu = ctypes.CDLL("libcuda.so.1"); out["cuInit"] = cu.cuInit(0)
+c = ctypes.c_int(); cu.cuDeviceGetCount(ctypes.byref(c)); out["cuda_count"] = c.value
+print(json.dumps(out))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -119,28 +138,61 @@ def test_the_device_plugin_advertises_eight_gpus(cluster, device_plugin):
                                               check=False).stdout[-3000:])
 
 
-def _gpu_pod(cluster: Cluster, name: str, command: list[str]) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-            "spec": {"restartPolicy": "Never",
-                     "containers": [{"name": name, "image": cluster.images["debian"], "imagePullPolicy": "Never",
-                                     "command": command, "resources": {"limits": {GPU: "1"}}}]}}
+def _workload(cluster: Cluster, name: str, **gpus) -> list[dict]:
+    """A pod that lists its GPUs with nvidia-smi, probes NVML and CUDA, then waits to be asked again
+    (kubectl exec); `gpus` are its container's resources (limits or claims) and pod-level claims."""
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-probe", "namespace": "default"},
+          "data": {"probe.py": PROBE}}
+    container = {"name": name, "image": cluster.images["debian"], "imagePullPolicy": "Never",
+                 "command": ["sh", "-c", "nvidia-smi -L && python3 /probe/probe.py && exec sleep 600"],
+                 "resources": gpus["resources"], "volumeMounts": [{"name": "probe", "mountPath": "/probe"}]}
+    spec = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [container],
+            "volumes": [{"name": "probe", "configMap": {"name": f"{name}-probe"}}]}
+    if "claims" in gpus:
+        spec["resourceClaims"] = gpus["claims"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": spec}
+    return [cm, pod]
+
+
+def _sees_exactly(cluster: Cluster, name: str, uuid: str | None = None) -> dict:
+    """The running workload `name` sees one GPU (nvidia-smi, NVML, CUDA), the node's GPU of that
+    minor and UUID; a temperature pinned on the host shows inside at once (NVML, nvidia-smi)."""
+    cluster.wait_pod(name, "Running", timeout=150)
+    lines = cluster.step(f"{name}'s nvidia-smi and probe output", lambda: (
+        out := cluster.logs(name).strip().splitlines()) and len(out) >= 2 and out, timeout=60)
+    m = re.fullmatch(r"GPU 0: NVIDIA H100 80GB HBM3 \(UUID: (GPU-[0-9a-f-]+)\)", lines[0])
+    assert m and len(lines) == 2, lines
+    seen = json.loads(lines[1])
+    node_uuids = [re.search(r"^uuid: (\S+)$", (MOUNT / f"gpu{i}" / "info").read_text(), re.M).group(1)
+                  for i in range(8)]
+    assert seen["nvmlInit"] == 0 and seen["nvml_count"] == 1 and seen["cuInit"] == 0 and seen["cuda_count"] == 1, seen
+    assert seen["uuid"] == m.group(1) == node_uuids[seen["minor"]], (seen, node_uuids)
+    if uuid is not None:
+        assert seen["uuid"] == uuid
+    gpu = MOUNT / f"gpu{seen['minor']}"
+
+    def probe() -> dict:
+        return json.loads(cluster.kubectl("exec", name, "--", "python3", "/probe/probe.py").stdout)
+
+    (gpu / "temperature").write_text("91\n")
+    try:
+        assert probe()["temperature"] == 91
+        smi = cluster.kubectl("exec", name, "--", "nvidia-smi", "--query-gpu=index,temperature.gpu",
+                              "--format=csv,noheader").stdout.split()
+        assert smi == ["0,", "91"], smi
+    finally:
+        (gpu / "temperature").write_text("auto\n")
+    return seen
 
 
 def test_a_pod_given_one_gpu_sees_exactly_it(cluster, device_plugin):
     cluster.step(f"{GPU}: 8 allocatable", lambda: cluster.allocatable(GPU) == 8, timeout=120)
-    pod = _gpu_pod(cluster, "nvidia-smi", ["nvidia-smi", "-L"])
-    cluster.apply([pod])
+    objects = _workload(cluster, "one-gpu", resources={"limits": {GPU: "1"}})
+    cluster.apply(objects)
     try:
-        cluster.wait_pod("nvidia-smi", "Succeeded", timeout=120)
-        lines = cluster.logs("nvidia-smi").strip().splitlines()
-        assert len(lines) == 1, lines
-        m = re.fullmatch(r"GPU 0: NVIDIA H100 80GB HBM3 \(UUID: (GPU-[0-9a-f-]+)\)", lines[0])
-        assert m, lines
-        node_uuids = [re.search(r"^uuid: (\S+)$", (MOUNT / f"gpu{i}" / "info").read_text(), re.M).group(1)
-                      for i in range(8)]
-        assert m.group(1) in node_uuids
+        _sees_exactly(cluster, "one-gpu")
     finally:
-        cluster.delete([pod], wait=False)
+        cluster.delete(objects, wait=False)
 
 
 def _slice_devices(cluster: Cluster) -> list[dict]:
@@ -159,26 +211,19 @@ def test_a_resource_claim_gets_one_gpu_through_the_dra_driver(cluster, dra_drive
     template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                 "metadata": {"name": "one-gpu", "namespace": "default"},
                 "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra-smi", "namespace": "default"},
-           "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
-                    "containers": [{"name": "smi", "image": cluster.images["debian"], "imagePullPolicy": "Never",
-                                    "command": ["sh", "-c", "nvidia-smi -L && exec sleep 600"],
-                                    "resources": {"claims": [{"name": "gpu"}]}}]}}
-    cluster.apply([template, pod])
+    objects = [template, *_workload(cluster, "dra-gpu", resources={"claims": [{"name": "gpu"}]},
+                                    claims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}])]
+    cluster.apply(objects)
     try:
         # The claim made from the template lives as long as the pod: read it while the pod runs.
-        cluster.wait_pod("dra-smi", "Running", timeout=150)
-        lines = cluster.step("nvidia-smi's output in the pod", lambda: cluster.logs("dra-smi").strip().splitlines(),
-                             timeout=60)
-        claim_name = cluster.pod("dra-smi")["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        cluster.wait_pod("dra-gpu", "Running", timeout=150)
+        claim_name = cluster.pod("dra-gpu")["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
         results = cluster.get("resourceclaim", claim_name, "-n", "default")["status"]["allocation"]["devices"]["results"]
         assert [r["driver"] for r in results] == ["gpu.nvidia.com"]
-        assert len(lines) == 1 and uuids[results[0]["device"]] in lines[0], (lines, results)
+        _sees_exactly(cluster, "dra-gpu", uuid=uuids[results[0]["device"]])
     finally:
-        cluster.delete([pod], wait=True)
-        cluster.delete([template], wait=False)
-
+        cluster.delete(objects[1:], wait=True)
+        cluster.delete(objects[:1], wait=False)
 
 
 def test_an_xid_annotation_takes_a_gpu_out_and_a_reset_brings_it_back(cluster, device_plugin, dra_driver):
