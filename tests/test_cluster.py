@@ -91,22 +91,25 @@ def agent(cluster):
     cluster.delete(objects)
 
 
-@pytest.fixture(scope="module")
-def device_plugin(cluster, agent):
-    text = (FIXTURES / "nvidia-device-plugin.yaml").read_text().replace("@HOOK@", str(go_tool("nvidia-cdi-hook")))
+def _rendered_chart(cluster: Cluster, fixture: str, daemonset: str, namespace: str):
+    """A checked-in rendering of one of NVIDIA's charts, with this machine's hook path, applied and
+    rolled out; deleted when the module's tests are done."""
+    text = (FIXTURES / fixture).read_text().replace("@HOOK@", str(go_tool("nvidia-cdi-hook")))
     cluster.apply(text)
-    cluster.rollout("daemonset", "nvdp-nvidia-device-plugin", "nvidia-device-plugin", timeout=180)
+    cluster.rollout("daemonset", daemonset, namespace, timeout=180)
     yield text
     cluster.delete(text)
+
+
+@pytest.fixture(scope="module")
+def device_plugin(cluster, agent):
+    yield from _rendered_chart(cluster, "nvidia-device-plugin.yaml", "nvdp-nvidia-device-plugin", "nvidia-device-plugin")
 
 
 @pytest.fixture(scope="module")
 def dra_driver(cluster, agent):
-    text = (FIXTURES / "dra-driver-gpu.yaml").read_text().replace("@HOOK@", str(go_tool("nvidia-cdi-hook")))
-    cluster.apply(text)
-    cluster.rollout("daemonset", "nvidia-dra-driver-gpu-kubelet-plugin", "nvidia-dra-driver-gpu", timeout=180)
-    yield text
-    cluster.delete(text)
+    yield from _rendered_chart(cluster, "dra-driver-gpu.yaml", "nvidia-dra-driver-gpu-kubelet-plugin",
+                               "nvidia-dra-driver-gpu")
 
 
 def test_the_node_is_ready_and_a_pod_runs(cluster):
