@@ -13,10 +13,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _node import run_c_bench  # noqa: E402
+import re  # noqa: E402
+
+from _node import report, run_c_bench  # noqa: E402
 from mokkafs.render import native  # noqa: E402
+
+ROW = re.compile(r"^\| (.+?) \| (?:p50 )?([\d.]+) (us|ns)\b[^|]*\| <= (\d+) (us|ns) \|$")
+
+
+def parse(line: str) -> None:
+    m = ROW.match(line)
+    if m:
+        report(m[1], float(m[2]), m[3], target=float(m[4]))
+
 
 if __name__ == "__main__":
     lib = native.cuda_library()
     sys.exit(run_c_bench("bench_cuda", ["-ldl"], lambda node: [str(lib)],
-                         header="| measure | result | target |\n|---|---|---|"))
+                         header="| measure | result | target |\n|---|---|---|", parse=parse))

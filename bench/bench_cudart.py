@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _node import BenchNode, percentile  # noqa: E402
+from _node import BenchNode, percentile, report  # noqa: E402
 from mokkafs.render import native  # noqa: E402
 
 
@@ -75,6 +75,9 @@ def main() -> int:
                 print(f"| {label} | {p50 / 1e3:.0f} us | {percentile(loads, 0.5) / 1e3:.0f} us "
                       f"| {percentile(inits, 0.99) / 1e3:.0f} us | {p50 / base:.2f}x "
                       f"| {pair:.0f} ns | init <= 2x, pair <= 2000 ns |", flush=True)
+                report(f"{label.split(' (')[0]} init, p50", p50 / 1e3, "us", floor=base / 1e3,
+                       floor_is="driver API init, p50", target=2 * base / 1e3, note="target: 2x the driver's")
+                report(f"{label.split(' (')[0]} alloc+free pair (1 MiB)", pair, "ns", target=2000)
     return 0
 
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _node import BenchNode  # noqa: E402
+from _node import BenchNode, report  # noqa: E402
 from mokkafs.render import native  # noqa: E402
 from mokkafs.model.scenario import request_bytes  # noqa: E402
 
@@ -55,15 +55,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--gap-ms", type=float, default=10.0)
+    ap.add_argument("--writes", type=int, default=200, help="direct control writes")
     args = ap.parse_args()
     node = BenchNode(gpus=1)
-    node.mount()
-    node.settle()
     try:
+        node.mount()
+        node.settle()
         # Direct control writes, one at a time, each waited for.
         direct = []
-        w = waiter(node, 200)
-        for _ in range(200):
+        w = waiter(node, args.writes)
+        for _ in range(args.writes):
             t0 = time.time()
             with open(node.mnt / "gpu0" / "inject_xid", "wb", buffering=0) as f:
                 f.write(b"13\n")
@@ -87,6 +88,11 @@ def main() -> None:
     print(f"control write -> NVML waiter  ({len(direct)} writes):   {percentiles(direct)}")
     print(f"scheduled -> NVML waiter      ({args.steps} steps, {args.gap_ms:g} ms apart): {percentiles(late)}")
     print(f"ratio of p50s (scenario / write): {statistics.median(late) / statistics.median(direct):.2f}")
+    p99 = statistics.quantiles(direct, n=100)[98]
+    report("fault write -> nvmlEventSetWait wake, p99", p99, "ms", target=1.0)
+    report("fault write -> nvmlEventSetWait wake, max", max(direct), "ms", target=5.0)
+    report("scenario step scheduled -> NVML waiter, p99", statistics.quantiles(late, n=100)[98], "ms",
+           floor=p99, floor_is="a direct control write, p99")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Soak: 16 concurrent readers over every file of the tree while a writer injects 100 faults/s.
-Reports read errors, the daemon's RSS growth, and its RSS at 8 and 64 GPUs.
+Reports read errors, the daemon's RSS growth, and its RSS at 8 x H100 and 64 x H100 NVL (an HGX
+H100 board sits at most 8 to a node).
 Targets: 0 errors, RSS growth <= 5 MB, RSS <= 80 MB at 8 GPUs and <= 150 MB at 64."""
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from _node import BenchNode
+from _node import WIDE_GPUS, WIDE_PROFILE, BenchNode, report
 
 FAULTS = [
     ("inject_xid", b"13\n"), ("inject_xid", b"48\n"), ("inject_xid", b"79\n"), ("reset", b"1\n"),
@@ -93,6 +94,8 @@ def soak(gpus: int, seconds: float, readers: int, rate: float) -> None:
     if first:
         print(f"  first error: {first}")
     print(f"  daemon RSS {rss0 / 1024:.1f} MB -> {rss1 / 1024:.1f} MB, growth {(rss1 - rss0) / 1024:.2f} MB (target <= 5)")
+    report(f"soak {seconds:.0f} s, {rate:.0f} faults/s: read errors", errors, "errors", target=0)
+    report(f"soak {seconds:.0f} s: daemon RSS growth", (rss1 - rss0) / 1024, "MB", target=5)
 
 
 def main() -> None:
@@ -102,14 +105,15 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=100)
     args = ap.parse_args()
     soak(8, args.seconds, args.readers, args.rate)
-    print(f"{'GPUs':>5} {'RSS MB':>7} {'target MB':>10} {'ratio':>6}")
-    for gpus, target in ((8, 80), (64, 150)):
-        with BenchNode(gpus=gpus) as node:
+    print(f"{'node':>14} {'RSS MB':>7} {'target MB':>10} {'ratio':>6}")
+    for profile, gpus, target in (("h100", 8, 80), (WIDE_PROFILE, WIDE_GPUS, 150)):
+        with BenchNode(profile, gpus) as node:
             for p in all_files(node.mnt):  # touch every file once so the tree is fully resolved
                 with open(p, "rb") as f:
                     f.read()
             rss = node.rss_kib() / 1024
-        print(f"{gpus:>5} {rss:>7.1f} {target:>10} {rss / target:>6.2f}")
+        print(f"{f'{gpus} x {profile}':>14} {rss:>7.1f} {target:>10} {rss / target:>6.2f}")
+        report(f"daemon RSS, {gpus} x {profile}, every file read", rss, "MB", target=target)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _node import BenchNode  # noqa: E402
+from _node import PREFIX, BenchNode, report  # noqa: E402
 
 # The /dev of each case, as `unshare -m` gives it (names are the mount's dev/ entries).
 SETUP = r"""
@@ -31,7 +31,7 @@ set -e
 S=$(mktemp -d); mount --bind /dev/shm "$S"   # the node's state directory lives there
 mount -t tmpfs -o mode=755 dev /dev
 mknod -m 666 /dev/null c 1 3
-mkdir /dev/shm; mount --move "$S" /dev/shm
+mkdir /dev/shm; mount --move "$S" /dev/shm; rmdir "$S"
 M="$1"; shift
 while [ "$1" != "--" ]; do
   mkdir -p "$(dirname /dev/$1)"; touch "/dev/$1"; mount --bind "$M/dev/$1" "/dev/$1"; shift
@@ -86,7 +86,11 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-visibility-") as tmp:
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "-q", f"{args.baseline}^{{commit}}"],
+                      capture_output=True).returncode:
+        print(f"# no revision {args.baseline!r} in this clone: the baseline is HEAD (committed, not this tree)")
+        args.baseline = "HEAD"
+    with tempfile.TemporaryDirectory(prefix=PREFIX + "visibility-") as tmp:
         tmp = Path(tmp)
         (tmp / "base").mkdir()
         (tmp / "this").mkdir()
@@ -115,6 +119,8 @@ def main() -> int:
                     print(f"{label:34} {name:8} {m['gpus']:4.0f} " + " ".join(f"{m[k]:15.2f}" for k in keys))
                 ratio = {k: med["this"][k] / med[args.baseline][k] for k in keys}
                 print(f"{'':34} {'ratio':8} {'':4} " + " ".join(f"{ratio[k]:15.2f}" for k in keys))
+                report(f"nvmlInit, {label}, p50", med["this"]["init_p50_us"], "us",
+                       floor=med[args.baseline]["init_p50_us"], floor_is=f"the {args.baseline} library")
     return 0
 
 
