@@ -10,7 +10,6 @@ on its own line.  Usage: python bench/bench_lspci.py [--rounds 15] [--profile h1
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys

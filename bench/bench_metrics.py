@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import socket
 import statistics
-import subprocess
-import sys
 import time
 import urllib.request
 
