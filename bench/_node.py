@@ -74,7 +74,7 @@ def pids_running_in(path: Path) -> list[int]:
     """Processes (other than this one) whose command line names a path under `path`: a node's
     daemon is a fork of `mokka mount DIR --state-dir DIR`, whose argv it keeps, so this finds it
     even where the mount was interrupted before it wrote its pid file."""
-    needle = str(path).encode()
+    needle = os.path.join(str(path), "").encode()
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -144,8 +144,11 @@ class BenchNode:
         if self in _LIVE:
             _LIVE.remove(self)
         if mounted_under(self.mnt):
-            subprocess.run([sys.executable, "-m", "mokkafs.cli", "umount", str(self.mnt)], env=self.env,
-                           capture_output=True, timeout=60)
+            try:
+                subprocess.run([sys.executable, "-m", "mokkafs.cli", "umount", str(self.mnt)], env=self.env,
+                               capture_output=True, timeout=60)
+            except subprocess.TimeoutExpired:
+                pass  # stopped and detached by force below
         for pid in {self.daemon_pid, *pids_running_in(self.tmp)} - {None}:
             stop_process(pid)
         self.daemon_pid = None
