@@ -10,7 +10,7 @@ The figures docs/ quote come from a full run on a quiet machine.
 
 A bench leaves nothing behind: after each one, a new `mokka-bench-*` entry in /dev/shm or the
 temporary directory, or a mount point under one, fails it (and is cleaned away). Ctrl-C or
-SIGTERM stops the running bench through its own cleanup (bench/_node.py), then this script.
+SIGTERM stops the running bench through its own clean-up (bench/_node.py), then this script.
 Exit status: 0 when every bench ran and left nothing; 1 otherwise.
 """
 from __future__ import annotations
@@ -80,7 +80,8 @@ def clean(paths: set[str]) -> None:
 
 def run_one(name: str, args: list[str], results: Path, timeout: float | None) -> tuple[int, str]:
     """Run bench `name` in a session of its own; on Ctrl-C/SIGTERM (here) or past `timeout`,
-    send it SIGINT, so that it cleans up as a Ctrl-C'd bench does, then SIGKILL after 60 s."""
+    send its process group SIGTERM, which a bench's clean-up handles as it does Ctrl-C (SIGINT
+    may be ignored where this runs in the background), then SIGKILL after 60 s."""
     env = dict(os.environ, MOKKA_BENCH_RESULTS=str(results), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, str(BENCH / f"{name}.py"), *args], env=env, cwd=BENCH.parent,
                             start_new_session=True)
@@ -91,7 +92,7 @@ def run_one(name: str, args: list[str], results: Path, timeout: float | None) ->
     except (KeyboardInterrupt, SystemExit):
         why = "interrupted"
     try:
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)

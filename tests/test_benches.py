@@ -53,16 +53,21 @@ def test_quick_run_prints_figures_and_leaves_nothing():
     assert bench_traces() - before == set()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupted_bench_cleans_up(sig):
+@pytest.mark.parametrize("cmd, sig, status", [
+    (["bench_mount.py", "--runs", "50"], signal.SIGINT, None),
+    (["bench_mount.py", "--runs", "50"], signal.SIGTERM, None),
+    # run_all stops the running bench (the soak's readers and writer are processes too), then itself
+    (["run_all.py", "--quick", "--only", "soak"], signal.SIGTERM, 130),
+], ids=["bench-SIGINT", "bench-SIGTERM", "run_all-SIGTERM"])
+def test_interrupted_bench_cleans_up(cmd, sig, status):
     before = bench_traces()
-    proc = subprocess.Popen([sys.executable, str(BENCH / "bench_mount.py"), "--runs", "50"],
+    proc = subprocess.Popen([sys.executable, str(BENCH / cmd[0]), *cmd[1:]],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while not any(t.startswith("mounted: ") for t in bench_traces() - before):
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "bench_mount never mounted a node"
+            assert time.monotonic() < deadline, f"{cmd} never mounted a node"
             time.sleep(0.01)
         os.kill(proc.pid, sig)
         out, err = proc.communicate(timeout=60)
@@ -70,5 +75,5 @@ def test_interrupted_bench_cleans_up(sig):
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
-    assert proc.returncode != 0, out + err
+    assert proc.returncode != 0 if status is None else proc.returncode == status, out + err
     assert bench_traces() - before == set()
