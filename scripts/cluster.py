@@ -38,6 +38,8 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from oci_image import NVIDIA_PROGRAMS  # noqa: E402
 CACHE = Path(os.environ.get("MOKKA_CACHE", Path.home() / ".cache" / "mokkafs"))
 GO_BIN = CACHE / "go" / "bin"
 
@@ -53,11 +55,12 @@ KUBELET_ROOT = Path("/var/lib/kubelet")
 SHARED_PATHS = (Path("/var/lib/mokkafs"), KUBELET_ROOT)
 # Files the cluster's pods leave on the host (relative to /), removed on `down`.
 HOST_FILES = ("var/run/cdi/nvidia.yaml", "var/run/cdi/k8s.device-plugin.nvidia.com-*.json",
-              "etc/kubernetes/node-feature-discovery/features.d/mokkafs")
+              "etc/kubernetes/node-feature-discovery/features.d/mokkafs",
+              "etc/kubernetes/node-feature-discovery/features.d/gfd")
 PORTS = {"etcd": 23790, "etcd-peer": 23800, "apiserver": 6443, "kubelet": 10250,
          "kubelet-healthz": 10248, "proxy-healthz": 10256, "proxy-metrics": 10249,
          "cm": 10257, "sched": 10259}
-IMAGES = ("pause", "busybox", "debian", "nvidia")
+IMAGES = ("pause", "busybox", "debian", "nvidia", "nfd")
 PAUSE_IMAGE = "mokkafs.local/pause:1"
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
@@ -216,7 +219,32 @@ def containerd_config(d: Path) -> str:
     for must in ("enable_cdi = true", "restrict_oom_score_adj = true", PAUSE_IMAGE, str(d / "cni")):
         if must not in text:
             raise ClusterError(f"containerd's default configuration changed: could not set {must!r}")
+    # The `nvidia` runtime handler (a RuntimeClass names it), as NVIDIA's container toolkit sets it
+    # up on a GPU node: its runtime in CDI mode turns NVIDIA_VISIBLE_DEVICES=all into the CDI device
+    # nvidia.com/gpu=all (the agent's spec) and runs runc. Its configuration file is named by
+    # NVIDIA_CTK_CONFIG_FILE_PATH in containerd's environment, which the shims inherit.
+    text += f"""
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]
+  runtime_type = 'io.containerd.runc.v2'
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]
+    BinaryName = '{tool("nvidia-container-runtime")}'
+"""
     return text
+
+
+def nvidia_runtime_config(d: Path) -> str:
+    """The NVIDIA container runtime's config.toml: CDI mode over runc, the node's spec directories."""
+    return f"""[nvidia-container-runtime]
+mode = "cdi"
+runtimes = ["{shutil.which('runc') or '/usr/sbin/runc'}"]
+debug = "{d / 'logs' / 'nvidia-container-runtime.log'}"
+log-level = "info"
+
+[nvidia-container-runtime.modes.cdi]
+default-kind = "nvidia.com/gpu"
+spec-dirs = ["/etc/cdi", "/var/run/cdi"]
+annotation-prefixes = ["cdi.k8s.io/"]
+"""
 
 
 def cni_config() -> dict:
@@ -337,7 +365,7 @@ def up(d: Path) -> dict:
     bins = {name: tool(name) for name in ("kube-apiserver", "kube-controller-manager",
                                           "kube-scheduler", "kube-proxy", "kubelet", "kubectl",
                                           "containerd", "containerd-shim-runc-v2", "ctr", "etcd",
-                                          "runc")}
+                                          "runc", "nvidia-container-runtime")}
     if run(["ip", "-4", "addr", "show", "dev", "lo"]).stdout.find(f" {HOST_IP}/") < 0:
         run(["ip", "addr", "add", f"{HOST_IP}/32", "dev", "lo"])
     # Bidirectional mount propagation (the agent's mount reaching the host and the pods) needs
@@ -403,8 +431,9 @@ def up(d: Path) -> dict:
     (d / "cni" / "10-mokka.conflist").write_text(json.dumps(cni_config(), indent=1))
     (d / "containerd" / "config.toml").write_text(containerd_config(d))
     path_env = {"PATH": f"{GO_BIN}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"}
+    (d / "nvidia-container-runtime.toml").write_text(nvidia_runtime_config(d))
     start(d, "containerd", [bins["containerd"], "--config", str(d / "containerd" / "config.toml")],
-          env=path_env)
+          env={**path_env, "NVIDIA_CTK_CONFIG_FILE_PATH": str(d / "nvidia-container-runtime.toml")})
     sock = d / "containerd" / "containerd.sock"
     wait("containerd", lambda: run([bins["ctr"], "-a", str(sock), "version"]).returncode == 0,
          30, d, "containerd")
@@ -450,10 +479,8 @@ def _image_stamp(image: str) -> str:
     h.update((REPO / "scripts" / "oci_image.py").read_bytes())
     if image == "pause":
         h.update((REPO / "tools" / "pause" / "pause.c").read_bytes())
-    elif image == "nvidia":
-        for program in ("nvidia-device-plugin", "gpu-feature-discovery", "nvidia-mig-parted",
-                        "nvidia-ctk", "nvidia-cdi-hook", "gpu-kubelet-plugin",
-                        "compute-domain-kubelet-plugin"):
+    elif image in ("nvidia", "nfd"):
+        for program in NVIDIA_PROGRAMS:
             stamp = CACHE / "go" / "stamps" / program
             h.update(stamp.read_bytes() if stamp.exists() else b"-")
     elif image == "debian":

@@ -8,9 +8,11 @@ its pods run is made here from files on this machine and imported into container
     busybox   a shell and the usual commands: Debian's busybox-static, with one link per applet
     debian    a Debian root (debootstrap, minbase) with Python, FUSE and this package in a venv:
               the agent's image, and the one GPU pods run in
-    nvidia    the same Debian root with NVIDIA's Go programs (scripts/go-tools.txt, built into the
-              cache) in /usr/bin: the device plugin's, GPU feature discovery's, mig-parted's and the
-              DRA driver's image, as NVIDIA's own images carry them
+    nvidia    the same Debian root with NVIDIA's Go programs and Node Feature Discovery's
+              (scripts/go-tools.txt, built into the cache) in /usr/bin: the image of the device
+              plugin, GPU feature discovery, the DRA driver and NFD, as their own images carry them
+    nfd       the nvidia image's layers run as nobody (65534), as NFD's own image does: its
+              manifests ask for runAsNonRoot
 
 An archive is an OCI image layout (oci-layout, index.json, blobs/sha256/...) in one tar, each
 layer an uncompressed tar written in a fixed order with fixed times, so the same inputs give the
@@ -51,11 +53,14 @@ NAMES = {
     "busybox": "mokkafs.local/busybox:1",
     "debian": "mokkafs.local/debian:1",
     "nvidia": "mokkafs.local/nvidia:1",
+    "nfd": "mokkafs.local/nfd:1",
 }
 
-# NVIDIA's programs the nvidia image carries (names in scripts/go-tools.txt).
+# The programs the nvidia image carries (names in scripts/go-tools.txt): NVIDIA's, and Node Feature
+# Discovery's, which NVIDIA's charts deploy beside them.
 NVIDIA_PROGRAMS = ("nvidia-device-plugin", "gpu-feature-discovery", "nvidia-mig-parted", "nvidia-ctk",
-                   "nvidia-cdi-hook", "gpu-kubelet-plugin", "compute-domain-kubelet-plugin")
+                   "nvidia-cdi-hook", "gpu-kubelet-plugin", "compute-domain-kubelet-plugin",
+                   "nfd-master", "nfd-worker", "nfd-gc")
 
 
 class ImageError(Exception):
@@ -271,7 +276,7 @@ def build_debian(out: Path, name: str, repo: Path, cache: Path) -> str:
                                                             "/usr/sbin:/usr/bin:/sbin:/bin"]})
 
 
-def build_nvidia(out: Path, name: str, cache: Path) -> str:
+def build_nvidia(out: Path, name: str, cache: Path, user: str | None = None) -> str:
     base = _debian_root(cache)
     go_bin = CACHE / "go" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
@@ -283,8 +288,12 @@ def build_nvidia(out: Path, name: str, cache: Path) -> str:
                 raise ImageError(f"{src} is missing (scripts/install_go_tools.sh {program})")
             shutil.copy2(src, added / "usr" / "bin" / program)
         return write_archive(out, name, [_layer_from_tree(base), _layer_from_tree(added)],
+                             # NVIDIA's images ask the NVIDIA runtime for every GPU, as this does.
                              {"Cmd": ["/bin/bash"], "Env": ["PATH=/usr/local/sbin:/usr/local/bin:"
-                                                            "/usr/sbin:/usr/bin:/sbin:/bin"]})
+                                                            "/usr/sbin:/usr/bin:/sbin:/bin",
+                                                            "NVIDIA_VISIBLE_DEVICES=all",
+                                                            "NVIDIA_DRIVER_CAPABILITIES=compute,utility"],
+                              **({"User": user} if user else {})})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             digest = build_busybox(args.out, name)
         elif args.image == "nvidia":
             digest = build_nvidia(args.out, name, args.cache)
+        elif args.image == "nfd":
+            digest = build_nvidia(args.out, name, args.cache, user="65534:65534")
         else:
             digest = build_debian(args.out, name, args.repo, args.cache)
     except (ImageError, OSError) as e:

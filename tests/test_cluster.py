@@ -14,8 +14,10 @@ In order, as a user meets them (each step's failure names the step):
      driver taints gpu-3 and MokkaGPUHealthy turns False, with an Event; `node reset=1` brings
      the condition back, and allocatable 8 once the device plugin restarts (it never marks a
      device healthy again, on any node);
-  7. a scenario from a ConfigMap runs to its end (the MokkaScenario condition);
-  8. a new GPU count (a Node label) starts a new node cleanly when the agent restarts.
+  7. NFD labels the Node from the agent's feature file, and GPU feature discovery, given the GPUs by
+     the NVIDIA runtime class, labels it through NFD;
+  8. a scenario from a ConfigMap runs to its end (the MokkaScenario condition);
+  9. a new GPU count (a Node label) starts a new node cleanly when the agent restarts.
 """
 from __future__ import annotations
 
@@ -259,6 +261,54 @@ def test_an_xid_annotation_takes_a_gpu_out_and_a_reset_brings_it_back(cluster, d
                     "--wait=true", "--timeout=90s", timeout=120)
     cluster.step(f"{GPU}: 8 allocatable after the reset and a plugin restart", lambda: cluster.allocatable(GPU) == 8,
                  timeout=120)
+
+
+def _nfd_objects(cluster: Cluster) -> list[dict]:
+    """Node Feature Discovery as its own docs install it (`kubectl apply -k
+    deployment/overlays/default`, here from the module scripts/go-tools.txt pins, in the Go module
+    cache), with the image built here and the master's extraLabelNs nvidia.com, as NVIDIA's charts
+    configure it so that GPU feature discovery's labels reach the Node."""
+    from helpers_go import go_cache, pinned
+
+    version = pinned()["nfd-worker"].rsplit("@", 1)[1]
+    overlay = go_cache() / "pkg" / "mod" / f"sigs.k8s.io/node-feature-discovery@{version}" / "deployment" / "overlays" / "default"
+    objects = [o for o in yaml.safe_load_all(cluster.kubectl("kustomize", str(overlay)).stdout) if o]
+    for o in objects:
+        if o["kind"] in ("Deployment", "DaemonSet"):
+            for c in o["spec"]["template"]["spec"]["containers"]:
+                c["image"] = cluster.images["nfd"]
+                c["imagePullPolicy"] = "Never"
+        if o["kind"] == "ConfigMap" and "nfd-master.conf" in o.get("data", {}):
+            o["data"]["nfd-master.conf"] = 'extraLabelNs: ["nvidia.com"]\n'
+    return objects
+
+
+def test_gpu_feature_discovery_and_nfd_label_the_node(cluster, agent):
+    """NFD (worker, master) turns the agent's feature file into Node labels; GFD, given the node's
+    GPUs by the NVIDIA runtime class, publishes its labels as a NodeFeature, which NFD's master
+    puts on the Node too."""
+    nfd = _nfd_objects(cluster)
+    gfd = (FIXTURES / "gpu-feature-discovery.yaml").read_text()
+    cluster.apply(nfd)
+    try:
+        cluster.rollout("deployment", "nfd-master", "node-feature-discovery", timeout=180)
+        cluster.rollout("daemonset", "nfd-worker", "node-feature-discovery", timeout=180)
+        labels = cluster.step("NFD's labels from the agent's feature file", lambda: (
+            lb := cluster.node_obj()["metadata"].get("labels", {})).get("feature.node.kubernetes.io/mokkafs.profile") and lb,
+            timeout=120, show=lambda: str(cluster.node_obj()["metadata"].get("labels")))
+        assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"
+        assert labels["feature.node.kubernetes.io/mokkafs.profile"] == "h100"
+        cluster.apply(gfd)
+        cluster.rollout("daemonset", "nvdp-gpu-feature-discovery", "gpu-feature-discovery", timeout=180)
+        labels = cluster.step("GFD's labels on the Node", lambda: (
+            lb := cluster.node_obj()["metadata"].get("labels", {})).get("nvidia.com/gpu.count") == "8" and lb,
+            timeout=120, show=lambda: cluster.kubectl("logs", "-n", "gpu-feature-discovery", "ds/nvdp-gpu-feature-discovery",
+                                                      check=False).stdout[-3000:])
+        assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3", labels
+        assert labels["nvidia.com/gpu.memory"] == "81559", labels
+    finally:
+        cluster.delete(gfd, wait=False)
+        cluster.delete(nfd, wait=False)
 
 
 SCENARIO = """\
