@@ -36,6 +36,14 @@ class EventData(C.Structure):
                 ("gpuInstanceId", C.c_uint), ("computeInstanceId", C.c_uint)]
 
 
+def _stop(w) -> None:
+    """End a consumer started with pipes, and close them."""
+    w.kill()
+    w.wait()
+    w.stdin.close()
+    w.stdout.close()
+
+
 @pytest.fixture
 def published(tmp_path, monkeypatch):
     pub = Published(tmp_path, "h100", gpus=4)
@@ -307,10 +315,7 @@ def test_an_event_set_made_before_a_truncation_still_gets_events(tmp_path, expec
             pub.apply(InjectXid(1, 48))
             assert w.stdout.readline().strip() == "48"
         finally:
-            w.kill()
-            w.wait()
-            w.stdin.close()
-            w.stdout.close()
+            _stop(w)
     finally:
         pub.close()
 
@@ -408,10 +413,7 @@ def test_system_event_sets_report_a_driver_reload_as_unbind_then_bind(tmp_path):
             w.stdin.flush()
             second = json.loads(w.stdout.readline())
         finally:
-            w.kill()
-            w.wait()
-            w.stdin.close()
-            w.stdout.close()
+            _stop(w)
     finally:
         pub.close()
     assert second == {"events": [[1, 0x1800], [1, 0x1E00], [2, 0x1800], [2, 0x1E00]], "then": 10, "free": [0, 2],
