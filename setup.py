@@ -69,6 +69,12 @@ def build_cuda(out: Path) -> None:
     print(" ".join(cmd))
     subprocess.run(cmd, check=True)
     os.replace(str(target) + ".tmp", target)
+    # libcuda.so, as the driver root has it: numba and nvitop try it before libcuda.so.1, and
+    # `mokka run` / `mokka env` point LD_LIBRARY_PATH here (docs/containers.md).
+    dev_link = out / "lib" / "libcuda.so"
+    if not dev_link.is_symlink():
+        dev_link.unlink(missing_ok=True)
+        dev_link.symlink_to("libcuda.so.1")
 
 
 def build_smi(out: Path) -> None:

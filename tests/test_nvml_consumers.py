@@ -160,6 +160,15 @@ def test_driver_root_and_mokka_env(node_factory):
     assert smi.stdout.startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-"), smi.stderr
     out = node.cli("env", "--root", str(node.mnt)).stdout
     assert f"export LD_LIBRARY_PATH={native.LIB_DIR}" in out and "export MOKKA_STATE=" in out
+    # nvidia-smi on PATH is the package's (no FUSE reads, no FUSE misses for a shell's other
+    # commands), and reads this node through MOKKA_STATE.
+    assert f"export PATH={native.LIB_DIR.parent / 'bin'}:$PATH" in out
+    served = smi.stdout.splitlines()
+    smi = subprocess.run(["sh", "-c", f'{out}\ncommand -v nvidia-smi; nvidia-smi -L'], capture_output=True, text=True,
+                         timeout=30, env={k: v for k, v in os.environ.items() if k != "MOKKA_STATE"})
+    lines = smi.stdout.splitlines()
+    assert lines[0] == str(native.LIB_DIR.parent / "bin" / "nvidia-smi"), smi.stderr
+    assert lines[1:] == served, smi.stderr
 
 
 def test_a_consumer_survives_a_daemon_kill_and_sees_the_restarted_one(node_factory):

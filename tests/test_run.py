@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import MountedNode, force_unmount, mokka_cmd
 
+from mokkafs.render import native
+
 pytestmark = pytest.mark.level("tools")
 
 TOOLS = ("lspci", "ibstat", "ibstatus", "unshare", "fusermount3")
@@ -111,8 +113,11 @@ def test_exit_code_environment_and_device_nodes(node):
     assert res.returncode == 42
     env = run(node, "sh", "-c", 'echo "$MOKKA_STATE"; echo "$LD_LIBRARY_PATH"; echo "$PATH"').stdout.split("\n")
     assert env[0] == f"{node.state_dir.resolve()}/state"
-    assert env[1].split(":")[0] == f"{node.mnt}/driver/usr/lib64"
-    assert env[2].split(":")[0] == f"{node.mnt}/driver/usr/bin"
+    # The built shims' directories, which hold the files the mount's driver root serves
+    # (docs/containers.md, "Where consumers load the shims from").
+    assert env[1].split(":")[0] == str(native.LIB_DIR)
+    assert env[2].split(":")[0] == str(native.LIB_DIR.parent / "bin")
+    assert run(node, "sh", "-c", 'echo "$MOKKA_ROOT"').stdout == f"{node.mnt}\n"
     stat = run(node, "stat", "-c", "%n %t:%T", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm",
                "/dev/nvidia-caps/nvidia-cap1").stdout.split("\n")
     assert stat[:4] == ["/dev/nvidia0 c3:0", "/dev/nvidiactl c3:ff", "/dev/nvidia-uvm 1fe:0",
@@ -121,6 +126,34 @@ def test_exit_code_environment_and_device_nodes(node):
     assert run(node, "cat", "/sys/module/nvidia/version").stdout == "580.105.08\n"
     # the host's own entries are still there inside the namespace
     assert run(node, "sh", "-c", "test -e /dev/null && test -d /sys/devices/system/cpu && echo ok").stdout == "ok\n"
+
+
+def test_a_program_searches_no_fuse_directory_for_its_libraries(node):
+    """Every program CMD starts searches LD_LIBRARY_PATH for libc and the rest; a miss in the
+    mount is a round trip to the daemon (/bin/true 0.7 -> 2.7 ms). The loader's own trace
+    (LD_DEBUG=libs) lists each file it tries."""
+    trace = run(node, "env", "LD_DEBUG=libs", "/bin/true").stderr
+    tried = re.findall(r"trying file=(\S+)", trace)
+    assert tried, trace  # the trace is there: /bin/true links libc
+    assert [path for path in tried if path.startswith(f"{node.mnt}/")] == []
+    # ...and the libraries consumers load by soname are still ours, reading this node
+    probe = "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetCount())"
+    assert run(node, sys.executable, "-c", probe).stdout == "8\n"
+    smi = run(node, "sh", "-c", "command -v nvidia-smi; nvidia-smi -L").stdout.splitlines()
+    assert smi[0] == str(native.LIB_DIR.parent / "bin" / "nvidia-smi")
+    assert len(smi) == 9 and smi[1].startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-")
+
+
+def test_a_daemon_serving_other_shims_keeps_the_mounts_driver_root(node, monkeypatch, tmp_path):
+    """The built directories stand in for the mount's only when they hold the same bytes."""
+    from mokkafs.cli import run as run_mod
+
+    assert run_mod.driver_dirs(str(node.mnt)) == (str(native.LIB_DIR), str(native.LIB_DIR.parent / "bin"))
+    (tmp_path / "lib").mkdir()
+    for name in os.listdir(native.LIB_DIR):
+        (tmp_path / "lib" / name).write_bytes(b"another build")
+    monkeypatch.setattr(native, "LIB_DIR", tmp_path / "lib")
+    assert run_mod.driver_dirs(str(node.mnt)) == (f"{node.mnt}/driver/usr/lib64", f"{node.mnt}/driver/usr/bin")
 
 
 def _other_node(line: str) -> bool:

@@ -496,7 +496,13 @@ def cmd_env(args) -> int:
         state_dir = DEFAULT_STATE_DIR  # a tree without node/state_dir: the daemon's default
     print(f"export MOKKA_STATE={shlex.quote(str(state_path(state_dir)))}")
     print(f"export LD_LIBRARY_PATH={shlex.quote(str(native.LIB_DIR))}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}")
-    print(f"export PATH={shlex.quote(str(root / 'driver' / 'usr' / 'bin'))}:$PATH")
+    # nvidia-smi from the build, beside the NVML it loads, as the libraries are: a program started
+    # in this shell then searches no FUSE directory for its libraries or commands. It reads the
+    # node MOKKA_STATE names (docs/containers.md).
+    smi_dir = native.LIB_DIR.parent / "bin"
+    if not (smi_dir / "nvidia-smi").is_file():
+        smi_dir = root / "driver" / "usr" / "bin"
+    print(f"export PATH={shlex.quote(str(smi_dir))}:$PATH")
     return 0
 
 

@@ -1,7 +1,7 @@
 """`mokka run -- CMD`: run CMD in a private mount namespace in which the node's simulated trees sit
 at the real paths (/sys/bus/pci/devices, /sys/devices/pci*, /sys/class/infiniband*,
 /proc/driver/nvidia*, /proc/devices, /dev/nvidia*), with the driver root on PATH and
-LD_LIBRARY_PATH and MOKKA_STATE set. The host's mount table is never changed.
+LD_LIBRARY_PATH (docs/containers.md, "Where consumers load the shims from") and MOKKA_STATE set. The host's mount table is never changed.
 
 How a path that does not exist on the host gets there: its parent directory is "shadowed" inside
 the namespace only: a tmpfs is mounted over it, every host entry is bound back (except the ones
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import filecmp
 import fnmatch
 import os
 import stat
@@ -18,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 
 from mokkafs.cli.allocation import Gpu
+from mokkafs.render import native
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -216,14 +218,47 @@ def tree_source(root: str) -> str:
     return mirror if os.path.isdir(os.path.join(mirror, "sys")) else root
 
 
+# What a consumer loads from the driver root by name: the sonames in usr/lib64 (libcuda.so is
+# numba's and nvitop's first try) and usr/bin's nvidia-smi.
+DRIVER_LIBS = (native.NVML_SONAME, native.CUDA_SONAME, "libcuda.so", native.UMAD_SONAME)
+DRIVER_TOOLS = ("nvidia-smi",)
+
+
+def _same_file(served: str, built: str) -> bool:
+    try:
+        return filecmp.cmp(served, built, shallow=False)
+    except OSError:
+        return False
+
+
+def driver_dirs(root: str) -> tuple[str, str]:
+    """(lib, bin): what CMD's LD_LIBRARY_PATH and PATH start with. The built shims' own
+    directories (mokkafs/render/native.py) when the mount's driver root serves those very files:
+    every program CMD starts searches LD_LIBRARY_PATH for each of its libraries (libc, ...) and
+    PATH for its commands, and a miss in a plain directory costs a cached lookup, where a miss
+    in the mount is a FUSE request. Otherwise (a daemon of another build, a shim it lacks) the
+    mount's driver root itself, whose files are the ones the node serves."""
+    lib, bin_ = f"{root}/driver/usr/lib64", f"{root}/driver/usr/bin"
+    built_lib, built_bin = str(native.LIB_DIR), str(native.LIB_DIR.parent / "bin")
+    pairs = [(f"{lib}/{n}", f"{built_lib}/{n}") for n in DRIVER_LIBS]
+    pairs += [(f"{bin_}/{n}", f"{built_bin}/{n}") for n in DRIVER_TOOLS]
+    for served, built in pairs:
+        if os.path.lexists(served) and not _same_file(served, built):
+            return lib, bin_
+    return built_lib, built_bin
+
+
 def environment(root: str, base: dict[str, str]) -> dict[str, str]:
     env = dict(base)
     try:
         with open(f"{root}/node/state_dir") as f:
             env["MOKKA_STATE"] = os.path.join(f.read().strip(), "state")
+        # The shims find the node by MOKKA_STATE wherever they are loaded from (docs/containers.md).
+        lib, bin_ = driver_dirs(root)
     except OSError:
-        pass  # an older daemon: leave MOKKA_STATE as the caller set it
-    lib, bin_ = f"{root}/driver/usr/lib64", f"{root}/driver/usr/bin"
+        # An older daemon: leave MOKKA_STATE as the caller set it; a shim loaded from the mount's
+        # driver root finds the node through it (run/mokka).
+        lib, bin_ = f"{root}/driver/usr/lib64", f"{root}/driver/usr/bin"
     env["LD_LIBRARY_PATH"] = ":".join(filter(None, [lib, base.get("LD_LIBRARY_PATH")]))
     env["PATH"] = ":".join(filter(None, [bin_, base.get("PATH", os.defpath)]))
     env["MOKKA_ROOT"] = root
