@@ -45,6 +45,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("bench_cuda", []),
     ("bench_cudart", ["--runs", "3"]),
     ("bench_lspci", ["--rounds", "2"]),
+    ("bench_run_exec", ["-n", "20", "--smi-n", "3"]),
     ("bench_visibility", ["--runs", "1"]),
     ("bench_agent", ["--n", "10"]),
     ("bench_virtual_time", ["--runs", "1"]),
