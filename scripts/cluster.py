@@ -25,6 +25,7 @@ One cluster at a time: `up` refuses while DIR/cluster.json names live processes.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -474,7 +475,6 @@ def import_images(d: Path, ctr: str) -> None:
 
 def _image_stamp(image: str) -> str:
     """What an image is made of, so a changed input rebuilds it."""
-    import hashlib
     h = hashlib.sha256()
     h.update((REPO / "scripts" / "oci_image.py").read_bytes())
     if image == "pause":

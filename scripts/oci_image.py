@@ -48,6 +48,9 @@ DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("MOKKA_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 DEBIAN_PACKAGES = ["python3", "python3-venv", "fuse3", "ca-certificates", "procps", "kmod"]
 
+# The environment every image's processes start with, as Debian's own images set it.
+PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 NAMES = {
     "pause": "mokkafs.local/pause:1",
     "busybox": "mokkafs.local/busybox:1",
@@ -71,13 +74,14 @@ class ImageError(Exception):
 
 
 def _layer_from_tree(root: Path) -> bytes:
-    """One layer: every file under root, sorted, owned by root, with a fixed time."""
+    """One layer: every file under root, sorted, owned by root, with a fixed time. Device nodes,
+    FIFOs and sockets are left out: a container's /dev is the runtime's, never the image's."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        paths = sorted(p for p in root.rglob("*"))
-        for path in paths:
-            rel = path.relative_to(root).as_posix()
-            info = tar.gettarinfo(str(path), arcname=rel)
+        for path in sorted(root.rglob("*")):
+            info = tar.gettarinfo(str(path), arcname=path.relative_to(root).as_posix())
+            if info is None or info.ischr() or info.isblk() or info.isfifo():
+                continue  # gettarinfo gives None for a socket
             info.uid = info.gid = 0
             info.uname = info.gname = "root"
             info.mtime = 0
@@ -85,10 +89,6 @@ def _layer_from_tree(root: Path) -> bytes:
             if info.isreg():
                 with path.open("rb") as f:
                     tar.addfile(info, f)
-            elif info.isdir() or info.issym() or info.islnk():
-                tar.addfile(info)
-            elif info.ischr() or info.isblk() or info.isfifo():
-                continue  # a container's /dev is the runtime's, never the image's
             else:
                 tar.addfile(info)
     return buf.getvalue()
@@ -201,8 +201,7 @@ def build_busybox(out: Path, name: str) -> str:
         (root / "etc" / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
         (root / "tmp").chmod(0o1777)
         return write_archive(out, name, [_layer_from_tree(root)],
-                             {"Cmd": ["/bin/sh"], "Env": ["PATH=/usr/local/sbin:/usr/local/bin:"
-                                                          "/usr/sbin:/usr/bin:/sbin:/bin"]})
+                             {"Cmd": ["/bin/sh"], "Env": [PATH_ENV]})
 
 
 def _debian_root(cache: Path) -> Path:
@@ -233,6 +232,19 @@ def _debian_root(cache: Path) -> Path:
                 p.unlink()
     stamp.write_text(" ".join(DEBIAN_PACKAGES))
     return root
+
+
+def _base_layer(cache: Path) -> bytes:
+    """The Debian root as a layer, written once beside the root: the debian, nvidia and nfd
+    images share it, and each is built by a run of its own."""
+    root = _debian_root(cache)
+    layer = root.with_name(root.name + ".layer.tar")
+    stamp = root.with_name(root.name + ".done")
+    if not layer.exists() or layer.stat().st_mtime < stamp.stat().st_mtime:
+        tmp = layer.with_name(layer.name + ".tmp")
+        tmp.write_bytes(_layer_from_tree(root))
+        tmp.replace(layer)
+    return layer.read_bytes()
 
 
 def _special_files(directory: str, names: list[str]) -> list[str]:
@@ -271,13 +283,11 @@ def build_debian(out: Path, name: str, repo: Path, cache: Path) -> str:
         added = Path(tmp, "added")
         for rel in ("opt", "usr/local/bin"):
             shutil.copytree(work / rel, added / rel, symlinks=True)
-        return write_archive(out, name, [_layer_from_tree(base), _layer_from_tree(added)],
-                             {"Cmd": ["/bin/bash"], "Env": ["PATH=/usr/local/sbin:/usr/local/bin:"
-                                                            "/usr/sbin:/usr/bin:/sbin:/bin"]})
+        return write_archive(out, name, [_base_layer(cache), _layer_from_tree(added)],
+                             {"Cmd": ["/bin/bash"], "Env": [PATH_ENV]})
 
 
 def build_nvidia(out: Path, name: str, cache: Path, user: str | None = None) -> str:
-    base = _debian_root(cache)
     go_bin = CACHE / "go" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         added = Path(tmp, "added")
@@ -287,12 +297,10 @@ def build_nvidia(out: Path, name: str, cache: Path, user: str | None = None) -> 
             if not src.is_file():
                 raise ImageError(f"{src} is missing (scripts/install_go_tools.sh {program})")
             shutil.copy2(src, added / "usr" / "bin" / program)
-        return write_archive(out, name, [_layer_from_tree(base), _layer_from_tree(added)],
+        return write_archive(out, name, [_base_layer(cache), _layer_from_tree(added)],
                              # NVIDIA's images ask the NVIDIA runtime for every GPU, as this does.
-                             {"Cmd": ["/bin/bash"], "Env": ["PATH=/usr/local/sbin:/usr/local/bin:"
-                                                            "/usr/sbin:/usr/bin:/sbin:/bin",
-                                                            "NVIDIA_VISIBLE_DEVICES=all",
-                                                            "NVIDIA_DRIVER_CAPABILITIES=compute,utility"],
+                             {"Cmd": ["/bin/bash"], "Env": [PATH_ENV, "NVIDIA_VISIBLE_DEVICES=all",
+                                                          "NVIDIA_DRIVER_CAPABILITIES=compute,utility"],
                               **({"User": user} if user else {})})
 
 
