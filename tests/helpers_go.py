@@ -54,10 +54,15 @@ def node_env(node) -> dict[str, str]:
     return env
 
 
-def node_info(node, gpu: int) -> dict[str, str]:
-    """gpuN/info as a dict (name, index, minor, uuid, serial, bus_id, ...)."""
+def parse_info(text: str) -> dict[str, str]:
+    """The text of a gpuN/info file as a dict (name, index, minor, uuid, serial, bus_id, ...)."""
     out = {}
-    for line in node.read(f"gpu{gpu}/info").splitlines():
+    for line in text.splitlines():
         key, _, value = line.partition(":")
         out[key.strip()] = value.strip()
     return out
+
+
+def node_info(node, gpu: int) -> dict[str, str]:
+    """gpuN/info of a mounted node as a dict."""
+    return parse_info(node.read(f"gpu{gpu}/info"))

@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from helpers_cluster import REPO, Cluster
-from helpers_go import go_tool
+from helpers_go import go_cache, go_tool, parse_info, pinned
 
 pytestmark = pytest.mark.level("cluster")
 
@@ -69,16 +69,25 @@ def cluster():
         c.down()
 
 
-def _agent_objects(cluster: Cluster) -> list[dict]:
-    """deploy/overlays/h100 as kubectl renders it, with the image built here."""
-    text = cluster.kubectl("kustomize", str(REPO / "deploy" / "overlays" / "h100")).stdout
-    objects = [o for o in yaml.safe_load_all(text) if o]
+def _gpu_count() -> str:
+    """node/gpu_count of the mount the agent made, as the host sees it."""
+    return (MOUNT / "node" / "gpu_count").read_text().strip()
+
+
+def _kustomized(cluster: Cluster, directory: Path, image: str) -> list[dict]:
+    """A kustomization as kubectl renders it, every workload's container on `image`, built here."""
+    objects = [o for o in yaml.safe_load_all(cluster.kubectl("kustomize", str(directory)).stdout) if o]
     for o in objects:
-        if o["kind"] == "DaemonSet":
+        if o["kind"] in ("Deployment", "DaemonSet"):
             for c in o["spec"]["template"]["spec"]["containers"]:
-                c["image"] = cluster.images["debian"]
+                c["image"] = image
                 c["imagePullPolicy"] = "Never"
     return objects
+
+
+def _agent_objects(cluster: Cluster) -> list[dict]:
+    """deploy/overlays/h100 with the image built here."""
+    return _kustomized(cluster, REPO / "deploy" / "overlays" / "h100", cluster.images["debian"])
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +95,7 @@ def agent(cluster):
     objects = _agent_objects(cluster)
     cluster.apply(objects)
     cluster.rollout("daemonset", "mokkafs-agent", "mokkafs", timeout=180)
-    cluster.step("the agent's mount on the host", lambda: (MOUNT / "node" / "gpu_count").read_text().strip() == "8",
+    cluster.step("the agent's mount on the host", lambda: _gpu_count() == "8",
                  timeout=60, show=lambda: cluster.kubectl("logs", "-n", "mokkafs", "ds/mokkafs-agent",
                                                           check=False).stdout[-3000:])
     yield objects
@@ -128,7 +137,7 @@ def test_the_node_is_ready_and_a_pod_runs(cluster):
 
 
 def test_the_agent_daemonset_mounts_the_node(cluster, agent):
-    assert (MOUNT / "node" / "gpu_count").read_text().strip() == "8"
+    assert _gpu_count() == "8"
     assert "NVIDIA H100" in (MOUNT / "gpu0" / "info").read_text()
     spec = yaml.safe_load(Path("/var/run/cdi/nvidia.yaml").read_text())
     assert spec["kind"].endswith("/gpu") and len(spec["devices"]) >= 8
@@ -168,8 +177,7 @@ def _sees_exactly(cluster: Cluster, name: str, uuid: str | None = None) -> dict:
     m = re.fullmatch(r"GPU 0: NVIDIA H100 80GB HBM3 \(UUID: (GPU-[0-9a-f-]+)\)", lines[0])
     assert m and len(lines) == 2, lines
     seen = json.loads(lines[1])
-    node_uuids = [re.search(r"^uuid: (\S+)$", (MOUNT / f"gpu{i}" / "info").read_text(), re.M).group(1)
-                  for i in range(8)]
+    node_uuids = [parse_info((MOUNT / f"gpu{i}" / "info").read_text())["uuid"] for i in range(8)]
     assert seen["nvmlInit"] == 0 and seen["nvml_count"] == 1 and seen["cuInit"] == 0 and seen["cuda_count"] == 1, seen
     assert seen["uuid"] == m.group(1) == node_uuids[seen["minor"]], (seen, node_uuids)
     if uuid is not None:
@@ -268,16 +276,10 @@ def _nfd_objects(cluster: Cluster) -> list[dict]:
     deployment/overlays/default`, here from the module scripts/go-tools.txt pins, in the Go module
     cache), with the image built here and the master's extraLabelNs nvidia.com, as NVIDIA's charts
     configure it so that GPU feature discovery's labels reach the Node."""
-    from helpers_go import go_cache, pinned
-
     version = pinned()["nfd-worker"].rsplit("@", 1)[1]
     overlay = go_cache() / "pkg" / "mod" / f"sigs.k8s.io/node-feature-discovery@{version}" / "deployment" / "overlays" / "default"
-    objects = [o for o in yaml.safe_load_all(cluster.kubectl("kustomize", str(overlay)).stdout) if o]
+    objects = _kustomized(cluster, overlay, cluster.images["nfd"])
     for o in objects:
-        if o["kind"] in ("Deployment", "DaemonSet"):
-            for c in o["spec"]["template"]["spec"]["containers"]:
-                c["image"] = cluster.images["nfd"]
-                c["imagePullPolicy"] = "Never"
         if o["kind"] == "ConfigMap" and "nfd-master.conf" in o.get("data", {}):
             o["data"]["nfd-master.conf"] = 'extraLabelNs: ["nvidia.com"]\n'
     return objects
@@ -357,7 +359,7 @@ def test_a_new_gpu_count_starts_a_new_node_cleanly(cluster, agent):
     try:
         _restart_agent(cluster)
         cluster.step("the host's mount shows 4 GPUs",
-                     lambda: (MOUNT / "node" / "gpu_count").read_text().strip() == "4", timeout=60)
+                     lambda: _gpu_count() == "4", timeout=60)
         changed = [e for e in cluster.events(cluster.node) if e["reason"] == "SimulatedNodeChanged"]
         assert len(changed) == 1 and "4 x h100" in changed[0]["message"], changed
         pods = cluster.get("pods", "-n", "mokkafs")["items"]
@@ -366,4 +368,4 @@ def test_a_new_gpu_count_starts_a_new_node_cleanly(cluster, agent):
         cluster.kubectl("label", "node", cluster.node, "mokkafs.io/gpus-", check=False)
         _restart_agent(cluster)
     cluster.step("the host's mount shows 8 GPUs again",
-                 lambda: (MOUNT / "node" / "gpu_count").read_text().strip() == "8", timeout=60)
+                 lambda: _gpu_count() == "8", timeout=60)
