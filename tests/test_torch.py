@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import world_readable_node
+from helpers import wait_for
 
 pytestmark = pytest.mark.level("shims")
 
@@ -98,7 +99,13 @@ def test_pytorch_finds_allocates_copies_and_runs_out_of_memory(node, visible):
         assert out["props"] == [dict(name=facts[g]["name"], total=facts[g]["total"], sms=prof.sm_count, cc=[9, 0],
                                      uuid=facts[g]["uuid"].removeprefix("GPU-").replace("-", "")) for g in gpus]
         assert out["roundtrip"] is True and out["total"] == facts[gpus[-1]]["total"]
-        listed = nvml(torch_env(node))[gpus[-1]]["procs"]
+        # The process table folds a process's first context into the model at once, and what it
+        # allocates after on the daemon's tick, which a loaded machine delays: wait for the tick.
+        def listed_with_memory():
+            listed = nvml(torch_env(node))[gpus[-1]]["procs"]
+            return listed if len(listed) == 1 and listed[0][1] >= GIB else None
+
+        listed = wait_for(listed_with_memory, timeout=15) or nvml(torch_env(node))[gpus[-1]]["procs"]
         assert len(listed) == 1 and listed[0][0] == proc.pid and listed[0][1] >= GIB
         smi = subprocess.run([str(node.mnt / "driver/usr/bin/nvidia-smi"), "--query-compute-apps=pid,used_gpu_memory",
                               "--format=csv,noheader"], env=env, capture_output=True, text=True, timeout=30)
