@@ -117,6 +117,20 @@ def build_umad(out: Path) -> None:
     os.replace(str(target) + ".tmp", target)
 
 
+def build_hook(out: Path) -> None:
+    """bin/mokka-cdi-hook (shims/hook): the createContainer hook the agent's CDI spec names, which
+    gives a container the node's /proc/driver (docs/containers.md). A runtime runs it on the host,
+    whose libc may be older than the one it was built against: it is linked static."""
+    cc = shlex.split(os.environ.get("CC", "cc"))
+    (out / "bin").mkdir(parents=True, exist_ok=True)
+    target = out / "bin" / "mokka-cdi-hook"
+    cmd = [*cc, *[f for f in CFLAGS if f != "-fPIC"], "-static", str(SHIMS / "hook" / "mokka_cdi_hook.c"),
+           "-o", str(target) + ".tmp"]
+    print(" ".join(cmd))
+    subprocess.run(cmd, check=True)
+    os.replace(str(target) + ".tmp", target)
+
+
 class BuildPyWithShims(build_py):
     def run(self) -> None:
         super().run()
@@ -127,6 +141,7 @@ class BuildPyWithShims(build_py):
         build_cuda(out)
         build_fence(out)
         build_umad(out)
+        build_hook(out)
 
 
 class BinaryDistribution(Distribution):

@@ -256,6 +256,11 @@ def test_cdi_spec_shape():
         "/usr/bin/nvidia-smi": "/m/driver/usr/bin/nvidia-smi",
     }
     assert "NVIDIA_VISIBLE_DEVICES=void" in edits["env"] and "MOKKA_STATE=/run/mokka/state" in edits["env"]
+    assert "hooks" not in edits  # a driver root without mokka-cdi-hook
+    hooked = yaml.safe_load(node_files.cdi_spec("/m", "/s/state", gpus, [], "x86_64", proc_hook=True))
+    assert hooked["containerEdits"]["hooks"] == [
+        {"hookName": "createContainer", "path": "/m/driver/usr/bin/mokka-cdi-hook",
+         "args": ["mokka-cdi-hook", "proc-driver", "/m/proc/driver"]}]
 
 
 def test_nfd_feature_file_is_name_value_lines():
@@ -939,6 +944,10 @@ def test_the_host_sees_the_state_directory_where_the_hostpath_puts_it(cluster, a
     mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
     assert mounts["/run/mokka"] == str(host / "state")
     assert mounts["/usr/bin/nvidia-smi"] == str(host / "root/driver/usr/bin/nvidia-smi")
+    # The hook the runtime runs on the host, from the host's view of the driver root.
+    (hook,) = spec["containerEdits"]["hooks"]
+    assert hook["path"] == str(host / "root/driver/usr/bin/mokka-cdi-hook")
+    assert hook["args"][1:] == ["proc-driver", str(host / "root/proc/driver")]
     nodes = [n["hostPath"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
     assert nodes and all(n.startswith(f"{host / 'root'}/dev/nvidia") for n in nodes), nodes
     # The host's paths do not exist in here (the agent's container): a setting still reaches

@@ -161,13 +161,15 @@ def nvidia_ctk_spec(node, vendor: str) -> None:
     assert "containerPath: /run/nvidia-persistenced/socket" in spec and "MOKKA_STATE" not in spec
 
 
-def agent_spec(node, vendor: str) -> None:
+def agent_spec(node, vendor: str, proc_hook: bool = True) -> None:
+    """As the agent writes it, with its createContainer hook when the driver root serves one."""
     CDI_DIR.mkdir(parents=True, exist_ok=True)
     gpus = [GpuDevice(i, int(node.read(f"gpu{i}/info").split("minor: ")[1].split()[0]), u)
             for i, u in enumerate(node.uuids)]
     files = [rel for rel in DRIVER_FILES if (node.mnt / "driver" / rel).exists()]
     (CDI_DIR / f"{vendor}.yaml").write_text(cdi_spec(str(node.mnt), str(node.state_dir / "state"), gpus, files,
-                                                     os.uname().machine, kind=f"{vendor}/gpu"))
+                                                     os.uname().machine, kind=f"{vendor}/gpu",
+                                                     proc_hook=proc_hook))
 
 
 def cuda_hex(uuid: str) -> str:
@@ -223,6 +225,40 @@ def test_nvidia_ctk_spec_by_uuid(podman, node, vendor):
 def test_the_agents_spec_gives_gpu_1_and_only_it(podman, node, vendor):
     agent_spec(node, vendor)
     check_container(podman, node, f"{vendor}/gpu=1", 1)
+
+
+READ_PROC = r"""
+import json, os
+out = {}
+for rel in ("nvidia/version", "nvidia-caps/mig-minors", "nvidia/gpus"):
+    p = "/proc/driver/" + rel
+    try:
+        out[rel] = sorted(os.listdir(p)) if os.path.isdir(p) else open(p).read()
+    except OSError as e:
+        out[rel] = e.strerror
+try:
+    open("/proc/driver/nvidia/version", "w")
+except OSError as e:
+    out["write"] = e.strerror
+print(json.dumps(out))
+"""
+
+
+def test_the_agents_spec_gives_the_drivers_proc_entries(podman, node, vendor):
+    """A real kernel shows /proc/driver/nvidia and nvidia-caps in every container's procfs; no
+    spec mount may target /proc, so the agent's spec runs mokka-cdi-hook, which binds the node's
+    proc/driver there, read-only. NVIDIA's device plugin reads nvidia-caps/mig-minors there."""
+    agent_spec(node, vendor)
+    got = json.loads(podman.run(f"{vendor}/gpu=1", "python3", "-c", READ_PROC).stdout)
+    assert got["nvidia/version"] == node.read("proc/driver/nvidia/version")
+    assert got["nvidia-caps/mig-minors"] == node.read("proc/driver/nvidia-caps/mig-minors")
+    # /proc/driver/nvidia/gpus lists every GPU, as procfs does on a real node: it is not a device.
+    assert len(got["nvidia/gpus"]) == 4
+    assert got["write"] == "Read-only file system"
+    # Without the hook (an agent whose driver root has none) the container's procfs has none of it.
+    agent_spec(node, vendor, proc_hook=False)
+    got = json.loads(podman.run(f"{vendor}/gpu=1", "python3", "-c", READ_PROC).stdout)
+    assert got["nvidia/version"] == "No such file or directory"
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import yaml
 
+from mokkafs.render.native import CDI_HOOK
+
 CDI_VERSION = "0.5.0"  # what nvidia-ctk writes when device nodes carry a hostPath
 
 
@@ -38,13 +40,16 @@ CDI_STATE_DIR = "/run/mokka"  # where a CDI container sees the state directory (
 
 
 def cdi_spec(mount: str, state_file: str, gpus: list[GpuDevice], driver_files: list[str], machine: str,
-             kind: str = "nvidia.com/gpu") -> str:
+             kind: str = "nvidia.com/gpu", proc_hook: bool = False) -> str:
     """nvidia.com/gpu devices named by index and UUID (nvidia-ctk's default `index,uuid`
     strategy) and `all`. Device nodes come from the mount's dev/ (the runtime reads type, major
     and minor from hostPath); the driver files present in `<mount>/driver` and the state file's
     directory are bind-mounted, so `nvidia-smi`, NVML and CUDA work in the container without the
     NVIDIA runtime. The directory, not the file: CUDA processes reach the process table and its
-    descriptor socket beside the state file, and survive the daemon replacing either."""
+    descriptor socket beside the state file, and survive the daemon replacing either.
+    `proc_hook`: the mount's driver root has mokka-cdi-hook, which the spec runs as a
+    createContainer hook to bind the node's proc/driver over the container's /proc/driver, where a
+    real node's kernel shows /proc/driver/nvidia and nvidia-caps (no mount entry may target /proc)."""
     dev = f"{mount}/dev"
 
     def node(name: str) -> dict:
@@ -64,15 +69,19 @@ def cdi_spec(mount: str, state_file: str, gpus: list[GpuDevice], driver_files: l
         mounts.append(
             {"hostPath": f"{mount}/driver/{rel}", "containerPath": target, "options": ["ro", "nosuid", "nodev", "bind"]}
         )
+    edits: dict = {
+        "env": ["NVIDIA_VISIBLE_DEVICES=void", f"MOKKA_STATE={CDI_STATE_DIR}/{state_name}"],
+        "deviceNodes": [node("nvidiactl"), node("nvidia-uvm"), node("nvidia-uvm-tools")],
+        "mounts": mounts,
+    }
+    if proc_hook:
+        edits["hooks"] = [{"hookName": "createContainer", "path": f"{mount}/driver/usr/bin/{CDI_HOOK}",
+                           "args": [CDI_HOOK, "proc-driver", f"{mount}/proc/driver"]}]
     spec = {
         "cdiVersion": CDI_VERSION,
         "kind": kind,  # vendor/class: another one lets a test's spec sit beside the node's
         "devices": devices,
-        "containerEdits": {
-            "env": ["NVIDIA_VISIBLE_DEVICES=void", f"MOKKA_STATE={CDI_STATE_DIR}/{state_name}"],
-            "deviceNodes": [node("nvidiactl"), node("nvidia-uvm"), node("nvidia-uvm-tools")],
-            "mounts": mounts,
-        },
+        "containerEdits": edits,
     }
     body = yaml.dump(spec, Dumper=_IndentedDumper, indent=2, sort_keys=False, default_flow_style=False)
     return "---\n" + body

@@ -57,6 +57,7 @@ from mokkafs.agent.node_files import DRIVER_FILES, GpuDevice, cdi_spec, nfd_feat
 from mokkafs.model import InvalidCommand, NodeConfig, compose
 from mokkafs.model.schema import GpuProfile, ProfileError
 from mokkafs.model.profiles import load_profile
+from mokkafs.render.native import CDI_HOOK
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,10 @@ class MountedTree:
     def driver_files(self) -> list[str]:
         return [rel for rel in DRIVER_FILES if (self.root / "driver" / rel).exists()]
 
+    def has_cdi_hook(self) -> bool:
+        """The driver root serves mokka-cdi-hook and the tree has proc/driver for it to bind."""
+        return (self.root / "driver/usr/bin" / CDI_HOOK).is_file() and (self.root / "proc/driver").is_dir()
+
     def fgo_devices(self) -> list[fgo.FgoDevice]:
         out = []
         for i in range(self.gpu_count()):
@@ -191,7 +196,8 @@ def write_node_files(tree: MountedTree, host_mountpoint: str, host_state_dir: st
     container runtime reads its hostPaths on the host."""
     if cdi_path:
         state_file = os.path.join(host_state_dir, "state")
-        spec = cdi_spec(host_mountpoint, state_file, tree.devices(), tree.driver_files(), platform.machine())
+        spec = cdi_spec(host_mountpoint, state_file, tree.devices(), tree.driver_files(), platform.machine(),
+                        proc_hook=tree.has_cdi_hook())
         write_atomically(cdi_path, spec)
         log.info("wrote CDI spec %s", cdi_path)
     if nfd_path:

@@ -63,8 +63,11 @@ def driver_tree(config: NodeConfig, dev: Dir, proc: Dir | None = None, state_dir
     (mokkafs/daemon/socket_bind.py), so the name is a socket placeholder here; else a link."""
     lib64 = static_dir(lib64_children(config))
     # usr/bin/nvidia-smi: the native tool setup.py builds beside the libraries (shims/nvidia-smi)
-    smi = _built(native.LIB_DIR.parent / "bin" / "nvidia-smi")
-    bin_dir = static_dir({"nvidia-smi": smi} if smi else {})
+    # usr/bin/mokka-cdi-hook: the createContainer hook the agent's CDI spec runs on the host, which
+    # gives a container the node's /proc/driver (shims/hook; docs/containers.md). Not a driver
+    # file: no spec mounts it into a container.
+    tools = {name: _built(native.LIB_DIR.parent / "bin" / name) for name in ("nvidia-smi", native.CDI_HOOK)}
+    bin_dir = static_dir({name: f for name, f in tools.items() if f is not None})
     # dev/: the device plugin looks for /dev/nvidia* under the driver root (its devRoot).
     children: dict[str, Entry] = {"usr": static_dir({"lib64": lib64, "bin": bin_dir}), "dev": dev}
     if proc is not None:

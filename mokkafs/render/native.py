@@ -8,6 +8,7 @@ NVML_SONAME = "libnvidia-ml.so.1"
 CUDA_SONAME = "libcuda.so.1"
 UMAD_SONAME = "libibumad.so.3"
 FENCE_LIBRARY = "libmokka-fence.so"
+CDI_HOOK = "mokka-cdi-hook"  # in LIB_DIR's sibling bin/, with nvidia-smi
 
 
 def nvml_library() -> Path:
