@@ -257,7 +257,10 @@ def test_cdi_spec_shape():
     }
     assert "NVIDIA_VISIBLE_DEVICES=void" in edits["env"] and "MOKKA_STATE=/run/mokka/state" in edits["env"]
     assert "hooks" not in edits  # a driver root without mokka-cdi-hook
-    hooked = yaml.safe_load(node_files.cdi_spec("/m", "/s/state", gpus, [], "x86_64", proc_hook=True))
+    hooked = yaml.safe_load(node_files.cdi_spec("/m", "/s/state", gpus, [], "x86_64", proc_hook=True,
+                                                mig_monitor="nvidia-caps/nvidia-cap2"))
+    every = {d["name"]: d["containerEdits"]["deviceNodes"] for d in hooked["devices"]}["all"]
+    assert every[-1] == {"path": "/dev/nvidia-caps/nvidia-cap2", "hostPath": "/m/dev/nvidia-caps/nvidia-cap2"}
     assert hooked["containerEdits"]["hooks"] == [
         {"hookName": "createContainer", "path": "/m/driver/usr/bin/mokka-cdi-hook",
          "args": ["mokka-cdi-hook", "proc-driver", "/m/proc/driver"]}]
@@ -948,6 +951,11 @@ def test_the_host_sees_the_state_directory_where_the_hostpath_puts_it(cluster, a
     (hook,) = spec["containerEdits"]["hooks"]
     assert hook["path"] == str(host / "root/driver/usr/bin/mokka-cdi-hook")
     assert hook["args"][1:] == ["proc-driver", str(host / "root/proc/driver")]
+    # `all` is the GPUs and the MIG monitor capability, whose node the driver makes on any board
+    # (a T4's grants nothing: it has no MIG device).
+    every = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}["all"]
+    assert [n["path"] for n in every] == ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap2"]
+    assert every[-1]["hostPath"] == str(host / "root/dev/nvidia-caps/nvidia-cap2")
     nodes = [n["hostPath"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
     assert nodes and all(n.startswith(f"{host / 'root'}/dev/nvidia") for n in nodes), nodes
     # The host's paths do not exist in here (the agent's container): a setting still reaches

@@ -24,13 +24,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from conftest import mokka_cmd
 from helpers_cluster import REPO, Cluster
+from mokkafs.cli.allocation import parse_mig
 from helpers_go import go_cache, go_tool, parse_info, pinned
 
 pytestmark = pytest.mark.level("cluster")
@@ -269,6 +272,89 @@ def test_an_xid_annotation_takes_a_gpu_out_and_a_reset_brings_it_back(cluster, d
                     "--wait=true", "--timeout=90s", timeout=120)
     cluster.step(f"{GPU}: 8 allocatable after the reset and a plugin restart", lambda: cluster.allocatable(GPU) == 8,
                  timeout=120)
+
+
+# mig-parted's config for the MIG step: GPU 0 split as a mixed layout, the others whole.
+MIG_CONFIG = {"version": "v1", "mig-configs": {
+    "mixed-gpu0": [{"devices": [0], "mig-enabled": True, "mig-devices": {"1g.10gb": 2, "3g.40gb": 1}},
+                   {"devices": [1, 2, 3, 4, 5, 6, 7], "mig-enabled": False}],
+    "all-disabled": [{"devices": "all", "mig-enabled": False}],
+}}
+
+
+def _mig_parted(tmp_path: Path, config: str) -> None:
+    """NVIDIA's mig-parted applies `config` on the host, as NVIDIA's MIG manager does on a node,
+    under `mokka run` (its /proc/driver and /dev are the node's) and with the node's /proc/modules
+    where the kernel has none (tests/with_proc_modules.sh; test_nvidia_programs_mig_parted.py)."""
+    path = tmp_path / "mig-config.yaml"
+    path.write_text(yaml.safe_dump(MIG_CONFIG))
+    cmd = [str(go_tool("nvidia-mig-parted")), "apply", "-f", str(path), "-c", config]
+    if not os.path.exists("/proc/modules"):
+        cmd = [str(REPO / "tests" / "with_proc_modules.sh"), str(MOUNT / "proc" / "modules"), *cmd]
+    r = subprocess.run([*mokka_cmd(), "run", "--root", str(MOUNT), "--", *cmd],
+                       capture_output=True, text=True, timeout=300, cwd="/")
+    assert r.returncode == 0, (config, r.stdout[-2000:], r.stderr[-3000:])
+
+
+def _device_plugin_mixed(text: str) -> str:
+    """The device plugin's rendering as NVIDIA's chart renders it with `migStrategy: mixed` (its
+    templates add MIG_STRATEGY, NVIDIA_MIG_MONITOR_DEVICES=all and, for MIG, CAP_SYS_ADMIN in place
+    of dropping every capability) and `runtimeClassName: nvidia`, as the GPU Operator runs it: the
+    NVIDIA runtime gives the container the agent's `all` device, whose hook brings the node's
+    /proc/driver (the plugin reads nvidia-caps/mig-minors there) and whose MIG monitor capability
+    lets it see every MIG device (docs/containers.md)."""
+    objects = [o for o in yaml.safe_load_all(text) if o]
+    for o in objects:
+        if o["kind"] == "DaemonSet":
+            pod = o["spec"]["template"]["spec"]
+            pod["runtimeClassName"] = "nvidia"
+            (c,) = pod["containers"]
+            c["env"] = [{"name": "MIG_STRATEGY", "value": "mixed"}, *c["env"],
+                        {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"}]
+            c["securityContext"] = {"capabilities": {"add": ["SYS_ADMIN"]}}
+    return yaml.safe_dump_all(objects)
+
+
+def test_a_mig_layout_from_mig_parted_is_allocatable_under_mixed_and_a_pod_gets_one(cluster, device_plugin, tmp_path):
+    """mig-parted splits GPU 0 (two 1g.10gb, one 3g.40gb); NVIDIA's device plugin, restarted under
+    the mixed strategy as a MIG manager restarts it, advertises nvidia.com/mig-1g.10gb: 2,
+    nvidia.com/mig-3g.40gb: 1 and nvidia.com/gpu: 7; a pod asking for one 1g.10gb sees exactly
+    one MIG device of GPU 0 (nvidia-smi -L, NVML, CUDA)."""
+    _mig_parted(tmp_path, "mixed-gpu0")
+    mixed = _device_plugin_mixed(device_plugin)
+    try:
+        cluster.apply(mixed)
+        cluster.kubectl("delete", "pod", "-n", "nvidia-device-plugin", "-l",
+                        "app.kubernetes.io/name=nvidia-device-plugin", "--wait=true", "--timeout=90s", timeout=120)
+        cluster.rollout("daemonset", "nvdp-nvidia-device-plugin", "nvidia-device-plugin", timeout=180)
+        want = {"nvidia.com/mig-1g.10gb": 2, "nvidia.com/mig-3g.40gb": 1, GPU: 7}
+        cluster.step(f"allocatable {want}", lambda: all(cluster.allocatable(r) == n for r, n in want.items()),
+                     timeout=120, show=lambda: cluster.kubectl("logs", "-n", "nvidia-device-plugin",
+                                                               "ds/nvdp-nvidia-device-plugin", "--tail=30",
+                                                               check=False).stdout)
+        migs = {d.uuid for d in parse_mig((MOUNT / "gpu0" / "mig").read_text())}
+        assert len(migs) == 3, migs
+        objects = _workload(cluster, "one-mig", resources={"limits": {"nvidia.com/mig-1g.10gb": "1"}})
+        cluster.apply(objects)
+        try:
+            cluster.wait_pod("one-mig", "Running", timeout=150)
+            lines = cluster.step("one-mig's nvidia-smi and probe output", lambda: (
+                out := cluster.logs("one-mig").strip().splitlines()) and len(out) >= 3 and out, timeout=60)
+            gpu0 = parse_info((MOUNT / "gpu0" / "info").read_text())["uuid"]
+            assert lines[0] == f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {gpu0})", lines
+            m = re.fullmatch(r"\s+MIG 1g\.10gb\s+Device\s+0: \(UUID: (MIG-[0-9a-f-]+)\)", lines[1])
+            assert m and len(lines) == 3, lines
+            assert m.group(1) in migs, (m.group(1), migs)
+            seen = json.loads(lines[2])
+            assert seen["nvml_count"] == 1 and seen["uuid"] == gpu0 and seen["cuInit"] == 0 and seen["cuda_count"] == 1, seen
+        finally:
+            cluster.delete(objects, wait=False)
+    finally:
+        _mig_parted(tmp_path, "all-disabled")
+        cluster.apply(device_plugin)
+        cluster.kubectl("delete", "pod", "-n", "nvidia-device-plugin", "-l",
+                        "app.kubernetes.io/name=nvidia-device-plugin", "--wait=true", "--timeout=90s", timeout=120)
+        cluster.step(f"{GPU}: 8 allocatable again", lambda: cluster.allocatable(GPU) == 8, timeout=120)
 
 
 def _nfd_objects(cluster: Cluster) -> list[dict]:

@@ -25,6 +25,7 @@ import pytest
 from conftest import mokka_cmd, world_readable_node
 from helpers_go import go_tool
 from mokkafs.agent.node_files import DRIVER_FILES, GpuDevice, cdi_spec
+from mokkafs.agent.watch import MountedTree
 
 pytestmark = pytest.mark.level("tools")
 
@@ -167,9 +168,11 @@ def agent_spec(node, vendor: str, proc_hook: bool = True) -> None:
     gpus = [GpuDevice(i, int(node.read(f"gpu{i}/info").split("minor: ")[1].split()[0]), u)
             for i, u in enumerate(node.uuids)]
     files = [rel for rel in DRIVER_FILES if (node.mnt / "driver" / rel).exists()]
+    tree = MountedTree(str(node.mnt))
     (CDI_DIR / f"{vendor}.yaml").write_text(cdi_spec(str(node.mnt), str(node.state_dir / "state"), gpus, files,
                                                      os.uname().machine, kind=f"{vendor}/gpu",
-                                                     proc_hook=proc_hook))
+                                                     proc_hook=proc_hook and tree.has_cdi_hook(),
+                                                     mig_monitor=tree.mig_monitor_node()))
 
 
 def cuda_hex(uuid: str) -> str:
@@ -270,6 +273,7 @@ def mig_node():
         assert mounted.cli("inject", "--root", str(mounted.mnt), "0", "mig", "enable").returncode == 0
         assert mounted.cli("inject", "--root", str(mounted.mnt), "0", "mig", "create", "19,19").returncode == 0
         mounted.migs = parse_mig(mounted.read("gpu0/mig"))
+        mounted.uuids = [mounted.read(f"gpu{i}/info").split("uuid: ")[1].split()[0] for i in range(2)]
         yield mounted
 
 
@@ -284,3 +288,15 @@ def test_nvidia_ctk_spec_gives_one_mig_device_and_only_it(podman, mig_node, vend
     code = ("from cuda.bindings import driver as d; d.cuInit(0); "
             "print(d.cuDeviceGetCount()[1], bytes(d.cuDeviceGetUuid(d.cuDeviceGet(0)[1])[1].bytes).hex())")
     assert podman.run(f"{vendor}/gpu=0:1", "python3", "-c", code).stdout.split() == ["1", cuda_hex(m.uuid)]
+
+
+def test_the_agents_all_sees_every_mig_device(podman, mig_node, vendor):
+    """The agent's `all` carries the MIG monitor capability, as NVIDIA's runtime gives a container
+    NVIDIA_MIG_MONITOR_DEVICES=all: every MIG device of every GPU is listed, where `gpu=0` (the
+    GPU's node alone, no capability) lists GPU 0 without its MIG devices."""
+    agent_spec(mig_node, vendor)
+    lines = podman.run(f"{vendor}/gpu=all", "nvidia-smi", "-L").stdout.splitlines()
+    assert [line.split("(UUID: ")[1].rstrip(")") for line in lines if "MIG" in line] == [m.uuid for m in mig_node.migs]
+    assert len(lines) == 4, lines  # GPU 0, its two MIG devices, GPU 1
+    lines = podman.run(f"{vendor}/gpu=0", "nvidia-smi", "-L").stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("GPU 0: NVIDIA H100 80GB HBM3"), lines

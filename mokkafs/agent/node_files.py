@@ -40,7 +40,7 @@ CDI_STATE_DIR = "/run/mokka"  # where a CDI container sees the state directory (
 
 
 def cdi_spec(mount: str, state_file: str, gpus: list[GpuDevice], driver_files: list[str], machine: str,
-             kind: str = "nvidia.com/gpu", proc_hook: bool = False) -> str:
+             kind: str = "nvidia.com/gpu", proc_hook: bool = False, mig_monitor: str | None = None) -> str:
     """nvidia.com/gpu devices named by index and UUID (nvidia-ctk's default `index,uuid`
     strategy) and `all`. Device nodes come from the mount's dev/ (the runtime reads type, major
     and minor from hostPath); the driver files present in `<mount>/driver` and the state file's
@@ -49,7 +49,11 @@ def cdi_spec(mount: str, state_file: str, gpus: list[GpuDevice], driver_files: l
     descriptor socket beside the state file, and survive the daemon replacing either.
     `proc_hook`: the mount's driver root has mokka-cdi-hook, which the spec runs as a
     createContainer hook to bind the node's proc/driver over the container's /proc/driver, where a
-    real node's kernel shows /proc/driver/nvidia and nvidia-caps (no mount entry may target /proc)."""
+    real node's kernel shows /proc/driver/nvidia and nvidia-caps (no mount entry may target /proc).
+    `mig_monitor`: the MIG monitor capability's node under dev/ (`nvidia-caps/nvidia-cap2`), which
+    `all` carries: a container given every GPU sees every MIG device on them, those made later
+    too, as NVIDIA's runtime gives NVIDIA_MIG_MONITOR_DEVICES=all (the device plugin's and GPU
+    feature discovery's containers under the NVIDIA runtime class)."""
     dev = f"{mount}/dev"
 
     def node(name: str) -> dict:
@@ -60,7 +64,8 @@ def cdi_spec(mount: str, state_file: str, gpus: list[GpuDevice], driver_files: l
         edits = {"deviceNodes": [node(f"nvidia{g.minor}")]}
         devices.append({"name": str(g.index), "containerEdits": edits})
         devices.append({"name": g.uuid, "containerEdits": edits})
-    devices.append({"name": "all", "containerEdits": {"deviceNodes": [node(f"nvidia{g.minor}") for g in gpus]}})
+    every = [node(f"nvidia{g.minor}") for g in gpus] + ([node(mig_monitor)] if mig_monitor else [])
+    devices.append({"name": "all", "containerEdits": {"deviceNodes": every}})
     state_dir, state_name = posixpath.split(state_file)
     mounts = [{"hostPath": state_dir, "containerPath": CDI_STATE_DIR, "options": ["ro", "nosuid", "nodev", "bind"]}]
     for rel in driver_files:  # e.g. usr/lib64/libnvidia-ml.so.1, usr/bin/nvidia-smi

@@ -158,6 +158,20 @@ class MountedTree:
     def driver_files(self) -> list[str]:
         return [rel for rel in DRIVER_FILES if (self.root / "driver" / rel).exists()]
 
+    def mig_monitor_node(self) -> str | None:
+        """The MIG monitor capability's device node under dev/ (`nvidia-caps/nvidia-cap2`, its minor
+        from mig-minors' `monitor` line), or None on a board without MIG."""
+        try:
+            minors = self.read("proc/driver/nvidia-caps/mig-minors")
+        except OSError:
+            return None
+        for line in minors.splitlines():
+            name, _, minor = line.partition(" ")
+            if name == "monitor" and minor.isdigit():
+                rel = f"nvidia-caps/nvidia-cap{int(minor)}"
+                return rel if (self.root / "dev" / rel).exists() else None
+        return None
+
     def has_cdi_hook(self) -> bool:
         """The driver root serves mokka-cdi-hook and the tree has proc/driver for it to bind."""
         return (self.root / "driver/usr/bin" / CDI_HOOK).is_file() and (self.root / "proc/driver").is_dir()
@@ -197,7 +211,7 @@ def write_node_files(tree: MountedTree, host_mountpoint: str, host_state_dir: st
     if cdi_path:
         state_file = os.path.join(host_state_dir, "state")
         spec = cdi_spec(host_mountpoint, state_file, tree.devices(), tree.driver_files(), platform.machine(),
-                        proc_hook=tree.has_cdi_hook())
+                        proc_hook=tree.has_cdi_hook(), mig_monitor=tree.mig_monitor_node())
         write_atomically(cdi_path, spec)
         log.info("wrote CDI spec %s", cdi_path)
     if nfd_path:
