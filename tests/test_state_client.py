@@ -465,3 +465,52 @@ def test_a_pod_given_the_driver_root_alone_finds_the_node(node_factory, tmp_path
     a.umount()
     with open("/proc/self/mounts") as f:
         assert not [line for line in f if f" {a.mnt}/" in line or f" {a.mnt} " in line]
+
+
+NVML_SET = """
+import json, pynvml as p
+p.nvmlInit()
+h = p.nvmlDeviceGetHandleByIndex(0)
+out = {}
+try:
+    p.nvmlDeviceSetPowerManagementLimit(h, 500000)
+    out["power"] = "ok"
+except p.NVMLError as e:
+    out["power"] = str(e)
+try:
+    p.nvmlDeviceSetMigMode(h, 1)
+    info = p.nvmlDeviceGetGpuInstanceProfileInfo(h, p.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+    gi = p.nvmlDeviceCreateGpuInstance(h, info.id)
+    out["mig"] = p.nvmlGpuInstanceGetInfo(gi).id
+except p.NVMLError as e:
+    out["mig"] = str(e)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("who, allowed", [
+    ([], True),  # the DRA plugin's pod: privileged, root with CAP_SYS_ADMIN
+    (["setpriv", "--bounding-set", "-sys_admin"], False),  # a container's root
+    (["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"], False),  # nobody
+])
+def test_a_pod_given_the_driver_root_alone_sets_and_makes_mig_devices_when_privileged(node_factory, tmp_path, who,
+                                                                                        allowed):
+    """A pod given the driver root alone (NVIDIA's DRA plugin: its dynamic MIG creates GPU
+    instances through NVML) has the node's socket, not the control socket beside the state file:
+    NVML's setters send their command over the node's socket, under the control socket's rule
+    (root with CAP_SYS_ADMIN, or the control group). Anyone else gets NO_PERMISSION, and nothing
+    changes."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    a = node_factory(profile="h100", gpus=2, name="a")
+    os.chmod(tmp_path, 0o755)
+    env = bare_env(LD_LIBRARY_PATH="/run/driver-root/usr/lib64")
+    before = a.read("gpu0/config"), a.read("gpu0/mig")
+    got = _py([*with_driver_root_alone(a.mnt / "driver", tmp_path, []), *who], env, NVML_SET)
+    if allowed:
+        assert got["power"] == "ok" and isinstance(got["mig"], int), got
+        assert "power_limit: 500" in a.read("gpu0/config")
+        assert "mode: enabled" in a.read("gpu0/mig") and f"gi {got['mig']} " in a.read("gpu0/mig")
+    else:
+        assert got == {"power": "Insufficient Permissions", "mig": "Insufficient Permissions"}, got
+        assert (a.read("gpu0/config"), a.read("gpu0/mig")) == before
+        a.expect_warning("no_permission from uid")

@@ -175,39 +175,44 @@ class ControlSocket:
 
     async def _connection(self, conn) -> None:
         with conn:
-            try:
-                caller = peer(conn)
-            except OSError as e:
-                log.warning("%s: cannot identify a caller (%s)", self.path, e)
+            await self.converse(conn)
+
+    async def converse(self, conn, prefix: bytes = b"") -> None:
+        """One request on `conn` and its reply. `prefix`: what the caller already sent (the node's
+        socket reads a request's first bytes before it hands the connection here)."""
+        try:
+            caller = peer(conn)
+        except OSError as e:
+            log.warning("%s: cannot identify a caller (%s)", self.path, e)
+            return
+        count = self._connections.get(caller.uid, 0)
+        if caller.uid and count >= CONNECTIONS_PER_UID:
+            reply = self._refuse(caller, BUSY, f"more than {CONNECTIONS_PER_UID} connections open", b"")
+            await self._send(conn, reply)
+            return
+        self._connections[caller.uid] = count + 1
+        try:
+            request = await self._read(conn, prefix)
+            if request is None:
+                self._refuse(caller, INVALID_ARGUMENT, f"no request within {TIMEOUT_S:g} s", b"")
                 return
-            count = self._connections.get(caller.uid, 0)
-            if caller.uid and count >= CONNECTIONS_PER_UID:
-                reply = self._refuse(caller, BUSY, f"more than {CONNECTIONS_PER_UID} connections open", b"")
-                await self._send(conn, reply)
+            if request.endswith(b"\n") and _gave_up(conn):
+                # Its 2 s ran out while the daemon was not serving (stopped, or far behind):
+                # the caller was told the daemon did not answer, so nothing may change now.
+                self._refuse(caller, ERROR, "the caller gave up waiting before the command was applied; "
+                             "not applied", request)
                 return
-            self._connections[caller.uid] = count + 1
-            try:
-                request = await self._read(conn)
-                if request is None:
-                    self._refuse(caller, INVALID_ARGUMENT, f"no request within {TIMEOUT_S:g} s", b"")
-                    return
-                if request.endswith(b"\n") and _gave_up(conn):
-                    # Its 2 s ran out while the daemon was not serving (stopped, or far behind):
-                    # the caller was told the daemon did not answer, so nothing may change now.
-                    self._refuse(caller, ERROR, "the caller gave up waiting before the command was applied; "
-                                 "not applied", request)
-                    return
-                await self._send(conn, self.handle(caller, request))
-            finally:
-                self._connections[caller.uid] -= 1
-                if not self._connections[caller.uid]:
-                    del self._connections[caller.uid]
+            await self._send(conn, self.handle(caller, request))
+        finally:
+            self._connections[caller.uid] -= 1
+            if not self._connections[caller.uid]:
+                del self._connections[caller.uid]
 
     @staticmethod
-    async def _read(conn) -> bytes | None:
+    async def _read(conn, prefix: bytes = b"") -> bytes | None:
         """One line of at most MAX_REQUEST bytes (what came, if the caller stopped short or
         sent more); None if nothing whole came within the timeout."""
-        data = b""
+        data = prefix[:MAX_REQUEST]
         with trio.move_on_after(TIMEOUT_S):
             while not data.endswith(b"\n") and len(data) < MAX_REQUEST:
                 try:

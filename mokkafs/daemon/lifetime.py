@@ -245,7 +245,7 @@ async def start(
     await nursery.start(control.serve)
     # A container made from NVIDIA's CDI spec reaches the node through the driver root's
     # run/nvidia-persistenced/socket, which is this socket or links here (docs/containers.md).
-    node_socket = NodeSocket(node_socket_path(opts.state_dir), state_path(opts.state_dir), clock)
+    node_socket = NodeSocket(node_socket_path(opts.state_dir), state_path(opts.state_dir), clock, control)
     await nursery.start(node_socket.serve)
     if mount is not None:
         mount(ops)

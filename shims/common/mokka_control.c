@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -61,8 +62,35 @@ static enum mokka_ctl_status parse_reply(char *reply, char *reason, size_t reaso
     return MOKKA_CTL_ERROR;
 }
 
-static enum mokka_ctl_status exchange(int fd, const struct sockaddr_un *addr, const char *request, size_t n,
-                                      char *reason, size_t reason_size)
+/* The node's socket first hands every caller a byte and the state file's descriptor: take them
+   (closing the descriptor) before the request. 0 when it did not answer so. */
+static int take_handover(int fd, long long deadline)
+{
+    char byte;
+    struct iovec iov = {&byte, 1};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    for (;;) {
+        if (!time_left(fd, deadline))
+            return 0;
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)};
+        ssize_t got = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+        if (got < 0 && errno == EINTR)
+            continue;
+        for (struct cmsghdr *c = got > 0 ? CMSG_FIRSTHDR(&msg) : NULL; c; c = CMSG_NXTHDR(&msg, c))
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
+                int passed;
+                memcpy(&passed, CMSG_DATA(c), sizeof(int));
+                close(passed);
+            }
+        return got == 1;
+    }
+}
+
+static enum mokka_ctl_status exchange(int fd, const struct sockaddr_un *addr, int node_socket, const char *request,
+                                      size_t n, char *reason, size_t reason_size)
 {
     long long deadline = now_ms() + MOKKA_CONTROL_TIMEOUT_MS;
     for (;;) {
@@ -73,6 +101,8 @@ static enum mokka_ctl_status exchange(int fd, const struct sockaddr_un *addr, co
         if (errno != EINTR) /* ENOENT, ECONNREFUSED (a dead daemon's socket), EAGAIN (timed out) */
             return MOKKA_CTL_NO_DAEMON;
     }
+    if (node_socket && !take_handover(fd, deadline))
+        return MOKKA_CTL_NO_DAEMON;
     for (size_t sent = 0; sent < n;) {
         if (!time_left(fd, deadline))
             return MOKKA_CTL_NO_DAEMON;
@@ -116,7 +146,13 @@ enum mokka_ctl_status mokka_control(const char *line, char *reason, size_t reaso
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     const char *state = mokka_path();
     int dirfd = -1;
-    if (!state[0] || snprintf(path, sizeof(path), "%s%s", state, MOKKA_CONTROL_SUFFIX) >= (int)sizeof(path) ||
+    /* The node found through its socket (a container given the driver root's
+       run/nvidia-persistenced/socket, not the state directory): the request goes there; the
+       daemon hands it to its control socket's handler (mokkafs/daemon/node_socket.py). */
+    struct stat sb;
+    int node_socket = state[0] && stat(state, &sb) == 0 && S_ISSOCK(sb.st_mode);
+    if (!state[0] ||
+        snprintf(path, sizeof(path), "%s%s", state, node_socket ? "" : MOKKA_CONTROL_SUFFIX) >= (int)sizeof(path) ||
         mokka_unix_address(path, &addr, &dirfd) != 0) {
         errno = saved;
         return MOKKA_CTL_NO_DAEMON; /* the daemon cannot bind a path this long either */
@@ -124,7 +160,7 @@ enum mokka_ctl_status mokka_control(const char *line, char *reason, size_t reaso
     enum mokka_ctl_status r = MOKKA_CTL_NO_DAEMON;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd >= 0) {
-        r = exchange(fd, &addr, request, (size_t)n, reason, reason_size);
+        r = exchange(fd, &addr, node_socket, request, (size_t)n, reason, reason_size);
         close(fd);
     }
     if (dirfd >= 0)
