@@ -2,7 +2,15 @@
 ConfigMaps, on 127.0.0.1 only, answering the few calls `mokka agent` makes (GET/PATCH a Node and
 its status, list+watch by field selector, POST Events, GET, POST (create) and PUT (replace) a
 ConfigMap) with the API server's real response shapes, plus knobs to make it conflict (409), end
-a watch early, expire a watch (410 Gone), or forbid a namespace's ConfigMaps (403)."""
+a watch early, expire a watch (410 Gone), or forbid a namespace's ConfigMaps (403).
+
+Why a fake remains beside the real API server of the cluster tier (tests/test_cluster.py, which
+runs the agent's DaemonSet, its annotations, conditions, Events, ConfigMap scenarios and a
+relabelled node against kube-apiserver 1.36): these are the cases a real server cannot be made to
+show on demand. A write conflict at a chosen moment (409 on the agent's status PATCH), a watch that
+the server ends early or expires (410 Gone, the agent's relist), a namespace whose ConfigMaps are
+forbidden (403), a pool of nodes watched by one agent, and the agent's own unit tests, which run
+in every tier without a cluster (level daemon: no kubelet, no containerd, no root networking)."""
 from __future__ import annotations
 
 import copy
