@@ -166,36 +166,37 @@ enum key {
     K_fabric_health_route_unhealthy = 158,
     K_fabric_health_access_timeout_recovery = 159,
     K_fabric_health_incorrect_configuration = 160,
-    K_x_egm = 161,
-    K_ecc_errors_uncorrected_volatile_sram = 162,
-    K_ecc_errors_uncorrected_aggregate_sram = 163,
-    K_x_remap_corr_inactive = 164,
-    K_x_remap_unc_inactive = 165,
-    K_x_temp_shutdown = 166,
-    K_x_temp_slowdown = 167,
-    K_x_temp_max_gpu = 168,
-    K_x_temp_max_mem = 169,
-    K_x_module_power_state = 170,
-    K_timestamp = 171,
-    K_driver_version = 172,
-    K_count = 173,
-    K_index = 174,
-    K_clocks_event_reasons_supported = 175,
-    K_clocks_event_reasons_active = 176,
-    K_compute_cap = 177,
-    K_ecc_errors_corrected_volatile_l2_cache = 178,
-    K_ecc_errors_corrected_volatile_total = 179,
-    K_ecc_errors_corrected_aggregate_l2_cache = 180,
-    K_ecc_errors_corrected_aggregate_total = 181,
-    K_ecc_errors_uncorrected_volatile_l2_cache = 182,
-    K_ecc_errors_uncorrected_volatile_total = 183,
-    K_ecc_errors_uncorrected_aggregate_l2_cache = 184,
-    K_ecc_errors_uncorrected_aggregate_total = 185,
-    K_power_management = 186,
-    K_power_draw = 187,
-    K_processes = 188,
-    K_accounted_processes = 189,
-    K_mig_devices = 190,
+    K_fabric_health_partition_assigned = 161,
+    K_x_egm = 162,
+    K_ecc_errors_uncorrected_volatile_sram = 163,
+    K_ecc_errors_uncorrected_aggregate_sram = 164,
+    K_x_remap_corr_inactive = 165,
+    K_x_remap_unc_inactive = 166,
+    K_x_temp_shutdown = 167,
+    K_x_temp_slowdown = 168,
+    K_x_temp_max_gpu = 169,
+    K_x_temp_max_mem = 170,
+    K_x_module_power_state = 171,
+    K_timestamp = 172,
+    K_driver_version = 173,
+    K_count = 174,
+    K_index = 175,
+    K_clocks_event_reasons_supported = 176,
+    K_clocks_event_reasons_active = 177,
+    K_compute_cap = 178,
+    K_ecc_errors_corrected_volatile_l2_cache = 179,
+    K_ecc_errors_corrected_volatile_total = 180,
+    K_ecc_errors_corrected_aggregate_l2_cache = 181,
+    K_ecc_errors_corrected_aggregate_total = 182,
+    K_ecc_errors_uncorrected_volatile_l2_cache = 183,
+    K_ecc_errors_uncorrected_volatile_total = 184,
+    K_ecc_errors_uncorrected_aggregate_l2_cache = 185,
+    K_ecc_errors_uncorrected_aggregate_total = 186,
+    K_power_management = 187,
+    K_power_draw = 188,
+    K_processes = 189,
+    K_accounted_processes = 190,
+    K_mig_devices = 191,
     K_COUNT
 };
 
@@ -210,10 +211,16 @@ struct branch { int branch, colon, dtd, unknown_rc; const char *unknown;
                 *help_query_retired, *help_query_remapped;
                 const struct qfield *fields; const struct skel *text, *text_display, *xml;
                 struct frame table; };
+/* A branch of the text captures (590, 595): its help texts (-h without its first line) and
+   --query-gpu fields. */
+struct captured { int branch; const char *help, *help_query_gpu, *help_query_apps, *help_query_accounted,
+                  *help_query_retired; const struct qfield *fields; };
 
 extern const struct fact FACTS[K_COUNT];
-extern const struct qfield QUERY_GPU_FIELDS[];
-extern const char HELP_VERSION[], HELP_TEXT[], HELP_QUERY_GPU[], HELP_QUERY_COMPUTE_APPS[];
+/* The driver version the captures' -h is headed by (590's). */
+extern const char HELP_VERSION[];
+/* The branches of the text captures, oldest first: 570-594 take 590's, 595 and later 595's. */
+extern const struct captured CAPTURED[];
 /* The -q -x skeleton of each captured board, and the -q skeletons of 590 and 595. */
 extern const struct board XML_BOARDS[];
 extern const struct skel TEXT_590[], TEXT_595[];
