@@ -27,6 +27,10 @@ TEXT_L40S = "nvidia-smi-text.l40s.595.80.txt"
 XML_BOARDS = ["a100", "h100", "b200", "gb200", "gb300", "l40s", "t4"]
 RECORDS = ROOT / "tests" / "fixtures" / "nvidia-smi-branches"
 BRANCHES = [470, 525, 535, 550]  # the Debian-shipped branches recorded by record_branches.py
+# Branches between the records and the 590 capture with a real -q text capture: each takes the
+# newest record below it for everything but its -q (the capture's skeleton) and -q -d (the
+# record's sections and sample blocks in the record's order, each section's rows the capture's).
+BETWEEN = {555: "nvidia-smi-q.a100-80gb.555.42.02.txt", 565: "nvidia-smi-q.h100.565.57.01.txt"}
 
 FIELDS_FILE = HERE / "fields.yaml"
 FIELD_COLUMNS = {"also", "unit", "get", "deprecated_from", "na_before", "na_in_mig", "na_plain", "q", "x", "suffix",
@@ -260,10 +264,17 @@ def branch_parts(fields590, keys: dict[str, int]) -> list[str]:
         # -q -d: the same sections, with the sample blocks only -d prints
         parts.append(rows_c(f"TEXT_D_{b}", text_skeleton((d / "query-display.txt").read_text(), record=True), keys))
         parts.append(rows_c(f"XML_{b}", xml_skeleton(d / "query.xml")[1], keys))
+    for b, capture in BETWEEN.items():
+        rec = max(r for r in BRANCHES if r < b)
+        text = text_skeleton((CAPTURES / capture).read_text(), record=True)
+        display = text_skeleton((RECORDS / str(rec) / "query-display.txt").read_text(), record=True)
+        parts.append(rows_c(f"TEXT_{b}", text, keys))
+        parts.append(rows_c(f"TEXT_D_{b}", display_skeleton(display, text), keys))
     parts.append("const struct branch BRANCHES[] = {")
-    for b in BRANCHES:
-        d = RECORDS / str(b)
-        query = (d / "query.txt").read_text().splitlines()
+    for b in sorted(BRANCHES + list(BETWEEN)):
+        rec = max(r for r in BRANCHES if r <= b)  # the record of everything a capture does not show
+        d = RECORDS / str(rec)
+        query = (CAPTURES / BETWEEN[b] if b in BETWEEN else d / "query.txt").read_text().splitlines()
         dtd = re.search(r"nvsmi_device_v(\d+)\.dtd", (d / "query.xml").read_text()).group(1)
         f = table_frame((d / "table.txt").read_text())
         frame = ", ".join(str(f[k]) for k in ("width", "ts_pad", "w_smi", "w_drv", "w_cuda"))
@@ -273,11 +284,28 @@ def branch_parts(fields590, keys: dict[str, int]) -> list[str]:
         unknown = "\n".join(unknown) + "\n"
         if "--no-such-option" in unknown:
             unknown = unknown.replace("--no-such-option", "%s")
+        r = rec
         parts.append(f"    {{{b}, {colon_column(query)}, {dtd}, {int(rc)}, {c_str(unknown).strip()},\n"
-                     f"     HELP_TEXT_{b}, HELP_QUERY_GPU_{b}, HELP_QUERY_COMPUTE_APPS_{b}, HELP_QUERY_ACCOUNTED_APPS_{b},\n"
-                     f"     HELP_QUERY_RETIRED_PAGES_{b}, HELP_QUERY_REMAPPED_ROWS_{b},\n     QUERY_GPU_FIELDS_{b}, TEXT_{b}, TEXT_D_{b}, XML_{b},\n     {{{frame}}}}},")
+                     f"     HELP_TEXT_{r}, HELP_QUERY_GPU_{r}, HELP_QUERY_COMPUTE_APPS_{r}, HELP_QUERY_ACCOUNTED_APPS_{r},\n"
+                     f"     HELP_QUERY_RETIRED_PAGES_{r}, HELP_QUERY_REMAPPED_ROWS_{r},\n     QUERY_GPU_FIELDS_{r}, TEXT_{b}, TEXT_D_{b}, XML_{r},\n     {{{frame}}}}},")
     parts.append("    {0},\n};\n")
     return parts
+
+
+def display_skeleton(record_display: list, text: list) -> list:
+    """-q -d of a branch known by its -q text alone: the record's -d rows (its sections in its order,
+    the blocks only -d prints), each top-level section the text also has replaced by the text's
+    rows of it."""
+    def blocks(rows):
+        out: list[list] = []
+        for row in rows:
+            if row[0] == 0 or not out:
+                out.append([])
+            out[-1].append(row)
+        return out
+
+    own = {b[0][2].rstrip(): b for b in blocks(text)}
+    return [row for b in blocks(record_display) for row in own.get(b[0][2].rstrip(), b)]
 
 
 def rows_c(name: str, rows, keys: dict[str, int], exported: bool = False) -> str:

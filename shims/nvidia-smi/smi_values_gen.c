@@ -14,10 +14,7 @@ enum vr value(const struct dev *d, int key, char *out, size_t n)
         return WORD(nvmlDeviceGetDisplayMode, enabled_word);
     case K_display_active: return WORD(nvmlDeviceGetDisplayActive, enabled_word);
     case K_persistence_mode: return WORD(nvmlDeviceGetPersistenceMode, enabled_word);
-    case K_addressing_mode:
-        if (g_branch < 570)
-            return V_NA;
-        return addressing_mode(d, out, n);
+    case K_addressing_mode: return addressing_mode(d, out, n);
     case K_mig_mode_current: return mig_mode(d, out, n, 0);
     case K_mig_mode_pending: return mig_mode(d, out, n, 1);
     case K_accounting_mode: return WORD(nvmlDeviceGetAccountingMode, enabled_word);
