@@ -294,6 +294,40 @@ def test_accounted_apps_and_retired_pages_as_captured(smi, captured):
             assert ours[1].split(", ")[1] == real[1].split(", ")[1]  # the product name
 
 
+@pytest.mark.parametrize("captured", CAPTURED, indirect=True, ids=["590", "595"])
+def test_values_the_captures_give(smi, captured):
+    """Values real boards give that the tool used to print N/A: InfoROM checksum validation, GSP
+    mode (current and default), the bank remap histogram; EDPp as the capture spells it in CSV and
+    in -q ("100.00%", no space, on the H100; N/A on the L40S)."""
+    node, capture = captured
+    fields, header, values = _capture_query(capture)
+    real = dict(zip(header, values))
+    names = ["inforom.checksum_validation", "gsp.mode.current", "gsp.mode.default", "edpp_multiplier [%]",
+             *(f"remapped_rows.histogram.{b}" for b in ("max", "high", "partial", "low", "none"))]
+    r = run(smi, node, f"--query-gpu={fields}", "--format=csv")
+    row = dict(zip(header, r.stdout.splitlines()[1].split(", ")))
+    assert {k: row[k] for k in names} == {k: real[k] for k in names}
+    edpp = lambda lines: next(l for l in lines if l.startswith("    EDPp Multiplier"))  # noqa: E731
+    assert edpp(run(smi, node, "-q").stdout.splitlines()) == edpp(capture_section(capture, "idle :: query (-q)"))
+
+
+@pytest.mark.parametrize("profile,capture", [("h100-nvl", "nvidia-smi-q.h100-nvl.550.54.14.txt"),
+                                             ("a100-80gb", "nvidia-smi-q.a100-80gb.555.42.02.txt"),
+                                             ("l4", "nvidia-smi-q.l4.550.90.07.txt"),
+                                             ("a10g", "nvidia-smi-q.a10g.535.247.01.txt")])
+def test_remap_histogram_of_the_text_boards(smi, tmp_path, profile, capture):
+    """The boards shipped from a text -q print their bank remap histogram, as that -q does."""
+    p = Published(tmp_path, profile, 1)
+    try:
+        ours = run(smi, p, "-q").stdout.splitlines()
+    finally:
+        p.close()
+    real = (CAPTURES / capture).read_text().splitlines()
+    hist = lambda lines: [l.split(" : ")[1] for l in lines[lines.index(  # noqa: E731
+        next(l for l in lines if l.strip() == "Bank Remap Availability Histogram")) + 1:][:5]]
+    assert hist(ours) == hist(real) and hist(ours)[0].endswith(" bank(s)")
+
+
 def test_loop_ms_repeats_rows_until_interrupted(smi, node):
     p = subprocess.Popen([str(smi), "--query-gpu=index", "--format=csv,noheader", "-i", "0", "-lms", "20"],
                          env=consumer_env(node.path), stdout=subprocess.PIPE, text=True)

@@ -33,8 +33,8 @@ BRANCHES = [470, 525, 535, 550]  # the Debian-shipped branches recorded by recor
 BETWEEN = {555: "nvidia-smi-q.a100-80gb.555.42.02.txt", 565: "nvidia-smi-q.h100.565.57.01.txt"}
 
 FIELDS_FILE = HERE / "fields.yaml"
-FIELD_COLUMNS = {"also", "unit", "get", "deprecated_from", "na_before", "na_in_mig", "na_plain", "q", "x", "suffix",
-                 "profile"}
+FIELD_COLUMNS = {"also", "unit", "get", "deprecated_from", "na_before", "na_in_mig", "na_plain", "unit_joined", "q", "x",
+                 "suffix", "profile"}
 
 
 def _paths(v) -> list[str]:
@@ -367,10 +367,12 @@ def dispatch(keys: dict[str, int]) -> str:
 
 
 def facts_c() -> str:
-    out = ["/* Each fact's name and unit (-q, -q -x), and whether --query-gpu prints its N/A bare. */",
+    out = ["/* Each fact's name and unit (-q, -q -x), whether --query-gpu prints its N/A bare and whether -q and",
+           "   -q -x join the unit to the value. */",
            "const struct fact FACTS[K_COUNT] = {"]
     for name, row in FACTS.items():
-        out.append(f'    [{ident(name)}] = {{"{name}", "{row.get("unit", "")}", {int(bool(row.get("na_plain")))}}},')
+        out.append(f'    [{ident(name)}] = {{"{name}", "{row.get("unit", "")}", {int(bool(row.get("na_plain")))}, '
+                   f'{int(bool(row.get("unit_joined")))}}},')
     out.append("};\n")
     return "\n".join(out)
 
@@ -460,7 +462,7 @@ def generate() -> dict[Path, str]:
             "enum key {", "    K_NONE = -1,"]
     decl += [f"    {ident(k)} = {v}," for k, v in keys.items()]
     decl += ["    K_COUNT", "};", "",
-             "struct fact { const char *name, *unit; unsigned char na_plain; };",
+             "struct fact { const char *name, *unit; unsigned char na_plain, unit_joined; };",
              "struct qfield { const char *name, *alias, *unit; enum key key; };",
              "struct skel { signed char depth, kind; short key; const char *tag, *suffix; };",
              "struct board { const char *profile, *product; const struct skel *xml; };",

@@ -70,7 +70,7 @@
     X(nvmlDeviceGetNvLinkCapability) X(nvmlDeviceGetNvLinkErrorCounter)                      \
     X(nvmlDeviceGetNvLinkRemotePciInfo_v2) X(nvmlDeviceGetTopologyCommonAncestor)            \
     X(nvmlDeviceGetCpuAffinity) X(nvmlDeviceGetMemoryAffinity) X(nvmlDeviceGetModuleId) X(nvmlDeviceGetPowerManagementMode)      \
-    X(nvmlDeviceGetGspFirmwareVersion) X(nvmlDeviceGetPowerState) X(nvmlDeviceGetMarginTemperature)  \
+    X(nvmlDeviceGetGspFirmwareVersion) X(nvmlDeviceGetGspFirmwareMode) X(nvmlDeviceValidateInforom) X(nvmlDeviceGetPowerState) X(nvmlDeviceGetMarginTemperature)  \
     X(nvmlDeviceGetFieldValues) X(nvmlDeviceGetPciInfoExt) X(nvmlDeviceGetNvLinkRemoteDeviceType) \
     X(nvmlDeviceSetPersistenceMode) X(nvmlDeviceSetComputeMode) X(nvmlDeviceSetPowerManagementLimit) \
     X(nvmlDeviceSetGpuLockedClocks) X(nvmlDeviceResetGpuLockedClocks)                        \

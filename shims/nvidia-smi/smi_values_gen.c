@@ -36,6 +36,9 @@ enum vr value(const struct dev *d, int key, char *out, size_t n)
     case K_c2c_mode: return MEMBER(nvmlDeviceGetC2cModeInfoV, "%s", isC2cEnabled ? "Enabled" : "Disabled");
     case K_x_virtualization_mode: return WORD(nvmlDeviceGetVirtualizationMode, virtualization_word);
     case K_gpu_recovery_action: return FIELD_WORD(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, recovery_action_word);
+    case K_inforom_checksum_validation: return inforom_valid(d, out, n);
+    case K_gsp_mode_current: return gsp_mode(d, out, n, 0);
+    case K_gsp_mode_default: return gsp_mode(d, out, n, 1);
     case K_x_gsp_firmware_version: return STR_UNSIZED(nvmlDeviceGetGspFirmwareVersion);
     case K_pci_bus: return MEMBER(nvmlDeviceGetPciInfo_v3, "0x%02X", bus);
     case K_pci_device: return MEMBER(nvmlDeviceGetPciInfo_v3, "0x%02X", device);
