@@ -134,3 +134,22 @@ def test_query_555_has_the_real_labels(smi, tmp_path):
     assert [label(l) for l in first(ours)[1:len(real_gpu)]] == [label(l) for l in real_gpu[1:]]
     values = dict((label(l).strip(), l.split(" : ")[1]) for l in first(ours) if " : " in l)
     assert values["Addressing Mode"] == "None"
+
+
+def test_the_branch_table_covers_every_branch_with_a_source():
+    """docs/nvidia-smi.md's per-branch table: a row per production branch from 470 to 595, each
+    with its source, and every layout the generator makes (records, captures between them, the
+    590 and 595 captures) among them."""
+    import importlib.util
+
+    doc = (CAPTURES.parents[2] / "docs" / "nvidia-smi.md").read_text()
+    table = doc.split("| branch | what it changes", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    rows = {int(r.split("|")[1]): r.split("|")[3].strip() for r in table}
+    spec = importlib.util.spec_from_file_location("gen_smi", CAPTURES.parents[2] / "shims" / "nvidia-smi" / "gen_smi.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert set(gen.BRANCHES) | set(gen.BETWEEN) | {590, 595} <= set(rows)
+    assert sorted(rows) == [470, 525, 535, 545, 550, 555, 560, 565, 570, 575, 580, 590, 595]
+    assert all(rows.values())
+    for b, capture in gen.BETWEEN.items():
+        assert (CAPTURES / capture).is_file() and capture.split(".", 2)[2].startswith(str(b)), b
