@@ -212,6 +212,16 @@ def test_retired_pages_list(branch, ours, tmp_path):
             node.close()
 
 
+def test_addressing_mode_is_none_before_570(pair):
+    """Every real -q of 535-565 prints Addressing Mode None (boards whose 570+ captures say HMM
+    included): NVIDIA's binary (export entry 242) and ours print it from the model's answer."""
+    if pair.branch < 535:
+        pytest.skip("no Addressing Mode before 535")
+    real, ours = pair.both("-q")
+    line = lambda out: next(l for l in out.splitlines() if l.startswith("    Addressing Mode "))  # noqa: E731
+    assert line(real) == line(ours) and line(ours).endswith(": None")
+
+
 def test_query_gpu_refuses_what_the_branch_does_not_know(pair):
     """The fields of later branches (our 590 list) that this branch lacks are refused with the
     real message and exit code, one at a time as the tool stops at the first (a name longer than
