@@ -212,6 +212,18 @@ def test_retired_pages_list(branch, ours, tmp_path):
             node.close()
 
 
+def test_missing_or_bad_format(pair):
+    """A query without --format, with one that is not csv or names an unknown modifier: the
+    branch's message and exit code, the fields checked between the two."""
+    for args in (("--query-gpu=name",), ("--query-compute-apps=pid",), ("--query-retired-pages=gpu_name",),
+                 ("--query-gpu=name", "--format=tsv"), ("--query-gpu=name", "--format=csv,bogus"),
+                 ("--query-gpu=name", "--format=noheader"), ("--query-gpu=bogus", "--format=tsv"),
+                 ("--query-gpu=bogus",)):
+        real, ours = pair.real(*args), pair.ours(*args)
+        assert (ours.stdout, ours.returncode) == (real.stdout, real.returncode), args
+        assert real.returncode == 2
+
+
 def test_addressing_mode_is_none_before_570(pair):
     """Every real -q of 535-565 prints Addressing Mode None (boards whose 570+ captures say HMM
     included): NVIDIA's binary (export entry 242) and ours print it from the model's answer."""

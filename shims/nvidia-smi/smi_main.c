@@ -294,9 +294,25 @@ int main(int argc, char **argv)
     if (mode == M_TABLE && q)
         mode = x ? M_XML : M_QUERY;
     int listing = mode == M_QAPPS || mode == M_QACCT || mode == M_QRETIRED;
-    if ((mode == M_QGPU || listing) && (!fields || !*fields || !format || parse_format(format) != 0)) {
-        printf("%s", MSG_INVALID);
-        return EXIT_INVALID;
+    /* A missing or bad --format: below 570 as NVIDIA's 470-550 binaries (a missing one first, the
+       fields next, below, then what it says); from 570 the invalid-combination line (unverified). */
+    int format_error = 0;
+    if (mode == M_QGPU || listing) {
+        if (!format || (format_error = parse_format(format)) != 0) {
+            probe_branch();
+            if (!g_rec) {
+                printf("%s", MSG_INVALID);
+                return EXIT_INVALID;
+            }
+        }
+        if (!format) {
+            printf("\"--format=\" switch is missing. Please run 'nvidia-smi -h' for help.\n\n");
+            return EXIT_INVALID;
+        }
+        if (!fields || !*fields) {
+            printf("%s", MSG_INVALID);
+            return EXIT_INVALID;
+        }
     }
     if (dsections && (!(mode == M_QUERY || mode == M_XML) || parse_sections(dsections) != 0)) {
         printf("%s", MSG_INVALID);
@@ -347,6 +363,11 @@ int main(int argc, char **argv)
         ncols = parse_fields_of(fields, app_idx, app_spelled, 16, which);
         if (ncols <= 0)
             return EXIT_INVALID;
+    }
+    if (format_error) {
+        printf("%s", format_error == -1 ? "Format modifier is not recognized.\n"
+                                        : "Format modifier --format=csv is mandatory.\n");
+        return EXIT_INVALID;
     }
 
     for (long it = 0; !g_stop; it++) {

@@ -26,9 +26,9 @@ int parse_format(const char *f)
         else if (!strcmp(t, "nounits"))
             g_nounits = 1;
         else
-            return -1;
+            return -1; /* "Format modifier is not recognized." */
     }
-    return csv ? 0 : -1;
+    return csv ? 0 : -2; /* "Format modifier --format=csv is mandatory." */
 }
 
 int parse_gpu_fields(const char *list, struct col *cols, int cap)
