@@ -32,8 +32,9 @@ class Published:
     """A node published into `<dir>/state` by an in-process Publisher (no FUSE)."""
 
     def __init__(self, directory: Path, profile: str = "h100", gpus: int | None = None,
-                 driver_version: str | None = None) -> None:
-        self.node = Node(compose(load_profile(profile), gpus=gpus, driver_version=driver_version), time.time())
+                 driver_version: str | None = None, cuda_version: str | None = None) -> None:
+        self.node = Node(compose(load_profile(profile), gpus=gpus, driver_version=driver_version,
+                                 cuda_version=cuda_version), time.time())
         self.path = directory / "state"
         self.publisher = Publisher(self.path)
         self.publisher.open()

@@ -225,6 +225,109 @@ def test_compute_apps_header_and_empty_list(smi, node):
     assert r.stdout.splitlines() == capture_section(TEXT_H100, "idle :: query-compute-apps (per-process)")
 
 
+CAPTURED = [("h100", "590.48.01", TEXT_H100), ("l40s", "595.80", TEXT_L40S)]
+
+
+@pytest.fixture
+def captured(tmp_path, request):
+    """A one-GPU node of a text capture's board at its driver: (node, capture)."""
+    profile, driver, capture = request.param
+    p = Published(tmp_path, profile, 1, driver)
+    yield p, capture
+    p.close()
+
+
+@pytest.mark.parametrize("captured", CAPTURED, indirect=True, ids=["590", "595"])
+def test_help_texts_are_the_captured_branch(smi, captured):
+    """-h and every --help-query-* text the capture has are its branch's, verbatim (595 lists
+    kmd_version, the inactive remapped rows and fabric.health.partition_assigned and drops
+    power smoothing; accounted apps and retired pages have help texts at both)."""
+    node, capture = captured
+    for option, title in [("-h", "help (-h)"), ("--help-query-gpu", "help-query-gpu"),
+                          ("--help-query-compute-apps", "help-query-compute-apps"),
+                          ("--help-query-accounted-apps", "help-query-accounted-apps"),
+                          ("--help-query-retired-pages", "help-query-retired-pages")]:
+        r = run(smi, node, option)
+        assert r.returncode == 0, option
+        assert r.stdout.splitlines() == capture_section(capture, f"capabilities :: {title}"), option
+
+
+@pytest.mark.parametrize("captured", CAPTURED, indirect=True, ids=["590", "595"])
+def test_query_gpu_takes_the_captured_branch_fields(smi, captured):
+    """The capture's own --query-gpu command prints its header; each branch refuses what the
+    other added (595: kmd_version ...; 590: power smoothing), as the real tool refuses a field its
+    --help-query-gpu does not list."""
+    node, capture = captured
+    fields, header, values = _capture_query(capture)
+    r = run(smi, node, f"--query-gpu={fields}", "--format=csv")
+    assert r.returncode == 0, r.stdout[-300:]
+    assert r.stdout.splitlines()[0].split(", ") == header
+    row = dict(zip(header, r.stdout.splitlines()[1].split(", ")))
+    driver = dict(zip(header, values))["driver_version"]
+    assert row["driver_version"] == driver
+    if "kmd_version" in row:
+        assert row["kmd_version"] == driver and row["fabric.health.partition_assigned"] == "N/A"
+        assert row["remapped_rows.correctable_inactive"] == row["remapped_rows.uncorrectable_inactive"] == "0"
+    other = "power_smoothing.primary_power_floor" if "kmd_version" in row else "kmd_version"
+    r = run(smi, node, f"--query-gpu={other}", "--format=csv")
+    assert (r.returncode, r.stdout) == (2, f'Field "{other}" is not a valid field to query.\n\n')
+
+
+@pytest.mark.parametrize("captured", CAPTURED, indirect=True, ids=["590", "595"])
+def test_accounted_apps_and_retired_pages_as_captured(smi, captured):
+    """The capture's --query-accounted-apps and --query-retired-pages commands: the same header,
+    and for a board that remaps rows (no page retirement) one [N/A] row per cause, the GPU's
+    cells masked."""
+    node, capture = captured
+    for title, option in [("idle :: query-accounted-apps", "--query-accounted-apps"),
+                          ("idle :: query-retired-pages", "--query-retired-pages")]:
+        lines = capture.read_text().splitlines()
+        fields = re.search(rf"{option}=(\S+)", lines[lines.index(f"# {title}") + 1]).group(1)
+        real = capture_section(capture, title)
+        r = run(smi, node, f"{option}={fields}", "--format=csv")
+        assert r.returncode == 0, (option, r.stdout)
+        ours = r.stdout.splitlines()
+        assert ours[0] == real[0], option
+        if option == "--query-retired-pages":
+            mask = lambda line: line.split(", ", 5)[5]  # noqa: E731 (after timestamp, name, bus, serial, UUID)
+            assert [mask(l) for l in ours[1:]] == [mask(l) for l in real[1:]]
+            assert ours[1].split(", ")[1] == real[1].split(", ")[1]  # the product name
+
+
+@pytest.mark.parametrize("captured", CAPTURED, indirect=True, ids=["590", "595"])
+def test_values_the_captures_give(smi, captured):
+    """Values real boards give that the tool used to print N/A: InfoROM checksum validation, GSP
+    mode (current and default), the bank remap histogram; EDPp as the capture spells it in CSV and
+    in -q ("100.00%", no space, on the H100; N/A on the L40S)."""
+    node, capture = captured
+    fields, header, values = _capture_query(capture)
+    real = dict(zip(header, values))
+    names = ["inforom.checksum_validation", "gsp.mode.current", "gsp.mode.default", "edpp_multiplier [%]",
+             *(f"remapped_rows.histogram.{b}" for b in ("max", "high", "partial", "low", "none"))]
+    r = run(smi, node, f"--query-gpu={fields}", "--format=csv")
+    row = dict(zip(header, r.stdout.splitlines()[1].split(", ")))
+    assert {k: row[k] for k in names} == {k: real[k] for k in names}
+    edpp = lambda lines: next(l for l in lines if l.startswith("    EDPp Multiplier"))  # noqa: E731
+    assert edpp(run(smi, node, "-q").stdout.splitlines()) == edpp(capture_section(capture, "idle :: query (-q)"))
+
+
+@pytest.mark.parametrize("profile,capture", [("h100-nvl", "nvidia-smi-q.h100-nvl.550.54.14.txt"),
+                                             ("a100-80gb", "nvidia-smi-q.a100-80gb.555.42.02.txt"),
+                                             ("l4", "nvidia-smi-q.l4.550.90.07.txt"),
+                                             ("a10g", "nvidia-smi-q.a10g.535.247.01.txt")])
+def test_remap_histogram_of_the_text_boards(smi, tmp_path, profile, capture):
+    """The boards shipped from a text -q print their bank remap histogram, as that -q does."""
+    p = Published(tmp_path, profile, 1)
+    try:
+        ours = run(smi, p, "-q").stdout.splitlines()
+    finally:
+        p.close()
+    real = (CAPTURES / capture).read_text().splitlines()
+    hist = lambda lines: [l.split(" : ")[1] for l in lines[lines.index(  # noqa: E731
+        next(l for l in lines if l.strip() == "Bank Remap Availability Histogram")) + 1:][:5]]
+    assert hist(ours) == hist(real) and hist(ours)[0].endswith(" bank(s)")
+
+
 def test_loop_ms_repeats_rows_until_interrupted(smi, node):
     p = subprocess.Popen([str(smi), "--query-gpu=index", "--format=csv,noheader", "-i", "0", "-lms", "20"],
                          env=consumer_env(node.path), stdout=subprocess.PIPE, text=True)

@@ -19,7 +19,7 @@ import pytest
 
 from helpers_nvml import Published, consumer_env, nvml_path
 from helpers_smi import REPO, smi_binary
-from mokkafs.model.events import SetProcesses
+from mokkafs.model.events import InjectEcc, SetProcesses
 
 pytestmark = pytest.mark.level("tools")
 
@@ -178,9 +178,60 @@ def test_query_gpu_headers(pair):
 def test_apps_headers(pair):
     """--query-compute-apps and --query-accounted-apps name their fields by the first name too."""
     for option, fields in (("--query-compute-apps", "pid,name,used_memory,gpu_uuid,process_name"),
-                           ("--query-accounted-apps", "gpu_util,mem_util,pid,max_memory_usage,time")):
+                           ("--query-accounted-apps",
+                            "timestamp,vgpu_instance,gpu_util,mem_util,pid,max_memory_usage,time,gpu_uuid"),
+                           ("--query-retired-pages", "retired_pages.cause,gpu_name,retired_pages.address")):
         real, ours = pair.both(f"{option}={fields}", "--format=csv")
         assert ours.splitlines()[0] == real.splitlines()[0], option
+
+
+@pytest.mark.parametrize("branch", [470, 525, 535, 550])
+def test_retired_pages_list(branch, ours, tmp_path):
+    """--query-retired-pages as the branch's binary prints it: on a T4 (page retirement) one row
+    per retired page (a double-bit error retired one on GPU 1), none for a cause without pages;
+    on a board that remaps rows one [N/A] row per cause; every format."""
+    real = real_binary(branch)
+    version = (CACHE / str(branch) / "version").read_text().split()[1].split("-")[0]
+    fields = ("timestamp,gpu_name,gpu_bus_id,gpu_serial,gpu_uuid,retired_pages.address,retired_pages.timestamp,"
+              "retired_pages.cause")
+    for profile in ("t4", "h100") if branch >= 525 else ("t4",):
+        node = Published(tmp_path / profile, profile, 2, version)
+        try:
+            if profile == "t4":
+                node.apply(InjectEcc(1, "dbe", 1))
+            for fmt in ("csv", "csv,noheader,nounits"):
+                args = (f"--query-retired-pages={fields}", f"--format={fmt}")
+                got = [subprocess.run([str(b), *args], env=consumer_env(node.path), capture_output=True, text=True,
+                                      timeout=60) for b in (real, ours)]
+                assert got[1].returncode == got[0].returncode == 0
+                cut = lambda out: [l.split(", ", 1)[-1] for l in out.splitlines()]  # noqa: E731 (the timestamp)
+                assert cut(got[1].stdout) == cut(got[0].stdout), (profile, fmt)
+                rows = [l for l in got[1].stdout.splitlines() if l.endswith("ECC")]
+                assert len(rows) == (1 if profile == "t4" else 4), got[1].stdout
+        finally:
+            node.close()
+
+
+def test_missing_or_bad_format(pair):
+    """A query without --format, with one that is not csv or names an unknown modifier: the
+    branch's message and exit code, the fields checked between the two."""
+    for args in (("--query-gpu=name",), ("--query-compute-apps=pid",), ("--query-retired-pages=gpu_name",),
+                 ("--query-gpu=name", "--format=tsv"), ("--query-gpu=name", "--format=csv,bogus"),
+                 ("--query-gpu=name", "--format=noheader"), ("--query-gpu=bogus", "--format=tsv"),
+                 ("--query-gpu=bogus",)):
+        real, ours = pair.real(*args), pair.ours(*args)
+        assert (ours.stdout, ours.returncode) == (real.stdout, real.returncode), args
+        assert real.returncode == 2
+
+
+def test_addressing_mode_is_none_before_570(pair):
+    """Every real -q of 535-565 prints Addressing Mode None (boards whose 570+ captures say HMM
+    included): NVIDIA's binary (export entry 242) and ours print it from the model's answer."""
+    if pair.branch < 535:
+        pytest.skip("no Addressing Mode before 535")
+    real, ours = pair.both("-q")
+    line = lambda out: next(l for l in out.splitlines() if l.startswith("    Addressing Mode "))  # noqa: E731
+    assert line(real) == line(ours) and line(ours).endswith(": None")
 
 
 def test_query_gpu_refuses_what_the_branch_does_not_know(pair):

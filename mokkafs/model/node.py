@@ -19,6 +19,8 @@ from mokkafs.model.config import SETTINGS
 from mokkafs.model.dynamics import EVENT_COUNTERS, Readings
 from mokkafs.model.events import Event, InvalidCommand
 from mokkafs.model.identity import GpuIdentity, NodeConfig, gpu_identities
+from mokkafs.model.nvml_consts import ADDRESSING_MODES
+from mokkafs.model.schema import driver_branch
 from mokkafs.model.mig import GpuInstance
 from mokkafs.model.outcome import Outcome
 from mokkafs.model.state import LOG_LIMIT, GpuState, HcaState, LogEntry
@@ -39,6 +41,11 @@ class Node:
         self.features: ComputeFeatures = compute_features(
             self.profile.compute_capability, self.profile.l2_cache_bytes, self.profile.fabric is not None)
         self.nvml_support: NvmlSupport = nvml_support(self.profile.nvml_architecture)
+        # nvmlDeviceGetAddressingMode: the board's from branch 570; before it the driver reports
+        # None (every capture of 535-565 says None, the A100's at 555 too, whose 570 capture says HMM).
+        self.addressing_mode: int = (self.profile.nvml_addressing_mode
+                                     if driver_branch(config.composition.driver_version) >= 570
+                                     else ADDRESSING_MODES["NONE"])
         # The persisted records (model/state.py).
         self.gpus: list[GpuState] = [
             GpuState(t0=now, temp0=float(self.profile.thermal.idle_c)) for _ in self.identities

@@ -126,10 +126,12 @@ def _xml_spelling(path: str):
 
 # The facts of nvidia-smi's field table read from a capture beyond those a profile key is read from
 # (the table's `profile` column): the board's ids and class, the readings the old layouts and the
-# T.Limit thresholds are relative to, the fabric's status.
+# T.Limit thresholds are relative to, the fabric's status, the row remapper's histogram (whose
+# buckets add up to the board's bank count).
 ALSO_READ = ("pci.device_id", "pci.sub_device_id", "pci.baseClass", "pci.subClass", "power.draw", "power.draw.instant",
              "temperature.gpu.tlimit", "x.temp.shutdown_tlimit", "x.temp.slowdown_tlimit", "x.temp.max_gpu_tlimit",
-             "x.temp.max_mem_tlimit", "fabric.status")
+             "x.temp.max_mem_tlimit", "fabric.status", *(f"remapped_rows.histogram.{b}" for b in
+                                                          ("max", "high", "partial", "low", "none")))
 # `nvidia-smi -q` labels of those facts (section/label, as printed, every layout from 470 to 595)
 # -> the -q -x element of the same value, and how the XML writes it.
 TEXT_LABELS: dict[str, tuple[str, Any]] = {

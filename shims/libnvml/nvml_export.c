@@ -43,6 +43,7 @@ enum {
     E_PROCS_GRAPHICS = 214,   /* 0x6b0 */
     E_PROCS_MPS = 215,        /* 0x6b8 */
     E_GPU_PART_NUMBER = 231,  /* 0x738, 525 and later */
+    E_ADDRESSING_MODE = 242,  /* 0x790, 535 and 550 */
 };
 
 /* ---- entries -------------------------------------------------------------------------- */
@@ -247,6 +248,20 @@ static nvmlReturn_t entry_gpu_part_number(nvmlDevice_t device, char *buf, unsign
 
 /* (device, int *degrees): -q's "GPU T.Limit Temp", the margin below T.Limit; the public
    nvmlDeviceGetMarginTemperature's answer (NOT_SUPPORTED before Hopper). */
+/* (device, unsigned *mode): `-q`'s "Addressing Mode" in 535 and 550 (0 None, 1 HMM, 2 ATS: the
+   value written printed as such, tried one by one): nvmlDeviceGetAddressingMode's answer, None
+   below 570 as every real capture of those branches prints it. */
+static nvmlReturn_t entry_addressing_mode(nvmlDevice_t device, unsigned int *mode)
+{
+    if (!mode)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlDeviceAddressingMode_t am = {.version = nvmlDeviceAddressingMode_v1};
+    nvmlReturn_t r = nvmlDeviceGetAddressingMode(device, &am);
+    if (r == NVML_SUCCESS)
+        *mode = am.value;
+    return r;
+}
+
 static nvmlReturn_t entry_tlimit_margin(nvmlDevice_t device, int *degrees)
 {
     ARG(degrees);
@@ -580,6 +595,7 @@ static void fill_tables(void)
         w[E_PROCS_GRAPHICS] = U(entry_procs_none);
         w[E_PROCS_MPS] = U(entry_procs_none);
         w[E_GPU_PART_NUMBER] = U(entry_gpu_part_number);
+        w[E_ADDRESSING_MODE] = U(entry_addressing_mode); /* past the end of 470's and 525's tables */
         w[E_ARCHITECTURE] = U(entry_architecture);
         w[E_PROCESS_UTIL] = U(BRANCH_SIZES[t].process_util);
         w[E_RESET] = U(entry_reset);

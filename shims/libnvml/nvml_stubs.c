@@ -22,7 +22,6 @@ nvmlReturn_t DECLDIR nvmlUnitGetDevices(nvmlUnit_t unit, unsigned int *deviceCou
 nvmlReturn_t DECLDIR nvmlDeviceGetHandleByUUIDV(const nvmlUUID_t *uuid, nvmlDevice_t *device) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, nvmlGpuP2PCapsIndex_t p2pIndex,nvmlGpuP2PStatus_t *p2pStatus) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetInforomConfigurationChecksum(nvmlDevice_t device, unsigned int *checksum) { return NVML_ERROR_NOT_SUPPORTED; }
-nvmlReturn_t DECLDIR nvmlDeviceValidateInforom(nvmlDevice_t device) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetLastBBXFlushTime(nvmlDevice_t device, unsigned long long *timestamp, unsigned long *durationUs) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetBBXTimeData_v1(nvmlDevice_t device, nvmlBBXTimeData_v1_t *timeData) { return NVML_ERROR_NOT_SUPPORTED; }
 nvmlReturn_t DECLDIR nvmlDeviceGetGpuUptime_v1(nvmlDevice_t device, nvmlGpuUptime_v1_t *uptime) { return NVML_ERROR_NOT_SUPPORTED; }

@@ -27,10 +27,14 @@ TEXT_L40S = "nvidia-smi-text.l40s.595.80.txt"
 XML_BOARDS = ["a100", "h100", "b200", "gb200", "gb300", "l40s", "t4"]
 RECORDS = ROOT / "tests" / "fixtures" / "nvidia-smi-branches"
 BRANCHES = [470, 525, 535, 550]  # the Debian-shipped branches recorded by record_branches.py
+# Branches between the records and the 590 capture with a real -q text capture: each takes the
+# newest record below it for everything but its -q (the capture's skeleton) and -q -d (the
+# record's sections and sample blocks in the record's order, each section's rows the capture's).
+BETWEEN = {555: "nvidia-smi-q.a100-80gb.555.42.02.txt", 565: "nvidia-smi-q.h100.565.57.01.txt"}
 
 FIELDS_FILE = HERE / "fields.yaml"
-FIELD_COLUMNS = {"also", "unit", "get", "deprecated_from", "na_before", "na_in_mig", "na_plain", "q", "x", "suffix",
-                 "profile"}
+FIELD_COLUMNS = {"also", "unit", "get", "deprecated_from", "na_before", "na_in_mig", "na_plain", "unit_joined", "q", "x",
+                 "suffix", "profile"}
 
 
 def _paths(v) -> list[str]:
@@ -260,10 +264,17 @@ def branch_parts(fields590, keys: dict[str, int]) -> list[str]:
         # -q -d: the same sections, with the sample blocks only -d prints
         parts.append(rows_c(f"TEXT_D_{b}", text_skeleton((d / "query-display.txt").read_text(), record=True), keys))
         parts.append(rows_c(f"XML_{b}", xml_skeleton(d / "query.xml")[1], keys))
+    for b, capture in BETWEEN.items():
+        rec = max(r for r in BRANCHES if r < b)
+        text = text_skeleton((CAPTURES / capture).read_text(), record=True)
+        display = text_skeleton((RECORDS / str(rec) / "query-display.txt").read_text(), record=True)
+        parts.append(rows_c(f"TEXT_{b}", text, keys))
+        parts.append(rows_c(f"TEXT_D_{b}", display_skeleton(display, text), keys))
     parts.append("const struct branch BRANCHES[] = {")
-    for b in BRANCHES:
-        d = RECORDS / str(b)
-        query = (d / "query.txt").read_text().splitlines()
+    for b in sorted(BRANCHES + list(BETWEEN)):
+        rec = max(r for r in BRANCHES if r <= b)  # the record of everything a capture does not show
+        d = RECORDS / str(rec)
+        query = (CAPTURES / BETWEEN[b] if b in BETWEEN else d / "query.txt").read_text().splitlines()
         dtd = re.search(r"nvsmi_device_v(\d+)\.dtd", (d / "query.xml").read_text()).group(1)
         f = table_frame((d / "table.txt").read_text())
         frame = ", ".join(str(f[k]) for k in ("width", "ts_pad", "w_smi", "w_drv", "w_cuda"))
@@ -273,11 +284,28 @@ def branch_parts(fields590, keys: dict[str, int]) -> list[str]:
         unknown = "\n".join(unknown) + "\n"
         if "--no-such-option" in unknown:
             unknown = unknown.replace("--no-such-option", "%s")
+        r = rec
         parts.append(f"    {{{b}, {colon_column(query)}, {dtd}, {int(rc)}, {c_str(unknown).strip()},\n"
-                     f"     HELP_TEXT_{b}, HELP_QUERY_GPU_{b}, HELP_QUERY_COMPUTE_APPS_{b}, HELP_QUERY_ACCOUNTED_APPS_{b},\n"
-                     f"     HELP_QUERY_RETIRED_PAGES_{b}, HELP_QUERY_REMAPPED_ROWS_{b},\n     QUERY_GPU_FIELDS_{b}, TEXT_{b}, TEXT_D_{b}, XML_{b},\n     {{{frame}}}}},")
+                     f"     HELP_TEXT_{r}, HELP_QUERY_GPU_{r}, HELP_QUERY_COMPUTE_APPS_{r}, HELP_QUERY_ACCOUNTED_APPS_{r},\n"
+                     f"     HELP_QUERY_RETIRED_PAGES_{r}, HELP_QUERY_REMAPPED_ROWS_{r},\n     QUERY_GPU_FIELDS_{r}, TEXT_{b}, TEXT_D_{b}, XML_{r},\n     {{{frame}}}}},")
     parts.append("    {0},\n};\n")
     return parts
+
+
+def display_skeleton(record_display: list, text: list) -> list:
+    """-q -d of a branch known by its -q text alone: the record's -d rows (its sections in its order,
+    the blocks only -d prints), each top-level section the text also has replaced by the text's
+    rows of it."""
+    def blocks(rows):
+        out: list[list] = []
+        for row in rows:
+            if row[0] == 0 or not out:
+                out.append([])
+            out[-1].append(row)
+        return out
+
+    own = {b[0][2].rstrip(): b for b in blocks(text)}
+    return [row for b in blocks(record_display) for row in own.get(b[0][2].rstrip(), b)]
 
 
 def rows_c(name: str, rows, keys: dict[str, int], exported: bool = False) -> str:
@@ -292,14 +320,15 @@ def rows_c(name: str, rows, keys: dict[str, int], exported: bool = False) -> str
 
 
 def check_fields(fields: list[tuple[str, str, str]]) -> None:
-    """Every --query-gpu name of fields.yaml is one the 590 tool accepts, with the unit it prints."""
+    """Every --query-gpu name of fields.yaml is one a captured tool (590 or 595) accepts, with the
+    unit it prints."""
     units = {n: u for n, _, u in fields}
     for q, fact in QUERY_FACT.items():
         if q not in units:
-            raise SystemExit(f"{FIELDS_FILE.name}: {q} is not a --query-gpu field of the 590 capture")
+            raise SystemExit(f"{FIELDS_FILE.name}: {q} is not a --query-gpu field of the 590 or 595 capture")
         if units[q] != FACTS[fact].get("unit", ""):
-            raise SystemExit(f"{FIELDS_FILE.name}: {fact}: unit {FACTS[fact].get('unit', '')!r}, but the 590 "
-                             f"capture prints {q} in {units[q]!r}")
+            raise SystemExit(f"{FIELDS_FILE.name}: {fact}: unit {FACTS[fact].get('unit', '')!r}, but the "
+                             f"captures print {q} in {units[q]!r}")
 
 
 def dispatch(keys: dict[str, int]) -> str:
@@ -338,10 +367,12 @@ def dispatch(keys: dict[str, int]) -> str:
 
 
 def facts_c() -> str:
-    out = ["/* Each fact's name and unit (-q, -q -x), and whether --query-gpu prints its N/A bare. */",
+    out = ["/* Each fact's name and unit (-q, -q -x), whether --query-gpu prints its N/A bare and whether -q and",
+           "   -q -x join the unit to the value. */",
            "const struct fact FACTS[K_COUNT] = {"]
     for name, row in FACTS.items():
-        out.append(f'    [{ident(name)}] = {{"{name}", "{row.get("unit", "")}", {int(bool(row.get("na_plain")))}}},')
+        out.append(f'    [{ident(name)}] = {{"{name}", "{row.get("unit", "")}", {int(bool(row.get("na_plain")))}, '
+                   f'{int(bool(row.get("unit_joined")))}}},')
     out.append("};\n")
     return "\n".join(out)
 
@@ -412,8 +443,16 @@ def python_table() -> str:
 def generate() -> dict[Path, str]:
     h100 = (CAPTURES / TEXT_H100).read_text()
     l40s = (CAPTURES / TEXT_L40S).read_text()
-    fields = query_fields(h100)
-    check_fields(fields)
+    captured = {590: h100, 595: l40s}
+    fields_of = {b: query_fields(text) for b, text in captured.items()}
+    units: dict[str, tuple[str, str, str]] = {}
+    for b in captured:
+        for f in fields_of[b]:
+            if f[0] in units and units[f[0]][2] != f[2]:
+                raise SystemExit(f"{f[0]}: unit {units[f[0]][2]!r} at 590, {f[2]!r} at 595")
+            units.setdefault(f[0], f)
+    check_fields(list(units.values()))
+    fields = fields_of[590]
     keys: dict[str, int] = {}
     for k in list(FACTS) + list(DYNAMIC.values()):
         keys.setdefault(k, len(keys))
@@ -423,7 +462,7 @@ def generate() -> dict[Path, str]:
             "enum key {", "    K_NONE = -1,"]
     decl += [f"    {ident(k)} = {v}," for k, v in keys.items()]
     decl += ["    K_COUNT", "};", "",
-             "struct fact { const char *name, *unit; unsigned char na_plain; };",
+             "struct fact { const char *name, *unit; unsigned char na_plain, unit_joined; };",
              "struct qfield { const char *name, *alias, *unit; enum key key; };",
              "struct skel { signed char depth, kind; short key; const char *tag, *suffix; };",
              "struct board { const char *profile, *product; const struct skel *xml; };",
@@ -433,20 +472,30 @@ def generate() -> dict[Path, str]:
              "                const char *help, *help_query_gpu, *help_query_apps, *help_query_accounted,",
              "                *help_query_retired, *help_query_remapped;",
              "                const struct qfield *fields; const struct skel *text, *text_display, *xml;",
-             "                struct frame table; };", ""]
+             "                struct frame table; };",
+             "/* A branch of the text captures (590, 595): its help texts (-h without its first line) and",
+             "   --query-gpu fields. */",
+             "struct captured { int branch; const char *help, *help_query_gpu, *help_query_apps, *help_query_accounted,",
+             "                  *help_query_retired; const struct qfield *fields; };", ""]
     parts = ["/* Generated by shims/nvidia-smi/gen_smi.py from tests/fixtures/captures and fields.yaml; do not "
              "edit. */", '#include "smi_gen.h"', "", facts_c()]
-    parts.append("const struct qfield QUERY_GPU_FIELDS[] = {")
-    parts += [f'    {{"{n}", "{a}", "{u}", {ident(QUERY_FACT[n]) if n in QUERY_FACT else "K_NONE"}}},'
-              for n, a, u in fields]
-    parts.append("    {0, 0, 0, K_NONE},\n};\n")
-    for var, title in [("HELP_TEXT", "capabilities :: help (-h)"),
-                       ("HELP_QUERY_GPU", "capabilities :: help-query-gpu"),
-                       ("HELP_QUERY_COMPUTE_APPS", "capabilities :: help-query-compute-apps")]:
-        text = section(h100, title)
-        if var == "HELP_TEXT":
-            parts.append(f'const char HELP_VERSION[] = "{text.split(" -- v", 1)[1].split(chr(10), 1)[0]}";')
-        parts.append(f"const char {var}[] =\n{c_str(help_body(text) if var == 'HELP_TEXT' else text)};\n")
+    parts.append(f'const char HELP_VERSION[] = "{section(h100, "capabilities :: help (-h)").split(" -- v", 1)[1].split(chr(10), 1)[0]}";\n')
+    for b, text in captured.items():
+        parts.append(f"static const struct qfield QUERY_GPU_FIELDS_{b}[] = {{")
+        parts += [f'    {{"{n}", "{a}", "{u}", {ident(QUERY_FACT[n]) if n in QUERY_FACT else "K_NONE"}}},'
+                  for n, a, u in fields_of[b]]
+        parts.append("    {0, 0, 0, K_NONE},\n};\n")
+        for var, title in [("HELP_TEXT", "capabilities :: help (-h)"),
+                           ("HELP_QUERY_GPU", "capabilities :: help-query-gpu"),
+                           ("HELP_QUERY_COMPUTE_APPS", "capabilities :: help-query-compute-apps"),
+                           ("HELP_QUERY_ACCOUNTED_APPS", "capabilities :: help-query-accounted-apps"),
+                           ("HELP_QUERY_RETIRED_PAGES", "capabilities :: help-query-retired-pages")]:
+            body = section(text, title)
+            parts.append(f"static const char {var}_{b}[] =\n{c_str(help_body(body) if var == 'HELP_TEXT' else body)};\n")
+    parts.append("const struct captured CAPTURED[] = {")
+    parts += [f"    {{{b}, HELP_TEXT_{b}, HELP_QUERY_GPU_{b}, HELP_QUERY_COMPUTE_APPS_{b}, HELP_QUERY_ACCOUNTED_APPS_{b},\n"
+              f"     HELP_QUERY_RETIRED_PAGES_{b}, QUERY_GPU_FIELDS_{b}}}," for b in captured]
+    parts.append("    {0},\n};\n")
     boards = []
     for b in XML_BOARDS:
         product, rows = xml_skeleton(CAPTURES / f"nvidia-smi-q-x.{b}.xml")
@@ -461,8 +510,10 @@ def generate() -> dict[Path, str]:
                  f"TEXT_595_COLON = {colon_column(section(l40s, 'idle :: query (-q)').splitlines())};\n")
     parts += branch_parts(fields, keys)
     decl += ["extern const struct fact FACTS[K_COUNT];",
-             "extern const struct qfield QUERY_GPU_FIELDS[];",
-             "extern const char HELP_VERSION[], HELP_TEXT[], HELP_QUERY_GPU[], HELP_QUERY_COMPUTE_APPS[];",
+             "/* The driver version the captures' -h is headed by (590's). */",
+             "extern const char HELP_VERSION[];",
+             "/* The branches of the text captures, oldest first: 570-594 take 590's, 595 and later 595's. */",
+             "extern const struct captured CAPTURED[];",
              "/* The -q -x skeleton of each captured board, and the -q skeletons of 590 and 595. */",
              "extern const struct board XML_BOARDS[];",
              "extern const struct skel TEXT_590[], TEXT_595[];",

@@ -55,7 +55,7 @@
     X(nvmlDeviceGetBAR1MemoryInfo) X(nvmlDeviceGetComputeMode) X(nvmlDeviceGetUtilizationRates) \
     X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization) X(nvmlDeviceGetEccMode) \
     X(nvmlDeviceGetMemoryErrorCounter) X(nvmlDeviceGetTotalEccErrors)                        \
-    X(nvmlDeviceGetRetiredPages) X(nvmlDeviceGetRetiredPagesPendingStatus)                   \
+    X(nvmlDeviceGetRetiredPages) X(nvmlDeviceGetRetiredPages_v2) X(nvmlDeviceGetRetiredPagesPendingStatus) \
     X(nvmlDeviceGetRemappedRows) X(nvmlDeviceGetTemperature) X(nvmlDeviceGetTemperatureThreshold) \
     X(nvmlDeviceGetPowerUsage) X(nvmlDeviceGetPowerManagementLimit)                          \
     X(nvmlDeviceGetEnforcedPowerLimit) X(nvmlDeviceGetPowerManagementDefaultLimit)           \
@@ -70,7 +70,7 @@
     X(nvmlDeviceGetNvLinkCapability) X(nvmlDeviceGetNvLinkErrorCounter)                      \
     X(nvmlDeviceGetNvLinkRemotePciInfo_v2) X(nvmlDeviceGetTopologyCommonAncestor)            \
     X(nvmlDeviceGetCpuAffinity) X(nvmlDeviceGetMemoryAffinity) X(nvmlDeviceGetModuleId) X(nvmlDeviceGetPowerManagementMode)      \
-    X(nvmlDeviceGetGspFirmwareVersion) X(nvmlDeviceGetPowerState) X(nvmlDeviceGetMarginTemperature)  \
+    X(nvmlDeviceGetGspFirmwareVersion) X(nvmlDeviceGetGspFirmwareMode) X(nvmlDeviceValidateInforom) X(nvmlDeviceGetPowerState) X(nvmlDeviceGetMarginTemperature)  \
     X(nvmlDeviceGetFieldValues) X(nvmlDeviceGetPciInfoExt) X(nvmlDeviceGetNvLinkRemoteDeviceType) \
     X(nvmlDeviceSetPersistenceMode) X(nvmlDeviceSetComputeMode) X(nvmlDeviceSetPowerManagementLimit) \
     X(nvmlDeviceSetGpuLockedClocks) X(nvmlDeviceResetGpuLockedClocks)                        \
@@ -109,6 +109,8 @@ extern int g_branch;            /* driver major: picks layouts that changed betw
 /* Before 570: the layouts recorded from NVIDIA's own nvidia-smi of the nearest older Debian-shipped
    branch (smi_gen.h's BRANCHES; the oldest for older drivers). From 570: the 590/595 captures. */
 extern const struct branch *g_rec;
+/* From 570: the text capture of the newest captured branch not above the driver's (590, 595). */
+extern const struct captured *g_cap;
 extern const struct qfield *g_fields;
 extern int g_colon;             /* -q's colon column */
 extern char g_driver[96];
@@ -167,7 +169,7 @@ int cmd_list(void);
 int cmd_version(void);
 int cmd_table(void);
 
-/* ---- -q, -q -x, --query-gpu, --query-compute-apps, --query-accounted-apps (smi_query.c) --- */
+/* ---- -q, -q -x, --query-gpu, --query-compute-apps, -accounted-apps, -retired-pages (smi_query.c) */
 
 struct col { const char *spelled; int key; const char *unit; };
 
@@ -176,10 +178,12 @@ int parse_format(const char *f);
 int parse_gpu_fields(const char *list, struct col *cols, int cap);
 void print_header(const struct col *cols, int n, const char *list);
 void query_gpu_once(const struct col *cols, int n);
-int parse_fields_of(const char *list, int *idx, const char **spelled, int cap, int accounted);
-void print_apps_header(const int *idx, int n, int accounted);
+/* which: 0 --query-compute-apps, 1 --query-accounted-apps, 2 --query-retired-pages */
+int parse_fields_of(const char *list, int *idx, const char **spelled, int cap, int which);
+void print_apps_header(const int *idx, int n, int which);
 void query_apps_once(const int *idx, int n);
 void query_accounted_once(const int *idx, int n);
+void query_retired_once(const int *idx, int n);
 int parse_sections(const char *list);
 int cmd_xml(void);
 int cmd_query(void);

@@ -8,7 +8,8 @@
 
 int g_branch = 590;
 const struct branch *g_rec;
-const struct qfield *g_fields = QUERY_GPU_FIELDS;
+const struct captured *g_cap = CAPTURED;
+const struct qfield *g_fields;
 int g_colon = 55;
 char g_driver[96] = "N/A";
 char g_cuda[16] = "N/A";
@@ -29,7 +30,11 @@ static void set_branch(void)
             if (b->branch <= g_branch)
                 g_rec = b;
     }
-    g_fields = g_rec ? g_rec->fields : QUERY_GPU_FIELDS;
+    g_cap = CAPTURED; /* 570-594: the 590 capture's; from 595 595's */
+    for (const struct captured *c = CAPTURED; c->branch; c++)
+        if (c->branch <= g_branch)
+            g_cap = c;
+    g_fields = g_rec ? g_rec->fields : g_cap->fields;
     g_colon = g_rec ? g_rec->colon : g_branch >= 595 ? TEXT_595_COLON : TEXT_590_COLON;
 }
 
@@ -67,8 +72,8 @@ static int unknown_option(const char *a)
 }
 
 /* -h and the --help-query-* texts are the driver's branch's, -h headed by its version as the real
-   tool's by its own. The accounted-apps, retired-pages and remapped-rows texts are recorded for
-   470-550 only; from 570 those options stay unknown. */
+   tool's by its own. The remapped-rows text is recorded for 470-550 only (no capture from 570 has
+   it), so from 570 that option stays unknown. */
 static int print_help(const char *option, int which)
 {
     const char *version = probe_branch();
@@ -76,12 +81,12 @@ static int print_help(const char *option, int which)
     switch (which) {
     case 0:
         printf("NVIDIA System Management Interface -- v%s\n", version);
-        text = g_rec ? g_rec->help : HELP_TEXT;
+        text = g_rec ? g_rec->help : g_cap->help;
         break;
-    case 1: text = g_rec ? g_rec->help_query_gpu : HELP_QUERY_GPU; break;
-    case 2: text = g_rec ? g_rec->help_query_apps : HELP_QUERY_COMPUTE_APPS; break;
-    case 3: text = g_rec ? g_rec->help_query_accounted : NULL; break;
-    case 4: text = g_rec ? g_rec->help_query_retired : NULL; break;
+    case 1: text = g_rec ? g_rec->help_query_gpu : g_cap->help_query_gpu; break;
+    case 2: text = g_rec ? g_rec->help_query_apps : g_cap->help_query_apps; break;
+    case 3: text = g_rec ? g_rec->help_query_accounted : g_cap->help_query_accounted; break;
+    case 4: text = g_rec ? g_rec->help_query_retired : g_cap->help_query_retired; break;
     default: text = g_rec ? g_rec->help_query_remapped : NULL; break;
     }
     if (!text)
@@ -161,7 +166,7 @@ static int main_mig(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    enum { M_TABLE, M_LIST, M_QUERY, M_XML, M_QGPU, M_QAPPS, M_QACCT, M_TOPO, M_NVLINK, M_DMON, M_PMON, M_VERSION } mode = M_TABLE;
+    enum { M_TABLE, M_LIST, M_QUERY, M_XML, M_QGPU, M_QAPPS, M_QACCT, M_QRETIRED, M_TOPO, M_NVLINK, M_DMON, M_PMON, M_VERSION } mode = M_TABLE;
     const char *ids = NULL, *fields = NULL, *format = NULL, *dsections = NULL;
     long loop_ms = 0, count = 0, delay = 1;
     char nvmode = 0;
@@ -250,6 +255,9 @@ int main(int argc, char **argv)
         } else if (is_opt(a, "--query-accounted-apps", NULL)) {
             fields = opt_value(argc, argv, &i, "--query-accounted-apps", NULL);
             mode = M_QACCT;
+        } else if (is_opt(a, "--query-retired-pages", NULL)) {
+            fields = opt_value(argc, argv, &i, "--query-retired-pages", NULL);
+            mode = M_QRETIRED;
         } else if (is_opt(a, "--format", NULL)) {
             format = opt_value(argc, argv, &i, "--format", NULL);
         } else if (is_opt(a, "--display", "-d")) {
@@ -285,9 +293,26 @@ int main(int argc, char **argv)
     }
     if (mode == M_TABLE && q)
         mode = x ? M_XML : M_QUERY;
-    if ((mode == M_QGPU || mode == M_QAPPS || mode == M_QACCT) && (!fields || !*fields || !format || parse_format(format) != 0)) {
-        printf("%s", MSG_INVALID);
-        return EXIT_INVALID;
+    int listing = mode == M_QAPPS || mode == M_QACCT || mode == M_QRETIRED;
+    /* A missing or bad --format: below 570 as NVIDIA's 470-550 binaries (a missing one first, the
+       fields next, below, then what it says); from 570 the invalid-combination line (unverified). */
+    int format_error = 0;
+    if (mode == M_QGPU || listing) {
+        if (!format || (format_error = parse_format(format)) != 0) {
+            probe_branch();
+            if (!g_rec) {
+                printf("%s", MSG_INVALID);
+                return EXIT_INVALID;
+            }
+        }
+        if (!format) {
+            printf("\"--format=\" switch is missing. Please run 'nvidia-smi -h' for help.\n\n");
+            return EXIT_INVALID;
+        }
+        if (!fields || !*fields) {
+            printf("%s", MSG_INVALID);
+            return EXIT_INVALID;
+        }
     }
     if (dsections && (!(mode == M_QUERY || mode == M_XML) || parse_sections(dsections) != 0)) {
         printf("%s", MSG_INVALID);
@@ -333,10 +358,16 @@ int main(int argc, char **argv)
         ncols = parse_gpu_fields(fields, cols, 512);
         if (ncols <= 0)
             return EXIT_INVALID;
-    } else if (mode == M_QAPPS || mode == M_QACCT) {
-        ncols = parse_fields_of(fields, app_idx, app_spelled, 16, mode == M_QACCT);
+    } else if (listing) {
+        int which = mode == M_QAPPS ? 0 : mode == M_QACCT ? 1 : 2;
+        ncols = parse_fields_of(fields, app_idx, app_spelled, 16, which);
         if (ncols <= 0)
             return EXIT_INVALID;
+    }
+    if (format_error) {
+        printf("%s", format_error == -1 ? "Format modifier is not recognized.\n"
+                                        : "Format modifier --format=csv is mandatory.\n");
+        return EXIT_INVALID;
     }
 
     for (long it = 0; !g_stop; it++) {
@@ -361,10 +392,13 @@ int main(int argc, char **argv)
             break;
         case M_QAPPS:
         case M_QACCT:
+        case M_QRETIRED:
             if (it == 0)
-                print_apps_header(app_idx, ncols, mode == M_QACCT);
+                print_apps_header(app_idx, ncols, mode == M_QAPPS ? 0 : mode == M_QACCT ? 1 : 2);
             if (mode == M_QACCT)
                 query_accounted_once(app_idx, ncols);
+            else if (mode == M_QRETIRED)
+                query_retired_once(app_idx, ncols);
             else
                 query_apps_once(app_idx, ncols);
             rc = 0;

@@ -2,6 +2,7 @@
    --query-gpu, --query-compute-apps and --query-accounted-apps (CSV). */
 #include "smi.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -25,9 +26,9 @@ int parse_format(const char *f)
         else if (!strcmp(t, "nounits"))
             g_nounits = 1;
         else
-            return -1;
+            return -1; /* "Format modifier is not recognized." */
     }
-    return csv ? 0 : -1;
+    return csv ? 0 : -2; /* "Format modifier --format=csv is mandatory." */
 }
 
 int parse_gpu_fields(const char *list, struct col *cols, int cap)
@@ -117,22 +118,36 @@ void query_gpu_once(const struct col *cols, int n)
     }
 }
 
-static const struct { const char *name, *alias, *unit; } APP_FIELDS[] = {
+struct app_field { const char *name, *alias, *unit; };
+
+static const struct app_field APP_FIELDS[] = {
     {"timestamp", "", ""}, {"gpu_name", "", ""}, {"gpu_bus_id", "", ""}, {"gpu_serial", "", ""},
     {"gpu_uuid", "", ""}, {"pid", "", ""}, {"process_name", "name", ""}, {"used_gpu_memory", "used_memory", "MiB"},
     {0, 0, 0},
 };
 
-/* --query-accounted-apps: the records of nvmlDeviceGetAccountingPids/Stats (accounting mode on). */
-static const struct { const char *name, *alias, *unit; } ACCT_FIELDS[] = {
-    {"gpu_name", "", ""}, {"gpu_bus_id", "", ""}, {"gpu_serial", "", ""}, {"gpu_uuid", "", ""}, {"pid", "", ""},
-    {"gpu_utilization", "gpu_util", "%"}, {"mem_utilization", "mem_util", "%"},
-    {"max_memory_usage", "", "MiB"}, {"time", "", "ms"}, {0, 0, 0},
+/* --query-accounted-apps: the records of nvmlDeviceGetAccountingPids/Stats (accounting mode on),
+   the fields of every branch's --help-query-accounted-apps (470-595). */
+enum { A_TIMESTAMP, A_NAME, A_BUS_ID, A_SERIAL, A_UUID, A_VGPU, A_PID, A_GPU_UTIL, A_MEM_UTIL, A_MAX_MEM, A_TIME };
+static const struct app_field ACCT_FIELDS[] = {
+    {"timestamp", "", ""}, {"gpu_name", "", ""}, {"gpu_bus_id", "", ""}, {"gpu_serial", "", ""}, {"gpu_uuid", "", ""},
+    {"vgpu_instance", "", ""}, {"pid", "", ""}, {"gpu_utilization", "gpu_util", "%"},
+    {"mem_utilization", "mem_util", "%"}, {"max_memory_usage", "", "MiB"}, {"time", "", "ms"}, {0, 0, 0},
 };
 
-int parse_fields_of(const char *list, int *idx, const char **spelled, int cap, int accounted)
+/* --query-retired-pages: the fields of every branch's --help-query-retired-pages (470-595). */
+enum { R_TIMESTAMP, R_NAME, R_BUS_ID, R_SERIAL, R_UUID, R_ADDRESS, R_RETIRED_AT, R_CAUSE };
+static const struct app_field RETIRED_FIELDS[] = {
+    {"timestamp", "", ""}, {"gpu_name", "", ""}, {"gpu_bus_id", "", ""}, {"gpu_serial", "", ""}, {"gpu_uuid", "", ""},
+    {"retired_pages.address", "", ""}, {"retired_pages.timestamp", "", ""}, {"retired_pages.cause", "", ""},
+    {0, 0, 0},
+};
+
+static const struct app_field *const LIST_FIELDS[] = {APP_FIELDS, ACCT_FIELDS, RETIRED_FIELDS};
+
+int parse_fields_of(const char *list, int *idx, const char **spelled, int cap, int which)
 {
-    const __typeof__(APP_FIELDS[0]) *T = accounted ? (const __typeof__(APP_FIELDS[0]) *)ACCT_FIELDS : APP_FIELDS;
+    const struct app_field *T = LIST_FIELDS[which];
     char buf[2048];
     snprintf(buf, sizeof(buf), "%s", list);
     int n = 0;
@@ -159,18 +174,27 @@ int parse_fields_of(const char *list, int *idx, const char **spelled, int cap, i
 
 /* The header of --query-compute-apps / --query-accounted-apps: each field by its first name, as
    --query-gpu's. */
-void print_apps_header(const int *idx, int n, int accounted)
+void print_apps_header(const int *idx, int n, int which)
 {
     if (g_noheader)
         return;
     for (int c = 0; c < n; c++) {
-        const char *unit = accounted ? ACCT_FIELDS[idx[c]].unit : APP_FIELDS[idx[c]].unit;
-        const char *name = accounted ? ACCT_FIELDS[idx[c]].name : APP_FIELDS[idx[c]].name;
-        printf("%s%s", c ? ", " : "", name);
-        if (!g_nounits && *unit)
-            printf(" [%s]", unit);
+        const struct app_field *f = &LIST_FIELDS[which][idx[c]];
+        printf("%s%s", c ? ", " : "", f->name);
+        if (!g_nounits && *f->unit)
+            printf(" [%s]", f->unit);
     }
     printf("\n");
+}
+
+/* A GPU's identity cell of a process or page list (timestamp, name, bus id, serial, UUID). */
+static void gpu_cell(const struct dev *d, int field, char *v, size_t n)
+{
+    static const int KEYS[] = {-1, K_name, K_pci_bus_id, K_serial, K_uuid};
+    if (field == 0)
+        timestamp(v, n, 1);
+    else if (value(d, KEYS[field], v, n) != V_OK)
+        snprintf(v, n, "[N/A]");
 }
 
 void query_apps_once(const int *idx, int n)
@@ -187,11 +211,7 @@ void query_apps_once(const int *idx, int n)
             for (int c = 0; c < n; c++) {
                 char v[256] = "[N/A]";
                 switch (idx[c]) {
-                case 0: timestamp(v, sizeof(v), 1); break;
-                case 1: if (value(d, K_name, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
-                case 2: if (value(d, K_pci_bus_id, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
-                case 3: if (value(d, K_serial, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
-                case 4: if (value(d, K_uuid, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
+                case 0: case 1: case 2: case 3: case 4: gpu_cell(d, idx[c], v, sizeof(v)); break;
                 case 5: snprintf(v, sizeof(v), "%u", ps[j].pid); break;
                 case 6: proc_name(ps[j].pid, v, sizeof(v)); break;
                 case 7:
@@ -223,19 +243,74 @@ void query_accounted_once(const int *idx, int n)
             for (int c = 0; c < n; c++) {
                 char v[256] = "[N/A]";
                 switch (idx[c]) {
-                case 0: if (value(d, K_name, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
-                case 1: if (value(d, K_pci_bus_id, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
-                case 2: if (value(d, K_serial, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
-                case 3: if (value(d, K_uuid, v, sizeof(v)) != V_OK) snprintf(v, sizeof(v), "[N/A]"); break;
-                case 4: snprintf(v, sizeof(v), "%u", pids[j]); break;
-                case 5: snprintf(v, sizeof(v), g_nounits ? "%u" : "%u %%", st.gpuUtilization); break;
-                case 6: snprintf(v, sizeof(v), g_nounits ? "%u" : "%u %%", st.memoryUtilization); break;
-                case 7: snprintf(v, sizeof(v), g_nounits ? "%llu" : "%llu MiB", st.maxMemoryUsage >> 20); break;
-                case 8: snprintf(v, sizeof(v), g_nounits ? "%llu" : "%llu ms", st.time); break;
+                case A_TIMESTAMP: case A_NAME: case A_BUS_ID: case A_SERIAL: case A_UUID:
+                    gpu_cell(d, idx[c] - A_TIMESTAMP, v, sizeof(v));
+                    break;
+                case A_VGPU: break; /* bare metal: no vGPU instance ([N/A], unverified) */
+                case A_PID: snprintf(v, sizeof(v), "%u", pids[j]); break;
+                case A_GPU_UTIL: snprintf(v, sizeof(v), g_nounits ? "%u" : "%u %%", st.gpuUtilization); break;
+                case A_MEM_UTIL: snprintf(v, sizeof(v), g_nounits ? "%u" : "%u %%", st.memoryUtilization); break;
+                case A_MAX_MEM: snprintf(v, sizeof(v), g_nounits ? "%llu" : "%llu MiB", st.maxMemoryUsage >> 20); break;
+                case A_TIME: snprintf(v, sizeof(v), g_nounits ? "%llu" : "%llu ms", st.time); break;
                 }
                 printf("%s%s", c ? ", " : "", v);
             }
             printf("\n");
+        }
+    }
+}
+
+/* --query-retired-pages: per GPU, the pages NVML lists for each cause (multiple single-bit
+   errors, then double-bit), one row each; a GPU that retires no pages (it remaps rows:
+   NOT_SUPPORTED) gets one row per cause with the page's cells [N/A], as the 590 and 595 captures
+   and NVIDIA's 470-550 binaries print it. */
+void query_retired_once(const int *idx, int n)
+{
+    static const struct { nvmlPageRetirementCause_t cause; const char *name; } CAUSES[] = {
+        {NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, "Single Bit ECC"},
+        {NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR, "Double Bit ECC"}};
+    for (unsigned i = 0; i < g_ndevs; i++) {
+        const struct dev *d = &g_devs[i];
+        if (d->err != NVML_SUCCESS)
+            continue;
+        for (unsigned k = 0; k < 2; k++) {
+            unsigned long long *addr = NULL, *when = NULL;
+            unsigned np = 0;
+            nvmlReturn_t r = NV(nvmlDeviceGetRetiredPages_v2, d->h, CAUSES[k].cause, &np, NULL, NULL);
+            if (r == NVML_ERROR_INSUFFICIENT_SIZE && np <= 1u << 20) {
+                addr = calloc(np, sizeof(*addr));
+                when = calloc(np, sizeof(*when));
+                r = addr && when ? NV(nvmlDeviceGetRetiredPages_v2, d->h, CAUSES[k].cause, &np, addr, when)
+                                 : NVML_ERROR_MEMORY;
+            }
+            int known = r == NVML_SUCCESS;
+            if (!known)
+                np = 1; /* one row, its page unknown */
+            for (unsigned j = 0; j < np; j++) {
+                for (int c = 0; c < n; c++) {
+                    char v[256] = "[N/A]";
+                    switch (idx[c]) {
+                    case R_TIMESTAMP: case R_NAME: case R_BUS_ID: case R_SERIAL: case R_UUID:
+                        gpu_cell(d, idx[c], v, sizeof(v));
+                        break;
+                    case R_ADDRESS:
+                        if (known)
+                            snprintf(v, sizeof(v), "0x%016llx", addr[j]);
+                        break;
+                    case R_RETIRED_AT:
+                        /* Our NVML gives no retirement time (0), which NVIDIA's 470-550 print
+                           "(null)"; another is printed as NVML gives it (unverified). */
+                        if (known)
+                            snprintf(v, sizeof(v), when[j] ? "%llu" : "(null)", when[j]);
+                        break;
+                    case R_CAUSE: snprintf(v, sizeof(v), "%s", CAUSES[k].name); break;
+                    }
+                    printf("%s%s", c ? ", " : "", v);
+                }
+                printf("\n");
+            }
+            free(addr);
+            free(when);
         }
     }
 }

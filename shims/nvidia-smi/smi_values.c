@@ -201,6 +201,23 @@ enum vr addressing_mode(const struct dev *d, char *out, size_t n)
     return am.value < 3 ? PUT("%s", MODES[am.value]) : V_NA;
 }
 
+/* nvmlDeviceValidateInforom: "valid" when it succeeds (the 590 and 595 captures). */
+enum vr inforom_valid(const struct dev *d, char *out, size_t n)
+{
+    nvmlReturn_t r = NV(nvmlDeviceValidateInforom, d->h);
+    return r == NVML_SUCCESS ? PUT("valid") : from(r);
+}
+
+/* nvmlDeviceGetGspFirmwareMode: whether the GSP firmware runs (current) and runs by default. */
+enum vr gsp_mode(const struct dev *d, char *out, size_t n, int by_default)
+{
+    unsigned enabled = 0, dflt = 0;
+    nvmlReturn_t r = NV(nvmlDeviceGetGspFirmwareMode, d->h, &enabled, &dflt);
+    if (r != NVML_SUCCESS)
+        return from(r);
+    return PUT("%s", (by_default ? dflt : enabled) ? "Enabled" : "Disabled");
+}
+
 enum vr compute_cap(const struct dev *d, char *out, size_t n)
 {
     int ma = 0, mi = 0;
@@ -332,6 +349,7 @@ void value_text(const struct dev *d, int key, const char *suffix, char *out, siz
         snprintf(out, n, "N/A");
     } else {
         const char *unit = key < K_COUNT && g_unit[key] && *g_unit[key] ? g_unit[key] : NULL;
-        snprintf(out, n, "%s%s%s%s", v, unit ? " " : "", unit ? unit : "", suffix ? suffix : "");
+        const char *gap = unit && !FACTS[key].unit_joined ? " " : "";
+        snprintf(out, n, "%s%s%s%s", v, gap, unit ? unit : "", suffix ? suffix : "");
     }
 }

@@ -14,10 +14,7 @@ enum vr value(const struct dev *d, int key, char *out, size_t n)
         return WORD(nvmlDeviceGetDisplayMode, enabled_word);
     case K_display_active: return WORD(nvmlDeviceGetDisplayActive, enabled_word);
     case K_persistence_mode: return WORD(nvmlDeviceGetPersistenceMode, enabled_word);
-    case K_addressing_mode:
-        if (g_branch < 570)
-            return V_NA;
-        return addressing_mode(d, out, n);
+    case K_addressing_mode: return addressing_mode(d, out, n);
     case K_mig_mode_current: return mig_mode(d, out, n, 0);
     case K_mig_mode_pending: return mig_mode(d, out, n, 1);
     case K_accounting_mode: return WORD(nvmlDeviceGetAccountingMode, enabled_word);
@@ -39,6 +36,9 @@ enum vr value(const struct dev *d, int key, char *out, size_t n)
     case K_c2c_mode: return MEMBER(nvmlDeviceGetC2cModeInfoV, "%s", isC2cEnabled ? "Enabled" : "Disabled");
     case K_x_virtualization_mode: return WORD(nvmlDeviceGetVirtualizationMode, virtualization_word);
     case K_gpu_recovery_action: return FIELD_WORD(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, recovery_action_word);
+    case K_inforom_checksum_validation: return inforom_valid(d, out, n);
+    case K_gsp_mode_current: return gsp_mode(d, out, n, 0);
+    case K_gsp_mode_default: return gsp_mode(d, out, n, 1);
     case K_x_gsp_firmware_version: return STR_UNSIZED(nvmlDeviceGetGspFirmwareVersion);
     case K_pci_bus: return MEMBER(nvmlDeviceGetPciInfo_v3, "0x%02X", bus);
     case K_pci_device: return MEMBER(nvmlDeviceGetPciInfo_v3, "0x%02X", device);

@@ -92,7 +92,7 @@ def fill_static(g, node: Node, i: int) -> None:
     g.has_fan = int(p.has_fan)
     g.fan_speed = p.fan_speed_pct or 0
     g.mig_capable = int(p.mig_capable)
-    g.addressing_mode = p.nvml_addressing_mode
+    g.addressing_mode = node.addressing_mode
     g.pdi = ident.pdi
     g.c2c_mode = p.c2c_mode
     g.row_remap_banks = p.memory.row_remap_banks or 0
