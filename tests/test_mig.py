@@ -134,7 +134,7 @@ def test_remaining_capacity_is_what_still_fits_where_the_driver_would_put_it():
     run(node, "gpu=0 mig create_ci 2 1c.3g.40gb")
     gis, _ = node.mig_devices(0)
     assert [(cp.name, n) for cp, n in zip(gis[0].profile.compute_profiles, gis[0].remaining)] == [
-        ("1c.3g.40gb", 2), ("2c.3g.40gb", 0), ("3g.40gb", 0)]  # 2c starts only at 0
+        ("1c.3g.40gb", 2), ("2c.3g.40gb", 1), ("3g.40gb", 0)]  # the 1c is at 0:1, a 2c fits at 2:2
     assert node.mig_capacity(1) == (0,) * 7  # MIG off
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from mokkafs.model.config import NotSupported
 from mokkafs.model.events import Event, InvalidCommand, whole_number
-from mokkafs.model.schema import GpuProfile, Mig, MigComputeProfile, MigGpuProfile
+from mokkafs.model.schema import GpuProfile, Mig, MigComputeProfile, MigGpuProfile, compute_span
 from mokkafs.model import state_limits
 
 MAX_GPU_INSTANCES = state_limits.MAX_GPU_INSTANCES  # per GPU: a 7-instance layout, and 8 memory slices
@@ -268,16 +268,19 @@ def place_gpu_instance(mig: Mig, state: MigState, gp: MigGpuProfile, start: int 
 def ci_span(cp: MigComputeProfile) -> int:
     """How many placement units a compute instance of `cp` spans inside its GPU instance, as
     `nvidia-smi mig -lci` prints it: its compute size class rounded up to a power of two (1, 2,
-    4, 4, 8 for 1, 2, 3, 4 and 7 slices). The driver sizes a compute instance by that class
-    (VEIDs and CTS ids in the open kernel module, kgrmgrCheckVeidsRequest and
-    kmigmgrCtsIdToSpan), so a real H100 lists its 3g.40gb compute instance at 0:4."""
-    return 1 << (cp.slices - 1).bit_length()
+    4, 4, 8 for 1, 2, 3, 4 and 7 slices; `schema.compute_span`). The driver sizes a compute
+    instance by that class (VEIDs and CTS ids in the open kernel module, kgrmgrCheckVeidsRequest
+    and kmigmgrCtsIdToSpan), so a real H100 lists its 3g.40gb compute instance at 0:4."""
+    return compute_span(cp.slices)
 
 
 def place_compute_instance(gp: MigGpuProfile, gi: GpuInstance, cp: MigComputeProfile, start: int | None) -> ComputeInstance:
     """A new compute instance of `cp` in `gi`: at `start` or the lowest free placement (the
     driver's first fit over VEID spans, kgrmgrCheckVeidsRequest), with the lowest free id, as
-    `nvidia-smi mig -lci` shows the driver doing; it spans `ci_span(cp)`."""
+    `nvidia-smi mig -lci` shows the driver doing (a real A100 80GB at 515: two 1c.3g.40gb at 0:1
+    and 1:1); it spans `ci_span(cp)`. The compute slices of a GPU instance's compute instances
+    together never exceed its own: a 3g instance holds a 1c at 0:1 and a 2c at 2:2, as a real
+    H200 at 590 runs them, or three 1c, but not two 1c and a 2c."""
     if start is not None and start not in cp.placements:
         raise InvalidCommand(f"{cp.name} cannot start at compute slice {start}; placements: "
                              f"{', '.join(str(p) for p in cp.placements)}")
@@ -290,6 +293,10 @@ def place_compute_instance(gp: MigGpuProfile, gi: GpuInstance, cp: MigComputePro
             raise InsufficientResources(f"{cp.name} at {start}:{span} overlaps a compute instance")
     elif not free:
         raise InsufficientResources(f"{cp.name}: no free placement in GPU instance {gi.id}")
+    in_use = sum(ci_profile(gp, c.profile).slices for c in gi.compute)
+    if in_use + cp.slices > gp.slices:
+        raise InsufficientResources(f"{cp.name}: {gp.slices - in_use} compute slices left in GPU instance {gi.id}, "
+                                    f"needs {cp.slices}")
     ids = {c.id for c in gi.compute}
     new_id = next(i for i in range(MAX_COMPUTE_INSTANCES + 1) if i not in ids)
     return ComputeInstance(new_id, cp.profile, min(free) if start is None else start, span)
