@@ -128,8 +128,8 @@ def test_enable_partition_show_and_destroy_as_the_real_tool_does(node_factory):
     assert table[top + 2] == "| GPU  GI  CI  MIG |              Shared Memory-Usage |        Vol|        Shared         |"
     assert table[top + 5] == "|==================+==================================+===========+=======================|"
     assert table[top + 6:top + 9] == [
-        "|  0    2   0   0  |               0MiB / 40448MiB    | 60      0 |  3   0    3    0    3 |",
-        "|                  |               0MiB / 65535MiB    |           |                       |",
+        "|  0    2   0   0  |              26MiB / 40448MiB    | 60      0 |  3   0    3    0    3 |",
+        "|                  |               0MiB / 24740MiB    |           |                       |",
         "+------------------+----------------------------------+-----------+-----------------------+",
     ]
     rows = [l for l in table[top:] if re.match(r"\|  0 +\d+ +\d+ +\d+  \|", l)]
@@ -350,7 +350,7 @@ def test_a_process_on_a_mig_device_shows_its_gpu_and_compute_instance(tmp_path, 
                                                              "Error\n" + TERMINATING)
     rows = [l for l in r.stdout.splitlines() if re.match(rf"\|    0 +\d+ +\d+ +{me} ", l)]
     assert len(rows) == 1 and re.fullmatch(rf"\|    0    9    0 {me:16}      C   .{{36}}   1024MiB \|", rows[0])
-    assert "|  0    9   0   2  |            1024MiB /  9984MiB    | 16      0 |" in r.stdout
+    assert "|  0    9   0   2  |            1033MiB /  9984MiB    | 16      0 |" in r.stdout  # 1 GiB and 9 MiB idle
 
 
 @pytest.fixture(scope="module")

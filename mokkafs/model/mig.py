@@ -664,7 +664,7 @@ class GpuInstanceView:
     start: int
     size: int
     minor: int  # nvidia-caps minor of gpu<minor>/gi<id>/access
-    memory_used_bytes: int  # what the processes on it use
+    memory_used_bytes: int  # its idle bytes and what the processes on it use
     compute: tuple[ComputeInstance, ...]
     remaining: tuple[int, ...]  # compute instances of each compute profile (table order) that still fit
     bar1_bytes: int  # its BAR1 aperture (bar1_bytes below)
@@ -687,19 +687,50 @@ class MigDevice:
         return self.gi.profile.memory_mib << 20  # compute instances share their GPU instance's memory
 
 
-def bar1_bytes(profile: GpuProfile, size: int) -> int:
-    """A GPU instance's BAR1: the GPU's aperture in proportion to its memory slices, less the MiB the
-    driver keeps (A100 80GB's and a real H100 NVL's 65535 of 131072 MiB for 4 of 8 slices, 32767
-    for 2, 16383 for 1; docs/mig.md). The user guide's 580 table shows 24740 MiB for an H100
-    3g.40gb under its new "Shared BAR1-Usage" heading, which this rule does not give."""
-    mib = profile.memory.bar1_mib * size // tables(profile).memory_slices
-    return max(mib - 1, 0) << 20
+# BAR1 in MIG mode (docs/mig.md, "BAR1"). From the 580 branch the driver maps the GPU's usable
+# framebuffer (total less reserved) into BAR1 when MIG is on, and each GPU instance is given its
+# memory slices' share of what is left, less 513 MiB, in eighths rounded down: the real 590 H100
+# (49992 MiB left: 24739, 12369, 6184 MiB for 4, 2 and 1 slices) and H200 at 580, 590 and 610
+# (59238, 59237/29618/14809, 59241) all give exactly this. Before 580 (a real H100 NVL at
+# 560.35.03, A100 80GB tables) an instance's share is of the whole aperture, less 1 MiB.
+SHARED_BAR1_BRANCH = 580
+SHARED_BAR1_HELD_MIB = 513
+
+
+def mig_bar1_used_mib(profile: GpuProfile, branch: int) -> int:
+    """The GPU's own BAR1 used while MIG mode is on: its usable framebuffer from the 580 branch
+    (a real H200 at 580, 590 and 610: 143155, 143157, 143148 MiB = total less that run's
+    reserved), the idle board's mapping before (no MIG-mode capture of an older branch found)."""
+    m = profile.memory
+    return m.total_mib - m.reserved_mib if branch >= SHARED_BAR1_BRANCH else m.bar1_used_mib
+
+
+def bar1_bytes(profile: GpuProfile, size: int, branch: int) -> int:
+    """A GPU instance's BAR1 (its MIG devices' `Shared BAR1 Memory` Total) for `size` memory
+    slices under driver branch `branch` (the rule above)."""
+    m, slices = profile.memory, tables(profile).memory_slices
+    if branch >= SHARED_BAR1_BRANCH:
+        left = m.bar1_mib - mig_bar1_used_mib(profile, branch) - SHARED_BAR1_HELD_MIB
+        return max(left, 0) * size // slices << 20
+    return max(m.bar1_mib * size // slices - 1, 0) << 20
+
+
+# What a GPU instance holds with nothing running on it: a few MiB per compute slice (a real
+# H100 at 590: 9, 17 and 26 MiB on its 1g, 2g and 3g instances at idle), so (26 x slices) / 3,
+# rounded down after adding 1: 9, 17, 26, 35, 61 MiB for 1, 2, 3, 4, 7 slices.
+IDLE_MIB_PER_THREE_SLICES = 26
+
+
+def idle_bytes(gp: MigGpuProfile) -> int:
+    """The memory a GPU instance of `gp` shows used at idle (counted to the GPU's used too)."""
+    return (IDLE_MIB_PER_THREE_SLICES * gp.slices + 1) // 3 << 20
 
 
 def describe(profile: GpuProfile, gpu_uuid: str, gpu_minor: int, instances: tuple[GpuInstance, ...],
-             used_by_gi: dict[int, int]) -> tuple[tuple[GpuInstanceView, ...], tuple[MigDevice, ...]]:
+             used_by_gi: dict[int, int], branch: int) -> tuple[tuple[GpuInstanceView, ...], tuple[MigDevice, ...]]:
     """The GPU instances and MIG devices of `instances` (what `Node.mig_instances` lists), with
-    every fact a surface reports, computed once here. `used_by_gi`: bytes in use per GPU instance."""
+    every fact a surface reports, computed once here. `used_by_gi`: bytes in use per GPU instance
+    (its idle bytes included); `branch`: the driver's, which decides the BAR1 rule."""
     if not instances:
         return (), ()
     mig = tables(profile)
@@ -708,7 +739,7 @@ def describe(profile: GpuProfile, gpu_uuid: str, gpu_minor: int, instances: tupl
         gp = gi_profile_by_index(mig, g.profile)
         remaining = tuple(remaining_compute_instances(gp, g, cp) for cp in gp.compute_profiles)
         view = GpuInstanceView(g.id, gp, g.start, g.size, caps_minor(gpu_minor, g.id), used_by_gi.get(g.id, 0),
-                               g.compute, remaining, bar1_bytes(profile, g.size))
+                               g.compute, remaining, bar1_bytes(profile, g.size, branch))
         gis.append(view)
         for c in g.compute:
             cp = ci_profile(gp, c.profile)
