@@ -145,7 +145,9 @@ def test_enable_partition_show_and_destroy_as_the_real_tool_does(node_factory):
                      r"        Index +: 0\n        GPU Instance ID +: 2\n        Compute Instance ID +: 0\n"
                      r"        Device Attributes\n            Shared\n                Multiprocessor count +: 60\n", text)
     assert text.count("    MIG Device\n") == 4
-    assert "        Shared FB Memory Usage\n            Total                                      : 40448 MiB\n" in text
+    # (the node's 580 says "FB Memory Usage", as a real 580.173.02 H200 does; "Shared" from 590)
+    assert "        FB Memory Usage\n            Total                                      : 40448 MiB\n" in text
+    assert "        BAR1 Memory\n            Total                                      : 24740 MiB\n" in text
     assert text.count("        ECC Errors\n            Volatile\n                SRAM Uncorrectable  ") == 4
     assert "    Remapped Rows                                      : N/A\n" in text
     assert re.search(r"    Utilization\n        GPU +: N/A\n        Memory +: N/A\n", text)

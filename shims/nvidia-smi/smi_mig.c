@@ -209,7 +209,7 @@ int mig_table(const char *rule)
     return 1;
 }
 
-/* -q's "MIG Device" blocks, after "MIG Mode" (labels of a real 610 -q; 580+ say "Shared"). */
+/* -q's "MIG Device" blocks, after "MIG Mode" (labels of real 580, 590 and 610 -q's). */
 
 /* MIG device m of GPU `index`: its volatile uncorrected SRAM count, NVML's answer on its handle
    (as the real tool asks it), into out; "N/A" when NVML has none. */
@@ -231,9 +231,11 @@ void mig_query_text(unsigned index)
     struct mokka_mig_snapshot v;
     if (mig_read(index, &v) != 0 || !v.capable || !v.mode)
         return;
-    const char *fb = g_branch >= 580 ? "Shared FB Memory Usage" : "FB Memory Usage";
-    /* 470-550 (their records) say "BAR1 Memory"; 555-565 are assumed so */
-    const char *bar = g_branch >= 580 ? "Shared BAR1 Memory" : g_branch >= 570 ? "BAR1 Memory Usage" : "BAR1 Memory";
+    /* "Shared" from 590 (real 590 and 610 -q); a real 580.173.02 -q says "FB Memory Usage" and
+       "BAR1 Memory", as 470-550 (their records) do; 555-565 are assumed so, 570-575 unverified */
+    const char *fb = g_branch >= 590 ? "Shared FB Memory Usage" : "FB Memory Usage";
+    const char *bar = g_branch >= 590 ? "Shared BAR1 Memory" : g_branch >= 580 ? "BAR1 Memory"
+                    : g_branch >= 570 ? "BAR1 Memory Usage" : "BAR1 Memory";
     for (unsigned m = 0; m < v.dev_count; m++) {
         const struct mokka_mig_device *dv = &v.dev[m];
         const struct mokka_mig_gi *g = &v.gi[dv->gi_slot];
