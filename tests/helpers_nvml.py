@@ -12,6 +12,7 @@ import pytest
 from mokkafs.render import native
 from mokkafs.model import Node, compose
 from mokkafs.model.profiles import load_profile
+from mokkafs.model.schema import GpuProfile
 from mokkafs.daemon.shm.publisher import Publisher
 
 
@@ -31,10 +32,11 @@ def consumer_env(state: Path) -> dict[str, str]:
 class Published:
     """A node published into `<dir>/state` by an in-process Publisher (no FUSE)."""
 
-    def __init__(self, directory: Path, profile: str = "h100", gpus: int | None = None,
+    def __init__(self, directory: Path, profile: str | GpuProfile = "h100", gpus: int | None = None,
                  driver_version: str | None = None, cuda_version: str | None = None) -> None:
-        self.node = Node(compose(load_profile(profile), gpus=gpus, driver_version=driver_version,
-                                 cuda_version=cuda_version), time.time())
+        board = load_profile(profile) if isinstance(profile, str) else profile
+        self.node = Node(compose(board, gpus=gpus, driver_version=driver_version, cuda_version=cuda_version),
+                         time.time())
         self.path = directory / "state"
         self.publisher = Publisher(self.path)
         self.publisher.open()

@@ -134,7 +134,8 @@ def test_an_allocation_on_a_mig_device_is_accounted_to_its_instance(mig_node):
         assert shown[proc.pid] == (9, 0, GIB)
         # NVML lists it on the parent, and the GPU instance's memory used counts it
         assert nvml_parent_procs(env, 1) == [[proc.pid, GIB]]
-        assert mig_gi_used(mig_node, 9) == GIB and mig_gi_used(mig_node, 2) == 0
+        # (over each instance's idle bytes: 9 MiB on a 1g, 26 on a 3g; docs/mig.md)
+        assert mig_gi_used(mig_node, 9) == GIB + (9 << 20) and mig_gi_used(mig_node, 2) == 26 << 20
         # and nvidia-smi's processes table shows it on that instance: GPU 1, GI 9, CI 0, 1024MiB
         smi = subprocess.run([str(mig_node.mnt / "driver/usr/bin/nvidia-smi")], env=env, capture_output=True,
                              text=True, timeout=60)

@@ -148,8 +148,9 @@ def test_a_partitioned_gpu_has_a_series_set_per_gpu_instance_with_dcgm_exporter_
     used = {(s.labels["gpu"], s.labels.get("GPU_I_ID")): s.value for s in families(body)["DCGM_FI_DEV_FB_USED"].samples}
     free = {(s.labels["gpu"], s.labels.get("GPU_I_ID")): s.value for s in families(body)["DCGM_FI_DEV_FB_FREE"].samples}
     g3, g1 = (mig_profile(node, "3g.40gb"), mig_profile(node, "1g.10gb"))
-    assert used[("1", "7")] == 1024 and free[("1", "7")] == g1.memory_mib - 1024
-    assert used[("1", "2")] == 0 and free[("1", "2")] == g3.memory_mib
+    # the process's 1024 MiB over each instance's idle bytes (9 MiB on a 1g, 26 on a 3g; docs/mig.md)
+    assert used[("1", "7")] == 1033 and free[("1", "7")] == g1.memory_mib - 1033
+    assert used[("1", "2")] == 26 and free[("1", "2")] == g3.memory_mib - 26
     # utilization is not reported in MIG mode: no instance series for it
     assert [s.labels["gpu"] for s in families(body)["DCGM_FI_DEV_GPU_UTIL"].samples] == ["0"]
     node.apply(SetProcesses(1, ()), 1001.0)

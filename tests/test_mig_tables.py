@@ -154,7 +154,9 @@ def compute_problems(board: GpuProfile) -> list[str]:
             want = g.name if ci.slices == g.slices else f"{ci.slices}c.{g.name}"
             if ci.name != want or ci.profile != CI_ENUM.get(ci.slices):
                 out.append(f"{g.name}/{ci.name}: want {want}, profile {CI_ENUM.get(ci.slices)}")
-            if ci.instances != coexisting_placements(ci.placements, ci.slices):
+            # as many as fit side by side and within the instance's compute slices (a 3g
+            # instance's 2c may sit at 0:2 or 2:2, but two would need 4 slices)
+            if ci.instances != min(coexisting_placements(ci.placements, ci.slices), g.slices // ci.slices):
                 out.append(f"{g.name}/{ci.name}: {ci.instances} instances, the placements allow another count")
             if ci.instances * ci.sm > g.sm:
                 out.append(f"{g.name}/{ci.name}: {ci.instances} x {ci.sm} SMs exceed the instance's {g.sm}")

@@ -170,7 +170,9 @@ def test_pynvml_walks_the_mig_api_end_to_end(node_factory):
     assert [d["total_mib"] for d in listed] == [40448, 20096, 9984, 9984]
     assert [(d["sms"], d["gi_slices"], d["ci_slices"], d["ce"], d["dec"], d["mem_mb"]) for d in listed] == [
         (60, 3, 3, 3, 3, 40448), (32, 2, 2, 2, 2, 20096), (16, 1, 1, 1, 1, 9984), (16, 1, 1, 1, 1, 9984)]
-    assert all(d["mig"] == 1 and d["used"] == 0 and d["by_uuid"] == d["name"] for d in listed)
+    assert all(d["mig"] == 1 and d["by_uuid"] == d["name"] for d in listed)
+    # nothing runs: each instance shows what it holds at idle (26, 17, 9, 9 MiB: docs/mig.md)
+    assert [d["used"] >> 20 for d in listed] == [26, 17, 9, 9]
     assert all(d["uuid"].startswith("MIG-") and len(d["uuid"]) == 40 for d in listed)
     assert len({d["parent"] for d in listed}) == 1 and listed[0]["parent"].startswith("GPU-")
     assert [d["uuid"] for d in listed] == [mig_uuid(d["parent"], d["gi"], d["ci"]) for d in listed], "the model's"
@@ -260,7 +262,7 @@ def test_processes_on_a_mig_device_are_listed_there_and_on_its_gpu_with_their_in
         none = 0xFFFFFFFF
         assert out["parent"] == [[55, 3 << 20, 2, 0], [56, 1 << 20, none, none]]
         assert out["mig"] == [[[55, 3 << 20, 2, 0]], []]
-        assert out["used"] == [3 << 20, 0]
+        assert out["used"] == [(3 + 26) << 20, 9 << 20]  # the process's 3 MiB over each instance's idle bytes
         assert out["ecc"] == [1, 1] and out["ecc_counter"] == NVML_NOT_SUPPORTED and out["power"] == NVML_NOT_SUPPORTED
         assert (out["index"], out["past"], out["of_mig"]) == (NVML_NOT_FOUND, NVML_INVALID_ARGUMENT, NVML_NOT_SUPPORTED)
         assert (out["gi_of_gpu"], out["parent_of_gpu"]) == (NVML_NOT_SUPPORTED, NVML_INVALID_ARGUMENT)

@@ -91,9 +91,10 @@ def target_temperature(profile: GpuProfile, power: float) -> float:
 
 
 def readings(profile: GpuProfile, g: GpuState, processes: tuple[tuple[int, int], ...],
-             event0_ns: tuple[int, ...], now: float) -> Readings:
-    """GPU state `g` at `now`, with `processes` ((pid, used bytes) of its CUDA processes) and
-    `event0_ns` (the event-reason counters at its checkpoint)."""
+             event0_ns: tuple[int, ...], now: float, driver_bytes: int = 0) -> Readings:
+    """GPU state `g` at `now`, with `processes` ((pid, used bytes) of its CUDA processes),
+    `event0_ns` (the event-reason counters at its checkpoint) and `driver_bytes` (memory the
+    driver holds besides them: its MIG instances' idle bytes)."""
     p = profile
     limit = power_limit(p, g)
     demand = power_demand(p, g)
@@ -131,7 +132,7 @@ def readings(profile: GpuProfile, g: GpuState, processes: tuple[tuple[int, int],
     if pinned_mem:
         used_mib = pinned_mem[0]
     else:  # what the CUDA processes allocated, rounded up to whole MiB, at most what exists
-        used_bytes = sum(used for _, used in processes)
+        used_bytes = driver_bytes + sum(used for _, used in processes)
         used_mib = min(-(-used_bytes // (1 << 20)), p.memory.total_mib - p.memory.reserved_mib)
     return Readings(
         temperature_c=temperature,

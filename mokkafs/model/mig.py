@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from mokkafs.model.config import NotSupported
 from mokkafs.model.events import Event, InvalidCommand, whole_number
-from mokkafs.model.schema import GpuProfile, Mig, MigComputeProfile, MigGpuProfile
+from mokkafs.model.schema import GpuProfile, Mig, MigComputeProfile, MigGpuProfile, compute_span
 from mokkafs.model import state_limits
 
 MAX_GPU_INSTANCES = state_limits.MAX_GPU_INSTANCES  # per GPU: a 7-instance layout, and 8 memory slices
@@ -268,16 +268,19 @@ def place_gpu_instance(mig: Mig, state: MigState, gp: MigGpuProfile, start: int 
 def ci_span(cp: MigComputeProfile) -> int:
     """How many placement units a compute instance of `cp` spans inside its GPU instance, as
     `nvidia-smi mig -lci` prints it: its compute size class rounded up to a power of two (1, 2,
-    4, 4, 8 for 1, 2, 3, 4 and 7 slices). The driver sizes a compute instance by that class
-    (VEIDs and CTS ids in the open kernel module, kgrmgrCheckVeidsRequest and
-    kmigmgrCtsIdToSpan), so a real H100 lists its 3g.40gb compute instance at 0:4."""
-    return 1 << (cp.slices - 1).bit_length()
+    4, 4, 8 for 1, 2, 3, 4 and 7 slices; `schema.compute_span`). The driver sizes a compute
+    instance by that class (VEIDs and CTS ids in the open kernel module, kgrmgrCheckVeidsRequest
+    and kmigmgrCtsIdToSpan), so a real H100 lists its 3g.40gb compute instance at 0:4."""
+    return compute_span(cp.slices)
 
 
 def place_compute_instance(gp: MigGpuProfile, gi: GpuInstance, cp: MigComputeProfile, start: int | None) -> ComputeInstance:
     """A new compute instance of `cp` in `gi`: at `start` or the lowest free placement (the
     driver's first fit over VEID spans, kgrmgrCheckVeidsRequest), with the lowest free id, as
-    `nvidia-smi mig -lci` shows the driver doing; it spans `ci_span(cp)`."""
+    `nvidia-smi mig -lci` shows the driver doing (a real A100 80GB at 515: two 1c.3g.40gb at 0:1
+    and 1:1); it spans `ci_span(cp)`. The compute slices of a GPU instance's compute instances
+    together never exceed its own: a 3g instance holds a 1c at 0:1 and a 2c at 2:2, as a real
+    H200 at 590 runs them, or three 1c, but not two 1c and a 2c."""
     if start is not None and start not in cp.placements:
         raise InvalidCommand(f"{cp.name} cannot start at compute slice {start}; placements: "
                              f"{', '.join(str(p) for p in cp.placements)}")
@@ -290,6 +293,10 @@ def place_compute_instance(gp: MigGpuProfile, gi: GpuInstance, cp: MigComputePro
             raise InsufficientResources(f"{cp.name} at {start}:{span} overlaps a compute instance")
     elif not free:
         raise InsufficientResources(f"{cp.name}: no free placement in GPU instance {gi.id}")
+    in_use = sum(ci_profile(gp, c.profile).slices for c in gi.compute)
+    if in_use + cp.slices > gp.slices:
+        raise InsufficientResources(f"{cp.name}: {gp.slices - in_use} compute slices left in GPU instance {gi.id}, "
+                                    f"needs {cp.slices}")
     ids = {c.id for c in gi.compute}
     new_id = next(i for i in range(MAX_COMPUTE_INSTANCES + 1) if i not in ids)
     return ComputeInstance(new_id, cp.profile, min(free) if start is None else start, span)
@@ -657,7 +664,7 @@ class GpuInstanceView:
     start: int
     size: int
     minor: int  # nvidia-caps minor of gpu<minor>/gi<id>/access
-    memory_used_bytes: int  # what the processes on it use
+    memory_used_bytes: int  # its idle bytes and what the processes on it use
     compute: tuple[ComputeInstance, ...]
     remaining: tuple[int, ...]  # compute instances of each compute profile (table order) that still fit
     bar1_bytes: int  # its BAR1 aperture (bar1_bytes below)
@@ -680,19 +687,50 @@ class MigDevice:
         return self.gi.profile.memory_mib << 20  # compute instances share their GPU instance's memory
 
 
-def bar1_bytes(profile: GpuProfile, size: int) -> int:
-    """A GPU instance's BAR1: the GPU's aperture in proportion to its memory slices, less the MiB the
-    driver keeps (A100 80GB's and a real H100 NVL's 65535 of 131072 MiB for 4 of 8 slices, 32767
-    for 2, 16383 for 1; docs/mig.md). The user guide's 580 table shows 24740 MiB for an H100
-    3g.40gb under its new "Shared BAR1-Usage" heading, which this rule does not give."""
-    mib = profile.memory.bar1_mib * size // tables(profile).memory_slices
-    return max(mib - 1, 0) << 20
+# BAR1 in MIG mode (docs/mig.md, "BAR1"). From the 580 branch the driver maps the GPU's usable
+# framebuffer (total less reserved) into BAR1 when MIG is on, and each GPU instance is given its
+# memory slices' share of what is left, less 513 MiB, in eighths rounded down: the real 590 H100
+# (49992 MiB left: 24739, 12369, 6184 MiB for 4, 2 and 1 slices) and H200 at 580, 590 and 610
+# (59238, 59237/29618/14809, 59241) all give exactly this. Before 580 (a real H100 NVL at
+# 560.35.03, A100 80GB tables) an instance's share is of the whole aperture, less 1 MiB.
+SHARED_BAR1_BRANCH = 580
+SHARED_BAR1_HELD_MIB = 513
+
+
+def mig_bar1_used_mib(profile: GpuProfile, branch: int) -> int:
+    """The GPU's own BAR1 used while MIG mode is on: its usable framebuffer from the 580 branch
+    (a real H200 at 580, 590 and 610: 143155, 143157, 143148 MiB = total less that run's
+    reserved), the idle board's mapping before (no MIG-mode capture of an older branch found)."""
+    m = profile.memory
+    return m.total_mib - m.reserved_mib if branch >= SHARED_BAR1_BRANCH else m.bar1_used_mib
+
+
+def bar1_bytes(profile: GpuProfile, size: int, branch: int) -> int:
+    """A GPU instance's BAR1 (its MIG devices' `Shared BAR1 Memory` Total) for `size` memory
+    slices under driver branch `branch` (the rule above)."""
+    m, slices = profile.memory, tables(profile).memory_slices
+    if branch >= SHARED_BAR1_BRANCH:
+        left = m.bar1_mib - mig_bar1_used_mib(profile, branch) - SHARED_BAR1_HELD_MIB
+        return max(left, 0) * size // slices << 20
+    return max(m.bar1_mib * size // slices - 1, 0) << 20
+
+
+# What a GPU instance holds with nothing running on it: a few MiB per compute slice (a real
+# H100 at 590: 9, 17 and 26 MiB on its 1g, 2g and 3g instances at idle), so (26 x slices) / 3,
+# rounded down after adding 1: 9, 17, 26, 35, 61 MiB for 1, 2, 3, 4, 7 slices.
+IDLE_MIB_PER_THREE_SLICES = 26
+
+
+def idle_bytes(gp: MigGpuProfile) -> int:
+    """The memory a GPU instance of `gp` shows used at idle (counted to the GPU's used too)."""
+    return (IDLE_MIB_PER_THREE_SLICES * gp.slices + 1) // 3 << 20
 
 
 def describe(profile: GpuProfile, gpu_uuid: str, gpu_minor: int, instances: tuple[GpuInstance, ...],
-             used_by_gi: dict[int, int]) -> tuple[tuple[GpuInstanceView, ...], tuple[MigDevice, ...]]:
+             used_by_gi: dict[int, int], branch: int) -> tuple[tuple[GpuInstanceView, ...], tuple[MigDevice, ...]]:
     """The GPU instances and MIG devices of `instances` (what `Node.mig_instances` lists), with
-    every fact a surface reports, computed once here. `used_by_gi`: bytes in use per GPU instance."""
+    every fact a surface reports, computed once here. `used_by_gi`: bytes in use per GPU instance
+    (its idle bytes included); `branch`: the driver's, which decides the BAR1 rule."""
     if not instances:
         return (), ()
     mig = tables(profile)
@@ -701,7 +739,7 @@ def describe(profile: GpuProfile, gpu_uuid: str, gpu_minor: int, instances: tupl
         gp = gi_profile_by_index(mig, g.profile)
         remaining = tuple(remaining_compute_instances(gp, g, cp) for cp in gp.compute_profiles)
         view = GpuInstanceView(g.id, gp, g.start, g.size, caps_minor(gpu_minor, g.id), used_by_gi.get(g.id, 0),
-                               g.compute, remaining, bar1_bytes(profile, g.size))
+                               g.compute, remaining, bar1_bytes(profile, g.size, branch))
         gis.append(view)
         for c in g.compute:
             cp = ci_profile(gp, c.profile)

@@ -23,6 +23,7 @@ from mokkafs.model.nvml_consts import ADDRESSING_MODES
 from mokkafs.model.schema import driver_branch
 from mokkafs.model.mig import GpuInstance
 from mokkafs.model.outcome import Outcome
+from mokkafs.model.schema import driver_branch
 from mokkafs.model.state import LOG_LIMIT, GpuState, HcaState, LogEntry
 from mokkafs.model.topology import Layout, pci_layout
 from mokkafs.model.transitions import transition
@@ -129,7 +130,24 @@ class Node:
     # --- readings (model/dynamics.py) ---------------------------------------------------------
 
     def readings(self, i: int, now: float) -> Readings:
-        return dynamics.readings(self.profile, self.gpus[i], self.processes[i], self._event0_ns[i], now)
+        return dynamics.readings(self.profile, self.gpus[i], self.processes[i], self._event0_ns[i], now,
+                                 driver_bytes=self.mig_idle_bytes(i))
+
+    @property
+    def driver_branch(self) -> int:
+        return driver_branch(self.config.driver_version)
+
+    def mig_idle_bytes(self, i: int) -> int:
+        """What GPU `i`'s GPU instances hold at idle together (counted to the GPU's memory used)."""
+        tables = self.profile.mig
+        return sum(mig.idle_bytes(mig.gi_profile_by_index(tables, g.profile)) for g in self.mig_instances(i))
+
+    def bar1_used_bytes(self, i: int) -> int:
+        """GPU `i`'s BAR1 in use: the idle board's mapping, or with MIG on what the driver maps
+        then (mig.mig_bar1_used_mib)."""
+        mib = (mig.mig_bar1_used_mib(self.profile, self.driver_branch) if self.gpus[i].mig.enabled
+               else self.profile.memory.bar1_used_mib)
+        return mib << 20
 
     def power_limit(self, i: int) -> float:
         return dynamics.power_limit(self.profile, self.gpus[i])
@@ -198,7 +216,9 @@ class Node:
         instances = self.mig_instances(i)
         if not instances:
             return (), ()
-        used: dict[int, int] = {}
+        # Each instance holds its idle bytes (mig.idle_bytes) besides what its processes use.
+        tables = self.profile.mig
+        used: dict[int, int] = {g.id: mig.idle_bytes(mig.gi_profile_by_index(tables, g.profile)) for g in instances}
         on = self.process_instances[i]
         for pid, nbytes in self.processes[i]:
             if pid in on:
@@ -209,7 +229,8 @@ class Node:
         used = {gi: min(nbytes, room.get(gi, 0)) for gi, nbytes in used.items()}
         ident = self.identities[i]
         return self._mig_view(i, ("devices", instances, tuple(sorted(used.items()))),
-                              lambda: mig.describe(self.profile, ident.uuid, ident.minor, instances, used))
+                              lambda: mig.describe(self.profile, ident.uuid, ident.minor, instances, used,
+                                                                   self.driver_branch))
 
     # --- restore (model/state.py) -------------------------------------------------------------
 

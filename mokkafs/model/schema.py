@@ -483,6 +483,14 @@ def coexisting_placements(placements: tuple[int, ...], size: int) -> int:
     return count
 
 
+def compute_span(slices: int) -> int:
+    """The placement units a compute instance of `slices` compute slices spans inside its GPU
+    instance (and a GPU instance's compute slices span in all): the size rounded up to a power
+    of two, 1, 2, 4, 4, 8 for 1, 2, 3, 4, 7 (`nvidia-smi mig -lci`: a 3g instance's full-size
+    compute instance at 0:4; docs/mig.md)."""
+    return 1 << (slices - 1).bit_length()
+
+
 class MigComputeProfile(_Strict):
     """A compute-instance profile inside one GPU-instance profile (nvmlComputeInstanceProfileInfo_v3,
     `nvidia-smi mig -lcip`). Its `profile` (NVML_COMPUTE_INSTANCE_PROFILE_*) is also the id the
@@ -539,8 +547,8 @@ class MigGpuProfile(_Strict):
             seen.add(ci.profile)
             if ci.slices > self.slices:
                 raise ValueError(f"compute profile {ci.name} has more slices than the GPU instance")
-            if any(p + ci.slices > self.slices for p in ci.placements):
-                raise ValueError(f"a placement of compute profile {ci.name} runs past the GPU instance's slices")
+            if any(p + compute_span(ci.slices) > compute_span(self.slices) for p in ci.placements):
+                raise ValueError(f"a placement of compute profile {ci.name} runs past the GPU instance's span")
             if ci.sm > self.sm:
                 raise ValueError(f"compute profile {ci.name} has more SMs than the GPU instance")
         return self

@@ -368,13 +368,17 @@ nvmlReturn_t DECLDIR nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDevice
 
 /* The JPEG and optical-flow engines, the encoder's sessions and frame capture: a simulated
    node runs CUDA work only (docs/cuda.md), so they are idle, as on the captured boards: 0 %,
-   no sessions. */
+   no sessions. A GPU in MIG mode has no whole-GPU JPEG or OFA utilization (a real H100 and H200
+   in MIG mode print N/A for both; --help-query-gpu says so), as for GetUtilizationRates. */
 static nvmlReturn_t idle_engine(nvmlDevice_t device, unsigned int *utilization, unsigned int *samplingPeriodUs)
 {
     DEV(device);
-    (void)g;
     ARG(utilization);
     ARG(samplingPeriodUs);
+    uint32_t mig;
+    SNAP(s, g->mig_mode, mig);
+    if (mig)
+        return NVML_ERROR_NOT_SUPPORTED;
     *utilization = 0;
     *samplingPeriodUs = 167000;
     return NVML_SUCCESS;

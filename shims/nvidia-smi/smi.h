@@ -194,6 +194,7 @@ void tabs(int n);
 
 int mig_read(unsigned index, struct mokka_mig_snapshot *v);
 int mig_enabled(unsigned index);
+int mig_section_na(unsigned index, const char *tag);
 int mig_of_pid(const struct mokka_mig_snapshot *v, unsigned pid, unsigned *gi, unsigned *ci);
 void mig_list(unsigned index);
 int mig_table_any(void);

@@ -47,6 +47,14 @@ int mig_enabled(unsigned index)
     return capable && mode;
 }
 
+/* Does -q print section `tag` of GPU `index` as one "N/A" line? `Remapped Rows` of a GPU in MIG
+   mode, from 580 (a real H100 at 590 and H200 at 580, 590 and 610; what older branches print
+   there is not known, and NVIDIA's 470-550 binaries print what our NVML answers). */
+int mig_section_na(unsigned index, const char *tag)
+{
+    return g_branch >= 580 && !strcmp(tag, "Remapped Rows") && mig_enabled(index);
+}
+
 /* The board's GPU instance profile of NVML index `index`, or NULL. */
 static const struct mokka_mig_profile *mig_profile(unsigned index)
 {
@@ -96,12 +104,28 @@ int mig_table_any(void)
     return any;
 }
 
+/* A cell of `cell` columns: a value that overflows takes its room from the padding (the spaces
+   after it, then those before it, one space left at each end), so the frame never moves. */
+static void mig_fit_cell(char *s, int cell)
+{
+    size_t n = strlen(s);
+    while ((int)n > cell && n >= 2 && s[n - 1] == ' ' && s[n - 2] == ' ')
+        s[--n] = '\0';
+    while ((int)n > cell && n >= 2 && s[0] == ' ' && s[1] == ' ') {
+        memmove(s, s + 1, n);
+        n--;
+    }
+}
+
 /* The default table's "MIG devices:" table, when a selected GPU is in MIG mode; 0 when none is;
    `rule`: the branch's frame rule (its width). Layouts: the user guide's 580.65.06 H100 table
    ("Shared Memory-Usage"), a 570.148.08 one before 580, and the records of NVIDIA's 470, 525,
    535 and 550 binaries (tests/fixtures/nvidia-smi-branches/<b>/mig/table.txt): the memory cell is
-   22 wide up to 525, 32 in 535, 34 from 550. Compute instances of one GPU instance share its
-   memory cells, as the user guide shows. */
+   22 wide up to 525, 32 in 535, 34 from 550. Before 580 compute instances of one GPU instance
+   share its memory cells, as the user guide shows; from 580 ("Shared" memory) each compute
+   instance's row repeats them under a full rule (a real H200 at 590 with a 1c and a 2c in GPU
+   instance 2). A value too wide for its cell (a 7g.141gb's 143360MiB) takes the padding's room,
+   so the frame holds on every board. */
 int mig_table(const char *rule)
 {
     if (!mig_table_any())
@@ -140,8 +164,9 @@ int mig_table(const char *rule)
         for (unsigned m = 0; m < v.dev_count; m++) {
             const struct mokka_mig_device *dv = &v.dev[m];
             const struct mokka_mig_gi *g = &v.gi[dv->gi_slot];
-            int first = m == 0 || v.dev[m - 1].gi_id != dv->gi_id;  /* first of its GPU instance */
-            int last = m + 1 == v.dev_count || v.dev[m + 1].gi_id != dv->gi_id;
+            int per_row = g_branch >= 580; /* every compute instance's row has the cells */
+            int first = per_row || m == 0 || v.dev[m - 1].gi_id != dv->gi_id; /* first of its GPU instance */
+            int last = per_row || m + 1 == v.dev_count || v.dev[m + 1].gi_id != dv->gi_id;
             char used[24], total[24], b_used[24], b_total[24], mem[48] = "", bar1[48] = "";
             snprintf(used, sizeof(used), "%lluMiB", (unsigned long long)(g->memory_used >> 20));
             snprintf(total, sizeof(total), "%lluMiB", (unsigned long long)(g->memory_total >> 20));
@@ -160,6 +185,8 @@ int mig_table(const char *rule)
                 snprintf(mem, sizeof(mem), "%19s / %8s    ", used, total);
                 snprintf(bar1, sizeof(bar1), g_branch >= 580 ? "%19s / %8s    " : "%21s / %8s  ", b_used, b_total);
             }
+            mig_fit_cell(mem, cell);
+            mig_fit_cell(bar1, cell);
             /* Vol. Unc. ECC: the instance's volatile uncorrected SRAM count, NVML's answer on its
                handle (the GPU's: the model keeps no per-instance counts). */
             unsigned long long unc = 0;
@@ -182,7 +209,7 @@ int mig_table(const char *rule)
     return 1;
 }
 
-/* -q's "MIG Device" blocks, after "MIG Mode" (labels of a real 610 -q; 580+ say "Shared"). */
+/* -q's "MIG Device" blocks, after "MIG Mode" (labels of real 580, 590 and 610 -q's). */
 
 /* MIG device m of GPU `index`: its volatile uncorrected SRAM count, NVML's answer on its handle
    (as the real tool asks it), into out; "N/A" when NVML has none. */
@@ -204,9 +231,11 @@ void mig_query_text(unsigned index)
     struct mokka_mig_snapshot v;
     if (mig_read(index, &v) != 0 || !v.capable || !v.mode)
         return;
-    const char *fb = g_branch >= 580 ? "Shared FB Memory Usage" : "FB Memory Usage";
-    /* 470-550 (their records) say "BAR1 Memory" and list the SRAM count; 555-565 are assumed so */
-    const char *bar = g_branch >= 580 ? "Shared BAR1 Memory" : g_branch >= 570 ? "BAR1 Memory Usage" : "BAR1 Memory";
+    /* "Shared" from 590 (real 590 and 610 -q); a real 580.173.02 -q says "FB Memory Usage" and
+       "BAR1 Memory", as 470-550 (their records) do; 555-565 are assumed so, 570-575 unverified */
+    const char *fb = g_branch >= 590 ? "Shared FB Memory Usage" : "FB Memory Usage";
+    const char *bar = g_branch >= 590 ? "Shared BAR1 Memory" : g_branch >= 580 ? "BAR1 Memory"
+                    : g_branch >= 570 ? "BAR1 Memory Usage" : "BAR1 Memory";
     for (unsigned m = 0; m < v.dev_count; m++) {
         const struct mokka_mig_device *dv = &v.dev[m];
         const struct mokka_mig_gi *g = &v.gi[dv->gi_slot];
@@ -224,7 +253,7 @@ void mig_query_text(unsigned index)
         QN(3, "Decoder count", "%u", g->decoder_count);
         QN(3, "OFA count", "%u", g->ofa_count);
         QN(3, "JPG count", "%u", g->jpeg_count);
-        if (g_branch < 570) {
+        { /* 470-550 (their records) and 580, 590, 610 (real -q) all print it */
             char unc[24];
             mig_sram_unc(index, m, unc, sizeof(unc));
             printf("        ECC Errors\n            Volatile\n");

@@ -141,8 +141,11 @@ int cmd_nvlink(char mode)
         NV(nvmlDeviceGetName, d->h, name, sizeof(name));
         NV(nvmlDeviceGetUUID, d->h, uuid, sizeof(uuid));
         printf("GPU %u: %s (UUID: %s)\n", d->index, name, uuid);
+        if (mig_enabled(d->index)) { /* a real H100 in MIG mode at 590 (docs/nvidia-smi.md, "MIG") */
+            printf("Nvlink queries are not supported for Devices in MIG mode\n");
+            continue;
+        }
         unsigned links = 0;
-        int mig = mig_enabled(d->index); /* MIG mode takes the GPU's NVLinks down */
         for (unsigned l = 0; l < NVML_NVLINK_MAX_LINKS; l++) {
             nvmlEnableState_t st;
             nvmlReturn_t r = NV(nvmlDeviceGetNvLinkState, d->h, l, &st);
@@ -152,7 +155,7 @@ int cmd_nvlink(char mode)
             unsigned ver = 0;
             NV(nvmlDeviceGetNvLinkVersion, d->h, l, &ver);
             if (mode == 's') {
-                printf("\t Link %u: %s\n", l, r == NVML_SUCCESS && st == NVML_FEATURE_ENABLED && !mig ? link_speed(ver) : "<inactive>");
+                printf("\t Link %u: %s\n", l, r == NVML_SUCCESS && st == NVML_FEATURE_ENABLED ? link_speed(ver) : "<inactive>");
             } else if (mode == 'c') {
                 static const char *caps[] = {"P2P is supported", "Access to system memory supported",
                                              "P2P atomics supported", "System memory atomics supported",

@@ -591,7 +591,11 @@ int cmd_query(void)
                 skipping = !top_selected(s->tag, 0);
             if (skipping)
                 continue;
-            if (s->kind == 0) {
+            if (s->kind == 0 && mig_section_na(d->index, s->tag)) { /* one N/A line for the section */
+                q_line(s->depth, s->tag, "N/A");
+                for (int depth = s->depth; s[1].kind != 9 && s[1].depth > depth;)
+                    s++;
+            } else if (s->kind == 0) {
                 printf("%*s%s\n", 4 * (s->depth + 1), "", s->tag);
             } else if (s->kind == 3) {
                 struct proc ps[64];

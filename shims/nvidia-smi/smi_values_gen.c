@@ -101,8 +101,14 @@ enum vr value(const struct dev *d, int key, char *out, size_t n)
         if (mig_enabled(d->index))
             return V_NA;
         return UTILIZATION(nvmlDeviceGetDecoderUtilization);
-    case K_utilization_jpeg: return UTILIZATION(nvmlDeviceGetJpgUtilization);
-    case K_utilization_ofa: return UTILIZATION(nvmlDeviceGetOfaUtilization);
+    case K_utilization_jpeg:
+        if (mig_enabled(d->index))
+            return V_NA;
+        return UTILIZATION(nvmlDeviceGetJpgUtilization);
+    case K_utilization_ofa:
+        if (mig_enabled(d->index))
+            return V_NA;
+        return UTILIZATION(nvmlDeviceGetOfaUtilization);
     case K_encoder_stats_sessionCount: return MEMBER(nvmlDeviceGetEncoderStats, "%u", sessions);
     case K_encoder_stats_averageFps: return MEMBER(nvmlDeviceGetEncoderStats, "%u", fps);
     case K_encoder_stats_averageLatency: return MEMBER(nvmlDeviceGetEncoderStats, "%u", latency);

@@ -107,7 +107,6 @@ def fill_static(g, node: Node, i: int) -> None:
     g.mem_total = p.memory.total_mib * mib
     g.mem_reserved = p.memory.reserved_mib * mib
     g.bar1_total = p.memory.bar1_mib * mib
-    g.bar1_used = p.memory.bar1_used_mib * mib
     g.mem_bus_width = p.memory.bus_width_bits
     g.pstate = 0
     c = p.clocks
@@ -209,6 +208,7 @@ def fill_dynamic(g, node: Node, i: int, now: float) -> None:
     g.recovery_action = int(RecoveryAction.from_spelling(st.recovery_action))
     g.last_xid = st.last_xid or 0
     g.mem_used_pinned = int("memory_used" in st.pins)
+    g.bar1_used = node.bar1_used_bytes(i)
     procs = node.processes[i][:MAX_GPU_PROCS]
     on = node.process_instances[i]
     g.process_count = len(procs)
