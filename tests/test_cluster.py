@@ -302,8 +302,11 @@ def _device_plugin_mixed(text: str) -> str:
     of dropping every capability) and `runtimeClassName: nvidia`, as the GPU Operator runs it: the
     NVIDIA runtime gives the container the agent's `all` device, whose hook brings the node's
     /proc/driver (the plugin reads nvidia-caps/mig-minors there) and whose MIG monitor capability
-    lets it see every MIG device (docs/containers.md)."""
-    objects = [o for o in yaml.safe_load_all(text) if o]
+    lets it see every MIG device (docs/containers.md). The RuntimeClass `nvidia` comes with it, as
+    NVIDIA's toolkit (or the GPU Operator) makes it on a GPU node."""
+    runtime_class = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
+                     "handler": "nvidia"}
+    objects = [runtime_class, *(o for o in yaml.safe_load_all(text) if o)]
     for o in objects:
         if o["kind"] == "DaemonSet":
             pod = o["spec"]["template"]["spec"]
@@ -355,6 +358,54 @@ def test_a_mig_layout_from_mig_parted_is_allocatable_under_mixed_and_a_pod_gets_
         cluster.kubectl("delete", "pod", "-n", "nvidia-device-plugin", "-l",
                         "app.kubernetes.io/name=nvidia-device-plugin", "--wait=true", "--timeout=90s", timeout=120)
         cluster.step(f"{GPU}: 8 allocatable again", lambda: cluster.allocatable(GPU) == 8, timeout=120)
+
+
+def test_a_claim_for_a_mig_device_makes_it_at_prepare_through_the_dra_driver(cluster, dra_driver, tmp_path):
+    """NVIDIA's DRA driver with the DynamicMIG feature gate (its chart's featureGates; exclusive of
+    the NVML health check the other steps use) publishes each H100 whole and as MIG partitions;
+    a claim for a 1g.10gb of class mig.nvidia.com makes the plugin, in its privileged pod, create
+    that MIG device through NVML at prepare (its commands reach the node over the node's socket,
+    docs/setters.md), the pod sees exactly it, and unprepare after the pod's end destroys it."""
+    dynamic = dra_driver.replace('"NVMLDeviceHealthCheck=true,"', '"DynamicMIG=true,"')
+    assert dynamic != dra_driver
+    plugin = ("ds/nvidia-dra-driver-gpu-kubelet-plugin", "-n", "nvidia-dra-driver-gpu")
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "one-mig", "namespace": "default"},
+                "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+                    "deviceClassName": "mig.nvidia.com",
+                    "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"}}]}}]}}}}
+    objects = [template, *_workload(cluster, "dra-mig", resources={"claims": [{"name": "mig"}]},
+                                    claims=[{"name": "mig", "resourceClaimTemplateName": "one-mig"}])]
+    try:
+        cluster.apply(dynamic)
+        cluster.kubectl("delete", "pod", "-n", "nvidia-dra-driver-gpu", "-l", "app.kubernetes.io/name=nvidia-dra-driver-gpu-kubelet-plugin",
+                        "--wait=true", "--timeout=90s", timeout=120, check=False)
+        cluster.rollout("daemonset", "nvidia-dra-driver-gpu-kubelet-plugin", "nvidia-dra-driver-gpu", timeout=180)
+        cluster.step("MIG partitions in the DRA driver's ResourceSlice",
+                     lambda: [d for d in _slice_devices(cluster) if d["attributes"]["type"]["string"] == "mig"],
+                     timeout=120, show=lambda: cluster.kubectl("logs", *plugin, "--tail=40", check=False).stdout)
+        cluster.apply(objects)
+        cluster.wait_pod("dra-mig", "Running", timeout=150)
+        lines = cluster.step("dra-mig's nvidia-smi and probe output", lambda: (
+            out := cluster.logs("dra-mig").strip().splitlines()) and len(out) >= 3 and out, timeout=60)
+        made = {i: parse_mig((MOUNT / f"gpu{i}" / "mig").read_text()) for i in range(8)}
+        (gpu,) = [i for i, m in made.items() if m]
+        (mig,) = made[gpu]
+        m = re.fullmatch(r"\s+MIG 1g\.10gb\s+Device\s+0: \(UUID: (MIG-[0-9a-f-]+)\)", lines[1])
+        assert m and m.group(1) == mig.uuid and len(lines) == 3, (lines, made)
+        seen = json.loads(lines[2])
+        assert seen["nvml_count"] == 1 and seen["cuda_count"] == 1, seen
+        assert seen["uuid"] == parse_info((MOUNT / f"gpu{gpu}" / "info").read_text())["uuid"], seen
+        cluster.delete(objects[1:], wait=True)
+        cluster.step(f"the MIG device on gpu{gpu} destroyed at unprepare",
+                     lambda: not parse_mig((MOUNT / f"gpu{gpu}" / "mig").read_text()), timeout=60,
+                     show=lambda: cluster.kubectl("logs", *plugin, "--tail=40", check=False).stdout)
+    finally:
+        cluster.delete(objects, wait=False)
+        cluster.apply(dra_driver)
+        cluster.kubectl("delete", "pod", "-n", "nvidia-dra-driver-gpu", "-l", "app.kubernetes.io/name=nvidia-dra-driver-gpu-kubelet-plugin",
+                        "--wait=true", "--timeout=90s", timeout=120, check=False)
+        _mig_parted(tmp_path, "all-disabled")  # the plugin leaves MIG mode on where it turned it on
 
 
 def _nfd_objects(cluster: Cluster) -> list[dict]:
