@@ -138,3 +138,23 @@ def test_a_refused_save_rolls_back_every_record_the_event_touched(tmp_path, line
         failing.apply(SetProcesses(1, _PROCESSES[line]) if line in _PROCESSES else parse_line(line, gpus=4).event)
     after = {k: v for k, v in vars(node).items() if k not in fixed}
     assert after == before
+
+
+@pytest.mark.parametrize("cls", ["GpuState", "HcaState"])
+def test_a_record_copy_shares_no_container_with_the_record(cls):
+    """The rollback's copy of a record (GpuState.copy, HcaState.copy) is written by hand: a
+    mutable container added to the record later and not copied there would be shared with the
+    live record, and an event's change to it would survive its rollback."""
+    import dataclasses
+
+    from mokkafs.model.state import GpuState, HcaState
+
+    record = GpuState(t0=T0, temp0=30.0) if cls == "GpuState" else HcaState()
+    copied = record.copy()
+    assert copied == record
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if isinstance(value, (dict, list, set, bytearray)):
+            assert getattr(copied, f.name) is not value, f"{cls}.copy shares {f.name}"
+        else:  # everything else in a record is immutable (numbers, strings, tuples, frozen MIG state)
+            assert dataclasses.is_dataclass(value) is False or type(value).__dataclass_params__.frozen, f.name
