@@ -1,7 +1,9 @@
 """Soak: 16 concurrent readers over every file of the tree while a writer injects 100 faults/s.
-Reports read errors, the daemon's RSS growth, and its RSS at 8 x H100 and 64 x H100 NVL (an HGX
-H100 board sits at most 8 to a node).
-Targets: 0 errors, RSS growth <= 5 MB, RSS <= 80 MB at 8 GPUs and <= 150 MB at 64."""
+Reports read errors, each read's latency (open, read, close) under the faults beside the same
+readers' with no faults (a first phase, a quarter as long), the daemon's RSS growth, and its RSS
+at 8 x H100 and 64 x H100 NVL (an HGX H100 board sits at most 8 to a node).
+Targets: 0 errors, read p99 <= 5 ms under the faults, RSS growth <= 5 MB, RSS <= 80 MB at 8 GPUs
+and <= 150 MB at 64."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from _node import WIDE_GPUS, WIDE_PROFILE, BenchNode, report
+from _node import WIDE_GPUS, WIDE_PROFILE, BenchNode, percentile, report
 
 FAULTS = [
     ("inject_xid", b"13\n"), ("inject_xid", b"48\n"), ("inject_xid", b"79\n"), ("reset", b"1\n"),
@@ -35,9 +37,12 @@ def all_files(root: Path) -> list[str]:
 def reader(files: list[str], seconds: float, q) -> None:
     reads = errors = 0
     first_error = ""
+    latencies = []  # us per read: open, read to the end, close
+    clock = time.perf_counter_ns
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         for p in files:
+            t0 = clock()
             try:
                 with open(p, "rb") as f:
                     f.read()
@@ -47,9 +52,10 @@ def reader(files: list[str], seconds: float, q) -> None:
             except OSError as e:
                 errors += 1
                 first_error = first_error or f"{p}: {e}"
+            latencies.append((clock() - t0) / 1000)
             if time.monotonic() >= end:
                 break
-    q.put((reads, errors, first_error))
+    q.put((reads, errors, first_error, latencies))
 
 
 def writer(root: Path, gpus: int, seconds: float, rate: float, q) -> None:
@@ -71,9 +77,23 @@ def writer(root: Path, gpus: int, seconds: float, rate: float, q) -> None:
     q.put((n, errors))
 
 
+def read_only(files: list[str], seconds: float, readers: int) -> list[float]:
+    """The same readers with no writer: the latency floor of the faults' phase."""
+    q = mp.Queue()
+    procs = [mp.Process(target=reader, args=(files, seconds, q)) for _ in range(readers)]
+    for p in procs:
+        p.start()
+    results = [q.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return [v for r in results for v in r[3]]
+
+
 def soak(gpus: int, seconds: float, readers: int, rate: float) -> None:
     with BenchNode(gpus=gpus) as node:
         files = all_files(node.mnt)
+        node.settle()
+        quiet = read_only(files, seconds / 4, readers)
         rss0 = node.rss_kib()
         q = mp.Queue()
         procs = [mp.Process(target=reader, args=(files, seconds, q)) for _ in range(readers)]
@@ -89,11 +109,22 @@ def soak(gpus: int, seconds: float, readers: int, rate: float) -> None:
     reads = sum(r[0] for r in results)
     errors = sum(r[1] for r in results)
     first = next((r[2] for r in results if r[2]), "")
+    loaded = [v for r in results for v in r[3]]
     print(f"{gpus} GPUs, {len(files)} files, {readers} readers, {seconds:.0f} s: {reads} reads, {errors} read errors, "
           f"{injected} faults injected ({injected / seconds:.0f}/s), {write_errors} write errors")
     if first:
         print(f"  first error: {first}")
     print(f"  daemon RSS {rss0 / 1024:.1f} MB -> {rss1 / 1024:.1f} MB, growth {(rss1 - rss0) / 1024:.2f} MB (target <= 5)")
+    print(f"  {'read latency, ms':<26} {'p50':>7} {'p99':>7} {'max':>7} {'reads':>7}")
+    for name, vals in ((f"no faults ({seconds / 4:.0f} s)", quiet), (f"{rate:.0f} faults/s ({seconds:.0f} s)", loaded)):
+        print(f"  {name:<26} {percentile(vals, 0.5) / 1000:>7.2f} {percentile(vals, 0.99) / 1000:>7.2f} "
+              f"{max(vals) / 1000:>7.2f} {len(vals):>7}")
+    print(f"  target: p99 under the faults <= 5 ms: {percentile(loaded, 0.99) / 1000:.2f}/5 = "
+          f"{percentile(loaded, 0.99) / 5000:.2f}")
+    report(f"file read under {rate:.0f} faults/s, {readers} readers, every file, p50", percentile(loaded, 0.5) / 1000,
+           "ms", floor=percentile(quiet, 0.5) / 1000, floor_is="the same readers, no faults")
+    report(f"file read under {rate:.0f} faults/s, {readers} readers, every file, p99", percentile(loaded, 0.99) / 1000,
+           "ms", floor=percentile(quiet, 0.99) / 1000, floor_is="the same readers, no faults", target=5)
     report(f"soak {seconds:.0f} s, {rate:.0f} faults/s: read errors", errors, "errors", target=0)
     report(f"soak {seconds:.0f} s: daemon RSS growth", (rss1 - rss0) / 1024, "MB", target=5)
 

@@ -4,6 +4,7 @@ cannot write its state at start says so instead of "ready"."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import os
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 from mokkafs.daemon.controller import Controller
 from mokkafs.daemon.persist import StateDir
 from mokkafs.model import Node, compose
-from mokkafs.model.events import InjectEcc, InjectXid, Reset
+from mokkafs.model.events import InjectEcc, InjectXid, Reset, SetProcesses
 from mokkafs.model.profiles import load_profile
 
 pytestmark = pytest.mark.level("daemon")
@@ -96,3 +97,64 @@ def test_mokka_mount_with_a_full_state_disk_fails_with_the_reason(node_factory, 
         assert "ready" not in text and "Traceback" not in text
         assert "No space left on device" in text and str(disk) in text, text
         assert not os.path.ismount(node.mnt)
+
+
+class _FullDisk(StateDir):
+    """A state directory whose every save fails as a full disk's does."""
+
+    def save_change(self, *args) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+# Commands that change each kind of record an event reaches in place (counters inside dicts, the
+# nested NVLink counters, lists, pins, settings, MIG, HCA ports, accounting), each after a prefix
+# that leaves those containers non-empty, so a rollback sharing one with the live node would show.
+_PREFIX = ["gpu=1 xid 48", "gpu=1 ecc sbe 3 l2", "gpu=1 nvlink 2 errors 5", "gpu=1 nvlink 3 down",
+           "gpu=1 temperature 70", "gpu=1 accounting 1", "gpu=2 mig enable", "hca=0 port errors 4"]
+_REFUSED = ["gpu=1 xid 48", "gpu=1 xid 79", "gpu=1 ecc dbe 2 dram", "gpu=1 ecc sbe 3 l2", "gpu=1 nvlink 2 errors 7",
+            "gpu=1 nvlink 2 reset_errors", "gpu=1 nvlink 3 up", "gpu=1 nvlink 0 down", "gpu=1 temperature 80",
+            "gpu=1 temperature auto", "gpu=1 power_limit 500", "gpu=1 clear_ecc volatile", "gpu=1 reset 1",
+            "gpu=2 mig create 1g.10gb", "hca=0 port errors 9", "hca=0 port down", "node reset 1",
+            "processes: more memory", "processes: none"]
+_PROCESSES = {"processes: more memory": ((4242, 2 << 30),), "processes: none": ()}  # the process table's folds
+
+
+@pytest.mark.parametrize("line", _REFUSED)
+def test_a_refused_save_rolls_back_every_record_the_event_touched(tmp_path, line, expect_log):
+    """The rollback copies only what an event can change, by hand (daemon/controller.py): after
+    a save that fails, every mutable part of the node equals what it was, deep down."""
+    from mokkafs.model.commands import parse_line
+
+    node, _ = make(tmp_path / "state")
+    ok = Controller(node, StateDir(tmp_path / "state"), clock=lambda: T0 + 1)
+    for prefix in _PREFIX:
+        ok.apply(parse_line(prefix, gpus=4).event)
+    ok.apply(SetProcesses(1, ((4242, 1 << 30),)))  # a process, accounted
+    fixed = {"config", "profile", "identities", "layout", "compute", "features", "nvml_support"}
+    before = {k: copy.deepcopy(v) for k, v in vars(node).items() if k not in fixed}
+    failing = Controller(node, _FullDisk(tmp_path / "state"), clock=lambda: T0 + 2)
+    expect_log(r"not applied: cannot save the state")
+    with pytest.raises(OSError):
+        failing.apply(SetProcesses(1, _PROCESSES[line]) if line in _PROCESSES else parse_line(line, gpus=4).event)
+    after = {k: v for k, v in vars(node).items() if k not in fixed}
+    assert after == before
+
+
+@pytest.mark.parametrize("cls", ["GpuState", "HcaState"])
+def test_a_record_copy_shares_no_container_with_the_record(cls):
+    """The rollback's copy of a record (GpuState.copy, HcaState.copy) is written by hand: a
+    mutable container added to the record later and not copied there would be shared with the
+    live record, and an event's change to it would survive its rollback."""
+    import dataclasses
+
+    from mokkafs.model.state import GpuState, HcaState
+
+    record = GpuState(t0=T0, temp0=30.0) if cls == "GpuState" else HcaState()
+    copied = record.copy()
+    assert copied == record
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if isinstance(value, (dict, list, set, bytearray)):
+            assert getattr(copied, f.name) is not value, f"{cls}.copy shares {f.name}"
+        else:  # everything else in a record is immutable (numbers, strings, tuples, frozen MIG state)
+            assert dataclasses.is_dataclass(value) is False or type(value).__dataclass_params__.frozen, f.name

@@ -159,12 +159,15 @@ class Mirror:
             # Only MIG layouts changed (the state's last part): re-render their two small trees.
             self._update(render(self.tree, ctx, MIG_TREES), _under(MIG_TREES))
         else:
-            self._update(render(self.tree, ctx), lambda rel: True)
+            self._update(render(self.tree, ctx), None)
         self._rendered_state = state
 
-    def _update(self, new: dict[str, Item], covers: Callable[[str], bool]) -> None:
-        """Make the entries `covers` selects what `new` says (`new` holds exactly those)."""
-        old = {rel: item for rel, item in self._items.items() if covers(rel)}
+    def _update(self, new: dict[str, Item], covers: Callable[[str], bool] | None) -> None:
+        """Make the entries `covers` selects (None: all) what `new` says (`new` holds exactly those)."""
+        if covers is None:
+            old = dict(self._items)  # a copy at C speed: the whole mirror is thousands of entries
+        else:
+            old = {rel: item for rel, item in self._items.items() if covers(rel)}
         # Removals first, deepest first, so a vanished directory goes with what it held.
         for rel in sorted((p for p in old if new.get(p, (None,))[0] != old[p][0]), reverse=True):
             self._remove(rel, old[rel])

@@ -43,6 +43,7 @@ MAX_MESSAGE = 300  # a StateError is one line of at most this many characters (p
 # Opened this way, a symlink in place of a state file fails (ELOOP) instead of leading the
 # daemon, as root, elsewhere, and a FIFO opens at once instead of blocking the start.
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC  # a new file, never through a link
 _CREATING = ".creating"  # present while a fresh state directory is being written
 PREVIOUS = "previous"  # where `retire` moves another node's files
 _RETIRING = ".previous.new"  # `retire` fills it, then renames it to PREVIOUS
@@ -137,15 +138,20 @@ def read_regular(path: Path, cap: int) -> bytes:
         os.close(fd)
 
 
-def _write_tmp(path: Path, data: bytes) -> Path:
+def _write_tmp(path: Path | str, data: bytes) -> str:
     """`data` in a new temporary file beside `path`, returned; nothing is left behind when the
     write fails (a full disk keeps no half-written copy taking its last blocks)."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    head, name = os.path.split(path)
+    tmp = os.path.join(head, f".{name}.tmp")
     # A stale tmp (a crash mid-write, or a link someone planted) is removed, never written
-    # through: O_EXCL|O_NOFOLLOW creates a new file or fails.
-    with contextlib.suppress(FileNotFoundError):
+    # through: O_EXCL|O_NOFOLLOW creates a new file or fails. Tried first, since there is
+    # almost never one: a failed unlink before every save cost each event a syscall and an
+    # exception.
+    try:
+        fd = os.open(tmp, _CREATE, 0o644)
+    except FileExistsError:
         os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = os.open(tmp, _CREATE, 0o644)
     try:
         view = memoryview(data)
         while view:
@@ -235,6 +241,14 @@ class StateDir:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._log_lines = 0
+        self._names: dict[str, str] = {}  # file name -> its path, as a string
+
+    def _file(self, name: str) -> str:
+        """The path of state file `name`, made once (every event writes two or three)."""
+        path = self._names.get(name)
+        if path is None:
+            path = self._names[name] = str(self.path / name)
+        return path
 
     def _load_json(self, name: str) -> object:
         path = self.path / name
@@ -333,10 +347,10 @@ class StateDir:
         written aside, the log lines appended, and only then are the records renamed into place.
         On any failure (a full disk) every file is left as it was and OSError is raised, so the
         caller can roll the model back and the next start restores exactly what was there."""
-        records = [(self.path / f"gpu{i}.json", json.dumps(node.gpus[i].to_dict()).encode()) for i in gpus]
+        records = [(self._file(f"gpu{i}.json"), json.dumps(node.gpus[i].to_dict()).encode()) for i in gpus]
         if hcas:
-            records.append((self.path / "hcas.json", json.dumps([h.to_dict() for h in node.hcas]).encode()))
-        written: list[tuple[Path, Path]] = []
+            records.append((self._file("hcas.json"), json.dumps([h.to_dict() for h in node.hcas]).encode()))
+        written: list[tuple[str, str]] = []
         try:
             for path, data in records:
                 written.append((_write_tmp(path, data), path))
@@ -384,7 +398,7 @@ class StateDir:
         data = b"".join(map(_log_line, entries))
         # Never through a link; a FIFO or device fails here (ENXIO) or at the check below.
         fd = os.open(
-            self.path / "events.log",
+            self._file("events.log"),
             os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
             0o644,
         )

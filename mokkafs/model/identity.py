@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
 
 from mokkafs.model.schema import (MAX_GPUS, Composition, GpuProfile, GpuSlot, ProfileError, check_driver_drives,
                                   check_fits, control_character_problem, default_slots)
@@ -23,12 +24,12 @@ class Bdf:
     device: int = 0
     function: int = 0
 
-    @property
+    @cached_property  # immutable; the renderers ask thousands of times per render
     def sysfs(self) -> str:
         """`0000:53:00.0`, the sysfs and /proc/driver/nvidia/gpus spelling (lowercase)."""
         return f"{self.domain:04x}:{self.bus:02x}:{self.device:02x}.{self.function:x}"
 
-    @property
+    @cached_property  # immutable; the renderers ask thousands of times per render
     def nvml(self) -> str:
         """`00000000:53:00.0`, NVML busId and nvidia-smi (8-digit domain, uppercase)."""
         return f"{self.domain:08X}:{self.bus:02X}:{self.device:02X}.{self.function:X}"

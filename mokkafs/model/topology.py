@@ -8,7 +8,7 @@ HCA beside it sit), shared by the sysfs, InfiniBand and
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from mokkafs.model.identity import Bdf, NodeConfig, gpu_identities
 from mokkafs.model.nvml_consts import TOPOLOGY_LEVELS
@@ -169,6 +169,12 @@ class Layout:
     levels: tuple[tuple[int, ...], ...] = ()
 
     def by_bdf(self) -> dict[Bdf, PciFunction]:
+        return dict(self._by_bdf)
+
+    @cached_property
+    def _by_bdf(self) -> dict[Bdf, PciFunction]:
+        # Made once: `chain` looks bridges up in it for every PCI entry a render resolves
+        # (thousands per render of sys/), and every Bdf key hashes through its dataclass.
         return {f.bdf: f for f in self.functions}
 
     def of(self, kind: str, index: int) -> PciFunction:
@@ -179,7 +185,7 @@ class Layout:
 
     def chain(self, fn: PciFunction) -> list[PciFunction]:
         """`fn` and its bridges, root port first."""
-        table = self.by_bdf()
+        table = self._by_bdf
         out = [fn]
         while out[0].parent is not None:
             out.insert(0, table[out[0].parent])

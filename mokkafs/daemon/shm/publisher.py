@@ -539,7 +539,7 @@ class Publisher:
             if tick and self._written.get(key) == node.generation:
                 readings.append((i, node.readings(i, now)))
                 continue
-            ffi.memmove(ffi.addressof(scratch, i), self._static(node, i), rec)
+            ffi.memmove(scratch + i, self._static(node, i), rec)  # `+ i`: addressof is slow Python
             fill_dynamic(scratch[i], node, i, now)
             self._written[key] = node.generation
             whole.append(i)
@@ -563,10 +563,10 @@ class Publisher:
             if only is None:  # static: every full publish (a new or repaired file gets one first)
                 fill_mig_tables(st, node)
         if len(whole) == count:
-            ffi.memmove(ffi.addressof(st.gpus, 0), scratch, rec * count)
+            ffi.memmove(st.gpus, scratch, rec * count)
         else:
             for i in whole:
-                ffi.memmove(ffi.addressof(st.gpus, i), ffi.addressof(scratch, i), rec)
+                ffi.memmove(st.gpus + i, scratch + i, rec)
         for i, r in readings:
             fill_readings(st.gpus[i], r)
         for i in targets:
