@@ -220,6 +220,13 @@ def containerd_config(d: Path) -> str:
     for must in ("enable_cdi = true", "restrict_oom_score_adj = true", PAUSE_IMAGE, str(d / "cni")):
         if must not in text:
             raise ClusterError(f"containerd's default configuration changed: could not set {must!r}")
+    # Every container starts from a base spec whose createContainer hook binds the node's
+    # proc/driver over its /proc/driver, as a real node's kernel shows /proc/driver/nvidia in every
+    # container's procfs (base_spec below).
+    base = f"base_runtime_spec = '{c / 'base-spec.json'}'"
+    text = text.replace("base_runtime_spec = ''", base)
+    if base not in text:
+        raise ClusterError("containerd's default configuration changed: could not set base_runtime_spec")
     # The `nvidia` runtime handler (a RuntimeClass names it), as NVIDIA's container toolkit sets it
     # up on a GPU node: its runtime in CDI mode turns NVIDIA_VISIBLE_DEVICES=all into the CDI device
     # nvidia.com/gpu=all (the agent's spec) and runs runc. Its configuration file is named by
@@ -227,10 +234,31 @@ def containerd_config(d: Path) -> str:
     text += f"""
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]
   runtime_type = 'io.containerd.runc.v2'
+  {base}
   [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]
     BinaryName = '{tool("nvidia-container-runtime")}'
 """
     return text
+
+
+def base_spec() -> str:
+    """containerd's default OCI spec (`ctr oci spec`) with one createContainer hook: mokka-cdi-hook
+    binds the agent's mount's proc/driver and proc/devices over the container's, where a real
+    node's kernel shows /proc/driver/nvidia, nvidia-caps and the driver's majors to every container
+    (NVIDIA's device plugin and DRA plugin read MIG's capability files there, at those absolute
+    paths). `--if-present`: before
+    the agent has mounted the node (its own pod among the first), a container starts without them,
+    as on a node whose driver is not loaded yet (docs/containers.md)."""
+    from mokkafs.agent.watch import DEFAULT_MOUNTPOINT
+    from mokkafs.render import native
+
+    hook = native.LIB_DIR.parent / "bin" / native.CDI_HOOK
+    if not hook.is_file():
+        raise ClusterError(f"{hook} is missing: pip install -e . builds it")
+    spec = json.loads(run([tool("ctr"), "oci", "spec"]).stdout)
+    spec.setdefault("hooks", {})["createContainer"] = [
+        {"path": str(hook), "args": [native.CDI_HOOK, "proc", "--if-present", f"{DEFAULT_MOUNTPOINT}/proc"]}]
+    return json.dumps(spec, indent=1)
 
 
 def nvidia_runtime_config(d: Path) -> str:
@@ -431,6 +459,7 @@ def up(d: Path) -> dict:
 
     (d / "cni" / "10-mokka.conflist").write_text(json.dumps(cni_config(), indent=1))
     (d / "containerd" / "config.toml").write_text(containerd_config(d))
+    (d / "containerd" / "base-spec.json").write_text(base_spec())
     path_env = {"PATH": f"{GO_BIN}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"}
     (d / "nvidia-container-runtime.toml").write_text(nvidia_runtime_config(d))
     start(d, "containerd", [bins["containerd"], "--config", str(d / "containerd" / "config.toml")],

@@ -263,7 +263,7 @@ def test_cdi_spec_shape():
     assert every[-1] == {"path": "/dev/nvidia-caps/nvidia-cap2", "hostPath": "/m/dev/nvidia-caps/nvidia-cap2"}
     assert hooked["containerEdits"]["hooks"] == [
         {"hookName": "createContainer", "path": "/m/driver/usr/bin/mokka-cdi-hook",
-         "args": ["mokka-cdi-hook", "proc-driver", "/m/proc/driver"]}]
+         "args": ["mokka-cdi-hook", "proc", "/m/proc"]}]
 
 
 def test_nfd_feature_file_is_name_value_lines():
@@ -950,7 +950,7 @@ def test_the_host_sees_the_state_directory_where_the_hostpath_puts_it(cluster, a
     # The hook the runtime runs on the host, from the host's view of the driver root.
     (hook,) = spec["containerEdits"]["hooks"]
     assert hook["path"] == str(host / "root/driver/usr/bin/mokka-cdi-hook")
-    assert hook["args"][1:] == ["proc-driver", str(host / "root/proc/driver")]
+    assert hook["args"][1:] == ["proc", str(host / "root/proc")]
     # `all` is the GPUs and the MIG monitor capability, whose node the driver makes on any board
     # (a T4's grants nothing: it has no MIG device).
     every = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}["all"]

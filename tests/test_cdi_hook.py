@@ -1,6 +1,7 @@
-"""Level shims: mokka-cdi-hook, the createContainer hook the agent's CDI spec runs (shims/hook;
-docs/containers.md), on its own: given an OCI state and a bundle, it binds SOURCE over the
-container root's /proc/driver, read-only, and refuses anything it should not trust (a link, a
+"""Level shims: mokka-cdi-hook, the createContainer hook the agent's CDI spec and the cluster's
+containerd base spec run (shims/hook; docs/containers.md), on its own: given an OCI state and a
+bundle, it binds SOURCE/driver and SOURCE/devices over the container root's /proc/driver and
+/proc/devices, read-only, and refuses anything it should not trust (a link, a
 /proc that is no procfs, malformed or oversized JSON) in one line, exit 1, mounting nothing.
 Each case runs in a private mount namespace (`unshare -m`), as root, as a runtime runs hooks."""
 from __future__ import annotations
@@ -30,6 +31,7 @@ rc=$?
 after=$(grep -c ' /' /proc/self/mountinfo)
 echo "rc=$rc mounts=$((after - before))"
 if [ -e "$root/proc/driver/nvidia/version" ]; then echo "version=$(cat "$root/proc/driver/nvidia/version")"; fi
+echo "devices=$(grep -c nvidia-caps "$root/proc/devices" 2>/dev/null)"
 if touch "$root/proc/driver/nvidia/x" 2>/dev/null; then echo writable; fi
 """
 
@@ -42,9 +44,10 @@ def bundle(tmp_path):
     (root / "proc").mkdir(parents=True)
     (tmp_path / "bundle" / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "root": {"path": "rootfs"},
                                                                  "process": {"args": ["sh"]}}))
-    source = tmp_path / "driver"
-    (source / "nvidia").mkdir(parents=True)
-    (source / "nvidia" / "version").write_text("NVRM version: test\n")
+    source = tmp_path / "proc"
+    (source / "driver" / "nvidia").mkdir(parents=True)
+    (source / "driver" / "nvidia" / "version").write_text("NVRM version: test\n")
+    (source / "devices").write_text("Character devices:\n195 nvidia\n506 nvidia-caps\n")
     return tmp_path
 
 
@@ -52,7 +55,7 @@ def run_hook(tmp_path: Path, state: str | bytes, *args: str, proc_as: str = "pro
     """(the hook's exit code, stderr, what the namespace showed after it)."""
     state_file = tmp_path / "state.json"
     state_file.write_bytes(state.encode() if isinstance(state, str) else state)
-    argv = list(args) if args else ["proc-driver", str(tmp_path / "driver")]
+    argv = list(args) if args else ["proc", str(tmp_path / "proc")]
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", SCRIPT, "sh",
                         str(tmp_path / "bundle" / "rootfs"), str(HOOK), *argv],
                        capture_output=True, text=True, timeout=60,
@@ -68,7 +71,7 @@ def state_of(tmp_path: Path, **extra) -> str:
 
 def test_binds_the_source_over_proc_driver_read_only(bundle):
     out, err = run_hook(bundle, state_of(bundle, annotations={"a": "b\u00e9\\\"x"}))
-    assert out.splitlines() == ["rc=0 mounts=1", "version=NVRM version: test"], err
+    assert out.splitlines() == ["rc=0 mounts=2", "version=NVRM version: test", "devices=1"], err
     assert err == ""
 
 
@@ -79,9 +82,9 @@ def test_an_absolute_root_path(bundle):
     assert "version=NVRM version: test" in out
 
 
-def refused(tmp_path: Path, state, expect: str, **kw) -> None:
-    out, err = run_hook(tmp_path, state, **kw)
-    assert out.splitlines()[0] == "rc=1 mounts=0", (out, err)
+def refused(tmp_path: Path, state, expect: str, args: tuple[str, ...] = (), **kw) -> None:
+    out, err = run_hook(tmp_path, state, *args, **kw)
+    assert out.splitlines()[:1] == ["rc=1 mounts=0"] and "version=" not in out, (out, err)
     assert err.count("\n") == 1 and err.startswith("mokka-cdi-hook: ") and expect in err, err
 
 
@@ -140,7 +143,25 @@ def test_refuses_bad_config(bundle, config, expect):
 
 def test_usage(bundle):
     r = subprocess.run([str(HOOK)], capture_output=True, text=True, timeout=10)
-    assert r.returncode == 2 and "usage: mokka-cdi-hook proc-driver SOURCE" in r.stderr
-    r = subprocess.run([str(HOOK), "proc-driver", "/nonexistent-source"], input=state_of(bundle),
+    assert r.returncode == 2 and "usage: mokka-cdi-hook proc [--if-present] SOURCE" in r.stderr
+    r = subprocess.run([str(HOOK), "proc", "/nonexistent-source"], input=state_of(bundle),
                        capture_output=True, text=True, timeout=10)
     assert r.returncode == 1 and r.stderr == "mokka-cdi-hook: /nonexistent-source: No such file or directory\n"
+
+
+def test_if_present_does_nothing_without_a_node(bundle):
+    """A runtime's base spec runs the hook for every container, the node's own agent among them,
+    before any node is mounted: with --if-present a missing SOURCE starts the container as it is
+    (exit 0, nothing mounted); without it, the same is refused."""
+    out, err = run_hook(bundle, state_of(bundle), "proc", "--if-present", str(bundle / "no-node"))
+    assert out.splitlines() == ["rc=0 mounts=0", "devices=0"] and err == ""
+    refused(bundle, state_of(bundle), "no-node: No such file or directory", args=("proc", str(bundle / "no-node")))
+    out, _ = run_hook(bundle, state_of(bundle), "proc", "--if-present", str(bundle / "proc"))
+    assert "version=NVRM version: test" in out
+
+
+def test_refuses_a_source_without_devices_and_binds_nothing(bundle):
+    """Both entries are checked before either is bound: a source without its devices file leaves
+    the container's /proc as it was."""
+    (bundle / "proc" / "devices").unlink()
+    refused(bundle, state_of(bundle), "proc/devices: No such file or directory")

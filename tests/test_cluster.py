@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from conftest import mokka_cmd
-from helpers_cluster import REPO, Cluster
+from helpers_cluster import REPO, Cluster, StepFailed
 from mokkafs.cli.allocation import parse_mig
 from helpers_go import go_cache, go_tool, parse_info, pinned
 
@@ -297,21 +297,15 @@ def _mig_parted(tmp_path: Path, config: str) -> None:
 
 
 def _device_plugin_mixed(text: str) -> str:
-    """The device plugin's rendering as NVIDIA's chart renders it with `migStrategy: mixed` (its
+    """The device plugin's rendering as NVIDIA's chart renders it with `migStrategy: mixed`: its
     templates add MIG_STRATEGY, NVIDIA_MIG_MONITOR_DEVICES=all and, for MIG, CAP_SYS_ADMIN in place
-    of dropping every capability) and `runtimeClassName: nvidia`, as the GPU Operator runs it: the
-    NVIDIA runtime gives the container the agent's `all` device, whose hook brings the node's
-    /proc/driver (the plugin reads nvidia-caps/mig-minors there) and whose MIG monitor capability
-    lets it see every MIG device (docs/containers.md). The RuntimeClass `nvidia` comes with it, as
-    NVIDIA's toolkit (or the GPU Operator) makes it on a GPU node."""
-    runtime_class = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
-                     "handler": "nvidia"}
-    objects = [runtime_class, *(o for o in yaml.safe_load_all(text) if o)]
+    of dropping every capability. It reads /proc/driver/nvidia-caps/mig-minors, which every
+    container of this node has from containerd's base spec (scripts/cluster.py), as every
+    container of a real node has it from the kernel."""
+    objects = [o for o in yaml.safe_load_all(text) if o]
     for o in objects:
         if o["kind"] == "DaemonSet":
-            pod = o["spec"]["template"]["spec"]
-            pod["runtimeClassName"] = "nvidia"
-            (c,) = pod["containers"]
+            (c,) = o["spec"]["template"]["spec"]["containers"]
             c["env"] = [{"name": "MIG_STRATEGY", "value": "mixed"}, *c["env"],
                         {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"}]
             c["securityContext"] = {"capabilities": {"add": ["SYS_ADMIN"]}}
@@ -385,7 +379,11 @@ def test_a_claim_for_a_mig_device_makes_it_at_prepare_through_the_dra_driver(clu
                      lambda: [d for d in _slice_devices(cluster) if d["attributes"]["type"]["string"] == "mig"],
                      timeout=120, show=lambda: cluster.kubectl("logs", *plugin, "--tail=40", check=False).stdout)
         cluster.apply(objects)
-        cluster.wait_pod("dra-mig", "Running", timeout=150)
+        try:
+            cluster.wait_pod("dra-mig", "Running", timeout=150)
+        except StepFailed as e:
+            raise StepFailed(f"{e}\nthe plugin's log:\n"
+                             + cluster.kubectl("logs", *plugin, "--tail=40", check=False).stdout) from None
         lines = cluster.step("dra-mig's nvidia-smi and probe output", lambda: (
             out := cluster.logs("dra-mig").strip().splitlines()) and len(out) >= 3 and out, timeout=60)
         made = {i: parse_mig((MOUNT / f"gpu{i}" / "mig").read_text()) for i in range(8)}

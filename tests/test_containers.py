@@ -239,6 +239,7 @@ for rel in ("nvidia/version", "nvidia-caps/mig-minors", "nvidia/gpus"):
         out[rel] = sorted(os.listdir(p)) if os.path.isdir(p) else open(p).read()
     except OSError as e:
         out[rel] = e.strerror
+out["devices"] = [l for l in open("/proc/devices").read().splitlines() if "nvidia" in l]
 try:
     open("/proc/driver/nvidia/version", "w")
 except OSError as e:
@@ -258,10 +259,13 @@ def test_the_agents_spec_gives_the_drivers_proc_entries(podman, node, vendor):
     # /proc/driver/nvidia/gpus lists every GPU, as procfs does on a real node: it is not a device.
     assert len(got["nvidia/gpus"]) == 4
     assert got["write"] == "Read-only file system"
+    # The driver's majors in /proc/devices, where NVIDIA's DRA plugin finds nvidia-caps'.
+    assert [d.split()[1] for d in got["devices"]] == [l.split()[1] for l in node.read("proc/devices").splitlines()
+                                                      if "nvidia" in l] and "nvidia-caps" in str(got["devices"])
     # Without the hook (an agent whose driver root has none) the container's procfs has none of it.
     agent_spec(node, vendor, proc_hook=False)
     got = json.loads(podman.run(f"{vendor}/gpu=1", "python3", "-c", READ_PROC).stdout)
-    assert got["nvidia/version"] == "No such file or directory"
+    assert got["nvidia/version"] == "No such file or directory" and got["devices"] == []
 
 
 @pytest.fixture(scope="module")

@@ -48,8 +48,9 @@ def cdi_spec(mount: str, state_file: str, gpus: list[GpuDevice], driver_files: l
     NVIDIA runtime. The directory, not the file: CUDA processes reach the process table and its
     descriptor socket beside the state file, and survive the daemon replacing either.
     `proc_hook`: the mount's driver root has mokka-cdi-hook, which the spec runs as a
-    createContainer hook to bind the node's proc/driver over the container's /proc/driver, where a
-    real node's kernel shows /proc/driver/nvidia and nvidia-caps (no mount entry may target /proc).
+    createContainer hook to bind the node's proc/driver and proc/devices over the container's, where a
+    real node's kernel shows /proc/driver/nvidia, nvidia-caps and its devices' majors (no mount entry
+    may target /proc).
     `mig_monitor`: the MIG monitor capability's node under dev/ (`nvidia-caps/nvidia-cap2`), which
     `all` carries: a container given every GPU sees every MIG device on them, those made later
     too, as NVIDIA's runtime gives NVIDIA_MIG_MONITOR_DEVICES=all (the device plugin's and GPU
@@ -81,7 +82,7 @@ def cdi_spec(mount: str, state_file: str, gpus: list[GpuDevice], driver_files: l
     }
     if proc_hook:
         edits["hooks"] = [{"hookName": "createContainer", "path": f"{mount}/driver/usr/bin/{CDI_HOOK}",
-                           "args": [CDI_HOOK, "proc-driver", f"{mount}/proc/driver"]}]
+                           "args": [CDI_HOOK, "proc", f"{mount}/proc"]}]
     spec = {
         "cdiVersion": CDI_VERSION,
         "kind": kind,  # vendor/class: another one lets a test's spec sit beside the node's

@@ -173,8 +173,10 @@ class MountedTree:
         return None
 
     def has_cdi_hook(self) -> bool:
-        """The driver root serves mokka-cdi-hook and the tree has proc/driver for it to bind."""
-        return (self.root / "driver/usr/bin" / CDI_HOOK).is_file() and (self.root / "proc/driver").is_dir()
+        """The driver root serves mokka-cdi-hook and the tree has proc/driver and proc/devices for it
+        to bind."""
+        return ((self.root / "driver/usr/bin" / CDI_HOOK).is_file() and (self.root / "proc/driver").is_dir()
+                and (self.root / "proc/devices").is_file())
 
     def fgo_devices(self) -> list[fgo.FgoDevice]:
         out = []

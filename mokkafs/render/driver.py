@@ -64,7 +64,7 @@ def driver_tree(config: NodeConfig, dev: Dir, proc: Dir | None = None, state_dir
     lib64 = static_dir(lib64_children(config))
     # usr/bin/nvidia-smi: the native tool setup.py builds beside the libraries (shims/nvidia-smi)
     # usr/bin/mokka-cdi-hook: the createContainer hook the agent's CDI spec runs on the host, which
-    # gives a container the node's /proc/driver (shims/hook; docs/containers.md). Not a driver
+    # gives a container the node's /proc/driver and /proc/devices (shims/hook; docs/containers.md). Not a driver
     # file: no spec mounts it into a container.
     tools = {name: _built(native.LIB_DIR.parent / "bin" / name) for name in ("nvidia-smi", native.CDI_HOOK)}
     bin_dir = static_dir({name: f for name, f in tools.items() if f is not None})

@@ -1,20 +1,28 @@
 /* mokka-cdi-hook: an OCI createContainer hook that gives a container the node's procfs entries.
  *
- *   mokka-cdi-hook proc-driver SOURCE     (the OCI state on standard input)
+ *   mokka-cdi-hook proc [--if-present] SOURCE     (the OCI state on standard input)
  *
- * On a real node /proc/driver/nvidia and /proc/driver/nvidia-caps come from the kernel module, so
- * every container sees them in its own procfs. Here the kernel has no such module and the entries
- * are the mount's SOURCE (MNT/proc/driver); no volume can put them there, because runc refuses any
+ * On a real node /proc/driver/nvidia, /proc/driver/nvidia-caps and the driver's lines of
+ * /proc/devices come from the kernel module, so every container sees them in its own procfs.
+ * Here the kernel has no such module and the entries are the mount's SOURCE (MNT/proc: its
+ * driver/ directory and devices file); no volume can put them there, because runc refuses any
  * mount whose target is inside /proc. NVIDIA's device plugin reads
  * /proc/driver/nvidia-caps/mig-minors at that absolute path to name a MIG device's capability
- * nodes, so without them it advertises no MIG device at all.
+ * nodes, and its DRA plugin the capability files under /proc/driver/nvidia/capabilities and the
+ * nvidia-caps major in /proc/devices: without them neither can give a pod a MIG device.
  *
  * A runtime runs createContainer hooks in the container's mount namespace once its mounts (its
  * /proc among them) are made and before it changes root, with the host's paths still in view.
  * The hook finds the container's root from the state's bundle (config.json's root.path), opens
- * <root>/proc and its driver directory without following any link and only when they are a
- * procfs, and bind-mounts SOURCE there read-only (nosuid, nodev, noexec). The whole of
- * /proc/driver is covered: a real host's other entries there (rtc) are hidden in the container.
+ * <root>/proc, its driver directory and its devices file without following any link and only
+ * when they are procfs's, and bind-mounts SOURCE/driver and SOURCE/devices there read-only
+ * (nosuid, nodev, noexec). The whole of /proc/driver is covered: a real host's other entries there
+ * (rtc) are hidden in the container; SOURCE/devices is a stock kernel's list plus the driver's.
+ *
+ * With --if-present (a runtime's base spec gives every container the hook, as the kernel gives
+ * every container its procfs) a SOURCE that is not there (no node mounted yet, or its daemon
+ * gone: ENOENT, ENOTCONN) is nothing to do: exit 0, the container starts without the entries, as
+ * on a node whose driver is not loaded.
  *
  * Everything it reads is bounded and checked; on any doubt it refuses with one line on standard
  * error and exit 1, which makes the runtime refuse the container rather than start it without
@@ -221,15 +229,61 @@ static void container_root(const char *state, char *root, size_t rootsz) {
     if (n < 0 || (size_t)n >= rootsz) die("the container's root path is too long");
 }
 
-static int open_proc_dir(int at, const char *name, const char *shown) {
-    int fd = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+/* `name` under the container's /proc (a directory or a regular file, as `dir` says), opened
+ * without following a link and only when it is procfs's own. */
+static int open_proc_entry(int at, const char *name, int dir, const char *shown) {
+    int fd = openat(at, name, (dir ? O_RDONLY | O_DIRECTORY : O_PATH) | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) die("%s: %s", shown, errno == ELOOP || errno == ENOTDIR ? "not a directory (a link?)" : strerror(errno));
     struct statfs fs;
+    struct stat st;
     if (fstatfs(fd, &fs) != 0 || fs.f_type != PROC_SUPER_MAGIC) die("%s: not a procfs", shown);
+    if (fstat(fd, &st) != 0 || (dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)))
+        die("%s: not a %s", shown, dir ? "directory" : "regular file");
     return fd;
 }
 
-static int proc_driver(const char *source) {
+/* SOURCE/name, a directory or a regular file as `dir` says, not a link. */
+static int open_source_entry(int src, const char *source, const char *name, int dir) {
+    char from_path[PATH_MAX + 32];
+    snprintf(from_path, sizeof from_path, "%s/%s", source, name);
+    int from = openat(src, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (from < 0) die("%s: %s", from_path, strerror(errno));
+    if (fstat(from, &st) != 0 || (dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)))
+        die("%s: not a %s", from_path, dir ? "directory" : "regular file");
+    return from;
+}
+
+/* Bind SOURCE/name over <root>/proc/name read-only (nosuid, nodev, noexec). */
+static void bind_entry(int src, const char *source, int proc, const char *root, const char *name, int dir) {
+    char shown[PATH_MAX + 32], from_path[PATH_MAX + 32];
+    snprintf(shown, sizeof shown, "%s/proc/%s", root, name);
+    snprintf(from_path, sizeof from_path, "%s/%s", source, name);
+    int from = open_source_entry(src, source, name, dir);
+    int target = open_proc_entry(proc, name, dir, shown);
+    char a[64], b[64];
+    snprintf(a, sizeof a, "/proc/self/fd/%d", from);
+    snprintf(b, sizeof b, "/proc/self/fd/%d", target);
+    if (mount(a, b, NULL, MS_BIND | MS_REC, NULL) != 0)
+        die("bind %s over %s: %s", from_path, shown, strerror(errno));
+    /* The bind is the same mount object as the source until remounted; make it read-only for
+     * the container. A fresh descriptor names the new mount (the old one still names procfs). */
+    int bound = openat(proc, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (bound < 0) die("%s: %s", shown, strerror(errno));
+    snprintf(b, sizeof b, "/proc/self/fd/%d", bound);
+    if (mount(NULL, b, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
+        die("remount %s read-only: %s", shown, strerror(errno));
+    close(bound);
+    close(target);
+    close(from);
+}
+
+static int proc_entries(const char *source, int if_present) {
+    if (if_present) {
+        struct stat st;
+        if (stat(source, &st) != 0 && (errno == ENOENT || errno == ENOTCONN))
+            return 0;
+    }
     char *state = read_bounded(STDIN_FILENO, STATE_MAX, "the OCI state on standard input");
     whole(state, "the OCI state on standard input");
     char root[PATH_MAX];
@@ -242,27 +296,23 @@ static int proc_driver(const char *source) {
     if (rootfd < 0) die("%s: %s", root, strerror(errno));
     char shown[PATH_MAX + 16];
     snprintf(shown, sizeof shown, "%s/proc", root);
-    int proc = open_proc_dir(rootfd, "proc", shown);
+    int proc = open_proc_entry(rootfd, "proc", 1, shown);
+    /* Checked both before binding either: a refusal leaves the container's /proc as it was. */
+    close(open_source_entry(src, source, "driver", 1));
+    close(open_source_entry(src, source, "devices", 0));
     snprintf(shown, sizeof shown, "%s/proc/driver", root);
-    int driver = open_proc_dir(proc, "driver", shown);
-
-    char from[64], to[64];
-    snprintf(from, sizeof from, "/proc/self/fd/%d", src);
-    snprintf(to, sizeof to, "/proc/self/fd/%d", driver);
-    if (mount(from, to, NULL, MS_BIND | MS_REC, NULL) != 0)
-        die("bind %s over %s: %s", source, shown, strerror(errno));
-    /* The bind is the same mount object as SOURCE until remounted; make it read-only for the
-     * container. A fresh descriptor names the new mount (the old one still names procfs). */
-    int bound = openat(proc, "driver", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (bound < 0) die("%s: %s", shown, strerror(errno));
-    snprintf(to, sizeof to, "/proc/self/fd/%d", bound);
-    if (mount(NULL, to, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
-        die("remount %s read-only: %s", shown, strerror(errno));
+    close(open_proc_entry(proc, "driver", 1, shown));
+    snprintf(shown, sizeof shown, "%s/proc/devices", root);
+    close(open_proc_entry(proc, "devices", 0, shown));
+    bind_entry(src, source, proc, root, "driver", 1);
+    bind_entry(src, source, proc, root, "devices", 0);
     return 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc == 3 && strcmp(argv[1], "proc-driver") == 0) return proc_driver(argv[2]);
-    fprintf(stderr, "usage: mokka-cdi-hook proc-driver SOURCE   (an OCI createContainer hook: the state on stdin)\n");
+    if (argc == 3 && strcmp(argv[1], "proc") == 0) return proc_entries(argv[2], 0);
+    if (argc == 4 && strcmp(argv[1], "proc") == 0 && strcmp(argv[2], "--if-present") == 0)
+        return proc_entries(argv[3], 1);
+    fprintf(stderr, "usage: mokka-cdi-hook proc [--if-present] SOURCE   (an OCI createContainer hook: the state on stdin)\n");
     return 2;
 }
