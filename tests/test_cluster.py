@@ -14,10 +14,14 @@ In order, as a user meets them (each step's failure names the step):
      driver taints gpu-3 and MokkaGPUHealthy turns False, with an Event; `node reset=1` brings
      the condition back, and allocatable 8 once the device plugin restarts (it never marks a
      device healthy again, on any node);
-  7. NFD labels the Node from the agent's feature file, and GPU feature discovery, given the GPUs by
+  7. mig-parted splits GPU 0; the device plugin under the mixed strategy makes its MIG devices
+     allocatable and a pod asking for a 1g.10gb sees exactly one;
+  8. a claim for a MIG device through the DRA driver (DynamicMIG) creates it at prepare, the pod
+     sees exactly it, and unprepare destroys it;
+  9. NFD labels the Node from the agent's feature file, and GPU feature discovery, given the GPUs by
      the NVIDIA runtime class, labels it through NFD;
-  8. a scenario from a ConfigMap runs to its end (the MokkaScenario condition);
-  9. a new GPU count (a Node label) starts a new node cleanly when the agent restarts.
+ 10. a scenario from a ConfigMap runs to its end (the MokkaScenario condition);
+ 11. a new GPU count (a Node label) starts a new node cleanly when the agent restarts.
 """
 from __future__ import annotations
 
