@@ -28,6 +28,7 @@ if [ "${PROC_AS:-procfs}" = procfs ]; then mount -t proc proc "$root/proc"; fi
 before=$(grep -c ' /' /proc/self/mountinfo)
 "$@" <"$STATE"
 rc=$?
+if [ -n "${TWICE:-}" ]; then "$@" <"$STATE"; rc=$rc$?; fi
 after=$(grep -c ' /' /proc/self/mountinfo)
 echo "rc=$rc mounts=$((after - before))"
 if [ -e "$root/proc/driver/nvidia/version" ]; then echo "version=$(cat "$root/proc/driver/nvidia/version")"; fi
@@ -51,7 +52,7 @@ def bundle(tmp_path):
     return tmp_path
 
 
-def run_hook(tmp_path: Path, state: str | bytes, *args: str, proc_as: str = "procfs"):
+def run_hook(tmp_path: Path, state: str | bytes, *args: str, proc_as: str = "procfs", twice: bool = False):
     """(the hook's exit code, stderr, what the namespace showed after it)."""
     state_file = tmp_path / "state.json"
     state_file.write_bytes(state.encode() if isinstance(state, str) else state)
@@ -59,7 +60,7 @@ def run_hook(tmp_path: Path, state: str | bytes, *args: str, proc_as: str = "pro
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", SCRIPT, "sh",
                         str(tmp_path / "bundle" / "rootfs"), str(HOOK), *argv],
                        capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "STATE": str(state_file), "PROC_AS": proc_as})
+                       env={**os.environ, "STATE": str(state_file), "PROC_AS": proc_as, "TWICE": "1" if twice else ""})
     assert r.returncode == 0, r.stderr
     return r.stdout, r.stderr
 
@@ -165,3 +166,10 @@ def test_refuses_a_source_without_devices_and_binds_nothing(bundle):
     the container's /proc as it was."""
     (bundle / "proc" / "devices").unlink()
     refused(bundle, state_of(bundle), "proc/devices: No such file or directory")
+
+
+def test_a_second_run_finds_its_entries_bound_and_binds_nothing_more(bundle):
+    """A container can be given the hook twice (containerd's base spec, then the agent's CDI spec
+    under the NVIDIA runtime class): the second run sees SOURCE's entries already there."""
+    out, err = run_hook(bundle, state_of(bundle), twice=True)
+    assert out.splitlines() == ["rc=00 mounts=2", "version=NVRM version: test", "devices=1"], err

@@ -278,6 +278,14 @@ static void bind_entry(int src, const char *source, int proc, const char *root, 
     close(from);
 }
 
+/* Whether <root>/proc/name is SOURCE/name already: a container given the hook twice (a runtime's
+ * base spec and a CDI spec's) has it bound by the first run. */
+static int already_bound(int src, int proc, const char *name) {
+    struct stat a, b;
+    return fstatat(src, name, &a, AT_SYMLINK_NOFOLLOW) == 0 && fstatat(proc, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
+           a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 static int proc_entries(const char *source, int if_present) {
     if (if_present) {
         struct stat st;
@@ -297,15 +305,19 @@ static int proc_entries(const char *source, int if_present) {
     char shown[PATH_MAX + 16];
     snprintf(shown, sizeof shown, "%s/proc", root);
     int proc = open_proc_entry(rootfd, "proc", 1, shown);
-    /* Checked both before binding either: a refusal leaves the container's /proc as it was. */
-    close(open_source_entry(src, source, "driver", 1));
-    close(open_source_entry(src, source, "devices", 0));
-    snprintf(shown, sizeof shown, "%s/proc/driver", root);
-    close(open_proc_entry(proc, "driver", 1, shown));
-    snprintf(shown, sizeof shown, "%s/proc/devices", root);
-    close(open_proc_entry(proc, "devices", 0, shown));
-    bind_entry(src, source, proc, root, "driver", 1);
-    bind_entry(src, source, proc, root, "devices", 0);
+    static const struct { const char *name; int dir; } entries[] = {{"driver", 1}, {"devices", 0}};
+    int todo[2];
+    /* Checked all before binding any: a refusal leaves the container's /proc as it was. */
+    for (int i = 0; i < 2; i++) {
+        close(open_source_entry(src, source, entries[i].name, entries[i].dir));
+        todo[i] = !already_bound(src, proc, entries[i].name);
+        snprintf(shown, sizeof shown, "%s/proc/%s", root, entries[i].name);
+        if (todo[i])
+            close(open_proc_entry(proc, entries[i].name, entries[i].dir, shown));
+    }
+    for (int i = 0; i < 2; i++)
+        if (todo[i])
+            bind_entry(src, source, proc, root, entries[i].name, entries[i].dir);
     return 0;
 }
 
