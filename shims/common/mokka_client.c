@@ -62,11 +62,55 @@ static void lock_prepare(void) { pthread_mutex_lock(&g_lock); }
 static void lock_release(void) { pthread_mutex_unlock(&g_lock); }
 __attribute__((constructor)) static void client_atfork(void) { pthread_atfork(lock_prepare, lock_release, lock_release); }
 
-static uint64_t now_ns(void)
+uint64_t mokka_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* See mokka_client.h. */
+int mokka_recv_fd(int sock, uint64_t deadline_ns, int *got_byte)
+{
+    char byte;
+    struct iovec iov = {&byte, 1};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    ssize_t got = -1;
+    struct msghdr msg;
+    for (;;) {
+        uint64_t now = mokka_now_ns();
+        if (now >= deadline_ns)
+            break;
+        uint64_t left = deadline_ns - now;
+        struct timeval tv = {(time_t)(left / 1000000000ull), (suseconds_t)(left % 1000000000ull / 1000)};
+        if (tv.tv_sec == 0 && tv.tv_usec == 0)
+            tv.tv_usec = 1;
+        setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        msg = (struct msghdr){.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)};
+        got = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+        if (got >= 0 || errno != EINTR)
+            break;
+    }
+    if (got_byte)
+        *got_byte = got == 1;
+    int fd = -1;
+    for (struct cmsghdr *c = got > 0 ? CMSG_FIRSTHDR(&msg) : NULL; c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < n; i++) {
+            int passed;
+            memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (fd < 0 && got == 1 && c->cmsg_len == CMSG_LEN(sizeof(int)))
+                fd = passed;
+            else
+                close(passed);
+        }
+    }
+    return fd;
 }
 
 /* ---- discovery -------------------------------------------------------------------------- */
@@ -153,24 +197,9 @@ static int fd_from_socket(const char *path)
     int fd = -1;
     if (sock >= 0) {
         struct timeval tv = {0, 250000};
-        setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-        if (connect(sock, (struct sockaddr *)&addr, sizeof(addr)) == 0) {
-            char byte;
-            struct iovec iov = {&byte, 1};
-            union {
-                struct cmsghdr h;
-                char buf[CMSG_SPACE(sizeof(int))];
-            } ctl;
-            struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)};
-            ssize_t got;
-            do
-                got = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-            while (got < 0 && errno == EINTR);
-            struct cmsghdr *c = got == 1 ? CMSG_FIRSTHDR(&msg) : NULL;
-            if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
-                memcpy(&fd, CMSG_DATA(c), sizeof(int));
-        }
+        if (connect(sock, (struct sockaddr *)&addr, sizeof(addr)) == 0)
+            fd = mokka_recv_fd(sock, mokka_now_ns() + 250000000ull, NULL);
         close(sock);
     }
     if (dirfd >= 0)
@@ -246,7 +275,7 @@ static void adopt(const char *path, const struct mokka_state *m, dev_t dev, ino_
     g_ino = ino;
     if (m != __atomic_load_n(&mokka_mapped, __ATOMIC_RELAXED)) {
         __atomic_store_n(&g_seen_generation, __atomic_load_n(&m->generation, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
-        __atomic_store_n(&g_seen_ns, now_ns(), __ATOMIC_RELAXED);
+        __atomic_store_n(&g_seen_ns, mokka_now_ns(), __ATOMIC_RELAXED);
         __atomic_store_n(&mokka_mapped, m, __ATOMIC_RELEASE);
     }
 }
@@ -290,7 +319,7 @@ static void recheck(void)
 const struct mokka_state *mokka_state_slow(const struct mokka_state *s)
 {
     int saved = errno;
-    uint64_t now = now_ns();
+    uint64_t now = mokka_now_ns();
     if (__atomic_load_n(&s->magic, __ATOMIC_RELAXED) != MOKKA_STATE_MAGIC) {
         uint64_t last = __atomic_load_n(&g_checked_ns, __ATOMIC_RELAXED);
         if (now - last >= RECHECK_HEADER_NS) {

@@ -64,6 +64,14 @@ void mokka_discover(char *out, size_t n);
 struct sockaddr_un;
 int mokka_unix_address(const char *path, struct sockaddr_un *addr, int *dirfd);
 
+/* What each of the daemon's sockets hands a caller first: one byte and at most one descriptor
+   (SCM_RIGHTS, received close-on-exec). Waits at most until `deadline_ns` (CLOCK_MONOTONIC); a
+   signal restarts the wait within it, so a stream of them cannot make it unbounded. Returns the
+   descriptor, or -1 if none came with the byte; *got_byte (when not NULL) says whether the byte
+   came. A malformed control message's descriptors are closed, never leaked. */
+int mokka_recv_fd(int sock, uint64_t deadline_ns, int *got_byte);
+uint64_t mokka_now_ns(void);
+
 /* ---- the mapping: inline fast path ---------------------------------------------------- */
 
 extern const struct mokka_state *mokka_mapped;              /* current mapping, or NULL */

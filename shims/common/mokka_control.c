@@ -66,27 +66,12 @@ static enum mokka_ctl_status parse_reply(char *reply, char *reason, size_t reaso
    (closing the descriptor) before the request. 0 when it did not answer so. */
 static int take_handover(int fd, long long deadline)
 {
-    char byte;
-    struct iovec iov = {&byte, 1};
-    union {
-        struct cmsghdr h;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } ctl;
-    for (;;) {
-        if (!time_left(fd, deadline))
-            return 0;
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)};
-        ssize_t got = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-        if (got < 0 && errno == EINTR)
-            continue;
-        for (struct cmsghdr *c = got > 0 ? CMSG_FIRSTHDR(&msg) : NULL; c; c = CMSG_NXTHDR(&msg, c))
-            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
-                int passed;
-                memcpy(&passed, CMSG_DATA(c), sizeof(int));
-                close(passed);
-            }
-        return got == 1;
-    }
+    int byte = 0;
+    long long left = deadline - now_ms();
+    int passed = left > 0 ? mokka_recv_fd(fd, mokka_now_ns() + (uint64_t)left * 1000000ull, &byte) : -1;
+    if (passed >= 0)
+        close(passed);
+    return byte;
 }
 
 static enum mokka_ctl_status exchange(int fd, const struct sockaddr_un *addr, int node_socket, const char *request,

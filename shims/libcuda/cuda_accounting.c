@@ -73,36 +73,8 @@ static int procs_from_daemon(int *conn)
     int connected = connect(sock, (struct sockaddr *)&addr, sizeof(addr)) == 0;
     if (dirfd >= 0)
         close(dirfd);
-    if (connected) {
-        char byte = 0;
-        struct iovec iov = {&byte, 1};
-        union {
-            struct cmsghdr h;
-            char buf[CMSG_SPACE(sizeof(int))];
-        } ctl;
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)};
-        /* A signal cuts recvmsg short even under SA_RESTART when a timeout is set: retry, but
-           only until the deadline, so a stream of signals cannot make the wait unbounded. */
-        struct timespec now, end;
-        clock_gettime(CLOCK_MONOTONIC, &end);
-        end.tv_nsec += 250000000L;
-        if (end.tv_nsec >= 1000000000L) {
-            end.tv_sec++;
-            end.tv_nsec -= 1000000000L;
-        }
-        ssize_t n;
-        while ((n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
-            clock_gettime(CLOCK_MONOTONIC, &now);
-            long left_us = (long)(end.tv_sec - now.tv_sec) * 1000000L + (end.tv_nsec - now.tv_nsec) / 1000;
-            if (left_us <= 0)
-                break;
-            struct timeval rest = {left_us / 1000000L, left_us % 1000000L};
-            setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &rest, sizeof(rest));
-        }
-        struct cmsghdr *h = n == 1 ? CMSG_FIRSTHDR(&msg) : NULL;
-        if (h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS && h->cmsg_len == CMSG_LEN(sizeof(int)))
-            memcpy(&fd, CMSG_DATA(h), sizeof(fd));
-    }
+    if (connected) /* a signal restarts the wait, only until the deadline (mokka_client.h) */
+        fd = mokka_recv_fd(sock, mokka_now_ns() + 250000000ull, NULL);
     if (fd < 0) {
         close(sock);
         return -1;
