@@ -61,7 +61,7 @@ def _nvlink(counter: NvLinkCounter) -> Callable[[Sample], int]:
     return lambda s: sum(errs[counter] for errs in s.g.nvlink_errors.values())
 
 
-# Rows enabled in dcgm-exporter 4.8.x's etc/default-counters.csv, in the file's order, with its
+# Rows enabled in dcgm-exporter 4.8.4's etc/default-counters.csv, in the file's order, with its
 # types and help texts (the DCGM_FI_DRIVER_VERSION `label` row becomes a label, below).
 DEFAULT_FIELDS: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", lambda s: s.r.clock_sm),
@@ -78,7 +78,7 @@ DEFAULT_FIELDS: tuple[Field, ...] = (
     Field(
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
         "counter",
-        "Total energy consumption since boot (in mJ).",
+        "Total energy consumption since the driver was last reloaded (in mJ).",
         lambda s: int(s.r.energy_mj),
     ),
     Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.", lambda s: s.g.pcie_replay),
@@ -100,8 +100,8 @@ DEFAULT_FIELDS: tuple[Field, ...] = (
     ),
     Field(
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-        "counter",
-        "Total number of NVLink bandwidth counters for all lanes.",
+        "gauge",
+        "Aggregate NVLink throughput across all lanes (in MB/s).",
         lambda s: 0,
     ),
     Field("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge", "vGPU License status", lambda s: 0),
