@@ -49,9 +49,9 @@ def series(body, name: str) -> dict[str, float]:
     return {s.labels["gpu"]: s.value for s in families(body)[name].samples}
 
 
-def default_counters() -> list[tuple[str, str, str]]:
+def default_counters(fixture: str = "default-counters.csv") -> list[tuple[str, str, str]]:
     rows = []
-    for line in (FIXTURES / "default-counters.csv").read_text().splitlines():
+    for line in (FIXTURES / fixture).read_text().splitlines():
         if line and not line.startswith("#"):
             name, kind, help_ = (part.strip() for part in line.split(",", 2))
             rows.append((name, kind, help_))
@@ -71,6 +71,86 @@ def test_every_default_counter_has_its_name_type_and_help():
         assert name in fams, name
         assert fams[name].type == kind, name
         assert fams[name].documentation == help_, name
+
+
+def test_every_opt_in_row_of_4_8_4_we_enable_has_its_type_and_help():
+    """The rows 4.8.4 ships commented out that /metrics enables (the power limits, fabric health,
+    ECC, retired pages), with 4.8.4's type and help; a board with a fabric (GB200) has them all."""
+    fams = families(rm.render(make_node("gb200", gpus=4), 1000.0))
+    rows = default_counters("opt-in-counters.csv")
+    assert {"DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "DCGM_FI_DEV_FABRIC_HEALTH_MASK"} <= {name for name, _, _ in rows}
+    for name, kind, help_ in rows:
+        assert name in fams, name
+        assert (fams[name].type, fams[name].documentation) == (kind, help_), name
+        assert len(fams[name].samples) == 4, name
+
+
+def test_power_limits_follow_the_configured_limit():
+    node = make_node(gpus=2)
+    text = rm.render(node, 1000.0).decode()
+    for name in ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "DCGM_FI_DEV_ENFORCED_POWER_LIMIT"):
+        assert series(text, name) == {"0": 700.0, "1": 700.0}, name
+        assert re.search(rf'^{name}\{{gpu="0",.*\}} 700\.000000$', text, re.M), name
+
+
+def test_fabric_health_series_are_nvml_s_fabric_info():
+    """GB200 (the capture: Healthy, full bandwidth, no recovery, no timeout): summary 1 (HEALTHY)
+    and mask 0xAA, each 2-bit item 2 (false) at shifts 0, 2, 4, 6; an HGX H100, whose fabric
+    reports no health, 0 and 0 (NOT_SUPPORTED items), as nvmlGpuFabricInfo_v3 has them."""
+    gb = rm.render(make_node("gb200", gpus=4), 1000.0)
+    assert series(gb, "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY") == {str(i): 1 for i in range(4)}
+    assert series(gb, "DCGM_FI_DEV_FABRIC_HEALTH_MASK") == {str(i): 0xAA for i in range(4)}
+    assert re.search(rb'^DCGM_FI_DEV_FABRIC_HEALTH_MASK\{gpu="3",.*\} 170$', gb, re.M)  # int64: %d
+    hgx = rm.render(make_node("h100", gpus=8), 1000.0)
+    assert series(hgx, "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY") == {str(i): 0 for i in range(8)}
+    assert series(hgx, "DCGM_FI_DEV_FABRIC_HEALTH_MASK") == {str(i): 0 for i in range(8)}
+
+
+def test_a_board_without_a_fabric_has_no_fabric_health_series():
+    """PCIe boards: NVML answers NOT_SUPPORTED, DCGM stores blanks, dcgm-exporter prints nothing."""
+    for profile in ("h100-nvl", "a100", "l40s"):
+        text = rm.render(make_node(profile, gpus=2), 1000.0).decode()
+        assert "FABRIC" not in text, profile
+        assert "DCGM_FI_DEV_ENFORCED_POWER_LIMIT{" in text, profile
+
+
+def test_fabric_health_agrees_with_nvml_on_the_same_node(tmp_path):
+    """The scrape against nvmlDeviceGetGpuFabricInfoV (v3) through the NVML shim on the same
+    published node: the same summary and mask, and NOT_SUPPORTED where there is no series."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is in the test extra")
+    from helpers_nvml import Published, consumer_env
+
+    code = (
+        "import json, pynvml as p\n"
+        "p.nvmlInit()\n"
+        "out = []\n"
+        "for i in range(p.nvmlDeviceGetCount()):\n"
+        "    info = p.c_nvmlGpuFabricInfo_v3_t(); info.version = p.nvmlGpuFabricInfo_v3\n"
+        "    try:\n"
+        "        p.nvmlDeviceGetGpuFabricInfoV(p.nvmlDeviceGetHandleByIndex(i), p.byref(info))\n"
+        "        out.append([info.healthSummary, info.healthMask])\n"
+        "    except p.NVMLError_NotSupported:\n"
+        "        out.append(None)\n"
+        "print(json.dumps(out))\n"
+    )
+    for profile in ("gb200", "h100", "h100-nvl"):
+        pub = Published(tmp_path / profile, profile, gpus=2)
+        try:
+            res = subprocess.run([sys.executable, "-c", code], env=consumer_env(pub.path), capture_output=True,
+                                 text=True, timeout=60)
+            assert res.returncode == 0, res.stderr
+            nvml = __import__("json").loads(res.stdout)
+            fams = families(rm.render(pub.node, time.time()))
+        finally:
+            pub.close()
+        if profile == "h100-nvl":
+            assert nvml == [None, None]
+            assert "DCGM_FI_DEV_FABRIC_HEALTH_MASK" not in fams
+            continue
+        by_gpu = {name: {s.labels["gpu"]: s.value for s in fams[name].samples}
+                  for name in ("DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY", "DCGM_FI_DEV_FABRIC_HEALTH_MASK")}
+        scraped = [[by_gpu[name][str(i)] for name in by_gpu] for i in range(2)]
+        assert scraped == nvml, profile
 
 
 def test_counters_keep_dcgm_names_without_a_total_suffix():

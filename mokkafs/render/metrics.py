@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from mokkafs.model import Node, Readings
 from mokkafs.model.counters import EccKind, EccScope, NvLinkCounter, ecc_total
 from mokkafs.model.mig import GpuInstanceView
+from mokkafs.model.schema import Fabric
 from mokkafs.model.state import GpuState
 from mokkafs.model.xid import RecoveryAction
 
@@ -41,6 +42,7 @@ class Sample:
     r: Readings
     g: GpuState
     ecc_mode: tuple[bool, bool] = (True, True)  # (current, pending): the pending one waits for a reset
+    fabric: Fabric | None = None  # the board's NVLink fabric, as nvmlDeviceGetGpuFabricInfoV reports it
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class Field:
     value: Callable[[Sample], float]
     is_float: bool = False  # DCGM double fields print as Go's %f ("40.979000"); int64 as %d
     polled: bool = True  # False: set from driver events, so DCGM still has it for a lost GPU
+    fabric: bool = False  # read from nvmlDeviceGetGpuFabricInfoV: blank (no series) on a board without a fabric
 
 
 def _ecc(scope: EccScope, kind: EccKind) -> Callable[[Sample], int]:
@@ -163,16 +166,43 @@ DEFAULT_FIELDS: tuple[Field, ...] = (
 )
 
 # Rows that ship commented out in the CSV (or in dcgm-exporter's other counter files), enabled
-# here because they are what health checks and alerts watch: ECC, retired pages, NVLink errors,
-# clock throttle reasons (under both the pre- and post-DCGM-3.3 names of field 112), and the power
-# limit in effect (dcgm-exporter's dcp-metrics-included.csv), which power-capping tools set.
+# here because they are what health checks and alerts watch: the opt-in rows 4.8.4 added (the
+# configured and enforced power limits, which power-capping tools set, and the fabric health of
+# NVSwitch and NVL boards), ECC, retired pages, NVLink errors, and clock throttle reasons (under
+# both the pre- and post-DCGM-3.3 names of field 112).
 EXTRA_FIELDS: tuple[Field, ...] = (
     Field(
         "DCGM_FI_DEV_POWER_MGMT_LIMIT",
         "gauge",
-        "Power management limit (in W).",
+        "Configured power management limit (in W).",
         lambda s: s.r.power_limit_w,
         is_float=True,
+    ),
+    # The driver enforces the configured limit: nothing else limits a simulated board, so NVML's
+    # nvmlDeviceGetEnforcedPowerLimit answers the same number (the publisher writes both).
+    Field(
+        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+        "gauge",
+        "Effective power limit enforced by the driver after all limiters (in W).",
+        lambda s: s.r.power_limit_w,
+        is_float=True,
+    ),
+    # DCGM fields 175 and 174, nvmlGpuFabricInfo_v3's healthSummary (NVML_GPU_FABRIC_HEALTH_SUMMARY_*:
+    # 0 not supported, 1 healthy, 2 unhealthy, 3 limited capacity) and healthMask (2 bits per
+    # condition: 0 not supported, 1 true, 2 false), as the shim's nvmlDeviceGetGpuFabricInfoV gives them.
+    Field(
+        "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY",
+        "gauge",
+        "Overall health of the GPU fabric.",
+        lambda s: s.fabric.health.summary_code,
+        fabric=True,
+    ),
+    Field(
+        "DCGM_FI_DEV_FABRIC_HEALTH_MASK",
+        "gauge",
+        "GPU fabric health status mask.",
+        lambda s: s.fabric.health.mask,
+        fabric=True,
     ),
     # DCGM field 1523 (dcgm_fields.h: "GPU Recovery Action (see nvmlDeviceGpuRecoveryAction_t for
     # return values)"), which health checks read to drain or reset a GPU.
@@ -223,8 +253,8 @@ EXTRA_FIELDS: tuple[Field, ...] = (
     ),
     Field(
         "DCGM_FI_DEV_RETIRED_PENDING",
-        "counter",
-        "Total number of pages pending retirement.",
+        "gauge",
+        "Whether pages are pending retirement (1 means pending and 0 means not pending).",
         lambda s: int(s.g.retired_pending),
     ),
     Field(
@@ -293,18 +323,24 @@ def render_dcgm(
     """The dcgm-exporter part of a scrape, every value read from the model at `now`.
 
     A lost GPU reads blank for every polled field, and dcgm-exporter drops blank values, so such
-    a GPU keeps only the event-sourced DCGM_FI_DEV_XID_ERRORS (which is how Xid 79 is seen)."""
+    a GPU keeps only the event-sourced DCGM_FI_DEV_XID_ERRORS (which is how Xid 79 is seen). A
+    board without an NVLink fabric (PCIe, pre-Hopper) has no fabric health series at all."""
     host = node.config.hostname if hostname is None else hostname
+    fabric = node.profile.fabric
     # One per GPU or GPU instance: its label set, its sample, the instance, whether it is lost.
     series: list[tuple[str, Sample, GpuInstanceView | None, bool]] = []
     for i, g in enumerate(node.gpus):
-        sample = Sample(node.readings(i, now), g, (node.ecc_enabled(i), node.setting(i, "ecc_mode")))
+        sample = Sample(node.readings(i, now), g, (node.ecc_enabled(i), node.setting(i, "ecc_mode")), fabric)
         for instance in node.mig_devices(i)[0] or (None,):
             series.append((_label_set(node, i, host, hostname_label, instance), sample, instance, g.lost))
     # Field by field, each formatted inline: a 64-GPU scrape is some 2,700 lines, and a call per
     # value was a third of its cost.
     out: list[str] = []
     for f in FIELDS:
+        if f.fabric and fabric is None:
+            # NVML answers NOT_SUPPORTED, DCGM stores a blank for every GPU, and dcgm-exporter,
+            # which drops blank values, has no series of the field to print (nor its HELP/TYPE).
+            continue
         name, value, polled = f.name, f.value, f.polled
         blank, own = name in _MIG_BLANK, _MIG_OWN.get(name)
         out.append(f"# HELP {name} {f.help}\n# TYPE {name} {f.kind}\n")
