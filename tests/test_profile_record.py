@@ -116,6 +116,14 @@ def diff(a: object, b: object, path: str = "") -> list[str]:
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
+def as_the_driver_says(board, driver: str | None = None) -> str:
+    """The addressing mode a recording reads: the board's from 570; below, every driver answers
+    None whatever the board (each 535-565 capture does, docs/nvidia-smi.md), and a recording keeps
+    what the driver said."""
+    driver = driver or board.node.driver_version
+    return board.addressing_mode if int(driver.split(".")[0]) >= 570 else "None"
+
+
 @pytest.mark.parametrize("board", BOARDS)
 def test_recording_a_node_and_mounting_it_gives_the_node_back(board, tmp_path):
     """Identity, limits, clocks, topology (topo -m, NUMA, NVLink) and composition (count, bus ids,
@@ -154,7 +162,8 @@ def test_recording_a_node_and_mounting_it_gives_the_node_back(board, tmp_path):
     # a one-GPU node spans one NUMA node whatever the profile's node section says (l4's 2).
     mounted = compose(shipped).composition
     skip = {"thermal": {"max_load_c"}, "mig": True, "composition": True}
-    assert recorded.model_dump(exclude=skip) == {**shipped.model_dump(exclude=skip), "node": legacy_node(mounted)}
+    assert recorded.model_dump(exclude=skip) == {**shipped.model_dump(exclude=skip), "node": legacy_node(mounted),
+                                                 "addressing_mode": as_the_driver_says(shipped)}
     text = out.read_text()
     assert "nvmlDeviceGetMaxClockInfo(NVML_CLOCK_GRAPHICS)" in text
     assert ("/sys/class/infiniband/mlx5_0/{hca_type" in text) == bool(shipped.node.hcas)
@@ -377,6 +386,7 @@ def test_recording_through_nvidias_own_nvidia_smi(tmp_path):
     assert recorded["node"].pop("driver_version") == driver and recorded["node"].pop("gpus") == 2
     del shipped["node"]["driver_version"], shipped["node"]["gpus"]
     del shipped["composition"], recorded["composition"]  # a `node:` section against a named composition
+    shipped["addressing_mode"] = as_the_driver_says(load_profile("h100"), driver)
     assert recorded == shipped
     assert "gpu_part_number: 2330-885-A1" in out.read_text() and "# -q -x <gpu_part_number>" in out.read_text()
     node = load_composition_file(tmp_path / "r.node.yaml")
