@@ -254,18 +254,22 @@ static int open_source_entry(int src, const char *source, const char *name, int 
     return from;
 }
 
-/* Bind SOURCE/name over <root>/proc/name read-only (nosuid, nodev, noexec). */
-static void bind_entry(int src, const char *source, int proc, const char *root, const char *name, int dir) {
-    char shown[PATH_MAX + 32], from_path[PATH_MAX + 32];
-    snprintf(shown, sizeof shown, "%s/proc/%s", root, name);
-    snprintf(from_path, sizeof from_path, "%s/%s", source, name);
-    int from = open_source_entry(src, source, name, dir);
-    int target = open_proc_entry(proc, name, dir, shown);
+/* Whether the container's entry is `from` already: a container given the hook twice (a runtime's
+ * base spec and a CDI spec's) has it bound by the first run. */
+static int already_bound(int from, int proc, const char *name) {
+    struct stat a, b;
+    return fstat(from, &a) == 0 && fstatat(proc, name, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
+/* Bind `from` (the descriptor the checks opened) over `target`, <root>/proc/name, then remount the
+ * bind read-only (nosuid, nodev, noexec). */
+static void bind_entry(int from, int target, int proc, const char *source, const char *shown, const char *name) {
     char a[64], b[64];
     snprintf(a, sizeof a, "/proc/self/fd/%d", from);
     snprintf(b, sizeof b, "/proc/self/fd/%d", target);
     if (mount(a, b, NULL, MS_BIND | MS_REC, NULL) != 0)
-        die("bind %s over %s: %s", from_path, shown, strerror(errno));
+        die("bind %s/%s over %s: %s", source, name, shown, strerror(errno));
     /* The bind is the same mount object as the source until remounted; make it read-only for
      * the container. A fresh descriptor names the new mount (the old one still names procfs). */
     int bound = openat(proc, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
@@ -274,16 +278,6 @@ static void bind_entry(int src, const char *source, int proc, const char *root, 
     if (mount(NULL, b, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
         die("remount %s read-only: %s", shown, strerror(errno));
     close(bound);
-    close(target);
-    close(from);
-}
-
-/* Whether <root>/proc/name is SOURCE/name already: a container given the hook twice (a runtime's
- * base spec and a CDI spec's) has it bound by the first run. */
-static int already_bound(int src, int proc, const char *name) {
-    struct stat a, b;
-    return fstatat(src, name, &a, AT_SYMLINK_NOFOLLOW) == 0 && fstatat(proc, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
-           a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
 static int proc_entries(const char *source, int if_present) {
@@ -302,22 +296,23 @@ static int proc_entries(const char *source, int if_present) {
     if (src < 0) die("%s: %s", source, strerror(errno));
     int rootfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (rootfd < 0) die("%s: %s", root, strerror(errno));
-    char shown[PATH_MAX + 16];
-    snprintf(shown, sizeof shown, "%s/proc", root);
-    int proc = open_proc_entry(rootfd, "proc", 1, shown);
+    char shown[2][PATH_MAX + 16];
+    snprintf(shown[0], sizeof shown[0], "%s/proc", root);
+    int proc = open_proc_entry(rootfd, "proc", 1, shown[0]);
     static const struct { const char *name; int dir; } entries[] = {{"driver", 1}, {"devices", 0}};
-    int todo[2];
-    /* Checked all before binding any: a refusal leaves the container's /proc as it was. */
+    int from[2], target[2];
+    /* Checked all before binding any: a refusal leaves the container's /proc as it was. The
+     * descriptors checked are the ones bound: nothing is looked up by name in between. */
     for (int i = 0; i < 2; i++) {
-        close(open_source_entry(src, source, entries[i].name, entries[i].dir));
-        todo[i] = !already_bound(src, proc, entries[i].name);
-        snprintf(shown, sizeof shown, "%s/proc/%s", root, entries[i].name);
-        if (todo[i])
-            close(open_proc_entry(proc, entries[i].name, entries[i].dir, shown));
+        from[i] = open_source_entry(src, source, entries[i].name, entries[i].dir);
+        snprintf(shown[i], sizeof shown[i], "%s/proc/%s", root, entries[i].name);
+        target[i] = already_bound(from[i], proc, entries[i].name)
+                        ? -1
+                        : open_proc_entry(proc, entries[i].name, entries[i].dir, shown[i]);
     }
     for (int i = 0; i < 2; i++)
-        if (todo[i])
-            bind_entry(src, source, proc, root, entries[i].name, entries[i].dir);
+        if (target[i] >= 0)
+            bind_entry(from[i], target[i], proc, source, shown[i], entries[i].name);
     return 0;
 }
 
