@@ -124,6 +124,12 @@ class Cluster:
         return self.step(f"pod {namespace}/{name} {phase}", done, timeout,
                          show=lambda: self.describe("pod", name, namespace))
 
+    def restart_pods(self, namespace: str, app: str, check: bool = True) -> None:
+        """Delete the pods labelled app.kubernetes.io/name=`app` and wait until they are gone: their
+        DaemonSet starts new ones, as a restart of the program does."""
+        self.kubectl("delete", "pod", "-n", namespace, "-l", f"app.kubernetes.io/name={app}", "--wait=true",
+                     "--timeout=90s", timeout=120, check=check)
+
     def rollout(self, kind: str, name: str, namespace: str, timeout: float = 180) -> None:
         r = self.kubectl("rollout", "status", f"{kind}/{name}", "-n", namespace, f"--timeout={int(timeout)}s",
                          check=False, timeout=timeout + 30)

@@ -66,3 +66,17 @@ def parse_info(text: str) -> dict[str, str]:
 def node_info(node, gpu: int) -> dict[str, str]:
     """gpuN/info of a mounted node as a dict."""
     return parse_info(node.read(f"gpu{gpu}/info"))
+
+
+def mig_parted_cmd(mnt: Path, *args: str) -> list[str]:
+    """NVIDIA's mig-parted with `args`, as it runs on a node: under `mokka run` on the mount at
+    `mnt` (its /proc/driver and /dev are the node's). mig-parted reads /proc/modules before anything
+    else (IsNvidiaModuleLoaded) and stops without it; on a kernel without module support there is no
+    such file and none can be added to a procfs, so the run goes through tests/with_proc_modules.sh,
+    which gives it a /proc that is the kernel's plus the node's `proc/modules`."""
+    from conftest import mokka_cmd
+
+    cmd = [str(go_tool("nvidia-mig-parted")), *args]
+    if not os.path.exists("/proc/modules"):
+        cmd = [str(REPO / "tests" / "with_proc_modules.sh"), str(mnt / "proc/modules"), *cmd]
+    return [*mokka_cmd(), "run", "--root", str(mnt), "--", *cmd]

@@ -35,10 +35,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import mokka_cmd
 from helpers_cluster import REPO, Cluster, StepFailed
 from mokkafs.cli.allocation import parse_mig
-from helpers_go import go_cache, go_tool, parse_info, pinned
+from helpers_go import go_cache, go_tool, mig_parted_cmd, parse_info, pinned
 
 pytestmark = pytest.mark.level("cluster")
 
@@ -272,8 +271,7 @@ def test_an_xid_annotation_takes_a_gpu_out_and_a_reset_brings_it_back(cluster, d
     # builds its device list): on a real node too, the GPU comes back to allocatable when the
     # plugin restarts after the repair.
     assert cluster.allocatable(GPU) == 7
-    cluster.kubectl("delete", "pod", "-n", "nvidia-device-plugin", "-l", "app.kubernetes.io/name=nvidia-device-plugin",
-                    "--wait=true", "--timeout=90s", timeout=120)
+    cluster.restart_pods("nvidia-device-plugin", "nvidia-device-plugin")
     cluster.step(f"{GPU}: 8 allocatable after the reset and a plugin restart", lambda: cluster.allocatable(GPU) == 8,
                  timeout=120)
 
@@ -287,15 +285,11 @@ MIG_CONFIG = {"version": "v1", "mig-configs": {
 
 
 def _mig_parted(tmp_path: Path, config: str) -> None:
-    """NVIDIA's mig-parted applies `config` on the host, as NVIDIA's MIG manager does on a node,
-    under `mokka run` (its /proc/driver and /dev are the node's) and with the node's /proc/modules
-    where the kernel has none (tests/with_proc_modules.sh; test_nvidia_programs_mig_parted.py)."""
+    """NVIDIA's mig-parted applies `config` on the host, as NVIDIA's MIG manager does on a node
+    (helpers_go.mig_parted_cmd)."""
     path = tmp_path / "mig-config.yaml"
     path.write_text(yaml.safe_dump(MIG_CONFIG))
-    cmd = [str(go_tool("nvidia-mig-parted")), "apply", "-f", str(path), "-c", config]
-    if not os.path.exists("/proc/modules"):
-        cmd = [str(REPO / "tests" / "with_proc_modules.sh"), str(MOUNT / "proc" / "modules"), *cmd]
-    r = subprocess.run([*mokka_cmd(), "run", "--root", str(MOUNT), "--", *cmd],
+    r = subprocess.run(mig_parted_cmd(MOUNT, "apply", "-f", str(path), "-c", config),
                        capture_output=True, text=True, timeout=300, cwd="/")
     assert r.returncode == 0, (config, r.stdout[-2000:], r.stderr[-3000:])
 
@@ -325,8 +319,7 @@ def test_a_mig_layout_from_mig_parted_is_allocatable_under_mixed_and_a_pod_gets_
     mixed = _device_plugin_mixed(device_plugin)
     try:
         cluster.apply(mixed)
-        cluster.kubectl("delete", "pod", "-n", "nvidia-device-plugin", "-l",
-                        "app.kubernetes.io/name=nvidia-device-plugin", "--wait=true", "--timeout=90s", timeout=120)
+        cluster.restart_pods("nvidia-device-plugin", "nvidia-device-plugin")
         cluster.rollout("daemonset", "nvdp-nvidia-device-plugin", "nvidia-device-plugin", timeout=180)
         want = {"nvidia.com/mig-1g.10gb": 2, "nvidia.com/mig-3g.40gb": 1, GPU: 7}
         cluster.step(f"allocatable {want}", lambda: all(cluster.allocatable(r) == n for r, n in want.items()),
@@ -353,8 +346,7 @@ def test_a_mig_layout_from_mig_parted_is_allocatable_under_mixed_and_a_pod_gets_
     finally:
         _mig_parted(tmp_path, "all-disabled")
         cluster.apply(device_plugin)
-        cluster.kubectl("delete", "pod", "-n", "nvidia-device-plugin", "-l",
-                        "app.kubernetes.io/name=nvidia-device-plugin", "--wait=true", "--timeout=90s", timeout=120)
+        cluster.restart_pods("nvidia-device-plugin", "nvidia-device-plugin")
         cluster.step(f"{GPU}: 8 allocatable again", lambda: cluster.allocatable(GPU) == 8, timeout=120)
 
 
@@ -376,8 +368,7 @@ def test_a_claim_for_a_mig_device_makes_it_at_prepare_through_the_dra_driver(clu
                                     claims=[{"name": "mig", "resourceClaimTemplateName": "one-mig"}])]
     try:
         cluster.apply(dynamic)
-        cluster.kubectl("delete", "pod", "-n", "nvidia-dra-driver-gpu", "-l", "app.kubernetes.io/name=nvidia-dra-driver-gpu-kubelet-plugin",
-                        "--wait=true", "--timeout=90s", timeout=120, check=False)
+        cluster.restart_pods("nvidia-dra-driver-gpu", "nvidia-dra-driver-gpu-kubelet-plugin", check=False)
         cluster.rollout("daemonset", "nvidia-dra-driver-gpu-kubelet-plugin", "nvidia-dra-driver-gpu", timeout=180)
         cluster.step("MIG partitions in the DRA driver's ResourceSlice",
                      lambda: [d for d in _slice_devices(cluster) if d["attributes"]["type"]["string"] == "mig"],
@@ -405,8 +396,7 @@ def test_a_claim_for_a_mig_device_makes_it_at_prepare_through_the_dra_driver(clu
     finally:
         cluster.delete(objects, wait=False)
         cluster.apply(dra_driver)
-        cluster.kubectl("delete", "pod", "-n", "nvidia-dra-driver-gpu", "-l", "app.kubernetes.io/name=nvidia-dra-driver-gpu-kubelet-plugin",
-                        "--wait=true", "--timeout=90s", timeout=120, check=False)
+        cluster.restart_pods("nvidia-dra-driver-gpu", "nvidia-dra-driver-gpu-kubelet-plugin", check=False)
         _mig_parted(tmp_path, "all-disabled")  # the plugin leaves MIG mode on where it turned it on
 
 
@@ -486,8 +476,7 @@ def test_a_scenario_from_a_configmap_runs(cluster, agent):
 
 
 def _restart_agent(cluster: Cluster) -> None:
-    cluster.kubectl("delete", "pod", "-n", "mokkafs", "-l", "app.kubernetes.io/name=mokkafs-agent", "--wait=true",
-                    "--timeout=90s", timeout=120)
+    cluster.restart_pods("mokkafs", "mokkafs-agent")
     cluster.rollout("daemonset", "mokkafs-agent", "mokkafs", timeout=120)
 
 

@@ -10,19 +10,15 @@ file, and none can be added to a procfs: those runs go through tests/with_proc_m
 gives mig-parted a /proc that is the kernel's plus the node's `proc/modules`."""
 from __future__ import annotations
 
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import mokka_cmd
-from helpers_go import go_tool
+from helpers_go import mig_parted_cmd
 
 pytestmark = pytest.mark.level("tools")
 
-HERE = Path(__file__).resolve().parent
 
 CONFIG = {
     "version": "v1",
@@ -41,12 +37,8 @@ CONFIG = {
 def mig_parted(node, tmp_path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
-    cmd = [str(go_tool("nvidia-mig-parted")), *args]
-    if args[0] in ("apply", "assert"):
-        cmd += ["-f", str(config)]
-    if not os.path.exists("/proc/modules"):
-        cmd = [str(HERE / "with_proc_modules.sh"), str(node.mnt / "proc/modules"), *cmd]
-    r = subprocess.run([*mokka_cmd(), "run", "--root", str(node.mnt), "--", *cmd], env=node.env,
+    extra = ["-f", str(config)] if args[0] in ("apply", "assert") else []
+    r = subprocess.run(mig_parted_cmd(node.mnt, *args, *extra), env=node.env,
                        capture_output=True, text=True, timeout=180, cwd="/")
     if check:
         assert r.returncode == 0, (args, r.stdout[-2000:], r.stderr[-3000:])
