@@ -66,8 +66,37 @@ NVIDIA_PROGRAMS = ("nvidia-device-plugin", "gpu-feature-discovery", "nvidia-mig-
                    "nfd-master", "nfd-worker", "nfd-gc")
 
 
+# Files NVIDIA's images carry beside the programs, from the pinned module's own source in the Go
+# module cache: the DRA driver's image copies the repository's templates/ to /templates (its
+# compute-domain kubelet plugin reads the IMEX daemon's config template from there at prepare).
+MODULE_FILES = {"compute-domain-kubelet-plugin": ("templates", "templates")}
+
+
 class ImageError(Exception):
     pass
+
+
+def module_source(program: str) -> Path:
+    """The source tree, in the Go module cache, of the module that scripts/go-tools.txt builds
+    `program` from (at its pinned version)."""
+    for line in (REPO / "scripts" / "go-tools.txt").read_text().splitlines():
+        f = line.split()
+        if f and f[0] == program:
+            package, version = f[1].rsplit("@", 1)
+            break
+    else:
+        raise ImageError(f"{program} is not a line of scripts/go-tools.txt")
+    mod = CACHE / "go" / "pkg" / "mod"
+    # The module is the longest prefix of the package path that the cache holds at this version
+    # (upper-case letters are escaped as '!' + lower case there).
+    parts = package.split("/")
+    for n in range(len(parts), 0, -1):
+        escaped = "".join("!" + c.lower() if c.isupper() else c for c in "/".join(parts[:n]))
+        d = mod / f"{escaped}@{version}"
+        if d.is_dir():
+            return d
+    raise ImageError(f"the source of {package}@{version} is not in {mod} "
+                     f"(scripts/install_go_tools.sh {program})")
 
 
 # -- layers -----------------------------------------------------------------------------------
@@ -297,6 +326,8 @@ def build_nvidia(out: Path, name: str, cache: Path, user: str | None = None) -> 
             if not src.is_file():
                 raise ImageError(f"{src} is missing (scripts/install_go_tools.sh {program})")
             shutil.copy2(src, added / "usr" / "bin" / program)
+        for program, (source, target) in MODULE_FILES.items():
+            shutil.copytree(module_source(program) / source, added / target)
         return write_archive(out, name, [_base_layer(cache), _layer_from_tree(added)],
                              # NVIDIA's images ask the NVIDIA runtime for every GPU, as this does.
                              {"Cmd": ["/bin/bash"], "Env": [PATH_ENV, "NVIDIA_VISIBLE_DEVICES=all",

@@ -7,6 +7,7 @@ reason to skip."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,19 @@ def go_tool(name: str) -> Path:
         pytest.fail(f"{path} is not the pinned {spec} (stamp: {' '.join(fields[:2]) or 'none'}): "
                     f"run scripts/install_go_tools.sh {name}")
     return path
+
+
+def module_source(name: str) -> Path:
+    """The source tree, in the Go module cache, of the module line NAME of go-tools.txt builds from,
+    at its pinned version: what NVIDIA's charts and images carry beside the program (CRDs,
+    templates) is read from there, never copied into this repository."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import oci_image
+    finally:
+        sys.path.pop(0)
+    go_tool(name)  # installed at its pin, or the test fails saying how to install it
+    return oci_image.module_source(name)
 
 
 def node_env(node) -> dict[str, str]:

@@ -230,6 +230,12 @@ def test_node_settings_labels_win_over_configmap():
     assert decisions.node_settings(_node(), None, None) == ("h100", None)
     labels = {decisions.LABEL_PROFILE: "b200", decisions.LABEL_GPUS: "4"}
     assert decisions.node_settings(_node(labels=labels), "t4", "1") == ("b200", 4)
+    # The ConfigMap's count is its profile's: another profile's label alone takes that profile's
+    # own count (None), the same profile keeps the ConfigMap's count.
+    assert decisions.node_settings(_node(labels={"mokkafs.io/profile": "gb200"}), "h100", "8") == ("gb200", None)
+    assert decisions.node_settings(_node(labels={"mokkafs.io/profile": "gb200"}), None, "8") == ("gb200", None)
+    assert decisions.node_settings(_node(labels={"mokkafs.io/profile": "h100"}), "h100", "8") == ("h100", 8)
+    assert decisions.node_settings(_node(labels={"mokkafs.io/gpus": "2"}), "h100", "8") == ("h100", 2)
     gpus, profile = decisions.LABEL_GPUS, decisions.LABEL_PROFILE
     for bad in ({gpus: "0"}, {gpus: "65"}, {gpus: "x"}, {profile: "../etc"}):
         with pytest.raises(ValueError):

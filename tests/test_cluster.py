@@ -21,10 +21,14 @@ In order, as a user meets them (each step's failure names the step):
   9. NFD labels the Node from the agent's feature file, and GPU feature discovery, given the GPUs by
      the NVIDIA runtime class, labels it through NFD;
  10. a scenario from a ConfigMap runs to its end (the MokkaScenario condition);
- 11. a new GPU count (a Node label) starts a new node cleanly when the agent restarts.
+ 11. a new GPU count (a Node label) starts a new node cleanly when the agent restarts;
+ 12. on a GB200 node (a Node label), NVIDIA's compute-domain kubelet plugin starts, publishes its
+     IMEX channel and daemon devices, and prepares a ComputeDomain daemon claim: the pod gets the
+     node's fabric-imex-mgmt capability device, the fabric's clique id and the daemon's config.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -37,7 +41,7 @@ import yaml
 
 from helpers_cluster import REPO, Cluster, StepFailed
 from mokkafs.cli.allocation import parse_mig
-from helpers_go import go_cache, go_tool, mig_parted_cmd, parse_info, pinned
+from helpers_go import go_cache, go_tool, mig_parted_cmd, module_source, parse_info, pinned
 
 pytestmark = pytest.mark.level("cluster")
 
@@ -497,3 +501,98 @@ def test_a_new_gpu_count_starts_a_new_node_cleanly(cluster, agent):
         _restart_agent(cluster)
     cluster.step("the host's mount shows 8 GPUs again",
                  lambda: _gpu_count() == "8", timeout=60)
+
+
+def _compute_domain_slice(cluster: Cluster) -> list[str]:
+    return sorted(d["name"] for s in cluster.get("resourceslices")["items"]
+                  if s["spec"].get("driver") == "compute-domain.nvidia.com" and s["spec"].get("nodeName") == cluster.node
+                  for d in s["spec"].get("devices", []))
+
+
+def _host_fabric() -> set[str]:
+    """The clique ids the node's GPUs report, as `<cluster UUID>.<clique id>`, from the host's view
+    (nvidia-smi under `mokka run` on the mount): a set, which one clique makes one element."""
+    from conftest import mokka_cmd
+
+    r = subprocess.run([*mokka_cmd(), "run", "--root", str(MOUNT), "--", "nvidia-smi",
+                        "--query-gpu=fabric.clusterUuid,fabric.cliqueId", "--format=csv,noheader"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return {".".join(f.strip() for f in line.split(",")) for line in r.stdout.splitlines()}
+
+
+def test_the_compute_domain_plugin_prepares_an_imex_daemon_claim_on_a_gb200_node(cluster, agent, dra_driver):
+    """NVIDIA's compute-domain kubelet plugin, unmodified, on a GB200 node: at start it finds the
+    fabric clique through NVML (refusing to start on a fabric that is not attached) and the IMEX
+    channels' major in /proc/devices; a claim of class compute-domain-daemon.nvidia.com for a
+    ComputeDomain is prepared with the node's fabric-imex-mgmt capability device (its minor from
+    /proc/driver/nvidia/capabilities/fabric-imex-mgmt, which the plugin reads in its own pod), the
+    clique id and the IMEX daemon's config template; unprepare removes the claim's CDI spec."""
+    crds = module_source("compute-domain-kubelet-plugin") / "deployments/helm/dra-driver-nvidia-gpu/crds"
+    crd_text = "\n---\n".join(p.read_text() for p in sorted(crds.glob("*.yaml")))
+    plugin = (FIXTURES / "dra-driver-compute-domain.yaml").read_text().replace("@HOOK@", str(go_tool("nvidia-cdi-hook")))
+    domain = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+              "metadata": {"name": "imex", "namespace": "default"},
+              "spec": {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "imex-channel"}}}}
+    template = (module_source("compute-domain-kubelet-plugin") / "templates/compute-domain-daemon-config.tmpl.cfg").read_bytes()
+    cluster.kubectl("label", "node", cluster.node, "--overwrite", "mokkafs.io/profile=gb200")
+    objects: list[dict] = []
+    try:
+        _restart_agent(cluster)
+        cluster.step("the host's mount is a GB200 node",
+                     lambda: "NVIDIA GB200" in (MOUNT / "gpu0" / "info").read_text(), timeout=60)
+        cluster.apply(crd_text)
+        cluster.kubectl("wait", "--for=condition=established", "crd/computedomains.resource.nvidia.com", timeout=60)
+        cluster.apply(plugin)
+        cluster.rollout("daemonset", "nvidia-dra-driver-gpu-compute-domain-kubelet-plugin", "nvidia-dra-driver-gpu",
+                        timeout=180)
+        cluster.step("the compute-domain plugin's ResourceSlice",
+                     lambda: _compute_domain_slice(cluster) == ["channel-0", "daemon-0"], timeout=120,
+                     show=lambda: cluster.kubectl("logs", "-n", "nvidia-dra-driver-gpu",
+                                                  "ds/nvidia-dra-driver-gpu-compute-domain-kubelet-plugin",
+                                                  "--tail=40", check=False).stdout)
+        cluster.apply([domain])
+        uid = cluster.get("computedomain", "imex", "-n", "default")["metadata"]["uid"]
+        claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                 "metadata": {"name": "imex-daemon", "namespace": "default"},
+                 "spec": {"devices": {
+                     "requests": [{"name": "daemon", "exactly": {"deviceClassName": "compute-domain-daemon.nvidia.com"}}],
+                     "config": [{"requests": ["daemon"], "opaque": {"driver": "compute-domain.nvidia.com", "parameters": {
+                         "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainDaemonConfig",
+                         "domainID": uid}}}]}}}
+        show = "env | grep -E '^(CLIQUE_ID|COMPUTE_DOMAIN_UUID)=' | sort; stat -c 'dev %t:%T' /dev/nvidia-caps/nvidia-cap4323; " \
+               "sha256sum /imexd/imexd.cfg.tmpl | cut -d' ' -f1; exec sleep 600"
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "imex-daemon", "namespace": "default"},
+               "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                        "resourceClaims": [{"name": "daemon", "resourceClaimName": "imex-daemon"}],
+                        "containers": [{"name": "daemon", "image": cluster.images["debian"], "imagePullPolicy": "Never",
+                                        "command": ["bash", "-c", show], "resources": {"claims": [{"name": "daemon"}]}}]}}
+        objects = [claim, pod]
+        cluster.apply(objects)
+        cluster.wait_pod("imex-daemon", "Running", timeout=150)
+        lines = cluster.step("the daemon pod's output", lambda: (
+            out := cluster.logs("imex-daemon").strip().splitlines()) and len(out) >= 4 and out, timeout=60)
+        # What the node says, read on the host: the nvidia-caps major, fabric-imex-mgmt's minor.
+        major = next(int(f[0]) for f in map(str.split, (MOUNT / "proc/devices").read_text().splitlines())
+                     if f[1:] == ["nvidia-caps"])
+        minor = next(int(line.split(":")[1]) for line in
+                     (MOUNT / "proc/driver/nvidia/capabilities/fabric-imex-mgmt").read_text().splitlines()
+                     if line.startswith("DeviceFileMinor:"))
+        assert lines == [*(f"CLIQUE_ID={clique}" for clique in _host_fabric()), f"COMPUTE_DOMAIN_UUID={uid}",
+                         f"dev {major:x}:{minor:x}", hashlib.sha256(template).hexdigest()], lines
+        spec_file = [p for p in Path("/var/run/cdi").glob("k8s.compute-domain.nvidia.com-claim_*")]
+        assert len(spec_file) == 1, spec_file
+        cluster.delete(objects, wait=True)
+        objects = []
+        cluster.step("unprepare removes the claim's CDI spec",
+                     lambda: not list(Path("/var/run/cdi").glob("k8s.compute-domain.nvidia.com-claim_*")), timeout=60)
+    finally:
+        if objects:
+            cluster.delete(objects, wait=True)
+        if cluster.kubectl("get", "crd", "computedomains.resource.nvidia.com", check=False).returncode == 0:
+            cluster.delete([domain], wait=True)
+        cluster.delete(plugin)
+        cluster.kubectl("label", "node", cluster.node, "mokkafs.io/profile-", check=False)
+        _restart_agent(cluster)
+    cluster.step("the host's mount is the H100 node again",
+                 lambda: _gpu_count() == "8" and "NVIDIA H100" in (MOUNT / "gpu0" / "info").read_text(), timeout=60)

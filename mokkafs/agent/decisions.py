@@ -207,9 +207,14 @@ def node_changed(saved: object, wanted: dict, moved_to: str) -> str:
 
 
 def node_settings(node: dict, env_profile: str | None, env_gpus: str | None) -> tuple[str, int | None]:
-    """Profile and GPU count: the Node's labels win over the ConfigMap (environment)."""
+    """Profile and GPU count: the Node's labels win over the ConfigMap (environment). The
+    ConfigMap's count goes with the ConfigMap's profile: a Node labelled with another profile and
+    no count of its own gets that profile's own count (8 H100s in the ConfigMap say nothing of how
+    many GB200s sit in a node)."""
     labels = (node.get("metadata") or {}).get("labels") or {}
     profile = labels.get(LABEL_PROFILE) or env_profile or "h100"
+    if profile != (env_profile or "h100"):
+        env_gpus = None
     gpus_text = labels.get(LABEL_GPUS) or env_gpus or ""
     if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", profile):
         raise ValueError(f"bad profile {profile!r} (label {LABEL_PROFILE} or MOKKA_PROFILE)")
