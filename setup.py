@@ -3,6 +3,7 @@
 Everything else about the package is in pyproject.toml."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import shutil
@@ -35,6 +36,15 @@ def smi_sources() -> list[str]:
     """Every C file of shims/nvidia-smi: one per mode behind smi.h, and the generated smi_gen.c
     and smi_values_gen.c."""
     return [str(p) for p in sorted((SHIMS / "nvidia-smi").glob("*.c"))]
+
+
+def build_state_ffi(out: Path) -> None:
+    """The shared state's declarations parsed once, here, into mokkafs/_native/mokka_state_ffi.py
+    (mokkafs/daemon/shm/ffi_module.py, loaded by its path: the package is not importable yet)."""
+    spec = importlib.util.spec_from_file_location("_mokka_ffi_module", HERE / "mokkafs" / "daemon" / "shm" / "ffi_module.py")
+    ffi_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ffi_module)
+    ffi_module.write(SHIMS / "include" / "mokka_state.h", out)
 
 
 def build_nvml(out: Path) -> None:
@@ -142,6 +152,7 @@ class BuildPyWithShims(build_py):
         build_fence(out)
         build_umad(out)
         build_hook(out)
+        build_state_ffi(out)
 
 
 class BinaryDistribution(Distribution):
