@@ -3,7 +3,9 @@
 Everything else about the package is in pyproject.toml."""
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -35,6 +37,25 @@ def smi_sources() -> list[str]:
     """Every C file of shims/nvidia-smi: one per mode behind smi.h, and the generated smi_gen.c
     and smi_values_gen.c."""
     return [str(p) for p in sorted((SHIMS / "nvidia-smi").glob("*.c"))]
+
+
+def build_state_ffi(out: Path) -> None:
+    """The shared state's declarations parsed once, here, into mokkafs/_native/mokka_state_ffi.py
+    (mokkafs/daemon/shm/ffi_module.py, loaded by its path: the package is not importable yet)."""
+    spec = importlib.util.spec_from_file_location("_mokka_ffi_module", HERE / "mokkafs" / "daemon" / "shm" / "ffi_module.py")
+    ffi_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ffi_module)
+    ffi_module.write(SHIMS / "include" / "mokka_state.h", out)
+
+
+def compile_package() -> None:
+    """An editable install runs the package from the checkout, where nothing compiled it ahead
+    (pip compiles a wheel's modules as it installs them): with PYTHONDONTWRITEBYTECODE set, every
+    `mokka` command compiled ~0.1 s of the package's source again at each start. Compile it here,
+    as an install would; a module edited since is compiled again in memory, as before."""
+    import compileall
+
+    compileall.compile_dir(str(HERE / "mokkafs"), quiet=1, rx=re.compile(r"/_native/"))
 
 
 def build_nvml(out: Path) -> None:
@@ -142,6 +163,9 @@ class BuildPyWithShims(build_py):
         build_fence(out)
         build_umad(out)
         build_hook(out)
+        build_state_ffi(out)
+        if getattr(self, "editable_mode", False):
+            compile_package()
 
 
 class BinaryDistribution(Distribution):

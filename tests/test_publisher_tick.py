@@ -83,3 +83,39 @@ def test_a_tick_moves_temperature_and_energy_with_time(setup):
     assert g.temp_gpu > before[1]
     assert pub._st.generation == before[2] + 1
     assert pub._st.publish_time_ns == int(clock() * 1e9)
+
+
+def test_links_and_ecc_read_as_the_model_has_them_through_down_errors_up_and_clears(setup):
+    """An event's publish writes only the NVLinks and ECC rows that differ from a fresh GPU's
+    (the rest come from the record's static part): a link taken down, given errors and brought
+    back reads exactly so, every other link stays up without errors, and cleared ECC reads 0."""
+    from mokkafs.daemon.shm.publisher import NVLINK_COUNTERS
+    from mokkafs.model.events import ClearEcc
+
+    node, pub, clock = setup
+    links = node.profile.nvlink.links
+    assert links == 18
+
+    def check(down: set[int], errored: set[int], dram_sbe: int) -> None:
+        g, st = pub._st.gpus[0], node.gpus[0]
+        assert [g.nvlink[k].state for k in range(links)] == [0 if k in down else 1 for k in range(links)]
+        for k in range(links):
+            counts = list(g.nvlink[k].errors)
+            assert (sum(counts) > 0) == (k in errored), k
+            assert counts == [st.nvlink_errors[k][c] for c in NVLINK_COUNTERS] if k in errored else [0] * 4
+        assert g.nvlink_count == links
+        assert sum(g.ecc[0][0]) == dram_sbe  # volatile, corrected: by location
+        assert published(pub, 0) == whole(node, 0, clock())
+
+    check(set(), set(), 0)
+    for event, down, errored, sbe in (
+        (NvLinkCommand(0, 4, "down"), {4}, set(), 0),
+        (NvLinkCommand(0, 17, "errors", 9), {4}, {17}, 0),
+        (InjectEcc(0, "sbe", 3, "dram"), {4}, {17}, 3),
+        (NvLinkCommand(0, 4, "up"), set(), {17}, 3),
+        (NvLinkCommand(0, 17, "reset_errors"), set(), set(), 3),
+        (ClearEcc(0, "volatile"), set(), set(), 0),
+    ):
+        clock.now += 1.0
+        pub(node, node.apply(event, clock()))
+        check(down, errored, sbe)

@@ -1,6 +1,6 @@
 """`python -m mokkafs.cli`: the `mokka` command."""
 import sys
 
-from mokkafs.cli.main import main
+from mokkafs.cli.main import entry
 
-sys.exit(main())
+sys.exit(entry())

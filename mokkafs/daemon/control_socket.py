@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import select
 import socket
 import struct
@@ -208,6 +209,11 @@ class ControlSocket:
             if not self._connections[caller.uid]:
                 del self._connections[caller.uid]
 
+    # A setter's request is on the socket by the time its connection is served, and its reply
+    # fits the socket's buffer: both are tried at once on the (non-blocking) descriptor, and the
+    # loop is waited on only when the data is not there yet. trio's recv and send would each
+    # yield to the loop even then, two scheduler passes on the way to every setter's answer.
+
     @staticmethod
     async def _read(conn, prefix: bytes = b"") -> bytes | None:
         """One line of at most MAX_REQUEST bytes (what came, if the caller stopped short or
@@ -216,7 +222,10 @@ class ControlSocket:
         with trio.move_on_after(TIMEOUT_S):
             while not data.endswith(b"\n") and len(data) < MAX_REQUEST:
                 try:
-                    chunk = await conn.recv(MAX_REQUEST - len(data))
+                    chunk = os.read(conn.fileno(), MAX_REQUEST - len(data))
+                except BlockingIOError:
+                    await trio.lowlevel.wait_readable(conn)
+                    continue
                 except OSError:
                     return None
                 if not chunk:
@@ -231,7 +240,10 @@ class ControlSocket:
         try:
             with trio.move_on_after(TIMEOUT_S):  # a caller that does not read is not waited for
                 while data:
-                    data = data[await conn.send(data):]
+                    try:
+                        data = data[os.write(conn.fileno(), data):]
+                    except BlockingIOError:
+                        await trio.lowlevel.wait_writable(conn)
         except OSError as e:
             if e.errno not in (errno.EPIPE, errno.ECONNRESET):
                 log.warning("%s", e)

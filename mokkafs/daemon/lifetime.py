@@ -133,8 +133,11 @@ async def _freeze_start_up(mirror: Mirror) -> None:
     """Move what start-up made (profile, node, tree, the mirror's rendering: some 50,000
     objects) out of the collector's sight. A full collection would otherwise walk all of them,
     a 30-70 ms pause on the event loop that a control write or a reader can land in; what
-    start-up made lives as long as the daemon."""
+    start-up made lives as long as the daemon. `serve` turns the collector off for the start
+    itself (building the tree set off one such collection, ~30 ms of every mount -> ready at 8
+    GPUs): it comes back on here, with what start-up made frozen first."""
     gc.freeze()
+    gc.enable()
     await mirror.ready.wait()
     gc.freeze()
 
@@ -323,6 +326,8 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED, clock: Cloc
             await pyfuse3.main()
             done.cancel()
 
+        gc.disable()  # until _freeze_start_up: no full collection over what the start is making
+        stack.callback(gc.enable)  # a start that fails turns it back on too
         async with trio.open_nursery() as nursery:
             daemon = await start(opts, clock, stack, nursery, mount, bind_node_socket=binds)
             nursery.start_soon(_watch_signals)

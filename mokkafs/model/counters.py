@@ -100,7 +100,7 @@ def ecc_row(ecc: dict[EccCounter, int], scope: EccScope, kind: EccKind) -> list[
 
 
 def ecc_total(ecc: dict[EccCounter, int], scope: EccScope, kind: EccKind) -> int:
-    return sum(ecc[c] for c in _ROW[scope, kind])
+    return sum(map(ecc.__getitem__, _ROW[scope, kind]))  # at C speed: /metrics sums 4 per GPU
 
 
 class NvLinkCounter(_Spelled):

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mokkafs.model.commands import NODE, Command, gpu, parse_line
 from mokkafs.model.events import Event, InvalidCommand, decimal_number, whole_number
-from mokkafs.model.profiles import StrictLoader
+from mokkafs.model.profiles import StrictLoader, too_deep
 
 MAX_SCENARIO_BYTES = 64 * 1024  # a file, and what one write to node/scenario may carry
 MAX_STEPS = 1000  # steps in a file
@@ -51,7 +51,9 @@ Duration = Annotated[float, Field(ge=0, le=MAX_DURATION_S)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # `gpu: true` is not gpu 1
+    # `gpu: true` is not gpu 1; the schemas are built at the first scenario loaded, not at every
+    # daemon's start (~15 ms), which loads none unless one was left running.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
 
 class Ramp(_Strict):
@@ -357,13 +359,13 @@ def load_text(text: str | bytes, where: str = "<scenario>") -> Loaded:
             except ScenarioError as e:
                 raise ScenarioError(f"{where}:{str(e).removeprefix('line ')}") from None
         data = yaml.load(text, Loader=StrictLoader)
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, RecursionError) as e:  # PyYAML's parser recurses once per level of nesting
+        if too_deep(e):
+            raise ScenarioError(f"{where}: nested too deeply") from None
         mark = getattr(e, "problem_mark", None)
         line = f"{mark.line + 1}:" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ScenarioError(f"{where}:{line} not YAML: {problem}") from None
-    except RecursionError:  # PyYAML's parser recurses once per level of nesting
-        raise ScenarioError(f"{where}: nested too deeply") from None
     except ScenarioError:
         raise
     except ValueError as e:  # a scalar PyYAML resolves but cannot make (a 2026-13-45 date)

@@ -34,9 +34,11 @@ class RecoveryAction(IntEnum):
 
     @classmethod
     def from_spelling(cls, text: str) -> "RecoveryAction":
-        for action in cls:
-            if action.spelling == text:
-                return action
+        # A dict lookup: every publish of a GPU and every GPU of a /metrics scrape asks.
+        try:
+            return _BY_SPELLING[text]
+        except (KeyError, TypeError):  # TypeError: not hashable, not a spelling either
+            pass
         raise ValueError(f"{text[:40]!r} is not a recovery action")
 
     @property
@@ -50,6 +52,7 @@ class RecoveryAction(IntEnum):
         return _ACTION_RANK.index(self)
 
 
+_BY_SPELLING = {action.spelling: action for action in RecoveryAction}
 _ACTION_WORDS = {
     RecoveryAction.NONE: "None",
     RecoveryAction.GPU_RESET: "GPU Reset Required",

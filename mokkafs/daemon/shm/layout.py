@@ -1,6 +1,7 @@
 """The shared state's layout as Python sees it: cffi (ABI mode) over the CDEF region of
-shims/include/mokka_state.h, the one definition the shims compile against; the header's constants;
-where the state file lies; and the store fence the writer needs on weakly ordered CPUs."""
+shims/include/mokka_state.h, the one definition the shims compile against (parsed when the package
+was built where that build's module matches the header, `ffi_module.py`; else here); the header's
+constants; where the state file lies; and the store fence the writer needs on weakly ordered CPUs."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,7 @@ import platform
 import re
 from pathlib import Path
 
-from cffi import FFI
+from mokkafs.daemon.shm import ffi_module
 
 STATE_FILE = "state"  # in the state directory (the driver root's run/mokka links to it)
 
@@ -31,18 +32,21 @@ _HEADER_TEXT = header_path().read_text()  # read once, at import: the layout nev
 
 def cdef_source(text: str = _HEADER_TEXT) -> str:
     """The part of the header `text` between the CDEF markers: what cffi parses."""
-    m = re.search(r"/\* BEGIN CDEF[^\n]*\n(.*?)/\* END CDEF \*/", text, re.S)
-    if not m:
-        raise ValueError("mokka_state.h has no BEGIN CDEF / END CDEF region")
-    return m.group(1)
+    return ffi_module.cdef_source(text)
 
 
-def make_ffi() -> FFI:
+def make_ffi():
+    """An FFI parsed from the header now (pycparser: some 45 ms)."""
+    from cffi import FFI
+
     ffi = FFI()
-    ffi.cdef(cdef_source())
-    ffi.cdef("long syscall(long number, ...);")
-    ffi.cdef("void mokka_fence(void);")
+    for decl in ffi_module.declarations(_HEADER_TEXT):
+        ffi.cdef(decl)
     return ffi
+
+
+# Where setup.py writes the build's parse (ffi_module.write); a wheel and a checkout alike.
+BUILT_FFI = _PACKAGE / "_native" / f"{ffi_module.MODULE_NAME}.py"
 
 
 def string_defines(text: str = _HEADER_TEXT) -> dict[str, str]:
@@ -50,7 +54,7 @@ def string_defines(text: str = _HEADER_TEXT) -> dict[str, str]:
     return dict(re.findall(r'^#define (MOKKA_\w+) "([^"]*)"', text, re.M))
 
 
-ffi = make_ffi()
+ffi = ffi_module.load(BUILT_FFI, ffi_module.declarations(_HEADER_TEXT)) or make_ffi()
 libc = ffi.dlopen(None)  # the header's constants, and libc's syscall for the futex wake
 _STRINGS = string_defines()
 STATE_ENV = _STRINGS["MOKKA_STATE_ENV"]
@@ -82,7 +86,14 @@ def load_fence(tso: bool = TSO):
         return lambda: None
     from mokkafs.render import native
 
-    return ffi.dlopen(str(native.fence_library())).mokka_fence
+    # The library object is kept with the function: an out-of-line FFI (ffi_module.py) closes a
+    # library once nothing refers to it, which would leave the function pointing at nothing.
+    lib = ffi.dlopen(str(native.fence_library()))
+    _KEPT_OPEN.append(lib)
+    return lib.mokka_fence
+
+
+_KEPT_OPEN: list = []
 
 
 fence = load_fence()
