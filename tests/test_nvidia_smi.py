@@ -328,6 +328,56 @@ def test_remap_histogram_of_the_text_boards(smi, tmp_path, profile, capture):
     assert hist(ours) == hist(real) and hist(ours)[0].endswith(" bank(s)")
 
 
+VOLTAGE_BOARDS = [("h100-nvl", "nvidia-smi-q.h100-nvl.550.54.14.txt", "550.54.14"),
+                  ("a100-80gb", "nvidia-smi-q.a100-80gb.555.42.02.txt", "555.42.02"),
+                  ("l4", "nvidia-smi-q.l4.550.90.07.txt", "550.90.07"),
+                  ("a10g", "nvidia-smi-q.a10g.535.247.01.txt", "535.247.01"),
+                  ("h100", "nvidia-smi-q.h100.565.57.01.txt", "565.57.01")]
+
+
+@pytest.mark.parametrize("profile,capture,driver", VOLTAGE_BOARDS, ids=[b[0] for b in VOLTAGE_BOARDS])
+def test_voltage_and_sparse_mode_as_the_text_captures(smi, tmp_path, profile, capture, driver):
+    """-q's Sparse Operation Mode and Voltage/Graphics (values NVML has no getter for) are the
+    board's, as its real -q at that driver prints them (GPU 0's voltage), in -q -d VOLTAGE too."""
+    p = Published(tmp_path, profile, 1, driver)
+    try:
+        ours = run(smi, p, "-q").stdout.splitlines()
+        section = run(smi, p, "-q", "-d", "VOLTAGE").stdout.splitlines()
+    finally:
+        p.close()
+    real = (CAPTURES / capture).read_text().splitlines()
+    pick = lambda lines: [lines[i + k] for i, l in enumerate(lines)  # noqa: E731
+                          if l.strip() in ("Sparse Operation Mode", "Voltage") or l.startswith("    Sparse Operation Mode")
+                          for k in ((0,) if "Sparse" in l else (0, 1))][:3]
+    assert pick(ours) == pick(real)
+    assert pick(ours)[2].endswith(" mV") and pick(section) == pick(ours)[1:]
+
+
+@pytest.mark.parametrize("profile,driver,sparse,text_volt,xml_volt", [
+    ("h100", "565.57.01", "Disabled", "685.000 mV", "685.000 mV"),  # the 565 capture's GPU 0
+    # 570: -q is the 590 capture's (no Voltage); -q -x the board's capture (H100: 580's, no voltage)
+    # or, without one, the A100's 570 capture, whose voltage is N/A: the 80GB A100 has a value at 555
+    ("h100", "570.124.06", "Disabled", None, None),
+    ("a100-80gb", "570.148.08", "N/A", None, "N/A"),
+    ("h100", "590.48.01", "Disabled", None, None),                  # no Voltage from 580 (the captures)
+    ("h200", "550.90.12", "Disabled", "N/A", "N/A"),                # Hopper's mode; no capture of its voltage
+    ("l40s", "550.127.05", "N/A", "875.000 mV", "875.000 mV"),      # a real L40S -q at 550.127.05
+    ("t4", "595.91.07", "N/A", None, None),
+])
+def test_voltage_and_sparse_mode_by_branch(smi, tmp_path, profile, driver, sparse, text_volt, xml_volt):
+    p = Published(tmp_path, profile, 1, driver)
+    try:
+        text = run(smi, p, "-q").stdout.splitlines()
+        xml = run(smi, p, "-q", "-x").stdout
+    finally:
+        p.close()
+    assert next(l for l in text if "Sparse Operation Mode" in l).split(" : ")[1] == sparse
+    assert f"<sparse_operation_mode>{sparse}</sparse_operation_mode>" in xml
+    assert (text[text.index("    Voltage") + 1].split(" : ")[1] if "    Voltage" in text else None) == text_volt
+    found = re.search(r"<graphics_volt>(.*)</graphics_volt>", xml)
+    assert (found and found.group(1)) == xml_volt
+
+
 def test_loop_ms_repeats_rows_until_interrupted(smi, node):
     p = subprocess.Popen([str(smi), "--query-gpu=index", "--format=csv,noheader", "-i", "0", "-lms", "20"],
                          env=consumer_env(node.path), stdout=subprocess.PIPE, text=True)

@@ -484,6 +484,8 @@ OPTIONAL_REASONS = {
     "mig": "MIG tables come from nvidia-smi mig -lgip/-lgipp/-lcip, which this command does not read",
     "max_gpus_per_node": "a form-factor fact (an HGX baseboard's 8, a compute tray's 4) that no capture prints",
     "memory.row_remap_banks": "the capture has no row remapper histogram (no row remapper, or an older driver)",
+    "voltage_mv": "the capture prints no graphics voltage (N/A from 570, no Voltage section from 580)",
+    "sparse_operation_mode": "the capture has no Sparse Operation Mode (before 535)",
 }
 
 
@@ -647,6 +649,13 @@ def build(caps: Captures, driver_override: str | None = None, fill_board: tuple[
 
     take("mig_capable", lambda v: v != "N/A", when=lambda v: v is not None)
     take("addressing_mode", when=lambda v: v in ("None", "HMM", "ATS"))
+    # the idle board's graphics voltage: read where the driver prints one (its N/A from 570 is
+    # the branch's, not the board's: the A100's 555 capture has a value, its 570 one N/A)
+    take("voltage_mv", lambda v: round(_num(v), 3), when=lambda v: v is not None and v.endswith(" mV"))
+    if text("sparse_operation_mode") == "N/A":
+        out.put("sparse_operation_mode", None, g.origin["sparse_operation_mode"] + " N/A")
+    else:
+        take("sparse_operation_mode", when=lambda v: v in ("Disabled", "Enabled"))
     state = text("fabric/state")
     if state is None or state == "N/A":
         out.put("fabric", None, src("fabric/state") + " N/A" if state else "no <fabric> in the capture")

@@ -603,6 +603,12 @@ class GpuProfile(_Strict):
     # nvmlDeviceGetAddressingMode: how the GPU reaches system-allocated memory (the capture's
     # addressing_mode): HMM on x86 hosts with HMM, ATS on Grace (C2C), None where neither is on
     addressing_mode: Literal["None", "HMM", "ATS"]
+    # What -q prints that NVML has no getter for (the real tool asks the driver's private table):
+    # the idle board's graphics voltage (-q's Voltage/Graphics, millivolts; null: no capture
+    # of the board prints one, N/A) and its sparse operation mode (`Disabled` on every Hopper
+    # capture; null: N/A, as every other board prints it). docs/nvidia-smi.md, "Gaps".
+    voltage_mv: Annotated[float, Field(gt=0, lt=2000)] | None = None
+    sparse_operation_mode: Literal["Disabled", "Enabled"] | None = None
     inforom: InfoRom
     nvlink: NvLink
     mig_capable: bool

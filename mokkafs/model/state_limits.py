@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 STATE_MAGIC = 0x4554415453414b4d
-STATE_VERSION = 13
+STATE_VERSION = 14
 MAX_GPUS = 64
 CPU_WORDS = 16  # 1024 CPUs, what NVML's CPU masks carry
 MAX_NVLINKS = 18

@@ -86,6 +86,10 @@
  * events (a GPU's driver unbound or bound, nvmlSystemEventSetWait) share the event ring, their
  * type marked MOKKA_EVENT_SYSTEM so that no device event set matches one.
  *
+ * Board readings without an NVML getter (version 14): each GPU record carries the graphics
+ * voltage and the sparse operation mode its board reports (nvidia-smi -q's Voltage and Sparse
+ * Operation Mode, which the real tool reads through the driver's private table).
+ *
  * Restart: a daemon that finds a valid file of this version rewrites it in
  * place and continues `event_head`/`event_wake`, so consumers that hold the
  * mapping across a daemon restart keep working.
@@ -115,7 +119,7 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/daemon/shm/layout.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 13
+#define MOKKA_STATE_VERSION 14
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_CPU_WORDS 16         /* 1024 CPUs, what NVML's CPU masks carry */
 #define MOKKA_MAX_NVLINKS 18
@@ -387,6 +391,10 @@ struct mokka_gpu {
                                                 sync boost, SW thermal, HW thermal, HW power brake */
     uint32_t c2c_mode;         /* 0: no C2C link (before Hopper), 1: disabled, 2: enabled (Grace) */
     uint32_t row_remap_banks;  /* DRAM banks with spare rows (the histogram's); 0: not known */
+    /* what nvidia-smi -q prints that NVML has no getter for (version 14) */
+    uint32_t voltage_uv;       /* graphics voltage, microvolts; 0: the board reports none (N/A) */
+    uint32_t pad5;
+    char sparse_operation_mode[16]; /* "Disabled"; "": the board has none (N/A) */
 };
 
 /* One process's accounting on one GPU (nvmlAccountingStats_t), kept after it exits. */

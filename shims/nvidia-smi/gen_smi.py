@@ -33,7 +33,7 @@ BRANCHES = [470, 525, 535, 550]  # the Debian-shipped branches recorded by recor
 BETWEEN = {555: "nvidia-smi-q.a100-80gb.555.42.02.txt", 565: "nvidia-smi-q.h100.565.57.01.txt"}
 
 FIELDS_FILE = HERE / "fields.yaml"
-FIELD_COLUMNS = {"also", "unit", "get", "deprecated_from", "na_before", "na_in_mig", "na_plain", "unit_joined", "q", "x",
+FIELD_COLUMNS = {"also", "unit", "get", "deprecated_from", "na_before", "na_from", "na_in_mig", "na_plain", "unit_joined", "q", "x",
                  "suffix", "profile"}
 
 
@@ -345,6 +345,8 @@ def dispatch(keys: dict[str, int]) -> str:
             body.append(f"if (g_branch >= {int(row['deprecated_from'])})\n            return V_DEPRECATED;")
         if "na_before" in row:
             body.append(f"if (g_branch < {int(row['na_before'])})\n            return V_NA;")
+        if "na_from" in row:
+            body.append(f"if (g_branch >= {int(row['na_from'])})\n            return V_NA;")
         if row.get("na_in_mig"):
             body.append("if (mig_enabled(d->index))\n            return V_NA;")
         if get is None and not body:

@@ -96,6 +96,8 @@ def fill_static(g, node: Node, i: int) -> None:
     g.pdi = ident.pdi
     g.c2c_mode = p.c2c_mode
     g.row_remap_banks = p.memory.row_remap_banks or 0
+    g.voltage_uv = round(p.voltage_mv * 1000) if p.voltage_mv is not None else 0
+    _put(g.sparse_operation_mode, p.sparse_operation_mode or "")
     g.has_row_remapper = int(node.has_row_remapper)
     g.has_fabric = int(p.fabric is not None)
     if p.fabric is not None:
