@@ -1,6 +1,7 @@
 """nvidia-smi (shims/nvidia-smi) against the real captures, GPUtil, bad input and a lost GPU."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from helpers_nvml import Published, consumer_env, nvml_path
 from mokkafs.model.events import SetProcesses
+from mokkafs.model.profiles import load_profile
 from helpers_smi import (CAPTURES, TEXT_H100, TEXT_L40S, XML_PROFILES, capture_section, element_paths, shape,
                          smi_binary)
 
@@ -376,6 +378,46 @@ def test_voltage_and_sparse_mode_by_branch(smi, tmp_path, profile, driver, spars
     assert (text[text.index("    Voltage") + 1].split(" : ")[1] if "    Voltage" in text else None) == text_volt
     found = re.search(r"<graphics_volt>(.*)</graphics_volt>", xml)
     assert (found and found.group(1)) == xml_volt
+
+
+@pytest.mark.parametrize("profile", XML_PROFILES)
+def test_supported_clocks_are_the_captures(smi, tmp_path, profile):
+    """-q -x's <supported_clocks> at the capture's driver is the capture's, byte for byte: every
+    memory clock with every graphics clock (7.5 MHz steps rounded down on Blackwell)."""
+    text = (CAPTURES / f"nvidia-smi-q-x.{profile}.xml").read_text()
+    driver = re.search(r"<driver_version>([^<]+)<", text).group(1)
+    block = lambda t: t[t.index("<supported_clocks>"):t.index("</supported_clocks>")]  # noqa: E731
+    p = Published(tmp_path, profile, 1, driver)
+    try:
+        ours = run(smi, p, "-q", "-x").stdout
+        section = run(smi, p, "-q", "-d", "SUPPORTED_CLOCKS").stdout.splitlines()
+    finally:
+        p.close()
+    assert block(ours) == block(text) and block(ours).count("<supported_graphics_clock>") > 80
+    # -q -d SUPPORTED_CLOCKS (from 570 no capture shows it: the 470-550 binaries' layout)
+    real = [(m, g) for m, g in re.findall(r"<value>(\d+ MHz)</value>((?:\s*<supported_graphics_clock>[^<]+<"
+                                          r"/supported_graphics_clock>)+)", block(text))]
+    body = section[section.index("    Supported Clocks"):]
+    assert [l.split(" : ")[1] for l in body if l.startswith("        Memory ")] == [m for m, _ in real]
+    assert [l.split(" : ")[1] for l in body if l.startswith("            Graphics ")] == \
+        [g for _, gs in real for g in re.findall(r"<supported_graphics_clock>([^<]+)<", gs)]
+
+
+def test_a_board_without_supported_clocks_prints_na(smi, tmp_path):
+    """A profile that lists no supported clocks: NVML answers NOT_SUPPORTED, and nvidia-smi prints
+    N/A where NVIDIA's binaries print it for such a board (their records: <supported_clocks>N/A)."""
+    data = load_profile("l40s").model_dump(mode="json")
+    data["clocks"]["supported"] = []
+    path = tmp_path / "bare.yaml"
+    path.write_text(json.dumps(data))
+    p = Published(tmp_path, str(path), 1, "550.163.01")
+    try:
+        xml = run(smi, p, "-q", "-x").stdout
+        text = run(smi, p, "-q", "-d", "SUPPORTED_CLOCKS").stdout
+    finally:
+        p.close()
+    assert "\t\t<supported_clocks>N/A</supported_clocks>\n" in xml
+    assert re.search(r"\n    Supported Clocks +: N/A\n", text)
 
 
 def test_loop_ms_repeats_rows_until_interrupted(smi, node):

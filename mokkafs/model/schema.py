@@ -19,6 +19,7 @@ from mokkafs.model import state_limits
 
 
 MAX_GPUS = state_limits.MAX_GPUS  # what the shared state holds
+MAX_MEM_CLOCKS, MAX_GRAPHICS_CLOCKS = state_limits.MAX_MEM_CLOCKS, state_limits.MAX_GRAPHICS_CLOCKS
 
 
 class ProfileError(ValueError):
@@ -125,6 +126,29 @@ class Power(_Strict):
         return self
 
 
+class SupportedClock(_Strict):
+    """One memory clock the board supports and the graphics clocks it allows with it: every
+    `graphics_step_mhz` from `graphics_max_mhz` down to `graphics_min_mhz` (-q -x's
+    <supported_mem_clock>)."""
+
+    memory_mhz: Annotated[int, Field(gt=0)]
+    graphics_max_mhz: Annotated[float, Field(gt=0)]  # 2062.5 on GB200: the list prints it 2062
+    graphics_min_mhz: Annotated[int, Field(gt=0)]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "SupportedClock":
+        if self.graphics_min_mhz > self.graphics_max_mhz:
+            raise ValueError("graphics_min_mhz must be at most graphics_max_mhz")
+        return self
+
+
+def graphics_clocks(entry: SupportedClock, step_mhz: float) -> list[int]:
+    """Every `step_mhz` from `entry`'s top graphics clock down to its lowest, each rounded down
+    to a whole MHz (a GB200's 2062.5, 2055, 2047.5 print 2062, 2055, 2047)."""
+    top, step, low = round(entry.graphics_max_mhz * 1000), round(step_mhz * 1000), entry.graphics_min_mhz * 1000
+    return [(top - k * step) // 1000 for k in range((top - low) // step + 1)]
+
+
 class Clocks(_Strict):
     """MHz. idle_* are what an idle board reports (P0 at rest); max_* the boost ceilings."""
 
@@ -136,6 +160,32 @@ class Clocks(_Strict):
     max_video: Annotated[int, Field(gt=0)]
     default_app_graphics: Annotated[int, Field(gt=0)]
     default_app_mem: Annotated[int, Field(gt=0)]
+    # The supported clocks (nvmlDeviceGetSupportedMemoryClocks/GraphicsClocks, -q -x's
+    # <supported_clocks>), highest memory clock first; empty: the board lists none (N/A). The
+    # graphics clocks are every step from the top (15 MHz; 7.5 on Blackwell, printed rounded down).
+    supported: tuple[SupportedClock, ...] = ()
+    graphics_step_mhz: Literal[15, 7.5] = 15
+
+    def graphics_clocks(self, entry: SupportedClock) -> list[int]:
+        """The graphics clocks `entry`'s memory clock allows, highest first, as NVML lists them."""
+        return graphics_clocks(entry, self.graphics_step_mhz)
+
+    @model_validator(mode="after")
+    def _supported(self) -> "Clocks":
+        mems = [e.memory_mhz for e in self.supported]
+        if mems != sorted(set(mems), reverse=True):
+            raise ValueError("clocks.supported: memory clocks are listed once each, highest first")
+        if len(mems) > MAX_MEM_CLOCKS:
+            raise ValueError(f"clocks.supported: at most {MAX_MEM_CLOCKS} memory clocks")
+        if self.supported and mems[0] != self.max_mem:
+            raise ValueError(f"clocks.supported: the first memory clock must be max_mem ({self.max_mem} MHz)")
+        for e in self.supported:
+            if len(self.graphics_clocks(e)) > MAX_GRAPHICS_CLOCKS:
+                raise ValueError(f"clocks.supported: {e.memory_mhz} MHz allows more than {MAX_GRAPHICS_CLOCKS} "
+                                 "graphics clocks")
+            if self.graphics_clocks(e)[0] > self.max_graphics:
+                raise ValueError(f"clocks.supported: {e.memory_mhz} MHz allows a graphics clock above max_graphics")
+        return self
 
     @model_validator(mode="after")
     def _below_the_ceilings(self) -> "Clocks":

@@ -73,7 +73,8 @@ for _name, _row in FACTS.items():
 
 
 # Leaves whose structure is rebuilt at run time (lists): their subtree is not copied.
-DYNAMIC = {"processes": "processes", "accounted_processes": "accounted_processes", "mig_devices": "mig_devices"}
+DYNAMIC = {"processes": "processes", "accounted_processes": "accounted_processes", "mig_devices": "mig_devices",
+           "supported_clocks": "supported_clocks"}
 
 
 def section(text: str, title: str) -> str:
@@ -134,7 +135,7 @@ def xml_skeleton(path: Path) -> tuple[str, list[tuple[int, int, str, str, str]]]
         seen_children: set[str] = set()
         for c in e:
             p = f"{prefix}{c.tag}"
-            if c.tag in seen_children:  # repeated list entries (supported clocks): keep one
+            if c.tag in seen_children:  # repeated list entries: keep one
                 continue
             seen_children.add(c.tag)
             if p in DYNAMIC:
@@ -175,8 +176,8 @@ def text_skeleton(text: str, record: bool = False) -> list[tuple[int, int, str, 
         del stack[depth:]
         path = "/".join(stack + [label])
         if leaf:
-            if path == "Processes":
-                rows.append((depth, 3, label, "processes", ""))
+            if path in ("Processes", "Supported Clocks"):  # lists (an N/A leaf in a record without them)
+                rows.append((depth, 3, label, "processes" if path == "Processes" else "supported_clocks", ""))
                 continue
             m = TEXT_MAP.get(path, "")
             key, suffix = m if isinstance(m, tuple) else (m, "")

@@ -202,6 +202,7 @@ enum key {
     K_processes = 194,
     K_accounted_processes = 195,
     K_mig_devices = 196,
+    K_supported_clocks = 197,
     K_COUNT
 };
 

@@ -279,6 +279,16 @@ def fill_mig_tables(st, node: Node) -> None:
             _put(rc.name, c.name + "\0")
 
 
+def fill_supported_clocks(st, node: Node) -> None:
+    """The board's supported clocks, as the model lists them, into the node-wide section."""
+    clocks = node.profile.clocks
+    st.supported_clock_count = len(clocks.supported)
+    for k, entry in enumerate(clocks.supported):
+        r, graphics = st.supported_clocks[k], clocks.graphics_clocks(entry)
+        r.memory_mhz, r.graphics_count = entry.memory_mhz, len(graphics)
+        r.graphics_mhz[0:len(graphics)] = graphics
+
+
 def fill_accounting(a, node: Node, i: int) -> None:
     """Write GPU `i`'s accounting records, oldest first, into the cffi struct `a`."""
     records = list(node.accounting[i].values())[-ACCOUNTING_RECORDS:]
@@ -564,6 +574,7 @@ class Publisher:
             _put(st.hostname, cfg.hostname + "\0")
             if only is None:  # static: every full publish (a new or repaired file gets one first)
                 fill_mig_tables(st, node)
+                fill_supported_clocks(st, node)
         if len(whole) == count:
             ffi.memmove(st.gpus, scratch, rec * count)
         else:
