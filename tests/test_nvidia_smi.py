@@ -420,6 +420,41 @@ def test_a_board_without_supported_clocks_prints_na(smi, tmp_path):
     assert re.search(r"\n    Supported Clocks +: N/A\n", text)
 
 
+CUDA_PROBE = """
+import ctypes, json, os
+nvml = ctypes.CDLL("libnvidia-ml.so.1"); assert nvml.nvmlInit_v2() == 0
+cu = ctypes.CDLL(os.environ["MOKKA_CUDA_LIB"]); assert cu.cuInit(0) == 0
+a, b = ctypes.c_int(), ctypes.c_int()
+v = ctypes.create_string_buffer(80)
+nvml.nvmlSystemGetCudaDriverVersion(ctypes.byref(a)); cu.cuDriverGetVersion(ctypes.byref(b))
+nvml.nvmlSystemGetNVMLVersion(v, 80)
+print(json.dumps([a.value, b.value, v.value.decode()]))
+"""
+
+
+@pytest.mark.parametrize("driver,cuda", [("535.261.03", "12.2"), ("550.54.15", "12.4"), ("565.57.01", "12.7"),
+                                         ("575.57.08", "12.9"), ("590.48.01", "13.1"), ("595.80", "13.2")])
+def test_the_cuda_version_follows_the_driver(smi, tmp_path, driver, cuda):
+    """A node mounted at a driver version without a CUDA version reports that branch's CUDA on
+    every surface: the table's header, -q, -q -x, NVML (version and NVML version's major), libcuda."""
+    from mokkafs.render import native
+
+    p = Published(tmp_path, "h100", 1, driver)
+    try:
+        table = run(smi, p).stdout
+        query = run(smi, p, "-q").stdout
+        xml = run(smi, p, "-q", "-x").stdout
+        env = consumer_env(p.path) | {"MOKKA_CUDA_LIB": str(native.cuda_library())}
+        probe = subprocess.run([sys.executable, "-c", CUDA_PROBE], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        p.close()
+    assert re.search(rf"Driver Version: {re.escape(driver)} +CUDA Version: {re.escape(cuda)} ", table)
+    assert re.search(rf"\nCUDA Version +: {re.escape(cuda)}\n", query)
+    assert f"<cuda_version>{cuda}</cuda_version>" in xml
+    major, minor = (int(x) for x in cuda.split("."))
+    assert json.loads(probe.stdout) == [major * 1000 + minor * 10] * 2 + [f"{major}.{driver}"], probe.stderr
+
+
 def test_loop_ms_repeats_rows_until_interrupted(smi, node):
     p = subprocess.Popen([str(smi), "--query-gpu=index", "--format=csv,noheader", "-i", "0", "-lms", "20"],
                          env=consumer_env(node.path), stdout=subprocess.PIPE, text=True)

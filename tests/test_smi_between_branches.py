@@ -88,7 +88,7 @@ def masked(lines: list[str], ours: bool) -> list[str]:
 
 @pytest.fixture(scope="module")
 def node_565(tmp_path_factory):
-    p = Published(tmp_path_factory.mktemp("n565"), "h100", 8, "565.57.01", "12.7")
+    p = Published(tmp_path_factory.mktemp("n565"), "h100", 8, "565.57.01")  # CUDA 12.7: the branch's
     yield p
     p.close()
 

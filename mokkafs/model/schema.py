@@ -43,6 +43,29 @@ def driver_branch(version: str) -> int:
     return int(version.split(".", 1)[0])
 
 
+# The CUDA version each driver branch reports (nvmlSystemGetCudaDriverVersion, cuDriverGetVersion,
+# nvidia-smi's "CUDA Version"): the real captures where there is one (535 12.2, 550 12.4, 555
+# 12.5, 565 12.7, 570 12.8, 580 13.0, 590 13.1, 595 13.2), else the CUDA toolkit release notes'
+# table of the minimum driver of each CUDA release (560 12.6, 575 12.9, ...). A branch between two
+# reports what the newest listed one not above it does (docs/profiles.md, "Driver and CUDA").
+CUDA_OF_BRANCH = {
+    410: "10.0", 418: "10.1", 440: "10.2", 450: "11.0", 455: "11.1", 460: "11.2", 465: "11.3", 470: "11.4",
+    495: "11.5", 510: "11.6", 515: "11.7", 520: "11.8", 525: "12.0", 530: "12.1", 535: "12.2", 545: "12.3",
+    550: "12.4", 555: "12.5", 560: "12.6", 565: "12.7", 570: "12.8", 575: "12.9", 580: "13.0", 590: "13.1",
+    595: "13.2",
+}
+
+
+def cuda_of_driver(driver_version: str) -> str:
+    """The CUDA version a driver reports, by its branch (CUDA_OF_BRANCH)."""
+    branch = driver_branch(driver_version)
+    known = [b for b in CUDA_OF_BRANCH if b <= branch]
+    if not known:
+        raise ProfileError(f"driver {driver_version}: no CUDA version is known for a branch before "
+                           f"R{min(CUDA_OF_BRANCH)}")
+    return CUDA_OF_BRANCH[max(known)]
+
+
 def check_driver_drives(profile: "GpuProfile", driver_version: str) -> None:
     """Refuse a driver branch older than the first that drives the profile's architecture."""
     first = FIRST_BRANCH[profile.architecture]
