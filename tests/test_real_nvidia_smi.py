@@ -234,8 +234,6 @@ KNOWN_XML = {
     "gpu_module_id": ((470, 525), "470 and 525 print N/A where 535 and ours print nvmlDeviceGetModuleId"),
     "gsp_firmware_version": ((470,), "470 has no GSP firmware to report"),
     "used": ((470,), "470 counts reserved memory as used (nvmlMemory_t v1)"),
-    "graphics_volt": (None, "NVIDIA's binaries ask export entry 209 (untraced: N/A); ours prints the profile's"),
-    "sparse_operation_mode": (None, "NVIDIA's binaries ask export entry 249 (untraced: N/A); ours prints the profile's"),
 }
 XML_VARYING = ("timestamp", "power_draw", "temp", "clock", "util", "used", "free", "_volt", "energy")
 
