@@ -344,6 +344,17 @@ def test_bad_supported_clocks_are_refused_with_the_rule(tmp_path, entries, words
     assert str(path) in str(e.value) and "clocks" in str(e.value) and words in str(e.value)
 
 
+@pytest.mark.parametrize("line, key", [("voltage_mv: -5", "voltage_mv"), ("voltage_mv: 5000", "voltage_mv"),
+                                       ("sparse_operation_mode: Maybe", "sparse_operation_mode")])
+def test_a_bad_voltage_or_sparse_mode_names_the_key(tmp_path, line, key):
+    text = _valid_yaml()
+    start = text.index(f"\n{key}:") + 1
+    path = _write(tmp_path, text[:start] + line + text[text.index("\n", start):])
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    assert str(path) in str(e.value) and key in str(e.value)
+
+
 def test_an_unknown_fabric_health_value_is_refused(tmp_path):
     text = _valid_yaml().replace("  cluster_uuid: 00000000-0000-0000-0000-000000000000",
                                  "  cluster_uuid: 00000000-0000-0000-0000-000000000000\n  health:\n    summary: Fine", 1)
