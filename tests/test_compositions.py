@@ -445,3 +445,26 @@ def test_a_profile_that_does_not_fit_its_own_composition_does_not_load(tmp_path)
     data["node"]["nvswitches"] = 2  # the node: format is held to the same rules
     with pytest.raises(ProfileError, match=r"composition t4-node has 2 NVSwitches, but t4"):
         load_profile_file(Path(write(tmp_path, "t4", data)))
+
+
+def test_a_driver_given_alone_brings_its_branchs_cuda_version():
+    """--driver-version without --cuda-version: the branch's CUDA version (docs/profiles.md,
+    "Driver and CUDA"); with one, that one; neither, the composition's own pair."""
+    h100 = load_profile("h100")
+    assert compose(h100).cuda_version == "13.0"
+    assert compose(h100, driver_version="550.163.01").cuda_version == "12.4"
+    assert compose(h100, driver_version="565.57.01").cuda_version == "12.7"
+    assert compose(h100, driver_version="585.1.2").cuda_version == "13.0"  # between listed branches
+    assert compose(h100, driver_version="565.57.01", cuda_version="12.6").cuda_version == "12.6"
+
+
+def test_every_shipped_driver_and_cuda_pair_is_the_branch_table():
+    """The compositions and profiles pin a driver with its CUDA version: each pair is the one the
+    model computes from the driver, so a node reports the same CUDA whichever way it is made."""
+    from mokkafs.model.schema import cuda_of_driver
+
+    pairs = [(c, load_composition(c)) for c in available_compositions()]
+    pairs += [(p, load_profile(p).default_composition()) for p in available_profiles()]
+    wrong = [(name, c.driver_version, c.cuda_version) for name, c in pairs
+             if c.cuda_version != cuda_of_driver(c.driver_version)]
+    assert not wrong

@@ -275,8 +275,12 @@ def test_ecc_remap_nvlink_and_throttle_counters_follow_the_model():
     assert series(body, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") == {"0": 0, "1": 1}
     assert series(body, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS") == {"0": 0, "1": 1}
     assert series(body, "DCGM_FI_DEV_XID_ERRORS") == {"0": 0, "1": 48}
-    assert series(body, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL") == {"0": 4, "1": 0}
-    assert series(body, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL") == {"0": 4, "1": 0}
+    # 4.8.4's counter file names DCGM 4.6's fields (fixtures/dcgm-exporter/README.md), not ..._ERROR_COUNT_TOTAL
+    assert series(body, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL") == {"0": 4, "1": 0}
+    assert series(body, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL") == {"0": 4, "1": 0}
+    assert series(body, "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL") == {"0": 0, "1": 0}
+    assert series(body, "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL") == {"0": 0, "1": 0}
+    assert b"_ERROR_COUNT_TOTAL" not in body
     mask = node.readings(0, 1001.0).throttle_mask
     assert mask & 0x40  # nvmlClocksEventReasonHwThermalSlowdown
     assert series(body, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")["0"] == mask

@@ -1,6 +1,7 @@
 """nvidia-smi (shims/nvidia-smi) against the real captures, GPUtil, bad input and a lost GPU."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from helpers_nvml import Published, consumer_env, nvml_path
 from mokkafs.model.events import SetProcesses
+from mokkafs.model.profiles import load_profile
 from helpers_smi import (CAPTURES, TEXT_H100, TEXT_L40S, XML_PROFILES, capture_section, element_paths, shape,
                          smi_binary)
 
@@ -326,6 +328,131 @@ def test_remap_histogram_of_the_text_boards(smi, tmp_path, profile, capture):
     hist = lambda lines: [l.split(" : ")[1] for l in lines[lines.index(  # noqa: E731
         next(l for l in lines if l.strip() == "Bank Remap Availability Histogram")) + 1:][:5]]
     assert hist(ours) == hist(real) and hist(ours)[0].endswith(" bank(s)")
+
+
+VOLTAGE_BOARDS = [("h100-nvl", "nvidia-smi-q.h100-nvl.550.54.14.txt", "550.54.14"),
+                  ("a100-80gb", "nvidia-smi-q.a100-80gb.555.42.02.txt", "555.42.02"),
+                  ("l4", "nvidia-smi-q.l4.550.90.07.txt", "550.90.07"),
+                  ("a10g", "nvidia-smi-q.a10g.535.247.01.txt", "535.247.01"),
+                  ("h100", "nvidia-smi-q.h100.565.57.01.txt", "565.57.01")]
+
+
+@pytest.mark.parametrize("profile,capture,driver", VOLTAGE_BOARDS, ids=[b[0] for b in VOLTAGE_BOARDS])
+def test_voltage_and_sparse_mode_as_the_text_captures(smi, tmp_path, profile, capture, driver):
+    """-q's Sparse Operation Mode and Voltage/Graphics (values NVML has no getter for) are the
+    board's, as its real -q at that driver prints them (GPU 0's voltage), in -q -d VOLTAGE too."""
+    p = Published(tmp_path, profile, 1, driver)
+    try:
+        ours = run(smi, p, "-q").stdout.splitlines()
+        section = run(smi, p, "-q", "-d", "VOLTAGE").stdout.splitlines()
+    finally:
+        p.close()
+    real = (CAPTURES / capture).read_text().splitlines()
+    pick = lambda lines: [lines[i + k] for i, l in enumerate(lines)  # noqa: E731
+                          if l.strip() in ("Sparse Operation Mode", "Voltage") or l.startswith("    Sparse Operation Mode")
+                          for k in ((0,) if "Sparse" in l else (0, 1))][:3]
+    assert pick(ours) == pick(real)
+    assert pick(ours)[2].endswith(" mV") and pick(section) == pick(ours)[1:]
+
+
+@pytest.mark.parametrize("profile,driver,sparse,text_volt,xml_volt", [
+    ("h100", "565.57.01", "Disabled", "685.000 mV", "685.000 mV"),  # the 565 capture's GPU 0
+    # 570: -q is the 590 capture's (no Voltage); -q -x the board's capture (H100: 580's, no voltage)
+    # or, without one, the A100's 570 capture, whose voltage is N/A: the 80GB A100 has a value at 555
+    ("h100", "570.124.06", "Disabled", None, None),
+    ("a100-80gb", "570.148.08", "N/A", None, "N/A"),
+    ("h100", "590.48.01", "Disabled", None, None),                  # no Voltage from 580 (the captures)
+    ("h200", "550.90.12", "Disabled", "N/A", "N/A"),                # Hopper's mode; no capture of its voltage
+    ("l40s", "550.127.05", "N/A", "875.000 mV", "875.000 mV"),      # a real L40S -q at 550.127.05
+    ("t4", "595.91.07", "N/A", None, None),
+])
+def test_voltage_and_sparse_mode_by_branch(smi, tmp_path, profile, driver, sparse, text_volt, xml_volt):
+    p = Published(tmp_path, profile, 1, driver)
+    try:
+        text = run(smi, p, "-q").stdout.splitlines()
+        xml = run(smi, p, "-q", "-x").stdout
+    finally:
+        p.close()
+    assert next(l for l in text if "Sparse Operation Mode" in l).split(" : ")[1] == sparse
+    assert f"<sparse_operation_mode>{sparse}</sparse_operation_mode>" in xml
+    assert (text[text.index("    Voltage") + 1].split(" : ")[1] if "    Voltage" in text else None) == text_volt
+    found = re.search(r"<graphics_volt>(.*)</graphics_volt>", xml)
+    assert (found and found.group(1)) == xml_volt
+
+
+@pytest.mark.parametrize("profile", XML_PROFILES)
+def test_supported_clocks_are_the_captures(smi, tmp_path, profile):
+    """-q -x's <supported_clocks> at the capture's driver is the capture's, byte for byte: every
+    memory clock with every graphics clock (7.5 MHz steps rounded down on Blackwell)."""
+    text = (CAPTURES / f"nvidia-smi-q-x.{profile}.xml").read_text()
+    driver = re.search(r"<driver_version>([^<]+)<", text).group(1)
+    block = lambda t: t[t.index("<supported_clocks>"):t.index("</supported_clocks>")]  # noqa: E731
+    p = Published(tmp_path, profile, 1, driver)
+    try:
+        ours = run(smi, p, "-q", "-x").stdout
+        section = run(smi, p, "-q", "-d", "SUPPORTED_CLOCKS").stdout.splitlines()
+    finally:
+        p.close()
+    assert block(ours) == block(text) and block(ours).count("<supported_graphics_clock>") > 80
+    # -q -d SUPPORTED_CLOCKS (from 570 no capture shows it: the 470-550 binaries' layout)
+    real = [(m, g) for m, g in re.findall(r"<value>(\d+ MHz)</value>((?:\s*<supported_graphics_clock>[^<]+<"
+                                          r"/supported_graphics_clock>)+)", block(text))]
+    body = section[section.index("    Supported Clocks"):]
+    assert [l.split(" : ")[1] for l in body if l.startswith("        Memory ")] == [m for m, _ in real]
+    assert [l.split(" : ")[1] for l in body if l.startswith("            Graphics ")] == \
+        [g for _, gs in real for g in re.findall(r"<supported_graphics_clock>([^<]+)<", gs)]
+
+
+def test_a_board_without_supported_clocks_prints_na(smi, tmp_path):
+    """A profile that lists no supported clocks: NVML answers NOT_SUPPORTED, and nvidia-smi prints
+    N/A where NVIDIA's binaries print it for such a board (their records: <supported_clocks>N/A)."""
+    data = load_profile("l40s").model_dump(mode="json")
+    data["clocks"]["supported"] = []
+    path = tmp_path / "bare.yaml"
+    path.write_text(json.dumps(data))
+    p = Published(tmp_path, str(path), 1, "550.163.01")
+    try:
+        xml = run(smi, p, "-q", "-x").stdout
+        text = run(smi, p, "-q", "-d", "SUPPORTED_CLOCKS").stdout
+    finally:
+        p.close()
+    assert "\t\t<supported_clocks>N/A</supported_clocks>\n" in xml
+    assert re.search(r"\n    Supported Clocks +: N/A\n", text)
+
+
+CUDA_PROBE = """
+import ctypes, json, os
+nvml = ctypes.CDLL("libnvidia-ml.so.1"); assert nvml.nvmlInit_v2() == 0
+cu = ctypes.CDLL(os.environ["MOKKA_CUDA_LIB"]); assert cu.cuInit(0) == 0
+a, b = ctypes.c_int(), ctypes.c_int()
+v = ctypes.create_string_buffer(80)
+nvml.nvmlSystemGetCudaDriverVersion(ctypes.byref(a)); cu.cuDriverGetVersion(ctypes.byref(b))
+nvml.nvmlSystemGetNVMLVersion(v, 80)
+print(json.dumps([a.value, b.value, v.value.decode()]))
+"""
+
+
+@pytest.mark.parametrize("driver,cuda", [("535.261.03", "12.2"), ("550.54.15", "12.4"), ("565.57.01", "12.7"),
+                                         ("575.57.08", "12.9"), ("590.48.01", "13.1"), ("595.80", "13.2")])
+def test_the_cuda_version_follows_the_driver(smi, tmp_path, driver, cuda):
+    """A node mounted at a driver version without a CUDA version reports that branch's CUDA on
+    every surface: the table's header, -q, -q -x, NVML (version and NVML version's major), libcuda."""
+    from mokkafs.render import native
+
+    p = Published(tmp_path, "h100", 1, driver)
+    try:
+        table = run(smi, p).stdout
+        query = run(smi, p, "-q").stdout
+        xml = run(smi, p, "-q", "-x").stdout
+        env = consumer_env(p.path) | {"MOKKA_CUDA_LIB": str(native.cuda_library())}
+        probe = subprocess.run([sys.executable, "-c", CUDA_PROBE], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        p.close()
+    assert re.search(rf"Driver Version: {re.escape(driver)} +CUDA Version: {re.escape(cuda)} ", table)
+    assert re.search(rf"\nCUDA Version +: {re.escape(cuda)}\n", query)
+    assert f"<cuda_version>{cuda}</cuda_version>" in xml
+    major, minor = (int(x) for x in cuda.split("."))
+    assert json.loads(probe.stdout) == [major * 1000 + minor * 10] * 2 + [f"{major}.{driver}"], probe.stderr
 
 
 def test_loop_ms_repeats_rows_until_interrupted(smi, node):

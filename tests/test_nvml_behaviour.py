@@ -255,6 +255,34 @@ def test_pci_class_and_gsp_firmware(nvml, published):
     assert (enabled.value, default.value) == (1, 1)
 
 
+def test_supported_clocks_as_the_board_lists_them(nvml, published):
+    """nvmlDeviceGetSupportedMemoryClocks / GetSupportedGraphicsClocks: the H100 capture's lists
+    (2619 and 1593 MHz memory, each with 1980 down to 345 MHz by 15), nvml.h's size protocol."""
+    import xml.etree.ElementTree as ET
+
+    from helpers_smi import CAPTURES
+
+    real = ET.parse(CAPTURES / "nvidia-smi-q-x.h100.xml").getroot().find("gpu/supported_clocks")
+    want = {int(m.findtext("value").split()[0]): [int(c.text.split()[0]) for c in m.findall("supported_graphics_clock")]
+            for m in real.findall("supported_mem_clock")}
+    assert nvml.nvmlInit_v2() == SUCCESS
+    h, n = handle(nvml, 1), C.c_uint(1)
+    mems = (C.c_uint * 8)()
+    assert nvml.nvmlDeviceGetSupportedMemoryClocks(h, C.byref(n), mems) == INSUFFICIENT_SIZE and n.value == 2
+    assert nvml.nvmlDeviceGetSupportedMemoryClocks(h, None, mems) == INVALID_ARGUMENT
+    n.value = 8
+    assert nvml.nvmlDeviceGetSupportedMemoryClocks(h, C.byref(n), mems) == SUCCESS
+    assert list(mems[:n.value]) == list(want) == [2619, 1593]
+    for mem, graphics in want.items():
+        gr, n.value = (C.c_uint * 512)(), 0
+        assert nvml.nvmlDeviceGetSupportedGraphicsClocks(h, mem, C.byref(n), gr) == INSUFFICIENT_SIZE
+        assert n.value == len(graphics) == 110
+        assert nvml.nvmlDeviceGetSupportedGraphicsClocks(h, mem, C.byref(n), gr) == SUCCESS
+        assert list(gr[:n.value]) == graphics
+    n.value = 512
+    assert nvml.nvmlDeviceGetSupportedGraphicsClocks(h, 2600, C.byref(n), (C.c_uint * 512)()) == NOT_FOUND
+
+
 def test_a_writer_that_died_mid_publish_costs_one_wait_not_one_per_call(nvml, published):
     """A daemon killed between the two seq increments leaves seq odd forever, the record it was
     writing half-written. The first read waits a bounded time; then every read answers UNKNOWN

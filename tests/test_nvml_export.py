@@ -159,6 +159,28 @@ def test_the_525_table_has_the_tlimit_margin_at_237(nvml, node):
     assert margin.value == st.temp_tlimit - st.temp_gpu
 
 
+@pytest.mark.parametrize("profile,driver,sparse_entry,volt,sparse", [
+    ("h100", "550.163.01", 249, 685000, 0), ("h100", "535.261.03", 243, 685000, 0),
+    ("a100-80gb", "470.256.02", None, 706250, None), ("l40s", "550.163.01", 249, 875000, None),
+    ("t4", "550.163.01", 249, None, None)])
+def test_voltage_and_sparse_mode_entries(nvml, node, profile, driver, sparse_entry, volt, sparse):
+    """Entry 209 answers the board's graphics voltage in microvolts (every traced branch), 243 in
+    535 and 249 in 550 its sparse operation mode (0 Disabled); a board without one NOT_SUPPORTED."""
+    node(profile, driver)
+    assert nvml.nvmlInit_v2() == SUCCESS
+    words, h0, v = table(nvml), handle(nvml, 0), C.c_uint(7)
+    voltage = entry(words, 209, C.c_void_p, C.POINTER(C.c_uint), C.c_uint)
+    assert voltage(h0, C.byref(v), 1) == (NOT_SUPPORTED if volt is None else SUCCESS)
+    assert volt is None or v.value == volt
+    assert voltage(h0, None, 1) == INVALID_ARGUMENT
+    assert voltage(C.c_void_p(h0.value + 1), C.byref(v), 1) == INVALID_ARGUMENT
+    if sparse_entry is None:
+        return
+    mode = entry(words, sparse_entry, C.c_void_p, C.POINTER(C.c_uint))
+    assert mode(h0, C.byref(v)) == (NOT_SUPPORTED if sparse is None else SUCCESS)
+    assert sparse is None or v.value == sparse
+
+
 def test_the_525_process_element_has_no_protected_memory_word(nvml, node):
     pub = node("h100", "525.147.05")
     pub.apply(SetProcesses(gpu=0, processes=((os.getpid(), 5 << 20),)))

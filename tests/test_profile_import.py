@@ -127,6 +127,18 @@ def test_the_text_captures_give_compute_capability_and_nvlink():
     assert any("vbios_version '95.02.66.00.02'" in n for n in imp.notes)
 
 
+@pytest.mark.parametrize("board,volt,sparse,read", [("a10g", 956.25, None, True), ("h100-nvl", 705.0, "Disabled", True),
+                                                   ("a100-80gb", 706.25, None, True), ("h100", 685.0, "Disabled", False)])
+def test_voltage_and_sparse_mode_are_read_where_the_capture_prints_them(board, volt, sparse, read):
+    """Text captures (535-555) print the graphics voltage; a 580 -q -x prints none, so it is
+    filled from the shipped board. The sparse mode is read as printed, N/A as null."""
+    imp, profile, _ = imported(board, fill=board)
+    assert (profile.voltage_mv, profile.sparse_operation_mode) == (volt, sparse)
+    assert ("voltage_mv" in imp.filled) != read and "sparse_operation_mode" not in imp.filled
+    if read:
+        assert imp.origin["voltage_mv"] == "-q 'Voltage/Graphics'"
+
+
 def test_a_topo_of_another_node_is_not_used_for_the_node():
     """The H100 text capture is a one-GPU VM; the XML an 8-GPU HGX: its NUMA and NICs are not this node's."""
     imp, profile, _ = imported("h100", fill="h100")

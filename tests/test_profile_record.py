@@ -19,7 +19,7 @@ from conftest import MountedNode, force_unmount, mokka_cmd
 from helpers_nvml import consumer_env
 from mokkafs.model.identity import compose
 from mokkafs.cli.profile_record import Gpu, NodeFacts, RecordRefused, composition_of
-from mokkafs.model.schema import Composition, legacy_node
+from mokkafs.model.schema import Composition, driver_branch, legacy_node
 from mokkafs.model.profiles import available_profiles, load_composition_file, load_profile
 
 pytestmark = pytest.mark.level("tools")
@@ -152,8 +152,11 @@ def test_recording_a_node_and_mounting_it_gives_the_node_back(board, tmp_path):
     # What no live surface shows: the temperature under full load, how many boards fit one node
     # (a form-factor fact), the MIG tables (reading the compute-instance profiles needs a GPU
     # instance, which only a write could create), the count of NVSwitches that are not on this
-    # host's PCI bus (HGX B200's), and the bank count of a board without a row remapper.
+    # host's PCI bus (HGX B200's), the bank count of a board without a row remapper, and the
+    # voltage where -q -x prints none (no Voltage from 580, N/A at 570, N/A on a board without one).
+    no_voltage = shipped.voltage_mv is None or driver_branch(shipped.node.driver_version) >= 570
     assert filled == {"thermal.max_load_c", "max_gpus_per_node"} | ({"mig"} if shipped.mig else set()) | \
+        ({"voltage_mv"} if no_voltage else set()) | \
         ({"memory.row_remap_banks"} if shipped.memory.row_remap_banks is None else set()) | \
         ({"node.nvswitches"} if shipped.node.nvswitches and shipped.node.nvswitch_device_id is None else set())
     recorded = load_profile(str(out))
@@ -384,7 +387,8 @@ def test_recording_through_nvidias_own_nvidia_smi(tmp_path):
     assert r.returncode == 0, r.stderr
     recorded, shipped = load_profile(str(out)).model_dump(), load_profile("h100").model_dump()
     assert recorded["node"].pop("driver_version") == driver and recorded["node"].pop("gpus") == 2
-    del shipped["node"]["driver_version"], shipped["node"]["gpus"]
+    assert recorded["node"].pop("cuda_version") == "12.4"  # the 550 branch's, not the composition's 13.0
+    del shipped["node"]["driver_version"], shipped["node"]["gpus"], shipped["node"]["cuda_version"]
     del shipped["composition"], recorded["composition"]  # a `node:` section against a named composition
     shipped["addressing_mode"] = as_the_driver_says(load_profile("h100"), driver)
     assert recorded == shipped

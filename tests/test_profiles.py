@@ -342,6 +342,39 @@ def test_a_bad_fabric_names_the_key(tmp_path, bad, key):
     assert str(path) in str(e.value) and key in str(e.value)
 
 
+@pytest.mark.parametrize("entries, words", [
+    ("[{memory_mhz: 1593, graphics_max_mhz: 1980, graphics_min_mhz: 345}, "
+     "{memory_mhz: 2619, graphics_max_mhz: 1980, graphics_min_mhz: 345}]", "highest first"),
+    ("[{memory_mhz: 1593, graphics_max_mhz: 1980, graphics_min_mhz: 345}]", "must be max_mem"),
+    ("[{memory_mhz: 2619, graphics_max_mhz: 2100, graphics_min_mhz: 345}]", "above max_graphics"),
+    ("[{memory_mhz: 2619, graphics_max_mhz: 1980, graphics_min_mhz: 3450}]", "at most graphics_max_mhz"),
+    ("[{memory_mhz: 2619, graphics_max_mhz: 1980, graphics_min_mhz: 345}]\n  graphics_step_mhz: 5",
+     "clocks.graphics_step_mhz"),
+])
+def test_bad_supported_clocks_are_refused_with_the_rule(tmp_path, entries, words):
+    """clocks.supported lists what NVML will answer: memory clocks once each, highest (max_mem)
+    first, graphics clocks within max_graphics and within what the shared state holds."""
+    text = _valid_yaml()
+    assert "\n  supported:" in text
+    start = text.index("\n  supported:") + 1
+    end = text.index("\n", text.index("\n    - {memory_mhz: 1593", start) + 1)
+    path = _write(tmp_path, text[:start] + f"  supported: {entries}" + text[end:])
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    assert str(path) in str(e.value) and "clocks" in str(e.value) and words in str(e.value)
+
+
+@pytest.mark.parametrize("line, key", [("voltage_mv: -5", "voltage_mv"), ("voltage_mv: 5000", "voltage_mv"),
+                                       ("sparse_operation_mode: Maybe", "sparse_operation_mode")])
+def test_a_bad_voltage_or_sparse_mode_names_the_key(tmp_path, line, key):
+    text = _valid_yaml()
+    start = text.index(f"\n{key}:") + 1
+    path = _write(tmp_path, text[:start] + line + text[text.index("\n", start):])
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(path))
+    assert str(path) in str(e.value) and key in str(e.value)
+
+
 def test_an_unknown_fabric_health_value_is_refused(tmp_path):
     text = _valid_yaml().replace("  cluster_uuid: 00000000-0000-0000-0000-000000000000",
                                  "  cluster_uuid: 00000000-0000-0000-0000-000000000000\n  health:\n    summary: Fine", 1)

@@ -280,6 +280,23 @@ def test_xml_values_equal_ours(node):
     assert not differences, f"nvidia-smi {node.branch} -q -x and ours differ:\n  " + "\n  ".join(differences)
 
 
+def test_supported_clocks_equal_ours(node):
+    """The supported clocks NVML lists, as NVIDIA's binary prints them and ours: -q -x's
+    <supported_clocks>, -q -d SUPPORTED_CLOCKS and --query-supported-clocks (every field, by name
+    and alias, with and without units), line for line."""
+    xml = lambda text: text[text.index("<supported_clocks>"):text.index("</supported_clocks>")]  # noqa: E731
+    assert xml(ok(node.real("-q", "-x"))) == xml(ok(node.ours("-q", "-x")))
+    section = lambda text: text[text.index("    Supported Clocks"):]  # noqa: E731
+    real, ours = ok(node.real("-q", "-d", "SUPPORTED_CLOCKS")), ok(node.ours("-q", "-d", "SUPPORTED_CLOCKS"))
+    assert section(real) == section(ours) and section(ours).count("Graphics") > 80
+    for fields in ("gpu_name,gpu_bus_id,gpu_serial,gpu_uuid,memory,graphics", "gr,mem"):
+        for fmt in ("csv", "csv,noheader,nounits", "csv,nounits"):
+            args = (f"--query-supported-clocks={fields}", f"--format={fmt}")
+            assert ok(node.real(*args)) == ok(node.ours(*args))
+    bad = ("--query-supported-clocks=memory,bogus", "--format=csv")
+    assert (node.real(*bad).stdout, node.real(*bad).returncode) == (node.ours(*bad).stdout, node.ours(*bad).returncode)
+
+
 PYNVML = """
 import json, pynvml
 pynvml.nvmlInit()

@@ -36,8 +36,6 @@ CANNOT = {
     "power_smoothing": "not a value: the capture's user lacked the permission ('Insufficient Permissions')",
     **{f"inforom_bbx_flush/{x}": "when the InfoROM black box last flushed: the model keeps no InfoROM log"
        for x in ("latest_timestamp", "latest_duration")},
-    "Sparse Operation Mode": "nvml.h has no getter for it: the tool reads it through its private table",
-    "sparse_operation_mode": "as Sparse Operation Mode",
     "pci/pci_gpu_link_info/pcie_gen/max_host_link_gen": "the host CPU's own PCIe generation (GB300's Grace: 4): "
                                                         "the model has the link's, not the host's",
 }

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from mokkafs.model.schema import (MAX_GPUS, Composition, GpuProfile, GpuSlot, ProfileError, check_driver_drives,
-                                  check_fits, control_character_problem, default_slots)
+                                  check_fits, control_character_problem, cuda_of_driver, default_slots)
 from mokkafs.model.profiles import load_composition
 
 # A fixed namespace so UUIDs are stable across runs and machines for the same hostname/index.
@@ -152,10 +152,12 @@ def compose(
         slots = default_slots(count, numa, hca_count, base.pci_domain)
     driver = driver_version or base.driver_version
     check_driver_drives(profile, driver)
+    # A driver given without its CUDA version reports its branch's (the composition's pairs its own)
+    cuda = cuda_version or (cuda_of_driver(driver) if driver_version else base.cuda_version)
     # NVSwitches serve the whole baseboard; a node of fewer GPUs keeps them all.
     resolved = base.model_copy(update={
         "gpus": count, "driver_version": driver,
-        "cuda_version": cuda_version or base.cuda_version, "cpu": base.cpu.model_copy(update={"numa_nodes": numa}),
+        "cuda_version": cuda, "cpu": base.cpu.model_copy(update={"numa_nodes": numa}),
         "hcas": hca_count, "slots": slots,
     })
     config = NodeConfig(profile=profile, composition=resolved, hostname=hostname)

@@ -22,7 +22,7 @@ import yaml
 from pydantic import ValidationError
 
 from mokkafs.model.profiles import validation_problem
-from mokkafs.model.schema import GpuProfile
+from mokkafs.model.schema import GpuProfile, SupportedClock, graphics_clocks
 from mokkafs.model.smi_fields import BY_PROFILE, FIELDS, TEXT_TO_XML
 
 # Driver branches whose behaviour mokkafs models: from 470 (the oldest branch whose NVML export
@@ -45,6 +45,8 @@ class Gpu:
     bus_id: str
     values: dict[str, str] = field(default_factory=dict)
     origin: dict[str, str] = field(default_factory=dict)
+    # -q -x's <supported_clocks>: (memory clock, its graphics clocks) as listed; None: not given
+    supported_clocks: list[tuple[str, list[str]]] | None = None
 
     def get(self, path: str) -> str | None:
         return self.values.get(path)
@@ -109,6 +111,11 @@ def parse_xml(text: str, name: str, into: Captures) -> None:
                     gpu.origin[p] = f"-q -x <{p}>"
 
         walk(g, "")
+        clocks = g.find("supported_clocks")
+        if clocks is not None and len(clocks):
+            gpu.supported_clocks = [((m.findtext("value") or "").strip(),
+                                     [(c.text or "").strip() for c in m.findall("supported_graphics_clock")])
+                                    for m in clocks.findall("supported_mem_clock")]
         into.gpus.append(gpu)
 
 
@@ -455,6 +462,28 @@ def _num(v: str) -> float:
     return float(v.split()[0].rstrip("x%"))
 
 
+def _supported_clocks(listed: list[tuple[str, list[str]]], where: str) -> tuple[list[dict], float]:
+    """The profile's clocks.supported and graphics_step_mhz from -q -x's lists: each memory
+    clock's graphics clocks are every step (15 MHz; 7.5, printed rounded down, on Blackwell) from
+    the top down; a list that is not is refused."""
+    try:
+        rows = [(int(_num(m)), [int(_num(c)) for c in gr]) for m, gr in listed]
+    except (ValueError, IndexError):
+        raise ImportRefused(f"{where}: a clock that is not 'N MHz'") from None
+    for step in (15, 7.5):
+        out = []
+        for mem, gr in rows:
+            entry = next((e for top in (gr[0], gr[0] + 0.5) if gr
+                          for e in [SupportedClock(memory_mhz=mem, graphics_max_mhz=top, graphics_min_mhz=gr[-1])]
+                          if graphics_clocks(e, step) == gr), None)
+            if entry is None:
+                break
+            out.append({"memory_mhz": mem, "graphics_max_mhz": entry.graphics_max_mhz, "graphics_min_mhz": gr[-1]})
+        else:
+            return out, step
+    raise ImportRefused(f"{where}: the graphics clocks are not one step apart (15 or 7.5 MHz) from the top down")
+
+
 def _pair(v: str) -> tuple[int, int]:
     raw = int(v, 16)
     return raw >> 16, raw & 0xFFFF
@@ -484,6 +513,10 @@ OPTIONAL_REASONS = {
     "mig": "MIG tables come from nvidia-smi mig -lgip/-lgipp/-lcip, which this command does not read",
     "max_gpus_per_node": "a form-factor fact (an HGX baseboard's 8, a compute tray's 4) that no capture prints",
     "memory.row_remap_banks": "the capture has no row remapper histogram (no row remapper, or an older driver)",
+    "voltage_mv": "the capture prints no graphics voltage (N/A from 570, no Voltage section from 580)",
+    "sparse_operation_mode": "the capture has no Sparse Operation Mode (before 535)",
+    "clocks.supported": "only -q -x (and -q -d SUPPORTED_CLOCKS) lists the supported clocks",
+    "clocks.graphics_step_mhz": "as clocks.supported",
 }
 
 
@@ -592,6 +625,10 @@ def build(caps: Captures, driver_override: str | None = None, fill_board: tuple[
 
     mhz = lambda v: int(_num(v))  # noqa: E731
     is_mhz = lambda v: v is not None and v.endswith("MHz")  # noqa: E731
+    if g.supported_clocks:
+        supported, step = _supported_clocks(g.supported_clocks, f"{gpu0}: -q -x <supported_clocks>")
+        out.put("clocks.supported", supported, "-q -x <supported_clocks> (each memory clock's first and last)")
+        out.put("clocks.graphics_step_mhz", step, "-q -x <supported_clocks> (the step between graphics clocks)")
     take("clocks.idle_graphics", mhz, is_mhz)
     take("clocks.idle_video", mhz, is_mhz)
     take("clocks.max_graphics", mhz, is_mhz)
@@ -647,6 +684,13 @@ def build(caps: Captures, driver_override: str | None = None, fill_board: tuple[
 
     take("mig_capable", lambda v: v != "N/A", when=lambda v: v is not None)
     take("addressing_mode", when=lambda v: v in ("None", "HMM", "ATS"))
+    # the idle board's graphics voltage: read where the driver prints one (its N/A from 570 is
+    # the branch's, not the board's: the A100's 555 capture has a value, its 570 one N/A)
+    take("voltage_mv", lambda v: round(_num(v), 3), when=lambda v: v is not None and v.endswith(" mV"))
+    if text("sparse_operation_mode") == "N/A":
+        out.put("sparse_operation_mode", None, g.origin["sparse_operation_mode"] + " N/A")
+    else:
+        take("sparse_operation_mode", when=lambda v: v in ("Disabled", "Enabled"))
     state = text("fabric/state")
     if state is None or state == "N/A":
         out.put("fabric", None, src("fabric/state") + " N/A" if state else "no <fabric> in the capture")
@@ -749,6 +793,13 @@ def fill(imported: Imported, board: GpuProfile, board_name: str) -> None:
                 imported.notes.append(
                     f"mig: not filled: {board_name} is {board.product_name}, not {imported.values.get('product_name')}; "
                     f"its MIG tables would be another board's (mig_capable stays as captured, mig absent)")
+            continue
+        if key in ("clocks.supported", "clocks.graphics_step_mhz") and \
+                board.product_name != imported.values.get("product_name"):
+            if key == "clocks.supported":
+                imported.notes.append(f"clocks.supported: not filled: {board_name} is {board.product_name}, not "
+                                      f"{imported.values.get('product_name')}; its clocks would be another board's "
+                                      "(none listed: NVML answers NOT_SUPPORTED)")
             continue
         if key == "node.hca":  # a section: taken whole
             value = board.node.hca.model_dump(mode="python") if board.node.hca else None

@@ -19,6 +19,7 @@ from mokkafs.model import state_limits
 
 
 MAX_GPUS = state_limits.MAX_GPUS  # what the shared state holds
+MAX_MEM_CLOCKS, MAX_GRAPHICS_CLOCKS = state_limits.MAX_MEM_CLOCKS, state_limits.MAX_GRAPHICS_CLOCKS
 
 
 class ProfileError(ValueError):
@@ -40,6 +41,29 @@ def driver_branch(version: str) -> int:
     if not re.fullmatch(r"\d+\.\d+(\.\d+)?", version):
         raise ProfileError(f"driver version {version!r} does not look like 580.105.08")
     return int(version.split(".", 1)[0])
+
+
+# The CUDA version each driver branch reports (nvmlSystemGetCudaDriverVersion, cuDriverGetVersion,
+# nvidia-smi's "CUDA Version"): the real captures where there is one (535 12.2, 550 12.4, 555
+# 12.5, 565 12.7, 570 12.8, 580 13.0, 590 13.1, 595 13.2), else the CUDA toolkit release notes'
+# table of the minimum driver of each CUDA release (560 12.6, 575 12.9, ...). A branch between two
+# reports what the newest listed one not above it does (docs/profiles.md, "Driver and CUDA").
+CUDA_OF_BRANCH = {
+    410: "10.0", 418: "10.1", 440: "10.2", 450: "11.0", 455: "11.1", 460: "11.2", 465: "11.3", 470: "11.4",
+    495: "11.5", 510: "11.6", 515: "11.7", 520: "11.8", 525: "12.0", 530: "12.1", 535: "12.2", 545: "12.3",
+    550: "12.4", 555: "12.5", 560: "12.6", 565: "12.7", 570: "12.8", 575: "12.9", 580: "13.0", 590: "13.1",
+    595: "13.2",
+}
+
+
+def cuda_of_driver(driver_version: str) -> str:
+    """The CUDA version a driver reports, by its branch (CUDA_OF_BRANCH)."""
+    branch = driver_branch(driver_version)
+    known = [b for b in CUDA_OF_BRANCH if b <= branch]
+    if not known:
+        raise ProfileError(f"driver {driver_version}: no CUDA version is known for a branch before "
+                           f"R{min(CUDA_OF_BRANCH)}")
+    return CUDA_OF_BRANCH[max(known)]
 
 
 def check_driver_drives(profile: "GpuProfile", driver_version: str) -> None:
@@ -125,6 +149,29 @@ class Power(_Strict):
         return self
 
 
+class SupportedClock(_Strict):
+    """One memory clock the board supports and the graphics clocks it allows with it: every
+    `graphics_step_mhz` from `graphics_max_mhz` down to `graphics_min_mhz` (-q -x's
+    <supported_mem_clock>)."""
+
+    memory_mhz: Annotated[int, Field(gt=0)]
+    graphics_max_mhz: Annotated[float, Field(gt=0)]  # 2062.5 on GB200: the list prints it 2062
+    graphics_min_mhz: Annotated[int, Field(gt=0)]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "SupportedClock":
+        if self.graphics_min_mhz > self.graphics_max_mhz:
+            raise ValueError("graphics_min_mhz must be at most graphics_max_mhz")
+        return self
+
+
+def graphics_clocks(entry: SupportedClock, step_mhz: float) -> list[int]:
+    """Every `step_mhz` from `entry`'s top graphics clock down to its lowest, each rounded down
+    to a whole MHz (a GB200's 2062.5, 2055, 2047.5 print 2062, 2055, 2047)."""
+    top, step, low = round(entry.graphics_max_mhz * 1000), round(step_mhz * 1000), entry.graphics_min_mhz * 1000
+    return [(top - k * step) // 1000 for k in range((top - low) // step + 1)]
+
+
 class Clocks(_Strict):
     """MHz. idle_* are what an idle board reports (P0 at rest); max_* the boost ceilings."""
 
@@ -136,6 +183,32 @@ class Clocks(_Strict):
     max_video: Annotated[int, Field(gt=0)]
     default_app_graphics: Annotated[int, Field(gt=0)]
     default_app_mem: Annotated[int, Field(gt=0)]
+    # The supported clocks (nvmlDeviceGetSupportedMemoryClocks/GraphicsClocks, -q -x's
+    # <supported_clocks>), highest memory clock first; empty: the board lists none (N/A). The
+    # graphics clocks are every step from the top (15 MHz; 7.5 on Blackwell, printed rounded down).
+    supported: tuple[SupportedClock, ...] = ()
+    graphics_step_mhz: Literal[15, 7.5] = 15
+
+    def graphics_clocks(self, entry: SupportedClock) -> list[int]:
+        """The graphics clocks `entry`'s memory clock allows, highest first, as NVML lists them."""
+        return graphics_clocks(entry, self.graphics_step_mhz)
+
+    @model_validator(mode="after")
+    def _supported(self) -> "Clocks":
+        mems = [e.memory_mhz for e in self.supported]
+        if mems != sorted(set(mems), reverse=True):
+            raise ValueError("clocks.supported: memory clocks are listed once each, highest first")
+        if len(mems) > MAX_MEM_CLOCKS:
+            raise ValueError(f"clocks.supported: at most {MAX_MEM_CLOCKS} memory clocks")
+        if self.supported and mems[0] != self.max_mem:
+            raise ValueError(f"clocks.supported: the first memory clock must be max_mem ({self.max_mem} MHz)")
+        for e in self.supported:
+            if len(self.graphics_clocks(e)) > MAX_GRAPHICS_CLOCKS:
+                raise ValueError(f"clocks.supported: {e.memory_mhz} MHz allows more than {MAX_GRAPHICS_CLOCKS} "
+                                 "graphics clocks")
+            if self.graphics_clocks(e)[0] > self.max_graphics:
+                raise ValueError(f"clocks.supported: {e.memory_mhz} MHz allows a graphics clock above max_graphics")
+        return self
 
     @model_validator(mode="after")
     def _below_the_ceilings(self) -> "Clocks":
@@ -603,6 +676,12 @@ class GpuProfile(_Strict):
     # nvmlDeviceGetAddressingMode: how the GPU reaches system-allocated memory (the capture's
     # addressing_mode): HMM on x86 hosts with HMM, ATS on Grace (C2C), None where neither is on
     addressing_mode: Literal["None", "HMM", "ATS"]
+    # What -q prints that NVML has no getter for (the real tool asks the driver's private table):
+    # the idle board's graphics voltage (-q's Voltage/Graphics, millivolts; null: no capture
+    # of the board prints one, N/A) and its sparse operation mode (`Disabled` on every Hopper
+    # capture; null: N/A, as every other board prints it). docs/nvidia-smi.md, "Gaps".
+    voltage_mv: Annotated[float, Field(gt=0, lt=2000)] | None = None
+    sparse_operation_mode: Literal["Disabled", "Enabled"] | None = None
     inforom: InfoRom
     nvlink: NvLink
     mig_capable: bool

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 STATE_MAGIC = 0x4554415453414b4d
-STATE_VERSION = 13
+STATE_VERSION = 15
 MAX_GPUS = 64
 CPU_WORDS = 16  # 1024 CPUs, what NVML's CPU masks carry
 MAX_NVLINKS = 18
@@ -25,3 +25,5 @@ MAX_CI_PROFILES = 8  # compute instance profiles of one GPU instance profile
 MAX_MIG_PLACEMENTS = 8
 NO_MIG = 0xFFFF  # mokka_gpu_process.mig_gi/mig_ci: not on a MIG device
 EVENT_SYSTEM = 0x8000000000000000  # mokka_event.type: a system event (nvmlSystemEventType bits below it)
+MAX_MEM_CLOCKS = 4  # memory clocks a board supports (version 15)
+MAX_GRAPHICS_CLOCKS = 320  # graphics clocks one memory clock allows

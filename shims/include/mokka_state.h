@@ -86,6 +86,14 @@
  * events (a GPU's driver unbound or bound, nvmlSystemEventSetWait) share the event ring, their
  * type marked MOKKA_EVENT_SYSTEM so that no device event set matches one.
  *
+ * Board readings without an NVML getter (version 14): each GPU record carries the graphics
+ * voltage and the sparse operation mode its board reports (nvidia-smi -q's Voltage and Sparse
+ * Operation Mode, which the real tool reads through the driver's private table).
+ *
+ * Supported clocks (version 15): the board's memory clocks and, for each, the graphics
+ * clocks it allows (nvmlDeviceGetSupportedMemoryClocks / GetSupportedGraphicsClocks), written
+ * once for the node as the model lists them, highest first.
+ *
  * Restart: a daemon that finds a valid file of this version rewrites it in
  * place and continues `event_head`/`event_wake`, so consumers that hold the
  * mapping across a daemon restart keep working.
@@ -115,7 +123,7 @@
 
 /* BEGIN CDEF -- parsed by mokkafs/daemon/shm/layout.py; plain #defines and structs only */
 #define MOKKA_STATE_MAGIC 0x4554415453414b4d
-#define MOKKA_STATE_VERSION 13
+#define MOKKA_STATE_VERSION 15
 #define MOKKA_MAX_GPUS 64
 #define MOKKA_CPU_WORDS 16         /* 1024 CPUs, what NVML's CPU masks carry */
 #define MOKKA_MAX_NVLINKS 18
@@ -138,6 +146,8 @@
 #define MOKKA_MAX_MIG_PLACEMENTS 8
 #define MOKKA_NO_MIG 0xFFFF        /* mokka_gpu_process.mig_gi/mig_ci: not on a MIG device */
 #define MOKKA_EVENT_SYSTEM 0x8000000000000000 /* mokka_event.type: a system event (nvmlSystemEventType bits below it) */
+#define MOKKA_MAX_MEM_CLOCKS 4         /* memory clocks a board supports (version 15) */
+#define MOKKA_MAX_GRAPHICS_CLOCKS 320  /* graphics clocks one memory clock allows */
 
 struct mokka_gpu_process {
     uint32_t pid;
@@ -387,6 +397,17 @@ struct mokka_gpu {
                                                 sync boost, SW thermal, HW thermal, HW power brake */
     uint32_t c2c_mode;         /* 0: no C2C link (before Hopper), 1: disabled, 2: enabled (Grace) */
     uint32_t row_remap_banks;  /* DRAM banks with spare rows (the histogram's); 0: not known */
+    /* what nvidia-smi -q prints that NVML has no getter for (version 14) */
+    uint32_t voltage_uv;       /* graphics voltage, microvolts; 0: the board reports none (N/A) */
+    uint32_t pad5;
+    char sparse_operation_mode[16]; /* "Disabled"; "": the board has none (N/A) */
+};
+
+/* One memory clock and the graphics clocks the board allows with it (version 15). */
+struct mokka_supported_clocks {
+    uint32_t memory_mhz;
+    uint32_t graphics_count;
+    uint32_t graphics_mhz[MOKKA_MAX_GRAPHICS_CLOCKS]; /* highest first */
 };
 
 /* One process's accounting on one GPU (nvmlAccountingStats_t), kept after it exits. */
@@ -441,6 +462,11 @@ struct mokka_state {
     uint32_t mig_profile_count;
     uint32_t pad1;
     struct mokka_mig_profile mig_profiles[MOKKA_MAX_MIG_PROFILES];
+    /* the board's supported clocks (version 15), highest memory clock first; count 0: the board
+       lists none (NOT_SUPPORTED) */
+    uint32_t supported_clock_count;
+    uint32_t pad2;
+    struct mokka_supported_clocks supported_clocks[MOKKA_MAX_MEM_CLOCKS];
 };
 
 /* One CUDA process's record (see above): written by that process, except `pid` and `others`. */

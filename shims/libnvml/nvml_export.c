@@ -44,6 +44,7 @@ enum {
     E_PROCS_MPS = 215,        /* 0x6b8 */
     E_GPU_PART_NUMBER = 231,  /* 0x738, 525 and later */
     E_ADDRESSING_MODE = 242,  /* 0x790, 535 and 550 */
+    E_VOLTAGE = 209,          /* 0x688, 470 to 550 */
 };
 
 /* ---- entries -------------------------------------------------------------------------- */
@@ -244,6 +245,38 @@ static nvmlReturn_t entry_gpu_part_number(nvmlDevice_t device, char *buf, unsign
 {
     DEV_STATIC(device);
     return STRING(g->gpu_part_number, buf, length);
+}
+
+/* (device, unsigned *microvolts, unsigned 1): -q's "Voltage/Graphics", printed as microvolts /
+   1000 with three decimals (values written and read off the output: 706250 prints 706.250 mV);
+   the third argument is 1 on every call seen. The board's voltage the daemon publishes
+   (mokka_state.h voltage_uv); none: NOT_SUPPORTED, which the tool prints N/A. */
+static nvmlReturn_t entry_voltage(nvmlDevice_t device, unsigned int *microvolts)
+{
+    DEV(device);
+    ARG(microvolts);
+    uint32_t uv;
+    SNAP(s, g->voltage_uv, uv);
+    if (!uv)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *microvolts = uv;
+    return NVML_SUCCESS;
+}
+
+/* (device, unsigned *enabled): -q's "Sparse Operation Mode", entry 243 in 535 and 249 in 550 (0
+   prints Disabled, any other value Enabled: tried one by one). The board's mode the daemon
+   publishes (sparse_operation_mode); none: NOT_SUPPORTED, which the tool prints N/A. */
+static nvmlReturn_t entry_sparse_mode(nvmlDevice_t device, unsigned int *enabled)
+{
+    DEV(device);
+    ARG(enabled);
+    char mode[sizeof(g->sparse_operation_mode)];
+    snap(s, g->sparse_operation_mode, mode, sizeof(mode));
+    mode[sizeof(mode) - 1] = '\0';
+    if (!mode[0])
+        return NVML_ERROR_NOT_SUPPORTED;
+    *enabled = strcmp(mode, "Disabled") != 0;
+    return NVML_SUCCESS;
 }
 
 /* (device, int *degrees): -q's "GPU T.Limit Temp", the margin below T.Limit; the public
@@ -564,11 +597,12 @@ static const struct {
     void *procs_compute; /* entry 213's element layout; 470 ends before it (public lists) */
     unsigned tlimit;     /* the T.Limit margin's entry */
     void *process_util;  /* entry 145's element layout (engines per sample) */
+    unsigned sparse;     /* the sparse operation mode's entry; 0: the branch prints none */
 } BRANCH_SIZES[] = {
-    {470, 0x6a8, NULL, 0, (void *)entry_process_util_4},
-    {525, 0x770, (void *)entry_procs_compute_525, 237, (void *)entry_process_util_4},
-    {535, 0x7a8, (void *)entry_procs_compute_535, 240, (void *)entry_process_util_4},
-    {550, 0x7d8, (void *)entry_procs_compute_535, 240, (void *)entry_process_util_6},
+    {470, 0x6a8, NULL, 0, (void *)entry_process_util_4, 0},
+    {525, 0x770, (void *)entry_procs_compute_525, 237, (void *)entry_process_util_4, 0},
+    {535, 0x7a8, (void *)entry_procs_compute_535, 240, (void *)entry_process_util_4, 243},
+    {550, 0x7d8, (void *)entry_procs_compute_535, 240, (void *)entry_process_util_6, 249},
 };
 #define MAX_WORDS (0x7d8 / 8)
 
@@ -605,6 +639,9 @@ static void fill_tables(void)
         w[E_RESET_GROUP_DONE] = U(entry_reset_group);
         if (BRANCH_SIZES[t].tlimit)
             w[BRANCH_SIZES[t].tlimit] = U(entry_tlimit_margin);
+        w[E_VOLTAGE] = U(entry_voltage);
+        if (BRANCH_SIZES[t].sparse)
+            w[BRANCH_SIZES[t].sparse] = U(entry_sparse_mode);
         __atomic_store_n(&w[0], BRANCH_SIZES[t].size, __ATOMIC_RELEASE);
     }
 }

@@ -236,6 +236,63 @@ nvmlReturn_t DECLDIR nvmlDeviceGetDefaultApplicationsClock(nvmlDevice_t device, 
     return clock_of(s, g->clock_default_app, clockType, clockMHz);
 }
 
+/* The board's supported clocks, as the model listed them (mokka_state.h supported_clocks):
+   memory clocks highest first, and the graphics clocks each allows, highest first. A board that
+   lists none answers NOT_SUPPORTED; a count too small, INSUFFICIENT_SIZE with the count needed. */
+static nvmlReturn_t copy_clocks(const uint32_t *list, uint32_t have, unsigned int *count, unsigned int *clocksMHz)
+{
+    ARG(count);
+    unsigned int room = *count;
+    *count = have;
+    if (room < have)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    ARG(clocksMHz || !have);
+    for (uint32_t k = 0; k < have; k++)
+        clocksMHz[k] = list[k];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetSupportedMemoryClocks(nvmlDevice_t device, unsigned int *count, unsigned int *clocksMHz)
+{
+    DEV(device);
+    (void)g;
+    struct mokka_supported_clocks table[MOKKA_MAX_MEM_CLOCKS];
+    uint32_t n = 0;
+    MOKKA_CONSISTENT(s) {
+        n = s->supported_clock_count;
+        memcpy(table, s->supported_clocks, sizeof(table));
+    }
+    if (n == 0 || n > MOKKA_MAX_MEM_CLOCKS)
+        return NVML_ERROR_NOT_SUPPORTED;
+    uint32_t mems[MOKKA_MAX_MEM_CLOCKS];
+    for (uint32_t k = 0; k < n; k++)
+        mems[k] = table[k].memory_mhz;
+    return copy_clocks(mems, n, count, clocksMHz);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetSupportedGraphicsClocks(nvmlDevice_t device, unsigned int memoryClockMHz,
+                                                          unsigned int *count, unsigned int *clocksMHz)
+{
+    DEV(device);
+    (void)g;
+    ARG(count);
+    struct mokka_supported_clocks table[MOKKA_MAX_MEM_CLOCKS];
+    uint32_t n = 0;
+    MOKKA_CONSISTENT(s) {
+        n = s->supported_clock_count;
+        memcpy(table, s->supported_clocks, sizeof(table));
+    }
+    if (n == 0 || n > MOKKA_MAX_MEM_CLOCKS)
+        return NVML_ERROR_NOT_SUPPORTED;
+    for (uint32_t k = 0; k < n; k++)
+        if (table[k].memory_mhz == memoryClockMHz)
+            return copy_clocks(table[k].graphics_mhz,
+                               table[k].graphics_count < MOKKA_MAX_GRAPHICS_CLOCKS ? table[k].graphics_count
+                                                                                   : MOKKA_MAX_GRAPHICS_CLOCKS,
+                               count, clocksMHz);
+    return NVML_ERROR_NOT_FOUND;
+}
+
 nvmlReturn_t DECLDIR nvmlDeviceGetMaxCustomerBoostClock(nvmlDevice_t device, nvmlClockType_t clockType,
                                                         unsigned int *clockMHz)
 {

@@ -33,7 +33,7 @@ BRANCHES = [470, 525, 535, 550]  # the Debian-shipped branches recorded by recor
 BETWEEN = {555: "nvidia-smi-q.a100-80gb.555.42.02.txt", 565: "nvidia-smi-q.h100.565.57.01.txt"}
 
 FIELDS_FILE = HERE / "fields.yaml"
-FIELD_COLUMNS = {"also", "unit", "get", "deprecated_from", "na_before", "na_in_mig", "na_plain", "unit_joined", "q", "x",
+FIELD_COLUMNS = {"also", "unit", "get", "deprecated_from", "na_before", "na_from", "na_in_mig", "na_plain", "unit_joined", "q", "x",
                  "suffix", "profile"}
 
 
@@ -73,7 +73,8 @@ for _name, _row in FACTS.items():
 
 
 # Leaves whose structure is rebuilt at run time (lists): their subtree is not copied.
-DYNAMIC = {"processes": "processes", "accounted_processes": "accounted_processes", "mig_devices": "mig_devices"}
+DYNAMIC = {"processes": "processes", "accounted_processes": "accounted_processes", "mig_devices": "mig_devices",
+           "supported_clocks": "supported_clocks"}
 
 
 def section(text: str, title: str) -> str:
@@ -134,7 +135,7 @@ def xml_skeleton(path: Path) -> tuple[str, list[tuple[int, int, str, str, str]]]
         seen_children: set[str] = set()
         for c in e:
             p = f"{prefix}{c.tag}"
-            if c.tag in seen_children:  # repeated list entries (supported clocks): keep one
+            if c.tag in seen_children:  # repeated list entries: keep one
                 continue
             seen_children.add(c.tag)
             if p in DYNAMIC:
@@ -175,8 +176,8 @@ def text_skeleton(text: str, record: bool = False) -> list[tuple[int, int, str, 
         del stack[depth:]
         path = "/".join(stack + [label])
         if leaf:
-            if path == "Processes":
-                rows.append((depth, 3, label, "processes", ""))
+            if path in ("Processes", "Supported Clocks"):  # lists (an N/A leaf in a record without them)
+                rows.append((depth, 3, label, "processes" if path == "Processes" else "supported_clocks", ""))
                 continue
             m = TEXT_MAP.get(path, "")
             key, suffix = m if isinstance(m, tuple) else (m, "")
@@ -345,6 +346,8 @@ def dispatch(keys: dict[str, int]) -> str:
             body.append(f"if (g_branch >= {int(row['deprecated_from'])})\n            return V_DEPRECATED;")
         if "na_before" in row:
             body.append(f"if (g_branch < {int(row['na_before'])})\n            return V_NA;")
+        if "na_from" in row:
+            body.append(f"if (g_branch >= {int(row['na_from'])})\n            return V_NA;")
         if row.get("na_in_mig"):
             body.append("if (mig_enabled(d->index))\n            return V_NA;")
         if get is None and not body:

@@ -52,6 +52,7 @@
     X(nvmlDeviceGetPcieReplayCounter) X(nvmlDeviceGetPcieThroughput) X(nvmlDeviceGetFanSpeed) \
     X(nvmlDeviceGetPerformanceState) X(nvmlDeviceGetCurrentClocksEventReasons)               \
     X(nvmlDeviceGetSupportedClocksEventReasons) X(nvmlDeviceGetMemoryInfo_v2)                \
+    X(nvmlDeviceGetSupportedMemoryClocks) X(nvmlDeviceGetSupportedGraphicsClocks)            \
     X(nvmlDeviceGetBAR1MemoryInfo) X(nvmlDeviceGetComputeMode) X(nvmlDeviceGetUtilizationRates) \
     X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization) X(nvmlDeviceGetEccMode) \
     X(nvmlDeviceGetMemoryErrorCounter) X(nvmlDeviceGetTotalEccErrors)                        \
@@ -183,6 +184,7 @@ int parse_fields_of(const char *list, int *idx, const char **spelled, int cap, i
 void print_apps_header(const int *idx, int n, int which);
 void query_apps_once(const int *idx, int n);
 void query_accounted_once(const int *idx, int n);
+void query_clocks_once(const int *idx, int n);
 void query_retired_once(const int *idx, int n);
 int parse_sections(const char *list);
 int cmd_xml(void);

@@ -166,7 +166,7 @@ static int main_mig(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    enum { M_TABLE, M_LIST, M_QUERY, M_XML, M_QGPU, M_QAPPS, M_QACCT, M_QRETIRED, M_TOPO, M_NVLINK, M_DMON, M_PMON, M_VERSION } mode = M_TABLE;
+    enum { M_TABLE, M_LIST, M_QUERY, M_XML, M_QGPU, M_QAPPS, M_QACCT, M_QRETIRED, M_QCLOCKS, M_TOPO, M_NVLINK, M_DMON, M_PMON, M_VERSION } mode = M_TABLE;
     const char *ids = NULL, *fields = NULL, *format = NULL, *dsections = NULL;
     long loop_ms = 0, count = 0, delay = 1;
     char nvmode = 0;
@@ -258,6 +258,9 @@ int main(int argc, char **argv)
         } else if (is_opt(a, "--query-retired-pages", NULL)) {
             fields = opt_value(argc, argv, &i, "--query-retired-pages", NULL);
             mode = M_QRETIRED;
+        } else if (is_opt(a, "--query-supported-clocks", NULL)) {
+            fields = opt_value(argc, argv, &i, "--query-supported-clocks", NULL);
+            mode = M_QCLOCKS;
         } else if (is_opt(a, "--format", NULL)) {
             format = opt_value(argc, argv, &i, "--format", NULL);
         } else if (is_opt(a, "--display", "-d")) {
@@ -293,7 +296,7 @@ int main(int argc, char **argv)
     }
     if (mode == M_TABLE && q)
         mode = x ? M_XML : M_QUERY;
-    int listing = mode == M_QAPPS || mode == M_QACCT || mode == M_QRETIRED;
+    int listing = mode == M_QAPPS || mode == M_QACCT || mode == M_QRETIRED || mode == M_QCLOCKS;
     /* A missing or bad --format: below 570 as NVIDIA's 470-550 binaries (a missing one first, the
        fields next, below, then what it says); from 570 the invalid-combination line (unverified). */
     int format_error = 0;
@@ -359,7 +362,7 @@ int main(int argc, char **argv)
         if (ncols <= 0)
             return EXIT_INVALID;
     } else if (listing) {
-        int which = mode == M_QAPPS ? 0 : mode == M_QACCT ? 1 : 2;
+        int which = mode == M_QAPPS ? 0 : mode == M_QACCT ? 1 : mode == M_QRETIRED ? 2 : 3;
         ncols = parse_fields_of(fields, app_idx, app_spelled, 16, which);
         if (ncols <= 0)
             return EXIT_INVALID;
@@ -393,9 +396,12 @@ int main(int argc, char **argv)
         case M_QAPPS:
         case M_QACCT:
         case M_QRETIRED:
+        case M_QCLOCKS:
             if (it == 0)
-                print_apps_header(app_idx, ncols, mode == M_QAPPS ? 0 : mode == M_QACCT ? 1 : 2);
-            if (mode == M_QACCT)
+                print_apps_header(app_idx, ncols, mode == M_QAPPS ? 0 : mode == M_QACCT ? 1 : mode == M_QRETIRED ? 2 : 3);
+            if (mode == M_QCLOCKS)
+                query_clocks_once(app_idx, ncols);
+            else if (mode == M_QACCT)
                 query_accounted_once(app_idx, ncols);
             else if (mode == M_QRETIRED)
                 query_retired_once(app_idx, ncols);

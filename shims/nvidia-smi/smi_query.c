@@ -143,7 +143,14 @@ static const struct app_field RETIRED_FIELDS[] = {
     {0, 0, 0},
 };
 
-static const struct app_field *const LIST_FIELDS[] = {APP_FIELDS, ACCT_FIELDS, RETIRED_FIELDS};
+/* --query-supported-clocks: the fields of --help-query-supported-clocks (NVIDIA's 470-550). */
+enum { C_MEMORY = 5, C_GRAPHICS };
+static const struct app_field CLOCK_FIELDS[] = {
+    {"timestamp", "", ""}, {"gpu_name", "", ""}, {"gpu_bus_id", "", ""}, {"gpu_serial", "", ""}, {"gpu_uuid", "", ""},
+    {"memory", "mem", "MHz"}, {"graphics", "gr", "MHz"}, {0, 0, 0},
+};
+
+static const struct app_field *const LIST_FIELDS[] = {APP_FIELDS, ACCT_FIELDS, RETIRED_FIELDS, CLOCK_FIELDS};
 
 int parse_fields_of(const char *list, int *idx, const char **spelled, int cap, int which)
 {
@@ -172,8 +179,9 @@ int parse_fields_of(const char *list, int *idx, const char **spelled, int cap, i
     return n;
 }
 
-/* The header of --query-compute-apps / --query-accounted-apps: each field by its first name, as
-   --query-gpu's. */
+/* The header of --query-compute-apps / --query-accounted-apps / --query-retired-pages /
+   --query-supported-clocks: each field by its first name, with its unit even under nounits, as
+   --query-gpu's (NVIDIA's 470-550 binaries). */
 void print_apps_header(const int *idx, int n, int which)
 {
     if (g_noheader)
@@ -181,7 +189,7 @@ void print_apps_header(const int *idx, int n, int which)
     for (int c = 0; c < n; c++) {
         const struct app_field *f = &LIST_FIELDS[which][idx[c]];
         printf("%s%s", c ? ", " : "", f->name);
-        if (!g_nounits && *f->unit)
+        if (*f->unit)
             printf(" [%s]", f->unit);
     }
     printf("\n");
@@ -312,6 +320,34 @@ void query_retired_once(const int *idx, int n)
             free(addr);
             free(when);
         }
+    }
+}
+
+struct clock_list { unsigned nmem, mem[8], ngr[8], gr[8][512]; };
+static int supported_clocks(const struct dev *d, struct clock_list *c);
+
+/* --query-supported-clocks: per GPU one row per (memory, graphics) pair the board supports,
+   memory clocks and graphics clocks highest first; none for a board that lists none (NVIDIA's
+   470-550 binaries on our NVML print the same rows). */
+void query_clocks_once(const int *idx, int n)
+{
+    static struct clock_list c;
+    for (unsigned i = 0; i < g_ndevs; i++) {
+        const struct dev *d = &g_devs[i];
+        if (d->err != NVML_SUCCESS || !supported_clocks(d, &c))
+            continue;
+        for (unsigned k = 0; k < c.nmem; k++)
+            for (unsigned j = 0; j < c.ngr[k]; j++) {
+                for (int col = 0; col < n; col++) {
+                    char v[256] = "[N/A]";
+                    if (idx[col] < C_MEMORY)
+                        gpu_cell(d, idx[col], v, sizeof(v));
+                    else
+                        snprintf(v, sizeof(v), g_nounits ? "%u" : "%u MHz", idx[col] == C_MEMORY ? c.mem[k] : c.gr[k][j]);
+                    printf("%s%s", col ? ", " : "", v);
+                }
+                printf("\n");
+            }
     }
 }
 
@@ -491,6 +527,67 @@ static void xml_processes(const struct dev *d, int depth, const char *tag)
     printf("</%s>\n", tag);
 }
 
+/* The board's supported clocks (nvmlDeviceGetSupportedMemoryClocks, then
+   nvmlDeviceGetSupportedGraphicsClocks of each memory clock), highest first; 0: none (N/A). */
+static int supported_clocks(const struct dev *d, struct clock_list *c)
+{
+    c->nmem = 8;
+    if (NV(nvmlDeviceGetSupportedMemoryClocks, d->h, &c->nmem, c->mem) != NVML_SUCCESS || !c->nmem)
+        return 0;
+    for (unsigned k = 0; k < c->nmem; k++) {
+        c->ngr[k] = 512;
+        if (NV(nvmlDeviceGetSupportedGraphicsClocks, d->h, c->mem[k], &c->ngr[k], c->gr[k]) != NVML_SUCCESS)
+            c->ngr[k] = 0;
+    }
+    return 1;
+}
+
+/* -q -x's <supported_clocks>: one <supported_mem_clock> per memory clock, its <value> and each
+   graphics clock (every capture from 570, NVIDIA's 470-550 binaries); N/A when the board lists
+   none (those binaries on a board that does not). */
+static void xml_supported_clocks(const struct dev *d, int depth, const char *tag)
+{
+    static struct clock_list c;
+    tabs(depth);
+    if (!supported_clocks(d, &c)) {
+        printf("<%s>N/A</%s>\n", tag, tag);
+        return;
+    }
+    printf("<%s>\n", tag);
+    for (unsigned k = 0; k < c.nmem; k++) {
+        tabs(depth + 1); printf("<supported_mem_clock>\n");
+        tabs(depth + 2); printf("<value>%u MHz</value>\n", c.mem[k]);
+        for (unsigned j = 0; j < c.ngr[k]; j++) {
+            tabs(depth + 2);
+            printf("<supported_graphics_clock>%u MHz</supported_graphics_clock>\n", c.gr[k][j]);
+        }
+        tabs(depth + 1); printf("</supported_mem_clock>\n");
+    }
+    tabs(depth);
+    printf("</%s>\n", tag);
+}
+
+/* -q -d SUPPORTED_CLOCKS: "Supported Clocks", then per memory clock a Memory line and its
+   Graphics lines one level under it (NVIDIA's 470-550 binaries); N/A when the board lists none. */
+static void text_supported_clocks(const struct dev *d, int depth, const char *label)
+{
+    static struct clock_list c;
+    char v[32];
+    if (!supported_clocks(d, &c)) {
+        q_line(depth, label, "N/A");
+        return;
+    }
+    printf("%*s%s\n", 4 * (depth + 1), "", label);
+    for (unsigned k = 0; k < c.nmem; k++) {
+        snprintf(v, sizeof(v), "%u MHz", c.mem[k]);
+        q_line(depth + 1, "Memory", v);
+        for (unsigned j = 0; j < c.ngr[k]; j++) {
+            snprintf(v, sizeof(v), "%u MHz", c.gr[k][j]);
+            q_line(depth + 2, "Graphics", v);
+        }
+    }
+}
+
 static void xml_gpu(const struct dev *d)
 {
     char v[512], esc[1024], bus[32] = "N/A";
@@ -511,7 +608,12 @@ static void xml_gpu(const struct dev *d)
         switch (s->kind) {
         case 0: tabs(s->depth); printf("<%s>\n", s->tag); break;
         case 2: tabs(s->depth); printf("</%s>\n", s->tag); break;
-        case 3: xml_processes(d, s->depth, s->tag); break;
+        case 3:
+            if (s->key == K_supported_clocks)
+                xml_supported_clocks(d, s->depth, s->tag);
+            else
+                xml_processes(d, s->depth, s->tag);
+            break;
         default: {
             const struct skel *row = threshold_row(s, tlimit_board, 1);
             value_text(d, row->key, row->suffix, v, sizeof(v));
@@ -587,10 +689,18 @@ int cmd_query(void)
         char tl[32];
         int tlimit_board = value(d, K_temperature_gpu_tlimit, tl, sizeof(tl)) == V_OK;
         for (const struct skel *s = skel; s->kind != 9; s++) {
+            /* From 570 no capture shows -d SUPPORTED_CLOCKS: its block where 470-550 print it,
+               before Processes (unverified) */
+            if (!g_rec && s->key == K_processes && top_selected("Supported Clocks", 0) && g_sections)
+                text_supported_clocks(d, 0, "Supported Clocks");
             if (s->depth == 0)
                 skipping = !top_selected(s->tag, 0);
             if (skipping)
                 continue;
+            if (s->kind == 3 && s->key == K_supported_clocks) {
+                text_supported_clocks(d, s->depth, s->tag);
+                continue;
+            }
             if (s->kind == 0 && mig_section_na(d->index, s->tag)) { /* one N/A line for the section */
                 q_line(s->depth, s->tag, "N/A");
                 for (int depth = s->depth; s[1].kind != 9 && s[1].depth > depth;)

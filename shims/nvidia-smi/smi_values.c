@@ -208,6 +208,19 @@ enum vr inforom_valid(const struct dev *d, char *out, size_t n)
     return r == NVML_SUCCESS ? PUT("valid") : from(r);
 }
 
+/* -q's Voltage/Graphics: the board's graphics voltage as the daemon publishes it (NVML has no
+   getter; the real tool asks the driver's private table), in millivolts with three decimals. */
+enum vr voltage(const struct dev *d, char *out, size_t n)
+{
+    unsigned node;
+    const struct mokka_state *s = state_of(d->index, &node);
+    uint32_t uv = 0;
+    if (!s)
+        return V_NA;
+    MOKKA_SNAP(s, s->gpus[node].voltage_uv, uv);
+    return uv ? PUT("%u.%03u", uv / 1000, uv % 1000) : V_NA;
+}
+
 /* nvmlDeviceGetGspFirmwareMode: whether the GSP firmware runs (current) and runs by default. */
 enum vr gsp_mode(const struct dev *d, char *out, size_t n, int by_default)
 {

@@ -118,6 +118,7 @@ enum vr csv_timestamp(const struct dev *d, char *out, size_t n);
 enum vr mig_mode(const struct dev *d, char *out, size_t n, int pending);
 enum vr addressing_mode(const struct dev *d, char *out, size_t n);
 enum vr inforom_valid(const struct dev *d, char *out, size_t n);
+enum vr voltage(const struct dev *d, char *out, size_t n);
 enum vr gsp_mode(const struct dev *d, char *out, size_t n, int by_default);
 enum vr compute_cap(const struct dev *d, char *out, size_t n);
 enum vr pstate(const struct dev *d, char *out, size_t n);

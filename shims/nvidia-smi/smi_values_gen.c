@@ -74,6 +74,7 @@ enum vr value(const struct dev *d, int key, char *out, size_t n)
     case K_clocks_event_reasons_counters_sw_thermal_slowdown: return FIELD(NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN, "%llu", 1000);
     case K_clocks_event_reasons_counters_hw_thermal_slowdown: return FIELD(NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN, "%llu", 1000);
     case K_clocks_event_reasons_counters_hw_power_brake_slowdown: return FIELD(NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN, "%llu", 1000);
+    case K_x_sparse_operation_mode: return STATE(sparse_operation_mode);
     case K_memory_total: return MEMBER(nvmlDeviceGetMemoryInfo_v2, "%llu", total >> 20);
     case K_memory_reserved: return MEMBER(nvmlDeviceGetMemoryInfo_v2, "%llu", reserved >> 20);
     case K_memory_used: return MEMBER(nvmlDeviceGetMemoryInfo_v2, "%llu", used >> 20);
@@ -197,6 +198,10 @@ enum vr value(const struct dev *d, int key, char *out, size_t n)
     case K_clocks_max_memory: return U32(nvmlDeviceGetMaxClockInfo, NVML_CLOCK_MEM);
     case K_x_clocks_max_video: return U32(nvmlDeviceGetMaxClockInfo, NVML_CLOCK_VIDEO);
     case K_x_clocks_max_boost_graphics: return U32(nvmlDeviceGetMaxCustomerBoostClock, NVML_CLOCK_GRAPHICS);
+    case K_x_voltage_graphics:
+        if (g_branch >= 570)
+            return V_NA;
+        return voltage(d, out, n);
     case K_fabric_state: return fabric(d, out, n, FABRIC_STATE);
     case K_fabric_status: return fabric(d, out, n, FABRIC_STATUS);
     case K_fabric_cliqueId: return fabric(d, out, n, FABRIC_CLIQUE_ID);

@@ -96,6 +96,8 @@ def fill_static(g, node: Node, i: int) -> None:
     g.pdi = ident.pdi
     g.c2c_mode = p.c2c_mode
     g.row_remap_banks = p.memory.row_remap_banks or 0
+    g.voltage_uv = round(p.voltage_mv * 1000) if p.voltage_mv is not None else 0
+    _put(g.sparse_operation_mode, p.sparse_operation_mode or "")
     g.has_row_remapper = int(node.has_row_remapper)
     g.has_fabric = int(p.fabric is not None)
     if p.fabric is not None:
@@ -283,6 +285,16 @@ def fill_mig_tables(st, node: Node) -> None:
             rc.placement_count = len(c.placements)
             rc.placements = list(c.placements) + [0] * (len(rc.placements) - len(c.placements))
             _put(rc.name, c.name + "\0")
+
+
+def fill_supported_clocks(st, node: Node) -> None:
+    """The board's supported clocks, as the model lists them, into the node-wide section."""
+    clocks = node.profile.clocks
+    st.supported_clock_count = len(clocks.supported)
+    for k, entry in enumerate(clocks.supported):
+        r, graphics = st.supported_clocks[k], clocks.graphics_clocks(entry)
+        r.memory_mhz, r.graphics_count = entry.memory_mhz, len(graphics)
+        r.graphics_mhz[0:len(graphics)] = graphics
 
 
 def fill_accounting(a, node: Node, i: int) -> None:
@@ -570,6 +582,7 @@ class Publisher:
             _put(st.hostname, cfg.hostname + "\0")
             if only is None:  # static: every full publish (a new or repaired file gets one first)
                 fill_mig_tables(st, node)
+                fill_supported_clocks(st, node)
         if len(whole) == count:
             ffi.memmove(st.gpus, scratch, rec * count)
         else:
