@@ -827,6 +827,31 @@ def test_mokka_agent_command(cluster, tmp_path):
     assert "Traceback" not in out and " WARNING " not in out, out
 
 
+@pytest.mark.parametrize("labels, said", [
+    # A combination the CLI refuses: 8 GB200s (they sit 4 to a node).
+    ({decisions.LABEL_PROFILE: "gb200", decisions.LABEL_GPUS: "8"}, "boards sit at most 4 to a node"),
+    # A label the agent itself refuses.
+    ({decisions.LABEL_GPUS: "99"}, "bad GPU count '99'"),
+])
+def test_settings_no_node_can_be_mounted_from_say_why_on_the_node(cluster, tmp_path, labels, said):
+    """The agent exits (the kubelet restarts it; a corrected label takes effect then) and says why
+    in its log and in one Warning Event on the Node, where `kubectl describe node` shows it; before,
+    only the container's log said it, and the pod crash-looped with the Node silent."""
+    kubeconfig = write_kubeconfig(cluster, tmp_path)
+    cluster.node["metadata"]["labels"].update(labels)
+    env = dict(os.environ, MOKKA_RUNTIME_DIR=str(tmp_path / "run"), NODE_NAME="gpu-node-1")
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    r = subprocess.run([*mokka_cmd(), "agent", "--kubeconfig", str(kubeconfig), "--mountpoint", str(tmp_path / "root"),
+                        "--state-dir", str(tmp_path / "state"), "--cdi-spec", "", "--nfd-features", ""],
+                       env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert said in r.stderr and "Traceback" not in r.stderr, r.stderr
+    refused = events(cluster, decisions.REASON_NODE_REFUSED)
+    assert len(refused) == 1 and refused[0]["type"] == "Warning", cluster.events
+    assert refused[0]["message"].startswith("no node mounted: ") and said in refused[0]["message"], refused
+    assert not (tmp_path / "root" / "node").exists()
+
+
 class AgentProcess:
     """`mokka agent` as the DaemonSet's container runs it (mount, CDI spec, NFD file, watch),
     started and stopped (SIGTERM) again and again on one state directory, as the kubelet

@@ -180,6 +180,7 @@ def node_event(node: dict, event_type: str, reason: str, message: str, now: str,
 
 
 REASON_NODE_CHANGED = "SimulatedNodeChanged"  # the Event of a node mounted fresh for new settings
+REASON_NODE_REFUSED = "SimulatedNodeRefused"  # the Event of settings no node can be mounted from
 
 
 def _node_words(record: object, hostname: bool) -> str:

@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -25,6 +26,7 @@ from mokkafs.agent.decisions import (
     ANNOTATION_INJECT,
     ANNOTATION_SCENARIO,
     REASON_NODE_CHANGED,
+    REASON_NODE_REFUSED,
     SCENARIO_CONDITION,
     Apply,
     GpuHealth,
@@ -657,6 +659,17 @@ def retire_another_nodes_state(api, node: dict, state_dir: str, profile: str, co
     return message
 
 
+def refuse(api, node: dict, reason: str, code: int) -> int:
+    """The agent cannot mount the node its settings ask for (a label or ConfigMap value, or a
+    combination, that the CLI refuses): the reason goes to its log and, as a Warning Event, to the
+    Node, where `kubectl describe node` shows it; then the agent exits with `code` (the kubelet
+    restarts it, and a corrected label takes effect at that restart)."""
+    reason = reason.removeprefix("mokka: ").removeprefix("agent: ")
+    print(f"mokka: agent: {reason}", file=sys.stderr)
+    post_event(api, node, "Warning", REASON_NODE_REFUSED, f"no node mounted: {reason}")
+    return code
+
+
 def main(args) -> int:
     """Entry point of `mokka agent` (arguments from mokkafs.cli.main)."""
     node_name = args.node_name or os.environ.get("NODE_NAME")
@@ -672,8 +685,7 @@ def main(args) -> int:
         host_mountpoint = host_path(getattr(args, "host_mountpoint", None), "MOKKA_HOST_MOUNTPOINT", args.mountpoint)
         host_state_dir = host_path(getattr(args, "host_state_dir", None), "MOKKA_HOST_STATE_DIR", args.state_dir)
     except ValueError as e:
-        print(f"mokka: agent: {e}", file=sys.stderr)
-        return 2
+        return refuse(api, node, str(e), 2)
     mounted_here = False
     if not args.no_mount:
         try:
@@ -689,9 +701,15 @@ def main(args) -> int:
             cmd += ["--gpus", str(gpus)]
         if args.kmsg:
             cmd.append("--kmsg")
-        res = subprocess.run(cmd)
+        # stderr to a file, not a pipe: the daemon the mount starts may keep what it inherited open.
+        with tempfile.TemporaryFile(mode="w+") as err:
+            res = subprocess.run(cmd, stderr=err)
+            err.seek(0)
+            said = err.read(64 * 1024)
+        sys.stderr.write(said)
         if res.returncode != 0:
-            return res.returncode
+            lines = [line for line in said.splitlines() if line.strip()]
+            return refuse(api, node, lines[-1] if lines else f"mokka mount exited {res.returncode}", res.returncode)
         mounted_here = True
     tree = MountedTree(args.mountpoint, composition, args.state_dir if mounted_here else None)
     namespace = getattr(args, "namespace", None) or os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE
