@@ -74,6 +74,23 @@ async def test_lookup_gives_stable_inodes_and_types(ops):
     assert (await ops.getattr(temp.st_ino, None)).st_ino == temp.st_ino
 
 
+async def test_what_the_kernel_may_keep(ops):
+    """The root's own attributes a second (the kernel needs them on every path walk under
+    default_permissions); a stable directory's children (the root's, gpuN/'s) for
+    CACHE_TIMEOUT_S; a directory whose children an event changes (a lost GPU's PCI function
+    leaves sys/bus/pci/devices), never."""
+    from mokkafs.daemon.fuse_ops import CACHE_TIMEOUT_S, ROOT_ATTR_TIMEOUT_S
+
+    root_attr = await ops.getattr(ROOT_INO, None)
+    assert (root_attr.attr_timeout, ROOT_ATTR_TIMEOUT_S) == (1.0, 1.0)
+    gpu0 = await ops.lookup(ROOT_INO, b"gpu0", None)
+    temp = await ops.lookup(gpu0.st_ino, b"temperature", None)
+    assert (temp.entry_timeout, temp.attr_timeout) == (CACHE_TIMEOUT_S, CACHE_TIMEOUT_S)
+    info = dict(line.split(": ", 1) for line in (await read_file(ops, "gpu0/info")).decode().splitlines())
+    function = await ops.lookup(await walk(ops, "sys/bus/pci/devices"), info["bus_id"][4:].lower().encode(), None)
+    assert (function.entry_timeout, function.attr_timeout) == (0, 0)
+
+
 async def test_missing_names_are_enoent(ops):
     with pytest.raises(pyfuse3.FUSEError) as err:
         await ops.lookup(ROOT_INO, b"gpu2", None)

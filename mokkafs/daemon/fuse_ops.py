@@ -27,6 +27,12 @@ from mokkafs.render.vfs import CharDev, Ctx, Dir, Entry, File, SocketPlaceholder
 log = logging.getLogger(__name__)
 
 CACHE_TIMEOUT_S = 300
+# The mount root's own attributes (a directory whose mode and owner never change): with
+# default_permissions the kernel needs them on every path walk from the mount point, one GETATTR
+# round trip per open when they are not kept. Kept for a second, a dead daemon's mount still
+# says ENOTCONN to everything but a stat of the root itself, and to that too a second later;
+# stale-mount detection asks statfs, which the kernel never caches.
+ROOT_ATTR_TIMEOUT_S = 1.0
 # A refusal's log line quotes at most this much of its reason: the reason may echo the input.
 MAX_REASON = 300
 
@@ -152,11 +158,11 @@ class MokkaOperations(pyfuse3.Operations):
         # be cached only in directories whose children never change (gpuN/, node/, bridges):
         # the kernel's invalidation notices are asynchronous, so a name that can vanish or
         # appear with an event (a lost GPU's sysfs entry) is never cached, or a reader right
-        # after the write could still see it. The root stays uncached so that probing it tells a
-        # live mount from a dead one. (`mokka run` reads sysfs from the mirror, not from here.)
+        # after the write could still see it; the root's own attributes are kept a second
+        # (ROOT_ATTR_TIMEOUT_S). (`mokka run` reads sysfs from the mirror, not from here.)
         timeout = CACHE_TIMEOUT_S if self.tree.in_stable_dir(inode, ctx) else 0
         attr.entry_timeout = timeout
-        attr.attr_timeout = timeout
+        attr.attr_timeout = ROOT_ATTR_TIMEOUT_S if inode == pyfuse3.ROOT_INODE else timeout
         kind = file_type(entry)
         attr.st_gid = 0
         if isinstance(entry, File):

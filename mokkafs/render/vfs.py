@@ -165,8 +165,8 @@ class Tree:
 
     def in_stable_dir(self, ino: int, ctx: Ctx) -> bool:
         """True if `ino` sits in a directory whose children never change, so the kernel may
-        keep its name and attributes cached. The root is not: probing it tells a live mount
-        from a dead one."""
+        keep its name and attributes cached. The root itself sits in none (the daemon keeps
+        its own attributes a second: fuse_ops.ROOT_ATTR_TIMEOUT_S)."""
         path = self._path_of.get(ino)
         if not path:
             return False
