@@ -252,17 +252,25 @@ static nvmlReturn_t copy_clocks(const uint32_t *list, uint32_t have, unsigned in
     return NVML_SUCCESS;
 }
 
+/* The node's supported-clocks table, one consistent copy: its row count, 0 when the board lists
+ * none (or the count is out of range: NOT_SUPPORTED either way). */
+static uint32_t supported_clocks(const struct mokka_state *s, struct mokka_supported_clocks table[MOKKA_MAX_MEM_CLOCKS])
+{
+    uint32_t n = 0;
+    MOKKA_CONSISTENT(s) {
+        n = s->supported_clock_count;
+        memcpy(table, s->supported_clocks, sizeof(struct mokka_supported_clocks) * MOKKA_MAX_MEM_CLOCKS);
+    }
+    return n <= MOKKA_MAX_MEM_CLOCKS ? n : 0;
+}
+
 nvmlReturn_t DECLDIR nvmlDeviceGetSupportedMemoryClocks(nvmlDevice_t device, unsigned int *count, unsigned int *clocksMHz)
 {
     DEV(device);
     (void)g;
     struct mokka_supported_clocks table[MOKKA_MAX_MEM_CLOCKS];
-    uint32_t n = 0;
-    MOKKA_CONSISTENT(s) {
-        n = s->supported_clock_count;
-        memcpy(table, s->supported_clocks, sizeof(table));
-    }
-    if (n == 0 || n > MOKKA_MAX_MEM_CLOCKS)
+    uint32_t n = supported_clocks(s, table);
+    if (n == 0)
         return NVML_ERROR_NOT_SUPPORTED;
     uint32_t mems[MOKKA_MAX_MEM_CLOCKS];
     for (uint32_t k = 0; k < n; k++)
@@ -277,12 +285,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetSupportedGraphicsClocks(nvmlDevice_t device, u
     (void)g;
     ARG(count);
     struct mokka_supported_clocks table[MOKKA_MAX_MEM_CLOCKS];
-    uint32_t n = 0;
-    MOKKA_CONSISTENT(s) {
-        n = s->supported_clock_count;
-        memcpy(table, s->supported_clocks, sizeof(table));
-    }
-    if (n == 0 || n > MOKKA_MAX_MEM_CLOCKS)
+    uint32_t n = supported_clocks(s, table);
+    if (n == 0)
         return NVML_ERROR_NOT_SUPPORTED;
     for (uint32_t k = 0; k < n; k++)
         if (table[k].memory_mhz == memoryClockMHz)
