@@ -164,13 +164,36 @@ static int main_mig(int argc, char **argv)
     return rc;
 }
 
+enum smi_mode { M_TABLE, M_LIST, M_QUERY, M_XML, M_QGPU, M_QAPPS, M_QACCT, M_QRETIRED, M_QCLOCKS, M_TOPO, M_NVLINK, M_DMON, M_PMON, M_VERSION };
+
+/* The --query-* options: each takes its field list and selects its listing. */
+static const struct {
+    const char *opt;
+    enum smi_mode mode;
+} QUERY_OPTS[] = {
+    {"--query-gpu", M_QGPU},
+    {"--query-compute-apps", M_QAPPS},
+    {"--query-accounted-apps", M_QACCT},
+    {"--query-retired-pages", M_QRETIRED},
+    {"--query-supported-clocks", M_QCLOCKS},
+};
+
+/* The index in QUERY_OPTS of the query option `a` is, or -1. */
+static int query_opt(const char *a)
+{
+    for (size_t k = 0; k < sizeof(QUERY_OPTS) / sizeof(QUERY_OPTS[0]); k++)
+        if (is_opt(a, QUERY_OPTS[k].opt, NULL))
+            return (int)k;
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
-    enum { M_TABLE, M_LIST, M_QUERY, M_XML, M_QGPU, M_QAPPS, M_QACCT, M_QRETIRED, M_QCLOCKS, M_TOPO, M_NVLINK, M_DMON, M_PMON, M_VERSION } mode = M_TABLE;
+    enum smi_mode mode = M_TABLE;
     const char *ids = NULL, *fields = NULL, *format = NULL, *dsections = NULL;
     long loop_ms = 0, count = 0, delay = 1;
     char nvmode = 0;
-    int q = 0, x = 0, nset = 0, k, mig_mode = -1;
+    int q = 0, x = 0, nset = 0, k, qo, mig_mode = -1;
     struct set_cmd set = {0};
 
     setvbuf(stdout, NULL, _IOFBF, 1 << 16);
@@ -246,21 +269,9 @@ int main(int argc, char **argv)
                 return printf("%s", MSG_INVALID), EXIT_INVALID;
         } else if (!strncmp(a, "-i", 2) && a[2] && isdigit((unsigned char)a[2])) {
             ids = a + 2;
-        } else if (is_opt(a, "--query-gpu", NULL)) {
-            fields = opt_value(argc, argv, &i, "--query-gpu", NULL);
-            mode = M_QGPU;
-        } else if (is_opt(a, "--query-compute-apps", NULL)) {
-            fields = opt_value(argc, argv, &i, "--query-compute-apps", NULL);
-            mode = M_QAPPS;
-        } else if (is_opt(a, "--query-accounted-apps", NULL)) {
-            fields = opt_value(argc, argv, &i, "--query-accounted-apps", NULL);
-            mode = M_QACCT;
-        } else if (is_opt(a, "--query-retired-pages", NULL)) {
-            fields = opt_value(argc, argv, &i, "--query-retired-pages", NULL);
-            mode = M_QRETIRED;
-        } else if (is_opt(a, "--query-supported-clocks", NULL)) {
-            fields = opt_value(argc, argv, &i, "--query-supported-clocks", NULL);
-            mode = M_QCLOCKS;
+        } else if ((qo = query_opt(a)) >= 0) {
+            fields = opt_value(argc, argv, &i, QUERY_OPTS[qo].opt, NULL);
+            mode = QUERY_OPTS[qo].mode;
         } else if (is_opt(a, "--format", NULL)) {
             format = opt_value(argc, argv, &i, "--format", NULL);
         } else if (is_opt(a, "--display", "-d")) {
