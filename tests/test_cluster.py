@@ -528,13 +528,14 @@ def test_the_compute_domain_plugin_prepares_an_imex_daemon_claim_on_a_gb200_node
     ComputeDomain is prepared with the node's fabric-imex-mgmt capability device (its minor from
     /proc/driver/nvidia/capabilities/fabric-imex-mgmt, which the plugin reads in its own pod), the
     clique id and the IMEX daemon's config template; unprepare removes the claim's CDI spec."""
-    crds = module_source("compute-domain-kubelet-plugin") / "deployments/helm/dra-driver-nvidia-gpu/crds"
+    source = module_source("compute-domain-kubelet-plugin")  # the pinned DRA driver's own tree
+    crds = source / "deployments/helm/dra-driver-nvidia-gpu/crds"
     crd_text = "\n---\n".join(p.read_text() for p in sorted(crds.glob("*.yaml")))
     plugin = (FIXTURES / "dra-driver-compute-domain.yaml").read_text().replace("@HOOK@", str(go_tool("nvidia-cdi-hook")))
     domain = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
               "metadata": {"name": "imex", "namespace": "default"},
               "spec": {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "imex-channel"}}}}
-    template = (module_source("compute-domain-kubelet-plugin") / "templates/compute-domain-daemon-config.tmpl.cfg").read_bytes()
+    template = (source / "templates/compute-domain-daemon-config.tmpl.cfg").read_bytes()
     cluster.kubectl("label", "node", cluster.node, "--overwrite", "mokkafs.io/profile=gb200")
     objects: list[dict] = []
     try:
