@@ -90,6 +90,27 @@ def target_temperature(profile: GpuProfile, power: float) -> float:
     return t.idle_c + (t.max_load_c - t.idle_c) * frac
 
 
+def energy_mj(energy0_mj: float, t0: float, power_w: float, now: float) -> float:
+    """The energy counter at `now`, from its checkpoint (`energy0_mj` at `t0`) and the power drawn
+    since, which holds until the next event."""
+    return energy0_mj + power_w * 1000.0 * max(0.0, now - t0)
+
+
+def power_drawn(profile: GpuProfile, g: GpuState) -> float:
+    """Watts drawn: the demand, capped by the power limit; it holds until the next event."""
+    return min(power_demand(profile, g), power_limit(profile, g))
+
+
+def temperature_holds(profile: GpuProfile, g: GpuState) -> bool:
+    """Whether `g`'s temperature stays what it reads now until the next event: pinned, or at the
+    target its power drives it to. Then nothing `readings` reports moves with time but the energy
+    and the event-reason counters, which grow: the throttle reasons and clocks follow the
+    temperature, and the rest follows inputs only an event changes."""
+    if "temperature" in g.pins:
+        return True
+    return g.temp0 == target_temperature(profile, power_drawn(profile, g))
+
+
 def readings(profile: GpuProfile, g: GpuState, processes: tuple[tuple[int, int], ...],
              event0_ns: tuple[int, ...], now: float, driver_bytes: int = 0) -> Readings:
     """GPU state `g` at `now`, with `processes` ((pid, used bytes) of its CUDA processes),
@@ -139,7 +160,7 @@ def readings(profile: GpuProfile, g: GpuState, processes: tuple[tuple[int, int],
         memory_temperature_c=mem_temp,
         power_w=power,
         power_limit_w=limit,
-        energy_mj=g.energy0_mj + power * 1000.0 * dt,
+        energy_mj=energy_mj(g.energy0_mj, g.t0, power, now),
         util_gpu=util_gpu,
         util_mem=util_mem,
         clock_graphics=gr,
