@@ -320,6 +320,141 @@ def test_values_agree_with_the_tree_at_the_same_instant(later):
         assert series(body, "DCGM_FI_DEV_FB_USED")[str(i)] == int(tree["memory_used"])
 
 
+# --- one text per model change (Exposition) ----------------------------------------------------
+
+
+def _scrape_body(server: edge.MetricsServer) -> bytes:
+    response, _ = server.respond("GET /metrics HTTP/1.1")
+    head, _, body = response.encode().partition(b"\r\n\r\n")
+    assert f"Content-Length: {len(body)}\r\n".encode() in head
+    return body
+
+
+def test_a_scrape_after_no_change_is_served_again_not_rendered_again(monkeypatch):
+    """The server composes the text once per model change: a second scrape with nothing changed
+    does not call the renderer, yet every scrape is what a fresh render at its instant gives
+    (the energy counter moves at every instant), and an event shows on the very next scrape."""
+    from mokkafs.model.config import Configure
+
+    composed: list[float] = []
+    compose = rm._compose
+    monkeypatch.setattr(rm, "_compose", lambda node, now, *a: composed.append(now) or compose(node, now, *a))
+    now = [1000.0]
+    node = make_node(gpus=4)
+    c = Controller(node, None, clock=lambda: now[0])
+    server = edge.MetricsServer(c, clock=lambda: now[0])
+
+    def scrape_and_fresh() -> tuple[bytes, bytes]:
+        before = len(composed)
+        body = _scrape_body(server)
+        served = len(composed) - before
+        fresh = rm.render(node, now[0])  # composes too: counted outside `served`
+        del composed[before + served:]
+        assert body == fresh
+        return body, served
+
+    first, served = scrape_and_fresh()
+    assert served == 1
+    again, served = scrape_and_fresh()
+    assert served == 0 and again == first
+    now[0] = 1000.25
+    later, served = scrape_and_fresh()
+    assert served == 0 and later != first  # the energy counter moved, nothing else
+    energy = series(later, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+    assert energy["0"] - series(first, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")["0"] == int(
+        node.readings(0, 1000.25).energy_mj) - int(node.readings(0, 1000.0).energy_mj) > 0
+    c.apply(InjectXid(gpu=2, code=79))
+    body, served = scrape_and_fresh()
+    assert served == 1 and series(body, "DCGM_FI_DEV_XID_ERRORS")["2"] == 79
+    c.apply(Configure(1, "power_limit", 500.0))  # a setter
+    body, served = scrape_and_fresh()
+    assert served == 1 and series(body, "DCGM_FI_DEV_POWER_MGMT_LIMIT")["1"] == 500.0
+    now[0] += 3600.0  # an hour of (virtual) time and no event: only the energy moved
+    body, served = scrape_and_fresh()
+    assert served == 0
+    assert series(body, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")["0"] == int(node.readings(0, now[0]).energy_mj)
+    body, served = scrape_and_fresh()
+    assert served == 0
+    assert server.scrapes == 7
+
+
+def _cooling(c: Controller, now: list[float]) -> None:
+    """GPU 0 busy and pinned at 95 C, then let go a moment later: from `now` on, it cools towards
+    its load temperature through the slowdown (89 C) and max-operating (87 C) thresholds, its
+    throttle reasons and clocks changing with no event."""
+    c.apply(Pin(gpu=0, signal="utilization", values=(100, 50)))
+    c.apply(Pin(gpu=0, signal="temperature", values=(95,)))
+    now[0] += 0.5  # the pin held for a while: its 95 C is where the cooling starts
+    c.apply(Pin(gpu=0, signal="temperature", values=None))
+
+
+def test_every_value_that_moves_without_an_event_is_marked_timed_or_grows():
+    """What the text cache re-checks at each scrape (`timed`) and writes at each scrape (`grows`)
+    is every value that time moves: sampled over a GPU cooling through its thresholds and one
+    heating from idle, a field whose value changes with no event between is marked."""
+    node = make_node(gpus=2)
+    now = [1000.0]
+    c = Controller(node, None, clock=lambda: now[0])
+    _cooling(c, now)
+    c.apply(Pin(gpu=1, signal="utilization", values=(100, 50)))
+    assert not node.temperature_holds(0) and not node.temperature_holds(1)
+    fabric = node.profile.fabric
+    seen: dict[str, set] = {f.name: set() for f in rm.FIELDS}
+    for k in range(0, 3000, 5):
+        for i in range(2):
+            s = rm._sample(node, i, now[0] + k / 10, fabric)
+            for f in rm.FIELDS:
+                seen[f.name].add(f.value(s))
+    moved = {name for name, values in seen.items() if len(values) > 1}
+    assert {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_SM_CLOCK",
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"} <= moved  # the sweep did cross the thresholds
+    assert moved <= {f.name for f in rm.FIELDS if f.timed or f.grows}
+    # A temperature that holds (pinned, or at its target) leaves only `grows` values moving.
+    c.apply(Pin(gpu=0, signal="temperature", values=(70,)))
+    assert node.temperature_holds(0) and make_node(gpus=1).temperature_holds(0)
+    first, later = rm._sample(node, 0, now[0], fabric), rm._sample(node, 0, now[0] + 3600, fabric)
+    assert [f.name for f in rm.FIELDS if f.value(first) != f.value(later)] == ["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+
+
+def test_served_scrapes_are_a_fresh_render_byte_for_byte_over_events_and_time():
+    """Through temperatures that move (cooling through thresholds, heating), MIG instances with
+    a process, a GPU lost and reset, setters, and time alone, in half-second steps: every scrape
+    the cache serves is exactly a fresh render at its instant, and the text was composed again
+    only some of the time."""
+    from mokkafs.model.commands import parse_line
+    from mokkafs.model.config import Configure
+    from mokkafs.model.events import SetProcesses
+
+    node = make_node(gpus=4)
+    now = [1000.0]
+    c = Controller(node, None, clock=lambda: now[0])
+    for line in ("gpu=3 mig enable", "gpu=3 mig create 3g.40gb,1g.10gb"):
+        c.apply(parse_line(line).event)
+    c.apply(SetProcesses(3, ((4242, 1 << 30),), ((4242, 7, 0),)))
+    _cooling(c, now)
+    start = now[0]
+    exposition = rm.Exposition()
+    events = {
+        40: Pin(gpu=1, signal="utilization", values=(60, 20)),
+        90: InjectXid(gpu=2, code=79),
+        150: Configure(1, "power_limit", 300.0),
+        200: Reset(gpu=2),
+        260: Pin(gpu=1, signal="utilization", values=None),
+    }
+    masks, scrapes = set(), 0
+    for k in range(600):
+        now[0] = start + k / 2
+        if k in events:
+            c.apply(events[k])
+        for _ in range(2 if k % 7 == 0 else 1):  # now and then two scrapes at the same instant
+            body = exposition.render(node, now[0], fuse_operations=k // 3, fuse_errors=k // 50)
+            assert body == rm.render(node, now[0], fuse_operations=k // 3, fuse_errors=k // 50), now[0]
+            scrapes += 1
+        masks.add(series(body, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")["0"])
+    assert len(masks) >= 3  # GPU 0's throttle reasons changed with time alone
+    assert len(events) < exposition.composed < scrapes // 3
+
+
 def test_a_board_without_a_memory_sensor_reads_memory_temp_zero():
     node = make_node("l40s", gpus=2)
     assert node.readings(0, 1000.0).memory_temperature_c is None

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from mokkafs.model import Node, Readings
 from mokkafs.model.counters import EccKind, EccScope, NvLinkCounter, ecc_total
+from mokkafs.model.dynamics import energy_mj
 from mokkafs.model.mig import GpuInstanceView
 from mokkafs.model.schema import Fabric
 from mokkafs.model.state import GpuState
@@ -54,10 +55,25 @@ class Field:
     is_float: bool = False  # DCGM double fields print as Go's %f ("40.979000"); int64 as %d
     polled: bool = True  # False: set from driver events, so DCGM still has it for a lost GPU
     fabric: bool = False  # read from nvmlDeviceGetGpuFabricInfoV: blank (no series) on a board without a fabric
+    # What moves with time without an event (docs/metrics.md, "One text per model change"):
+    # `timed` values follow the temperature (it and what it drives: throttle reasons, clocks),
+    # which moves until it reaches its target; a `grows` value (the energy counter) moves at
+    # every instant, at a rate an event sets: `grows(sample)` is its value as a function of a
+    # later instant with no event between. Every other value holds until the next event.
+    timed: bool = False
+    grows: Callable[[Sample], Callable[[float], float]] | None = None
 
 
 def _ecc(scope: EccScope, kind: EccKind) -> Callable[[Sample], int]:
     return lambda s: ecc_total(s.g.ecc, scope, kind)
+
+
+def _energy_after(s: Sample) -> Callable[[float], int]:
+    """The energy counter at a later instant, as `s.r.energy_mj` is computed (dynamics.energy_mj)
+    from the checkpoint and the power, which hold until the next event. Copied out of the GPU's
+    record, which a rolled-back event can leave behind changed (daemon/controller.py)."""
+    energy0_mj, t0, power_w = s.g.energy0_mj, s.g.t0, s.r.power_w
+    return lambda now: int(energy_mj(energy0_mj, t0, power_w, now))
 
 
 def _nvlink(counter: NvLinkCounter) -> Callable[[Sample], int]:
@@ -67,22 +83,26 @@ def _nvlink(counter: NvLinkCounter) -> Callable[[Sample], int]:
 # Rows enabled in dcgm-exporter 4.8.4's etc/default-counters.csv, in the file's order, with its
 # types and help texts (the DCGM_FI_DRIVER_VERSION `label` row becomes a label, below).
 DEFAULT_FIELDS: tuple[Field, ...] = (
-    Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", lambda s: s.r.clock_sm),
-    Field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", lambda s: s.r.clock_mem),
+    Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", lambda s: s.r.clock_sm, timed=True),
+    Field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", lambda s: s.r.clock_mem,
+          timed=True),
     # A board without a memory sensor reads 0 through DCGM, not blank (seen on Ada parts).
     Field(
         "DCGM_FI_DEV_MEMORY_TEMP",
         "gauge",
         "Memory temperature (in C).",
         lambda s: round(s.r.memory_temperature_c or 0),
+        timed=True,
     ),
-    Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", lambda s: round(s.r.temperature_c)),
+    Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", lambda s: round(s.r.temperature_c),
+          timed=True),
     Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", lambda s: s.r.power_w, is_float=True),
     Field(
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
         "counter",
         "Total energy consumption since the driver was last reloaded (in mJ).",
         lambda s: int(s.r.energy_mj),
+        grows=_energy_after,
     ),
     Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.", lambda s: s.g.pcie_replay),
     Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", lambda s: s.r.util_gpu),
@@ -286,12 +306,14 @@ EXTRA_FIELDS: tuple[Field, ...] = (
         "gauge",
         "Current clock throttle reasons.",
         lambda s: s.r.throttle_mask,
+        timed=True,
     ),
     Field(
         "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
         "gauge",
         "Current clock event reasons.",
         lambda s: s.r.throttle_mask,
+        timed=True,
     ),
 )
 
@@ -317,24 +339,50 @@ def _escape(value: str) -> str:
     return value.replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n")
 
 
-def render_dcgm(
-    node: Node, now: float, hostname: str | None = None, hostname_label: str = DEFAULT_HOSTNAME_LABEL
-) -> str:
-    """The dcgm-exporter part of a scrape, every value read from the model at `now`.
+class _Meter:
+    """One series of a `grows` field: its line up to the value, and the value as a function of
+    the scrape's instant."""
 
-    A lost GPU reads blank for every polled field, and dcgm-exporter drops blank values, so such
-    a GPU keeps only the event-sourced DCGM_FI_DEV_XID_ERRORS (which is how Xid 79 is seen). A
-    board without an NVLink fabric (PCIe, pre-Hopper) has no fabric health series at all."""
-    host = node.config.hostname if hostname is None else hostname
+    __slots__ = ("line", "value", "is_float")
+
+    def __init__(self, line: str, value: Callable[[float], float], is_float: bool) -> None:
+        self.line, self.value, self.is_float = line, value, is_float
+
+    def at(self, now: float) -> str:
+        v = self.value(now)
+        return f"{self.line}{v:f}\n" if self.is_float else f"{self.line}{int(v)}\n"
+
+
+# A composed text: runs of text, and between them the series of `grows` fields, written at each
+# scrape. `watch` is, per GPU whose temperature moves, its `timed` values when it was composed.
+_Parts = list  # of str | tuple[_Meter, ...]
+_TIMED = tuple(f for f in FIELDS if f.timed)
+
+
+def _sample(node: Node, i: int, now: float, fabric: Fabric | None) -> Sample:
+    return Sample(node.readings(i, now), node.gpus[i], (node.ecc_enabled(i), node.setting(i, "ecc_mode")), fabric)
+
+
+def _timed_values(node: Node, i: int, now: float) -> tuple:
+    s = _sample(node, i, now, node.profile.fabric)
+    return tuple(f.value(s) for f in _TIMED)
+
+
+def _compose(node: Node, now: float, host: str, hostname_label: str) -> tuple[_Parts, tuple[tuple[int, tuple], ...]]:
+    """The dcgm-exporter text at `now` as parts (above), and the watch list."""
     fabric = node.profile.fabric
     # One per GPU or GPU instance: its label set, its sample, the instance, whether it is lost.
     series: list[tuple[str, Sample, GpuInstanceView | None, bool]] = []
+    watch: list[tuple[int, tuple]] = []
     for i, g in enumerate(node.gpus):
-        sample = Sample(node.readings(i, now), g, (node.ecc_enabled(i), node.setting(i, "ecc_mode")), fabric)
+        sample = _sample(node, i, now, fabric)
         for instance in node.mig_devices(i)[0] or (None,):
             series.append((_label_set(node, i, host, hostname_label, instance), sample, instance, g.lost))
+        if not g.lost and not node.temperature_holds(i):
+            watch.append((i, tuple(f.value(sample) for f in _TIMED)))
     # Field by field, each formatted inline: a 64-GPU scrape is some 2,700 lines, and a call per
     # value was a third of its cost.
+    parts: _Parts = []
     out: list[str] = []
     for f in FIELDS:
         if f.fabric and fabric is None:
@@ -344,6 +392,15 @@ def render_dcgm(
         name, value, polled = f.name, f.value, f.polled
         blank, own = name in _MIG_BLANK, _MIG_OWN.get(name)
         out.append(f"# HELP {name} {f.help}\n# TYPE {name} {f.kind}\n")
+        if f.grows:
+            parts.append("".join(out))
+            out = []
+            # One meter per GPU; its instances' series share it (their energy is the GPU's).
+            meters = {id(s): f.grows(s) for _, s, _, lost in series if not (polled and lost)}
+            parts.append(tuple(_Meter(f"{name}{prefix}", meters[id(s)], f.is_float)
+                               for prefix, s, instance, lost in series
+                               if not (polled and lost) and not (instance is not None and blank)))
+            continue
         for prefix, s, instance, lost in series:
             if polled and lost:
                 continue
@@ -354,7 +411,21 @@ def render_dcgm(
             else:
                 v = own(instance) if own else value(s)
             out.append(f"{name}{prefix}{v:f}\n" if f.is_float else f"{name}{prefix}{int(v)}\n")
-    return "".join(out)
+    parts.append("".join(out))
+    return parts, tuple(watch)
+
+
+def render_dcgm(
+    node: Node, now: float, hostname: str | None = None, hostname_label: str = DEFAULT_HOSTNAME_LABEL
+) -> str:
+    """The dcgm-exporter part of a scrape, every value read from the model at `now`.
+
+    A lost GPU reads blank for every polled field, and dcgm-exporter drops blank values, so such
+    a GPU keeps only the event-sourced DCGM_FI_DEV_XID_ERRORS (which is how Xid 79 is seen). A
+    board without an NVLink fabric (PCIe, pre-Hopper) has no fabric health series at all."""
+    host = node.config.hostname if hostname is None else hostname
+    parts, _ = _compose(node, now, host, hostname_label)
+    return "".join(p if isinstance(p, str) else "".join(m.at(now) for m in p) for p in parts)
 
 
 def _label_set(node: Node, i: int, host: str, hostname_label: str, instance: GpuInstanceView | None) -> str:
@@ -419,3 +490,51 @@ def render(
     """One whole scrape: the dcgm-exporter series, then mokkafs' own."""
     dcgm = render_dcgm(node, now, hostname, hostname_label).encode()
     return dcgm + render_own(node, fuse_operations, fuse_errors)
+
+
+class Exposition:
+    """Scrapes of one node's /metrics, the text made once per model change.
+
+    The dcgm-exporter text is composed when the model has changed since it was last composed
+    (another node, or `node.generation` moved: every event bumps it), or when the temperature of
+    a GPU whose temperature moves with time now gives another `timed` value (a degree more, a
+    throttle reason, a clock); otherwise the text is served again, with only the `grows` lines
+    (the energy counter, which moves at every instant) written for `now`. So every scrape is
+    byte for byte what `render` would give at the same instant (tests/test_metrics.py checks it
+    over events and time), at the cost of a few lines per scrape. mokkafs' own counters are
+    rendered when they have changed."""
+
+    def __init__(self, hostname: str | None = None, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
+        self.hostname = hostname
+        self.hostname_label = hostname_label
+        self.composed = 0  # times the dcgm-exporter text was composed (a test counts them)
+        self._node: Node | None = None
+        self._generation = -1
+        self._parts: list[bytes | tuple[_Meter, ...]] = []
+        self._watch: tuple[tuple[int, tuple], ...] = ()
+        self._own_key: tuple | None = None
+        self._own = b""
+
+    def _current(self, node: Node, now: float) -> bool:
+        if node is not self._node or node.generation != self._generation:
+            return False
+        return all(_timed_values(node, i, now) == seen for i, seen in self._watch)
+
+    def parts(self, node: Node, now: float, fuse_operations: int = 0, fuse_errors: int = 0) -> list[bytes]:
+        """One whole scrape at `now`, as the byte strings to send one after the other."""
+        if not self._current(node, now):
+            host = node.config.hostname if self.hostname is None else self.hostname
+            parts, self._watch = _compose(node, now, host, self.hostname_label)
+            # The runs of text are encoded once; a later event makes new ones.
+            self._parts = [p.encode() if isinstance(p, str) else p for p in parts]
+            self._node, self._generation = node, node.generation
+            self.composed += 1
+        key = (node, node.generation, fuse_operations, fuse_errors)
+        if key != self._own_key:
+            self._own, self._own_key = render_own(node, fuse_operations, fuse_errors), key
+        out = [p if isinstance(p, bytes) else "".join(m.at(now) for m in p).encode() for p in self._parts]
+        out.append(self._own)
+        return out
+
+    def render(self, node: Node, now: float, fuse_operations: int = 0, fuse_errors: int = 0) -> bytes:
+        return b"".join(self.parts(node, now, fuse_operations, fuse_errors))
