@@ -397,7 +397,7 @@ def test_every_value_that_moves_without_an_event_is_marked_timed_or_grows():
     c = Controller(node, None, clock=lambda: now[0])
     _cooling(c, now)
     c.apply(Pin(gpu=1, signal="utilization", values=(100, 50)))
-    assert not node.temperature_holds(0) and not node.temperature_holds(1)
+    assert not node.temperature_holds(0, now[0]) and not node.temperature_holds(1, now[0])
     fabric = node.profile.fabric
     seen: dict[str, set] = {f.name: set() for f in rm.FIELDS}
     for k in range(0, 3000, 5):
@@ -411,9 +411,40 @@ def test_every_value_that_moves_without_an_event_is_marked_timed_or_grows():
     assert moved <= {f.name for f in rm.FIELDS if f.timed or f.grows}
     # A temperature that holds (pinned, or at its target) leaves only `grows` values moving.
     c.apply(Pin(gpu=0, signal="temperature", values=(70,)))
-    assert node.temperature_holds(0) and make_node(gpus=1).temperature_holds(0)
+    assert node.temperature_holds(0, now[0]) and make_node(gpus=1).temperature_holds(0, 1000.0)
     first, later = rm._sample(node, 0, now[0], fabric), rm._sample(node, 0, now[0] + 3600, fabric)
     assert [f.name for f in rm.FIELDS if f.value(first) != f.value(later)] == ["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+
+
+def test_a_temperature_that_reached_its_target_is_not_read_again(monkeypatch):
+    """A busy GPU's temperature moves for a while after the event that set its load, and each
+    scrape then reads it; once it reads its target exactly (the lag's float reaches it some 25
+    minutes later) it stays there until the next event, and scrapes stop reading it."""
+    node = make_node(gpus=2)
+    c = Controller(node, None, clock=lambda: 1000.0)
+    c.apply(Pin(gpu=1, signal="utilization", values=(100, 50)))
+    exposition = rm.Exposition()
+    reads: list[int] = []
+    readings = node.readings
+    monkeypatch.setattr(node, "readings", lambda i, now: reads.append(i) or readings(i, now))
+
+    exposition.render(node, 1010.0)
+    assert not node.temperature_holds(1, 1010.0)
+    del reads[:]
+    exposition.render(node, 1010.0)  # nothing changed: GPU 1 is read, GPU 0 (at its target) is not
+    assert reads == [1] and exposition.composed == 1
+    settled = next(t for t in range(1011, 1000 + 7200, 10) if node.temperature_holds(1, float(t)))
+    assert 1000 + 600 < settled < 1000 + 3600
+    exposition.render(node, settled - 60.0)  # its degree is its target's by then, its float not yet
+    assert not node.temperature_holds(1, settled - 60.0)
+    composed = exposition.composed
+    exposition.render(node, float(settled))  # read once more, and found settled
+    del reads[:]
+    bodies = [exposition.render(node, t) for t in (settled + 1.0, settled + 3600.0)]
+    assert reads == [] and exposition.composed == composed
+    assert bodies == [rm.render(node, t) for t in (settled + 1.0, settled + 3600.0)]
+    # An instant before one served (no daemon clock goes back, a caller's may): composed again.
+    assert exposition.render(node, 1010.0) == rm.render(node, 1010.0)
 
 
 def test_served_scrapes_are_a_fresh_render_byte_for_byte_over_events_and_time():

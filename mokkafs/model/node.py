@@ -133,10 +133,10 @@ class Node:
         return dynamics.readings(self.profile, self.gpus[i], self.processes[i], self._event0_ns[i], now,
                                  driver_bytes=self.mig_idle_bytes(i))
 
-    def temperature_holds(self, i: int) -> bool:
-        """Whether GPU `i`'s readings hold until the next event but for the counters that grow
-        with time (energy, event reasons): its temperature is pinned or at its target."""
-        return dynamics.temperature_holds(self.profile, self.gpus[i])
+    def temperature_holds(self, i: int, now: float) -> bool:
+        """Whether GPU `i`'s readings hold from `now` until the next event but for the counters
+        that grow with time (energy, event reasons): its temperature is pinned or at its target."""
+        return dynamics.temperature_holds(self.profile, self.gpus[i], now)
 
     @property
     def driver_branch(self) -> int:

@@ -378,7 +378,7 @@ def _compose(node: Node, now: float, host: str, hostname_label: str) -> tuple[_P
         sample = _sample(node, i, now, fabric)
         for instance in node.mig_devices(i)[0] or (None,):
             series.append((_label_set(node, i, host, hostname_label, instance), sample, instance, g.lost))
-        if not g.lost and not node.temperature_holds(i):
+        if not g.lost and not node.temperature_holds(i, now):
             watch.append((i, tuple(f.value(sample) for f in _TIMED)))
     # Field by field, each formatted inline: a 64-GPU scrape is some 2,700 lines, and a call per
     # value was a third of its cost.
@@ -510,15 +510,24 @@ class Exposition:
         self.composed = 0  # times the dcgm-exporter text was composed (a test counts them)
         self._node: Node | None = None
         self._generation = -1
+        self._now = 0.0  # the latest instant served from the composed text
         self._parts: list[bytes | tuple[_Meter, ...]] = []
         self._watch: tuple[tuple[int, tuple], ...] = ()
         self._own_key: tuple | None = None
         self._own = b""
 
     def _current(self, node: Node, now: float) -> bool:
-        if node is not self._node or node.generation != self._generation:
+        if node is not self._node or node.generation != self._generation or now < self._now:
+            # (An earlier instant than one served: the daemon's clock never goes back, but a
+            # temperature found settled below may not have been, then.)
             return False
-        return all(_timed_values(node, i, now) == seen for i, seen in self._watch)
+        if any(_timed_values(node, i, now) != seen for i, seen in self._watch):
+            return False
+        # A temperature that has reached its target stays there until the next event: no need to
+        # read it again.
+        self._watch = tuple((i, seen) for i, seen in self._watch if not node.temperature_holds(i, now))
+        self._now = now
+        return True
 
     def parts(self, node: Node, now: float, fuse_operations: int = 0, fuse_errors: int = 0) -> list[bytes]:
         """One whole scrape at `now`, as the byte strings to send one after the other."""
@@ -527,7 +536,7 @@ class Exposition:
             parts, self._watch = _compose(node, now, host, self.hostname_label)
             # The runs of text are encoded once; a later event makes new ones.
             self._parts = [p.encode() if isinstance(p, str) else p for p in parts]
-            self._node, self._generation = node, node.generation
+            self._node, self._generation, self._now = node, node.generation, now
             self.composed += 1
         key = (node, node.generation, fuse_operations, fuse_errors)
         if key != self._own_key:
