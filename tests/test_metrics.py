@@ -331,51 +331,53 @@ def _scrape_body(server: edge.MetricsServer) -> bytes:
 
 
 def test_a_scrape_after_no_change_is_served_again_not_rendered_again(monkeypatch):
-    """The server composes the text once per model change: a second scrape with nothing changed
-    does not call the renderer, yet every scrape is what a fresh render at its instant gives
-    (the energy counter moves at every instant), and an event shows on the very next scrape."""
+    """The server makes each GPU's part of the text once per event that targets it: a second
+    scrape with nothing changed renders nothing, an event renders its GPU's part alone, and yet
+    every scrape is what a fresh render at its instant gives (the energy counter moves at every
+    instant) and an event shows on the very next scrape."""
     from mokkafs.model.config import Configure
 
-    composed: list[float] = []
-    compose = rm._compose
-    monkeypatch.setattr(rm, "_compose", lambda node, now, *a: composed.append(now) or compose(node, now, *a))
+    rendered: list[int] = []  # the GPUs whose part of the text was made, by the server
+    gpu_lines = rm._gpu_lines
+    monkeypatch.setattr(rm, "_gpu_lines", lambda node, i, *a, **k: rendered.append(i) or gpu_lines(node, i, *a, **k))
     now = [1000.0]
     node = make_node(gpus=4)
     c = Controller(node, None, clock=lambda: now[0])
     server = edge.MetricsServer(c, clock=lambda: now[0])
 
-    def scrape_and_fresh() -> tuple[bytes, bytes]:
-        before = len(composed)
+    def scrape_and_fresh() -> tuple[bytes, list[int]]:
         body = _scrape_body(server)
-        served = len(composed) - before
-        fresh = rm.render(node, now[0])  # composes too: counted outside `served`
-        del composed[before + served:]
-        assert body == fresh
+        served = list(rendered)
+        assert body == rm.render(node, now[0])  # renders every GPU too: not counted
+        del rendered[:]
         return body, served
 
     first, served = scrape_and_fresh()
-    assert served == 1
+    assert served == [0, 1, 2, 3]
     again, served = scrape_and_fresh()
-    assert served == 0 and again == first
+    assert served == [] and again == first
     now[0] = 1000.25
     later, served = scrape_and_fresh()
-    assert served == 0 and later != first  # the energy counter moved, nothing else
+    assert served == [] and later != first  # the energy counter moved, nothing else
     energy = series(later, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
     assert energy["0"] - series(first, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")["0"] == int(
         node.readings(0, 1000.25).energy_mj) - int(node.readings(0, 1000.0).energy_mj) > 0
     c.apply(InjectXid(gpu=2, code=79))
     body, served = scrape_and_fresh()
-    assert served == 1 and series(body, "DCGM_FI_DEV_XID_ERRORS")["2"] == 79
+    assert served == [2] and series(body, "DCGM_FI_DEV_XID_ERRORS")["2"] == 79
     c.apply(Configure(1, "power_limit", 500.0))  # a setter
     body, served = scrape_and_fresh()
-    assert served == 1 and series(body, "DCGM_FI_DEV_POWER_MGMT_LIMIT")["1"] == 500.0
+    assert served == [1] and series(body, "DCGM_FI_DEV_POWER_MGMT_LIMIT")["1"] == 500.0
+    c.apply(Reset(gpu=None))  # the node's: every GPU
+    body, served = scrape_and_fresh()
+    assert served == [0, 1, 2, 3] and series(body, "DCGM_FI_DEV_XID_ERRORS")["2"] == 0
     now[0] += 3600.0  # an hour of (virtual) time and no event: only the energy moved
     body, served = scrape_and_fresh()
-    assert served == 0
+    assert served == []
     assert series(body, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")["0"] == int(node.readings(0, now[0]).energy_mj)
     body, served = scrape_and_fresh()
-    assert served == 0
-    assert server.scrapes == 7
+    assert served == []
+    assert server.scrapes == 8
 
 
 def _cooling(c: Controller, now: list[float]) -> None:

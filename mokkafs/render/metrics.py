@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily
@@ -353,10 +354,12 @@ class _Meter:
         return f"{self.line}{v:f}\n" if self.is_float else f"{self.line}{int(v)}\n"
 
 
-# A composed text: runs of text, and between them the series of `grows` fields, written at each
-# scrape. `watch` is, per GPU whose temperature moves, its `timed` values when it was composed.
-_Parts = list  # of str | tuple[_Meter, ...]
 _TIMED = tuple(f for f in FIELDS if f.timed)
+
+# What one GPU contributes to a scrape: per field of `_fields(fabric)`, the lines of its series
+# (one, one per GPU instance, or none) as text, or for a `grows` field as meters; and its `timed`
+# values, or None when its temperature holds (nothing of it moves with time but the meters).
+_GpuLines = tuple[list, tuple | None]
 
 
 def _sample(node: Node, i: int, now: float, fabric: Fabric | None) -> Sample:
@@ -368,51 +371,81 @@ def _timed_values(node: Node, i: int, now: float) -> tuple:
     return tuple(f.value(s) for f in _TIMED)
 
 
-def _compose(node: Node, now: float, host: str, hostname_label: str) -> tuple[_Parts, tuple[tuple[int, tuple], ...]]:
-    """The dcgm-exporter text at `now` as parts (above), and the watch list."""
-    fabric = node.profile.fabric
-    # One per GPU or GPU instance: its label set, its sample, the instance, whether it is lost.
-    series: list[tuple[str, Sample, GpuInstanceView | None, bool]] = []
-    watch: list[tuple[int, tuple]] = []
-    for i, g in enumerate(node.gpus):
-        sample = _sample(node, i, now, fabric)
-        for instance in node.mig_devices(i)[0] or (None,):
-            series.append((_label_set(node, i, host, hostname_label, instance), sample, instance, g.lost))
-        if not g.lost and not node.temperature_holds(i, now):
-            watch.append((i, tuple(f.value(sample) for f in _TIMED)))
-    # Field by field, each formatted inline: a 64-GPU scrape is some 2,700 lines, and a call per
-    # value was a third of its cost.
-    parts: _Parts = []
+@functools.lru_cache(maxsize=4)
+def _fields(fabric: Fabric | None) -> tuple[tuple[Field, str], ...]:
+    """The fields a node with this fabric has series of, each with its HELP and TYPE lines. On a
+    board without a fabric, NVML answers NOT_SUPPORTED for the fabric fields, DCGM stores a blank
+    for every GPU, and dcgm-exporter, which drops blank values, prints no series of them (nor
+    their HELP and TYPE)."""
+    return tuple((f, f"# HELP {f.name} {f.help}\n# TYPE {f.name} {f.kind}\n")
+                 for f in FIELDS if not (f.fabric and fabric is None))
+
+
+@functools.lru_cache(maxsize=4)
+def _specs(fabric: Fabric | None) -> tuple[tuple, ...]:
+    """`_fields(fabric)` as plain tuples (name, value, is_float, polled, grows), unpacked once
+    per line of the some 2,700 of 64 GPUs instead of read as five attributes."""
+    return tuple((f.name, f.value, f.is_float, f.polled, f.grows) for f, _ in _fields(fabric))
+
+
+def _gpu_lines(node: Node, i: int, now: float, host: str, hostname_label: str, watch: bool = True) -> _GpuLines:
+    """GPU `i`'s part of the text at `now` (`_GpuLines`; its `timed` values only if `watch`)."""
+    fabric, g = node.profile.fabric, node.gpus[i]
+    s = _sample(node, i, now, fabric)
+    instances = node.mig_devices(i)[0]
+    lines: list = []
+    append = lines.append
+    if not instances:  # one series per field (most GPUs): each line formatted inline, no call per value
+        prefix = _label_set(node, i, host, hostname_label, None)
+        lost = g.lost
+        for name, value, is_float, polled, grows in _specs(fabric):
+            if polled and lost:  # a lost GPU reads blank, which dcgm-exporter drops
+                append(() if grows else "")
+            elif grows:
+                append((_Meter(f"{name}{prefix}", grows(s), is_float),))
+            elif is_float:
+                append(f"{name}{prefix}{value(s):f}\n")
+            else:
+                append(f"{name}{prefix}{int(value(s))}\n")
+    else:  # one series per GPU instance, which carries its own value of a few fields, none of some
+        prefixes = [(_label_set(node, i, host, hostname_label, instance), instance) for instance in instances]
+        for f, _ in _fields(fabric):
+            name = f.name
+            if f.polled and g.lost:
+                append(() if f.grows else "")
+                continue
+            blank, own = name in _MIG_BLANK, _MIG_OWN.get(name)
+            if f.grows:
+                at = f.grows(s)  # the GPU's value: its instances share it
+                append(tuple(_Meter(f"{name}{prefix}", at, f.is_float) for prefix, _ in prefixes if not blank))
+                continue
+            out = []
+            for prefix, instance in prefixes:
+                if blank:
+                    continue
+                v = own(instance) if own else f.value(s)
+                out.append(f"{name}{prefix}{v:f}\n" if f.is_float else f"{name}{prefix}{int(v)}\n")
+            append("".join(out))
+    timed = None if not watch or g.lost or node.temperature_holds(i, now) else tuple(f.value(s) for f in _TIMED)
+    return lines, timed
+
+
+def _assemble(fabric: Fabric | None, gpus: list[_GpuLines]) -> list:
+    """The text from every GPU's part, field by field: runs of text, and between them the
+    meters of the `grows` fields (written at each scrape)."""
+    parts: list = []
     out: list[str] = []
-    for f in FIELDS:
-        if f.fabric and fabric is None:
-            # NVML answers NOT_SUPPORTED, DCGM stores a blank for every GPU, and dcgm-exporter,
-            # which drops blank values, has no series of the field to print (nor its HELP/TYPE).
-            continue
-        name, value, polled = f.name, f.value, f.polled
-        blank, own = name in _MIG_BLANK, _MIG_OWN.get(name)
-        out.append(f"# HELP {name} {f.help}\n# TYPE {name} {f.kind}\n")
+    per_gpu = [lines for lines, _ in gpus]
+    for k, (f, head) in enumerate(_fields(fabric)):
+        out.append(head)
         if f.grows:
             parts.append("".join(out))
             out = []
-            # One meter per GPU; its instances' series share it (their energy is the GPU's).
-            meters = {id(s): f.grows(s) for _, s, _, lost in series if not (polled and lost)}
-            parts.append(tuple(_Meter(f"{name}{prefix}", meters[id(s)], f.is_float)
-                               for prefix, s, instance, lost in series
-                               if not (polled and lost) and not (instance is not None and blank)))
-            continue
-        for prefix, s, instance, lost in series:
-            if polled and lost:
-                continue
-            if instance is None:
-                v = value(s)
-            elif blank:
-                continue
-            else:
-                v = own(instance) if own else value(s)
-            out.append(f"{name}{prefix}{v:f}\n" if f.is_float else f"{name}{prefix}{int(v)}\n")
+            parts.append(tuple(m for lines in per_gpu for m in lines[k]))
+        else:
+            out.extend(map(itemgetter(k), per_gpu))
     parts.append("".join(out))
-    return parts, tuple(watch)
+    return parts
 
 
 def render_dcgm(
@@ -424,8 +457,9 @@ def render_dcgm(
     a GPU keeps only the event-sourced DCGM_FI_DEV_XID_ERRORS (which is how Xid 79 is seen). A
     board without an NVLink fabric (PCIe, pre-Hopper) has no fabric health series at all."""
     host = node.config.hostname if hostname is None else hostname
-    parts, _ = _compose(node, now, host, hostname_label)
-    return "".join(p if isinstance(p, str) else "".join(m.at(now) for m in p) for p in parts)
+    gpus = [_gpu_lines(node, i, now, host, hostname_label, watch=False) for i in range(len(node.gpus))]
+    return "".join(p if isinstance(p, str) else "".join(m.at(now) for m in p)
+                   for p in _assemble(node.profile.fabric, gpus))
 
 
 def _label_set(node: Node, i: int, host: str, hostname_label: str, instance: GpuInstanceView | None) -> str:
@@ -495,49 +529,65 @@ def render(
 class Exposition:
     """Scrapes of one node's /metrics, the text made once per model change.
 
-    The dcgm-exporter text is composed when the model has changed since it was last composed
-    (another node, or `node.generation` moved: every event bumps it), or when the temperature of
-    a GPU whose temperature moves with time now gives another `timed` value (a degree more, a
-    throttle reason, a clock); otherwise the text is served again, with only the `grows` lines
-    (the energy counter, which moves at every instant) written for `now`. So every scrape is
-    byte for byte what `render` would give at the same instant (tests/test_metrics.py checks it
-    over events and time), at the cost of a few lines per scrape. mokkafs' own counters are
-    rendered when they have changed."""
+    Each GPU's part of the text is made again when an event has targeted that GPU (the model's
+    `gpu_generations`), or when its temperature moves with time and now gives another `timed`
+    value (a degree more, a throttle reason, a clock); otherwise the text is served again, with
+    only the `grows` lines (the energy counter, which moves at every instant) written for `now`.
+    So every scrape is byte for byte what `render` would give at the same instant
+    (tests/test_metrics.py checks it over events and time), at the cost of a few lines per
+    scrape, and an event on one GPU costs the next scrape that GPU's lines. mokkafs' own
+    counters are rendered again when they have changed."""
 
     def __init__(self, hostname: str | None = None, hostname_label: str = DEFAULT_HOSTNAME_LABEL) -> None:
         self.hostname = hostname
         self.hostname_label = hostname_label
-        self.composed = 0  # times the dcgm-exporter text was composed (a test counts them)
+        self.composed = 0  # times the text was assembled from its GPUs' parts (a test counts them)
         self._node: Node | None = None
-        self._generation = -1
-        self._now = 0.0  # the latest instant served from the composed text
+        self._now = 0.0  # the latest instant served
+        self._gpus: list[_GpuLines] = []
+        self._seen: list[int] = []  # each GPU's generation when its part was made
+        self._watch: dict[int, tuple] = {}  # the GPUs whose temperature moves: their `timed` values
         self._parts: list[bytes | tuple[_Meter, ...]] = []
-        self._watch: tuple[tuple[int, tuple], ...] = ()
         self._own_key: tuple | None = None
         self._own = b""
 
-    def _current(self, node: Node, now: float) -> bool:
-        if node is not self._node or node.generation != self._generation or now < self._now:
-            # (An earlier instant than one served: the daemon's clock never goes back, but a
-            # temperature found settled below may not have been, then.)
-            return False
-        if any(_timed_values(node, i, now) != seen for i, seen in self._watch):
-            return False
-        # A temperature that has reached its target stays there until the next event: no need to
-        # read it again.
-        self._watch = tuple((i, seen) for i, seen in self._watch if not node.temperature_holds(i, now))
-        self._now = now
-        return True
+    def _stale(self, node: Node, now: float) -> list[int]:
+        """The GPUs whose part must be made again for `now`."""
+        if node is not self._node or now < self._now or len(self._seen) != len(node.gpus):
+            # Another node, or an instant before one served (the daemon's clock never goes
+            # back, a caller's may): a temperature found settled then may not have been.
+            return list(range(len(node.gpus)))
+        stale = [i for i, (seen, gen) in enumerate(zip(self._seen, node.gpu_generations)) if seen != gen]
+        for i, timed in list(self._watch.items()):
+            if i in stale:
+                continue
+            if _timed_values(node, i, now) != timed:
+                stale.append(i)
+            elif node.temperature_holds(i, now):
+                # At its target from now until the next event: no need to read it again.
+                del self._watch[i]
+        return stale
 
     def parts(self, node: Node, now: float, fuse_operations: int = 0, fuse_errors: int = 0) -> list[bytes]:
         """One whole scrape at `now`, as the byte strings to send one after the other."""
-        if not self._current(node, now):
+        stale = self._stale(node, now)
+        if stale:
             host = node.config.hostname if self.hostname is None else self.hostname
-            parts, self._watch = _compose(node, now, host, self.hostname_label)
-            # The runs of text are encoded once; a later event makes new ones.
-            self._parts = [p.encode() if isinstance(p, str) else p for p in parts]
-            self._node, self._generation, self._now = node, node.generation, now
+            if node is not self._node or len(self._gpus) != len(node.gpus):
+                self._node, self._gpus, self._seen, self._watch = node, [None] * len(node.gpus), [-1] * len(node.gpus), {}
+            for i in stale:
+                self._gpus[i] = _gpu_lines(node, i, now, host, self.hostname_label)
+                self._seen[i] = node.gpu_generations[i]
+                timed = self._gpus[i][1]
+                if timed is None:
+                    self._watch.pop(i, None)
+                else:
+                    self._watch[i] = timed
+            # The runs of text are encoded once; a later change makes new ones.
+            self._parts = [p.encode() if isinstance(p, str) else p
+                           for p in _assemble(node.profile.fabric, self._gpus)]
             self.composed += 1
+        self._now = now
         key = (node, node.generation, fuse_operations, fuse_errors)
         if key != self._own_key:
             self._own, self._own_key = render_own(node, fuse_operations, fuse_errors), key
