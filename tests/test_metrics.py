@@ -445,8 +445,10 @@ def test_a_temperature_that_reached_its_target_is_not_read_again(monkeypatch):
     bodies = [exposition.render(node, t) for t in (settled + 1.0, settled + 3600.0)]
     assert reads == [] and exposition.composed == composed
     assert bodies == [rm.render(node, t) for t in (settled + 1.0, settled + 3600.0)]
-    # An instant before one served (no daemon clock goes back, a caller's may): composed again.
-    assert exposition.render(node, 1010.0) == rm.render(node, 1010.0)
+    # An instant that is not after the last one served (no daemon clock goes back, a caller's
+    # may; NaN): made again.
+    for t in (float("nan"), 1010.0, float("nan"), settled + 7200.0, 1005.0):
+        assert exposition.render(node, t) == rm.render(node, t), t
 
 
 def test_served_scrapes_are_a_fresh_render_byte_for_byte_over_events_and_time():

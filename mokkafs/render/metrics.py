@@ -553,9 +553,10 @@ class Exposition:
 
     def _stale(self, node: Node, now: float) -> list[int]:
         """The GPUs whose part must be made again for `now`."""
-        if node is not self._node or now < self._now or len(self._seen) != len(node.gpus):
+        if node is not self._node or not now >= self._now or len(self._seen) != len(node.gpus):
             # Another node, or an instant before one served (the daemon's clock never goes
-            # back, a caller's may): a temperature found settled then may not have been.
+            # back, a caller's may; NaN is never after one): a temperature found settled then
+            # may not have been.
             return list(range(len(node.gpus)))
         stale = [i for i, (seen, gen) in enumerate(zip(self._seen, node.gpu_generations)) if seen != gen]
         for i, timed in list(self._watch.items()):
