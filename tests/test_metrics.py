@@ -320,6 +320,176 @@ def test_values_agree_with_the_tree_at_the_same_instant(later):
         assert series(body, "DCGM_FI_DEV_FB_USED")[str(i)] == int(tree["memory_used"])
 
 
+# --- one text per model change (Exposition) ----------------------------------------------------
+
+
+def _scrape_body(server: edge.MetricsServer) -> bytes:
+    response, _ = server.respond("GET /metrics HTTP/1.1")
+    head, _, body = response.encode().partition(b"\r\n\r\n")
+    assert f"Content-Length: {len(body)}\r\n".encode() in head
+    return body
+
+
+def test_a_scrape_after_no_change_is_served_again_not_rendered_again(monkeypatch):
+    """The server makes each GPU's part of the text once per event that targets it: a second
+    scrape with nothing changed renders nothing, an event renders its GPU's part alone, and yet
+    every scrape is what a fresh render at its instant gives (the energy counter moves at every
+    instant) and an event shows on the very next scrape."""
+    from mokkafs.model.config import Configure
+
+    rendered: list[int] = []  # the GPUs whose part of the text was made, by the server
+    gpu_lines = rm._gpu_lines
+    monkeypatch.setattr(rm, "_gpu_lines", lambda node, i, *a, **k: rendered.append(i) or gpu_lines(node, i, *a, **k))
+    now = [1000.0]
+    node = make_node(gpus=4)
+    c = Controller(node, None, clock=lambda: now[0])
+    server = edge.MetricsServer(c, clock=lambda: now[0])
+
+    def scrape_and_fresh() -> tuple[bytes, list[int]]:
+        body = _scrape_body(server)
+        served = list(rendered)
+        assert body == rm.render(node, now[0])  # renders every GPU too: not counted
+        del rendered[:]
+        return body, served
+
+    first, served = scrape_and_fresh()
+    assert served == [0, 1, 2, 3]
+    again, served = scrape_and_fresh()
+    assert served == [] and again == first
+    now[0] = 1000.25
+    later, served = scrape_and_fresh()
+    assert served == [] and later != first  # the energy counter moved, nothing else
+    energy = series(later, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+    assert energy["0"] - series(first, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")["0"] == int(
+        node.readings(0, 1000.25).energy_mj) - int(node.readings(0, 1000.0).energy_mj) > 0
+    c.apply(InjectXid(gpu=2, code=79))
+    body, served = scrape_and_fresh()
+    assert served == [2] and series(body, "DCGM_FI_DEV_XID_ERRORS")["2"] == 79
+    c.apply(Configure(1, "power_limit", 500.0))  # a setter
+    body, served = scrape_and_fresh()
+    assert served == [1] and series(body, "DCGM_FI_DEV_POWER_MGMT_LIMIT")["1"] == 500.0
+    c.apply(Reset(gpu=None))  # the node's: every GPU
+    body, served = scrape_and_fresh()
+    assert served == [0, 1, 2, 3] and series(body, "DCGM_FI_DEV_XID_ERRORS")["2"] == 0
+    now[0] += 3600.0  # an hour of (virtual) time and no event: only the energy moved
+    body, served = scrape_and_fresh()
+    assert served == []
+    assert series(body, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")["0"] == int(node.readings(0, now[0]).energy_mj)
+    body, served = scrape_and_fresh()
+    assert served == []
+    assert server.scrapes == 8
+
+
+def _cooling(c: Controller, now: list[float]) -> None:
+    """GPU 0 busy and pinned at 95 C, then let go a moment later: from `now` on, it cools towards
+    its load temperature through the slowdown (89 C) and max-operating (87 C) thresholds, its
+    throttle reasons and clocks changing with no event."""
+    c.apply(Pin(gpu=0, signal="utilization", values=(100, 50)))
+    c.apply(Pin(gpu=0, signal="temperature", values=(95,)))
+    now[0] += 0.5  # the pin held for a while: its 95 C is where the cooling starts
+    c.apply(Pin(gpu=0, signal="temperature", values=None))
+
+
+def test_every_value_that_moves_without_an_event_is_marked_timed_or_grows():
+    """What the text cache re-checks at each scrape (`timed`) and writes at each scrape (`grows`)
+    is every value that time moves: sampled over a GPU cooling through its thresholds and one
+    heating from idle, a field whose value changes with no event between is marked."""
+    node = make_node(gpus=2)
+    now = [1000.0]
+    c = Controller(node, None, clock=lambda: now[0])
+    _cooling(c, now)
+    c.apply(Pin(gpu=1, signal="utilization", values=(100, 50)))
+    assert not node.temperature_holds(0, now[0]) and not node.temperature_holds(1, now[0])
+    fabric = node.profile.fabric
+    seen: dict[str, set] = {f.name: set() for f in rm.FIELDS}
+    for k in range(0, 3000, 5):
+        for i in range(2):
+            s = rm._sample(node, i, now[0] + k / 10, fabric)
+            for f in rm.FIELDS:
+                seen[f.name].add(f.value(s))
+    moved = {name for name, values in seen.items() if len(values) > 1}
+    assert {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_SM_CLOCK",
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"} <= moved  # the sweep did cross the thresholds
+    assert moved <= {f.name for f in rm.FIELDS if f.timed or f.grows}
+    # A temperature that holds (pinned, or at its target) leaves only `grows` values moving.
+    c.apply(Pin(gpu=0, signal="temperature", values=(70,)))
+    assert node.temperature_holds(0, now[0]) and make_node(gpus=1).temperature_holds(0, 1000.0)
+    first, later = rm._sample(node, 0, now[0], fabric), rm._sample(node, 0, now[0] + 3600, fabric)
+    assert [f.name for f in rm.FIELDS if f.value(first) != f.value(later)] == ["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+
+
+def test_a_temperature_that_reached_its_target_is_not_read_again(monkeypatch):
+    """A busy GPU's temperature moves for a while after the event that set its load, and each
+    scrape then reads it; once it reads its target exactly (the lag's float reaches it some 25
+    minutes later) it stays there until the next event, and scrapes stop reading it."""
+    node = make_node(gpus=2)
+    c = Controller(node, None, clock=lambda: 1000.0)
+    c.apply(Pin(gpu=1, signal="utilization", values=(100, 50)))
+    exposition = rm.Exposition()
+    reads: list[int] = []
+    readings = node.readings
+    monkeypatch.setattr(node, "readings", lambda i, now: reads.append(i) or readings(i, now))
+
+    exposition.render(node, 1010.0)
+    assert not node.temperature_holds(1, 1010.0)
+    del reads[:]
+    exposition.render(node, 1010.0)  # nothing changed: GPU 1 is read, GPU 0 (at its target) is not
+    assert reads == [1] and exposition.composed == 1
+    settled = next(t for t in range(1011, 1000 + 7200, 10) if node.temperature_holds(1, float(t)))
+    assert 1000 + 600 < settled < 1000 + 3600
+    exposition.render(node, settled - 60.0)  # its degree is its target's by then, its float not yet
+    assert not node.temperature_holds(1, settled - 60.0)
+    composed = exposition.composed
+    exposition.render(node, float(settled))  # read once more, and found settled
+    del reads[:]
+    bodies = [exposition.render(node, t) for t in (settled + 1.0, settled + 3600.0)]
+    assert reads == [] and exposition.composed == composed
+    assert bodies == [rm.render(node, t) for t in (settled + 1.0, settled + 3600.0)]
+    # An instant that is not after the last one served (no daemon clock goes back, a caller's
+    # may; NaN): made again.
+    for t in (float("nan"), 1010.0, float("nan"), settled + 7200.0, 1005.0):
+        assert exposition.render(node, t) == rm.render(node, t), t
+
+
+def test_served_scrapes_are_a_fresh_render_byte_for_byte_over_events_and_time():
+    """Through temperatures that move (cooling through thresholds, heating), MIG instances with
+    a process, a GPU lost and reset, setters, and time alone, in half-second steps: every scrape
+    the cache serves is exactly a fresh render at its instant, and the text was composed again
+    only some of the time."""
+    from mokkafs.model.commands import parse_line
+    from mokkafs.model.config import Configure
+    from mokkafs.model.events import SetProcesses
+
+    node = make_node(gpus=4)
+    now = [1000.0]
+    c = Controller(node, None, clock=lambda: now[0])
+    for line in ("gpu=3 mig enable", "gpu=3 mig create 3g.40gb,1g.10gb"):
+        c.apply(parse_line(line).event)
+    c.apply(SetProcesses(3, ((4242, 1 << 30),), ((4242, 7, 0),)))
+    _cooling(c, now)
+    start = now[0]
+    exposition = rm.Exposition()
+    events = {
+        40: Pin(gpu=1, signal="utilization", values=(60, 20)),
+        90: InjectXid(gpu=2, code=79),
+        150: Configure(1, "power_limit", 300.0),
+        200: Reset(gpu=2),
+        260: Pin(gpu=1, signal="utilization", values=None),
+    }
+    masks, scrapes = set(), 0
+    for k in range(600):
+        now[0] = start + k / 2
+        if k in events:
+            c.apply(events[k])
+        for _ in range(2 if k % 7 == 0 else 1):  # now and then two scrapes at the same instant
+            body = exposition.render(node, now[0], fuse_operations=k // 3, fuse_errors=k // 50)
+            assert body == rm.render(node, now[0], fuse_operations=k // 3, fuse_errors=k // 50), now[0]
+            scrapes += 1
+        masks.add(series(body, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")["0"])
+    assert len(masks) >= 3  # GPU 0's throttle reasons changed with time alone
+    assert len(events) < exposition.composed < scrapes // 3
+
+
 def test_a_board_without_a_memory_sensor_reads_memory_temp_zero():
     node = make_node("l40s", gpus=2)
     assert node.readings(0, 1000.0).memory_temperature_c is None

@@ -145,6 +145,27 @@ async def test_the_background_first_write_catches_up_with_events(node_and_mirror
     assert not (mirror.path / "sys/bus/pci/devices/0000:1e:00.0").exists()
 
 
+async def test_the_first_write_waits_until_the_node_is_ready(node_and_mirror, monkeypatch):
+    """The daemon says "ready" before the mirror's first rendering (every file of sys/, proc/
+    and dev/: 25-50 ms of the event loop) starts; events meanwhile are caught up after."""
+    from mokkafs.daemon import mirror as mirror_module
+
+    node, tree, mirror, ctl = node_and_mirror
+    renders = []
+    monkeypatch.setattr(mirror_module, "render", lambda *a, **kw: renders.append(1) or render(*a, **kw))
+    served = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(mirror.run, node, served)
+        for _ in range(10):
+            await trio.lowlevel.checkpoint()
+        assert renders == [] and not mirror.ready.is_set()
+        ctl.apply(InjectXid(1, 79))
+        served.set()
+    assert renders and mirror.ready.is_set()
+    assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
+    assert not (mirror.path / "sys/bus/pci/devices/0000:1e:00.0").exists()
+
+
 def test_mokka_run_reads_the_mirror_and_sees_events_live(node_factory):
     """A command started in `mokka run` before a fault sees it, through the bound mirror."""
     node = node_factory(gpus=4)

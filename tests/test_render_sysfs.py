@@ -7,7 +7,7 @@ import struct
 import subprocess
 
 import pytest
-from helpers_vfs import dump, entry, listdir, make_node, read
+from helpers_vfs import dump, entry, listdir, make_node, read, tree_for
 
 from mokkafs.model.events import SetLost
 from mokkafs.model.topology import pci_layout
@@ -194,3 +194,31 @@ def test_a_composition_without_a_system_is_named_after_itself():
     node = make_node("l4")  # its composition (a PCIe server) names no system
     assert read(node, "sys/class/dmi/id/sys_vendor") == b"mokkafs\n"
     assert read(node, "sys/class/dmi/id/product_name") == f"{node.config.composition.name}\n".encode()
+
+
+def test_device_files_and_mig_minors_are_made_at_first_look(monkeypatch):
+    """Building the tree (every mount -> ready) renders no PCI device file and not the 4,322
+    lines of mig-minors: each is made when first looked at, then kept, with the same bytes."""
+    from mokkafs.render import proc_nvidia, sysfs_pci
+
+    made = {"config": 0, "mig-minors": 0}
+
+    def counted(name, real):
+        def call(*a, **kw):
+            made[name] += 1
+            return real(*a, **kw)
+        return call
+
+    monkeypatch.setattr(sysfs_pci, "config_space", counted("config", sysfs_pci.config_space))
+    monkeypatch.setattr(proc_nvidia, "render_mig_minors", counted("mig-minors", proc_nvidia.render_mig_minors))
+    proc_nvidia._mig_minors_file.cache_clear()
+    node = make_node("h100")
+    tree = tree_for(node)
+    assert made == {"config": 0, "mig-minors": 0}
+    bridge = "sys/bus/pci/devices/0000:15:01.0/config"  # a bridge's config is rendered once, then kept
+    first = read(node, bridge, tree)
+    assert made["config"] == 1 and read(node, bridge, tree) == first and made["config"] == 1
+    minors = read(node, "proc/driver/nvidia-caps/mig-minors", tree)
+    assert minors == proc_nvidia.render_mig_minors().encode() and made["mig-minors"] == 2
+    read(node, "proc/driver/nvidia-caps/mig-minors", tree_for(node))  # another node, the same lines
+    assert made["mig-minors"] == 2

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import gc
 import logging
 import logging.handlers
@@ -98,8 +99,7 @@ def _serve_in_this_process(opts: Options, ready_fd: int | None) -> int:
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(serve, opts)
-            report("ready\n")
+            await nursery.start(functools.partial(serve, on_ready=lambda: report("ready\n")), opts)
 
     expected = (ProfileError, StateError, RuntimeError, OSError)
     try:

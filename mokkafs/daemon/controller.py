@@ -79,6 +79,7 @@ _COPY: dict[str, Callable] = {
     "process_instances": lambda per_gpu: [dict(d) for d in per_gpu],  # pid -> (gi, ci)
     "accounting": lambda per_gpu: [{pid: copy.copy(r) for pid, r in book.items()} for book in per_gpu],
     "accounting_version": list,
+    "gpu_generations": list,
     "unaccounted": lambda per_gpu: [set(s) for s in per_gpu],
     "_mig_views": dict,
     "log": copy.copy,  # a deque of frozen entries

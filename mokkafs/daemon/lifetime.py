@@ -211,12 +211,15 @@ async def start(
     nursery: trio.Nursery,
     mount: Callable[[MokkaOperations], None] | None = None,
     bind_node_socket: bool = False,
+    served: trio.Event | None = None,
 ) -> Daemon:
     """Build the node and start every service of the daemon on `clock`, in order: the state
     file and the process table before the mount (a consumer that finds the tree must find
     them), `mount(ops)` (the kernel's; None to call the operations directly), then what serves
     the mounted node. Teardown goes on `stack`, tasks into `nursery`. `bind_node_socket`: the
-    tree has a socket placeholder where the caller binds the node's socket once the mount serves."""
+    tree has a socket placeholder where the caller binds the node's socket once the mount serves.
+    `served`: set by the caller once it has said the node is ready; work that need not come
+    before (the mirror's first rendering) waits for it."""
     scenarios = ScenarioRunner(clock)
     controller, tree, restored = build(opts, clock, scenarios.status, bind_node_socket)
     scenarios.attach(controller)
@@ -258,7 +261,7 @@ async def start(
     # first, whole write happens in the background (the mount serves meanwhile).
     mirror = Mirror(tree, mirror_path(opts.state_dir), clock)
     controller.subscribers.append(mirror)
-    await nursery.start(mirror.run, node)
+    await nursery.start(mirror.run, node, served)
     bound = None
     if opts.metrics is not None:
         from mokkafs.daemon import metrics_server as metrics
@@ -297,7 +300,12 @@ async def _bind_node_socket(stack: contextlib.ExitStack, node_socket: NodeSocket
     node_socket.rebound = rebound
 
 
-async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED, clock: Clock | None = None) -> None:
+async def serve(
+    opts: Options, task_status=trio.TASK_STATUS_IGNORED, clock: Clock | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Mount and serve the node until a signal or an unmount. `on_ready` is called once the
+    tree answers (`mokka mount` tells its parent then), before start-up's deferred work."""
     mountpoint = opts.mountpoint
     clock = TrioClock() if clock is None else clock
     with contextlib.ExitStack() as stack:
@@ -329,7 +337,8 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED, clock: Cloc
         gc.disable()  # until _freeze_start_up: no full collection over what the start is making
         stack.callback(gc.enable)  # a start that fails turns it back on too
         async with trio.open_nursery() as nursery:
-            daemon = await start(opts, clock, stack, nursery, mount, bind_node_socket=binds)
+            served = trio.Event()
+            daemon = await start(opts, clock, stack, nursery, mount, bind_node_socket=binds, served=served)
             nursery.start_soon(_watch_signals)
             nursery.start_soon(_freeze_start_up, daemon.mirror)
             node = daemon.controller.node
@@ -347,3 +356,6 @@ async def serve(opts: Options, task_status=trio.TASK_STATUS_IGNORED, clock: Cloc
                 # Before "ready": a consumer started right after finds the socket.
                 await _bind_node_socket(stack, daemon.node_socket, sock_target)
             task_status.started()
+            if on_ready is not None:
+                on_ready()
+            served.set()

@@ -1,5 +1,7 @@
-"""The metrics edge: a small trio HTTP/1.x server answering `GET /metrics` with a render of the
-live node, in the daemon's own trio loop (so it reads the model between events, never during one).
+"""The metrics edge: a small trio HTTP/1.x server answering `GET /metrics` with the live node's
+text, in the daemon's own trio loop (so it reads the model between events, never during one). The
+text is made once per model change and served again until something it shows has changed
+(`Exposition`, render/metrics.py; docs/metrics.md).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import trio
 
 from mokkafs.daemon.controller import Controller
 from mokkafs.daemon.ratelimit import RefusalLog, Summary
-from mokkafs.render.metrics import CONTENT_TYPE, DEFAULT_HOSTNAME_LABEL, render
+from mokkafs.render.metrics import CONTENT_TYPE, DEFAULT_HOSTNAME_LABEL, Exposition
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +60,19 @@ def parse_listen(spec: str) -> tuple[str | None, int]:
 class Response:
     status: int
     reason: str
-    body: bytes
+    body: bytes | list[bytes]  # or the byte strings it is made of, in order (a scrape's parts)
     content_type: str = "text/plain; charset=utf-8"
 
     def encode(self, head_only: bool = False) -> bytes:
+        parts = [self.body] if isinstance(self.body, bytes) else self.body
         head = (
             f"HTTP/1.1 {self.status} {self.reason}\r\n"
             f"Content-Type: {self.content_type}\r\n"
-            f"Content-Length: {len(self.body)}\r\n"
+            f"Content-Length: {sum(map(len, parts))}\r\n"
             "Connection: close\r\n\r\n"
         ).encode()
-        return head if head_only else head + self.body
+        # One copy of a 600 KB scrape, not two (the parts joined, then the head prepended).
+        return head if head_only else b"".join([head, *parts])
 
 
 class MetricsServer:
@@ -86,6 +90,7 @@ class MetricsServer:
         self.fuse_counters = fuse_counters
         self.clock = clock
         self.hostname_label = hostname_label
+        self.exposition = Exposition(hostname_label=hostname_label)
         self.scrapes = 0
         self.connections = 0  # being served now
         self.refused = 0  # connections closed at once: MAX_CONNECTIONS were being served
@@ -113,13 +118,7 @@ class MetricsServer:
         if method not in ("GET", "HEAD"):
             return Response(405, "Method Not Allowed", b"method not allowed\n"), False
         ops, errs = self.fuse_counters() if self.fuse_counters else (0, 0)
-        body = render(
-            self.controller.node,
-            self.clock(),
-            fuse_operations=ops,
-            fuse_errors=errs,
-            hostname_label=self.hostname_label,
-        )
+        body = self.exposition.parts(self.controller.node, self.clock(), ops, errs)
         self.scrapes += 1
         return Response(200, "OK", body, CONTENT_TYPE), method == "HEAD"
 

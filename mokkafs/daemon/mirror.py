@@ -133,11 +133,16 @@ class Mirror:
         self._ready = True
         self.sync(node)
 
-    async def run(self, node: Node, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, node: Node, after: trio.Event | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """`start`, with the file writing in a worker thread so the mount serves meanwhile.
-        The model is only read on the event loop: the thread writes a finished rendering."""
+        The model is only read on the event loop: the thread writes a finished rendering.
+        `after`: render only once it is set (the daemon has said "ready": rendering every
+        file of sys/, proc/ and dev/ is 25-50 ms of the event loop, which a mount need not
+        wait for)."""
         self._clear()
         task_status.started()
+        if after is not None:
+            await after.wait()
         state, items = node.device_tree_state(), render(self.tree, Ctx(node, self.clock()))
         staging = self.path.with_name(self.path.name + ".new")
         await trio.to_thread.run_sync(self._write_all, staging, items)

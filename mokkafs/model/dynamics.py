@@ -90,6 +90,40 @@ def target_temperature(profile: GpuProfile, power: float) -> float:
     return t.idle_c + (t.max_load_c - t.idle_c) * frac
 
 
+def energy_mj(energy0_mj: float, t0: float, power_w: float, now: float) -> float:
+    """The energy counter at `now`, from its checkpoint (`energy0_mj` at `t0`) and the power drawn
+    since, which holds until the next event."""
+    return energy0_mj + power_w * 1000.0 * max(0.0, now - t0)
+
+
+def power_drawn(profile: GpuProfile, g: GpuState) -> float:
+    """Watts drawn: the demand, capped by the power limit; it holds until the next event."""
+    return min(power_demand(profile, g), power_limit(profile, g))
+
+
+def temperature(profile: GpuProfile, g: GpuState, power: float, now: float) -> float:
+    """The die temperature at `now` drawing `power`: pinned, or lagging behind the target that
+    power drives it to, from the checkpoint's."""
+    pinned = g.pins.get("temperature")
+    if pinned:
+        return float(pinned[0])
+    target = target_temperature(profile, power)
+    return target + (g.temp0 - target) * math.exp(-max(0.0, now - g.t0) / THERMAL_TAU_S)
+
+
+def temperature_holds(profile: GpuProfile, g: GpuState, now: float) -> bool:
+    """Whether `g`'s temperature reads at `now` what it will read at every later instant until
+    the next event: pinned, or at the target its power drives it to (exactly, in floating point:
+    some 25 minutes of the 40 s lag after the event that moved it; at once if nothing did). Then
+    nothing `readings` reports moves with time but the energy and the event-reason counters,
+    which grow: the throttle reasons and clocks follow the temperature, and the rest follows
+    inputs only an event changes."""
+    if g.pins.get("temperature"):
+        return True
+    power = power_drawn(profile, g)
+    return temperature(profile, g, power, now) == target_temperature(profile, power)
+
+
 def readings(profile: GpuProfile, g: GpuState, processes: tuple[tuple[int, int], ...],
              event0_ns: tuple[int, ...], now: float, driver_bytes: int = 0) -> Readings:
     """GPU state `g` at `now`, with `processes` ((pid, used bytes) of its CUDA processes),
@@ -100,14 +134,9 @@ def readings(profile: GpuProfile, g: GpuState, processes: tuple[tuple[int, int],
     demand = power_demand(p, g)
     power = min(demand, limit)
     dt = max(0.0, now - g.t0)
-    pinned_temp = g.pins.get("temperature")
-    if pinned_temp:
-        temperature = float(pinned_temp[0])
-    else:
-        target = target_temperature(p, power)
-        temperature = target + (g.temp0 - target) * math.exp(-dt / THERMAL_TAU_S)
+    temp = temperature(p, g, power, now)
     util_gpu, util_mem = utilization(g)
-    mask = throttle_mask(p, g, util_gpu, demand, limit, temperature)
+    mask = throttle_mask(p, g, util_gpu, demand, limit, temp)
     gr, mem = clocks(p, g, util_gpu, mask)
     if g.applications_clocks is not None and "clocks" not in g.pins and util_gpu:
         # Applications clocks are the clocks work runs at; set below the boost clock, they
@@ -127,7 +156,7 @@ def readings(profile: GpuProfile, g: GpuState, processes: tuple[tuple[int, int],
         mem = min(max(mem, g.locked_memory_clocks[0]), g.locked_memory_clocks[1])
     mem_temp = None
     if p.thermal.memory_idle_c is not None:
-        mem_temp = p.thermal.memory_idle_c + (temperature - p.thermal.idle_c) * 0.8
+        mem_temp = p.thermal.memory_idle_c + (temp - p.thermal.idle_c) * 0.8
     pinned_mem = g.pins.get("memory_used")
     if pinned_mem:
         used_mib = pinned_mem[0]
@@ -135,11 +164,11 @@ def readings(profile: GpuProfile, g: GpuState, processes: tuple[tuple[int, int],
         used_bytes = driver_bytes + sum(used for _, used in processes)
         used_mib = min(-(-used_bytes // (1 << 20)), p.memory.total_mib - p.memory.reserved_mib)
     return Readings(
-        temperature_c=temperature,
+        temperature_c=temp,
         memory_temperature_c=mem_temp,
         power_w=power,
         power_limit_w=limit,
-        energy_mj=g.energy0_mj + power * 1000.0 * dt,
+        energy_mj=energy_mj(g.energy0_mj, g.t0, power, now),
         util_gpu=util_gpu,
         util_mem=util_mem,
         clock_graphics=gr,

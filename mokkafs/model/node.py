@@ -70,6 +70,9 @@ class Node:
         self._mig_views: dict[int, tuple] = {}
         self.log: deque[LogEntry] = deque(maxlen=LOG_LIMIT)
         self.generation = 0  # bumped on every applied event; caches key on it
+        # Per GPU, bumped on every applied event that targets it (one GPU's, or the node's): what
+        # a cache of one GPU's views keys on (only an event's targets change).
+        self.gpu_generations: list[int] = [0 for _ in self.identities]
         self.log_seq = 0  # log lines ever appended (the deque keeps the last LOG_LIMIT)
         self.injections: dict[str, int] = {}  # applied events by kind, for metrics
 
@@ -105,6 +108,8 @@ class Node:
             kind = type(event).__name__
             self.injections[kind] = self.injections.get(kind, 0) + 1
         self.generation += 1
+        for i in targets:
+            self.gpu_generations[i] += 1
         return Outcome(outcome.notifications, lines, outcome.reply, outcome.saturated, targets, event.gpu is None)
 
     def device_tree_state(self) -> tuple:
@@ -132,6 +137,11 @@ class Node:
     def readings(self, i: int, now: float) -> Readings:
         return dynamics.readings(self.profile, self.gpus[i], self.processes[i], self._event0_ns[i], now,
                                  driver_bytes=self.mig_idle_bytes(i))
+
+    def temperature_holds(self, i: int, now: float) -> bool:
+        """Whether GPU `i`'s readings hold from `now` until the next event but for the counters
+        that grow with time (energy, event reasons): its temperature is pinned or at its target."""
+        return dynamics.temperature_holds(self.profile, self.gpus[i], now)
 
     @property
     def driver_branch(self) -> int:
@@ -246,6 +256,7 @@ class Node:
         self.gpus = states
         self.log = deque(log, maxlen=LOG_LIMIT)
         self.generation += 1
+        self.gpu_generations = [n + 1 for n in self.gpu_generations]
 
     def restore_hcas(self, hcas: list[dict]) -> None:
         """Load saved HCA states (`HcaState.to_dict`); all or nothing, ValueError on a misfit."""

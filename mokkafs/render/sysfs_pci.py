@@ -7,6 +7,7 @@ switch port above it reports the link down, as after a real fall off the bus.
 """
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable, Mapping
 
@@ -17,7 +18,7 @@ from mokkafs.model.topology import (
     Layout,
     PciFunction,
 )
-from mokkafs.render.vfs import Ctx, Dir, Entry, File, Symlink, const, static_dir, text
+from mokkafs.render.vfs import Ctx, Dir, Entry, File, Symlink, const, lazy_static_dir, static_dir, text
 
 CONFIG_SIZE = 4096  # PCIe: the extended space is there, lspci -vvv reads past 0x100
 PM_CAP, MSI_CAP, PCIE_CAP = 0x40, 0x48, 0x60
@@ -232,6 +233,24 @@ class PciTree:
         return fn.kind != "gpu" or not ctx.node.gpus[fn.index].lost
 
     def _device_dir(self, fn: PciFunction) -> Dir:
+        """The device's directory; its files are made at its first lookup (functools.cache)."""
+        files = functools.cache(lambda: self._device_files(fn))
+        kids = self._children.get(fn.bdf, [])
+        if not any(kid.kind == "gpu" for kid in kids):
+            # Children that never leave the bus: a stable directory the kernel may cache.
+            return lazy_static_dir(lambda: {**files(), **{kid.bdf.sysfs: self._dirs[kid.bdf] for kid in kids}},
+                                   mode=0o755)
+
+        def children(ctx: Ctx) -> Mapping[str, Entry]:
+            out = dict(files())
+            for kid in kids:
+                if self.present(ctx, kid):
+                    out[kid.bdf.sysfs] = self._dirs[kid.bdf]
+            return out
+
+        return Dir(children, mode=0o755)
+
+    def _device_files(self, fn: PciFunction) -> dict[str, Entry]:
         layout = self.layout
         cpus = layout.cpus.cpus(fn.numa_node)
         up = "../" * self.depth(fn)
@@ -270,19 +289,7 @@ class PciTree:
             files["current_link_speed"] = const(link_speed(fn.link_gen) + "\n")
             files["current_link_width"] = const(f"{fn.link_width}\n")
         files.update(self.extra(fn))
-        kids = self._children.get(fn.bdf, [])
-        if not any(kid.kind == "gpu" for kid in kids):
-            # Children that never leave the bus: a stable directory the kernel may cache.
-            return static_dir({**files, **{kid.bdf.sysfs: self._dirs[kid.bdf] for kid in kids}}, mode=0o755)
-
-        def children(ctx: Ctx) -> Mapping[str, Entry]:
-            out = dict(files)
-            for kid in kids:
-                if self.present(ctx, kid):
-                    out[kid.bdf.sysfs] = self._dirs[kid.bdf]
-            return out
-
-        return Dir(children, mode=0o755)
+        return files
 
     def devices_children(self) -> dict[str, Dir]:
         """The host bridges `pciDDDD:BB` for sys/devices."""

@@ -7,6 +7,7 @@ into an event; it never applies anything itself.
 """
 from __future__ import annotations
 
+import functools
 import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -80,6 +81,13 @@ def static_dir(children: Mapping[str, Entry], mode: int = 0o555) -> Dir:
     """A directory whose children never change."""
     frozen = dict(children)
     return Dir(lambda ctx: frozen, mode, stable=True)
+
+
+def lazy_static_dir(build: Callable[[], Mapping[str, Entry]], mode: int = 0o555) -> Dir:
+    """A directory whose children never change, made at its first lookup or listing rather
+    than when the tree is built (a mount answers sooner; most of sys/ is never looked at)."""
+    made = functools.cache(lambda: dict(build()))
+    return Dir(lambda ctx: made(), mode, stable=True)
 
 
 def text(render: Callable[[Ctx], str], **kw) -> File:
