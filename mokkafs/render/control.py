@@ -11,7 +11,7 @@ from mokkafs.model.config import SETTINGS
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS, ecc_total
 from mokkafs.model.state import LogEntry
 from mokkafs.model.scenario import parse_request
-from mokkafs.render.vfs import Ctx, Dir, File, const, static_dir, text
+from mokkafs.render.vfs import Ctx, Dir, File, const, lazy_static_dir, static_dir, text
 
 
 def iso_time(t: float) -> str:
@@ -132,6 +132,11 @@ def _events(ctx: Ctx, gpu: int | None) -> str:
 
 
 def gpu_dir(i: int) -> Dir:
+    """gpuN/: its files are made at its first lookup (a 64-GPU mount answers sooner)."""
+    return lazy_static_dir(partial(_gpu_files, i))
+
+
+def _gpu_files(i: int) -> dict[str, File]:
     target = gpu(i)
     files: dict[str, File] = {
         "info": text(partial(render_info, i=i)),
@@ -146,7 +151,7 @@ def gpu_dir(i: int) -> Dir:
     }
     for signal, fmt in _SIGNALS.items():
         files[signal] = text(partial(_reading, i=i, fmt=fmt), write=control_writer(target, signal))
-    return static_dir(files)
+    return files
 
 
 def node_dir(scenario_status: Callable[[float], str] | None = None) -> Dir:
