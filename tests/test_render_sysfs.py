@@ -197,11 +197,12 @@ def test_a_composition_without_a_system_is_named_after_itself():
 
 
 def test_device_files_and_mig_minors_are_made_at_first_look(monkeypatch):
-    """Building the tree (every mount -> ready) renders no PCI device file and not the 4,322
-    lines of mig-minors: each is made when first looked at, then kept, with the same bytes."""
-    from mokkafs.render import proc_nvidia, sysfs_pci
+    """Building the tree (every mount -> ready) renders no PCI device file, makes no gpuN/
+    file and not the 4,322 lines of mig-minors: each is made when first looked at, then kept,
+    with the same bytes."""
+    from mokkafs.render import control, proc_nvidia, sysfs_pci
 
-    made = {"config": 0, "mig-minors": 0}
+    made = {"config": 0, "mig-minors": 0, "gpuN": 0}
 
     def counted(name, real):
         def call(*a, **kw):
@@ -211,10 +212,12 @@ def test_device_files_and_mig_minors_are_made_at_first_look(monkeypatch):
 
     monkeypatch.setattr(sysfs_pci, "config_space", counted("config", sysfs_pci.config_space))
     monkeypatch.setattr(proc_nvidia, "render_mig_minors", counted("mig-minors", proc_nvidia.render_mig_minors))
+    monkeypatch.setattr(control, "_gpu_files", counted("gpuN", control._gpu_files))
     proc_nvidia._mig_minors_file.cache_clear()
     node = make_node("h100")
     tree = tree_for(node)
-    assert made == {"config": 0, "mig-minors": 0}
+    assert made == {"config": 0, "mig-minors": 0, "gpuN": 0}
+    assert read(node, "gpu3/temperature", tree) == read(node, "gpu3/temperature", tree) and made["gpuN"] == 1
     bridge = "sys/bus/pci/devices/0000:15:01.0/config"  # a bridge's config is rendered once, then kept
     first = read(node, bridge, tree)
     assert made["config"] == 1 and read(node, bridge, tree) == first and made["config"] == 1

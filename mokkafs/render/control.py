@@ -13,7 +13,7 @@ from mokkafs.model.config import SETTINGS
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS, ecc_total
 from mokkafs.model.state import LogEntry
 from mokkafs.model.scenario import parse_request
-from mokkafs.render.vfs import Ctx, Dir, File, const, static_dir, text
+from mokkafs.render.vfs import Ctx, Dir, File, const, lazy_static_dir, static_dir, text
 
 
 def iso_time(t: float) -> str:
@@ -141,7 +141,7 @@ class EventLogText:
     loop ~8 ms and each `gpuN/events` ~1 ms once the log was full, in front of every request
     queued behind it. Here each new entry is formatted once, into the node's lines and its GPU's;
     the bytes are joined again only when the log changed since the last read. What is served is
-    what `_events` renders (tests/test_render_control.py compares them after every event kind).
+    what `_events` renders (tests/test_render_events.py compares them after every event kind).
 
     The log is a deque that only grows at the right and drops at the left (LOG_LIMIT), or is
     replaced whole (a restore, a rolled-back event): the cache finds the last entry it formatted
@@ -204,6 +204,11 @@ class EventLogText:
 
 
 def gpu_dir(i: int, events: EventLogText | None = None) -> Dir:
+    """gpuN/: its files are made at its first lookup (a 64-GPU mount answers sooner)."""
+    return lazy_static_dir(partial(_gpu_files, i, events))
+
+
+def _gpu_files(i: int, events: EventLogText | None = None) -> dict[str, File]:
     target = gpu(i)
     files: dict[str, File] = {
         "info": text(partial(render_info, i=i)),
@@ -219,7 +224,7 @@ def gpu_dir(i: int, events: EventLogText | None = None) -> Dir:
     }
     for signal, fmt in _SIGNALS.items():
         files[signal] = text(partial(_reading, i=i, fmt=fmt), write=control_writer(target, signal))
-    return static_dir(files)
+    return files
 
 
 def node_dir(scenario_status: Callable[[float], str] | None = None, events: EventLogText | None = None) -> Dir:
