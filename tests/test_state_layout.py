@@ -107,3 +107,38 @@ def test_the_arm_fence_is_built_and_callable():
     assert load_fence(tso=True)() is None
     fence = load_fence(tso=False)
     assert fence is not None and fence() is None
+
+
+def test_an_event_checks_the_file_once_before_its_wake(tmp_path, monkeypatch, expect_log):
+    """The subscriber publishes, then appends the event and wakes: the publish has just checked
+    the file (a stat of the path and of the descriptor), so the append does not check it again,
+    ~10 us less before every NVML waiter wakes. A file replaced meanwhile is still repaired, its
+    ring with it, at the next publish."""
+    import mokkafs.daemon.shm.publisher as publisher_module
+    from mokkafs.model.events import InjectXid
+
+    expect_log(r"the state file was replaced by another file")
+    path = tmp_path / "state"
+    node = Node(compose(load_profile("h100"), gpus=2), 1000.0)
+    pub = Publisher(path, clock=lambda: 1000.0)
+    pub.open()
+    try:
+        pub.publish(node)
+        stats = []
+        real_stat = publisher_module.os.stat
+        monkeypatch.setattr(publisher_module.os, "stat",
+                            lambda p, *a, **k: stats.append(p) or real_stat(p, *a, **k))
+        pub(node, node.apply(InjectXid(1, 13), 1000.0))
+        assert stats == [path]  # once, by the publish
+        st = pub._st
+        assert st.event_head == 1 and st.event_wake == 1 and st.ring[0].gpu == 1
+        # Replaced between two events: the next event's publish puts a new file in its place,
+        # with the first event's ring, then appends the second.
+        os.rename(path, tmp_path / "moved")
+        path.write_bytes(b"x" * STATE_SIZE)
+        pub(node, node.apply(InjectXid(0, 13), 1000.0))
+        assert os.stat(path).st_ino != os.stat(tmp_path / "moved").st_ino
+        st = pub._st
+        assert st.event_head == 2 and [st.ring[k].gpu for k in range(2)] == [1, 0]
+    finally:
+        pub.close()

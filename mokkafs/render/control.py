@@ -2,10 +2,12 @@
 writable file is the command of model/commands.py its name stands for, on its GPU or the node."""
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import partial
 
+from mokkafs.model import Node
 from mokkafs.model.commands import NODE, control_writer, gpu
 from mokkafs.model.config import SETTINGS
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS, ecc_total
@@ -131,12 +133,82 @@ def _events(ctx: Ctx, gpu: int | None) -> str:
     return "".join(log_line(e) for e in ctx.node.log if gpu is None or e.gpu == gpu)
 
 
-def gpu_dir(i: int) -> Dir:
+class EventLogText:
+    """`node/events` and every `gpuN/events` of one tree: the log's lines, each formatted once.
+
+    A line's timestamp costs ~2 us to format and a full log is LOG_LIMIT lines: rendered whole at
+    every open and every stat (the file's size is its length), `node/events` held the daemon's
+    loop ~8 ms and each `gpuN/events` ~1 ms once the log was full, in front of every request
+    queued behind it. Here each new entry is formatted once, into the node's lines and its GPU's;
+    the bytes are joined again only when the log changed since the last read. What is served is
+    what `_events` renders (tests/test_render_events.py compares them after every event kind).
+
+    The log is a deque that only grows at the right and drops at the left (LOG_LIMIT), or is
+    replaced whole (a restore, a rolled-back event): the cache finds the last entry it formatted
+    in the log by identity (it holds that object, so its identity cannot be reused), formats what
+    follows it and drops what left; anything else, another node included, formats anew."""
+
+    def __init__(self) -> None:
+        self._node: Node | None = None
+        self._last: LogEntry | None = None  # the last entry formatted
+        self._next = 0  # the number the next entry formatted gets (entries count up from 0)
+        # None: the node's lines; i: GPU i's. Per key, the numbers of its entries and their lines.
+        self._seqs: dict[int | None, deque[int]] = {}
+        self._lines: dict[int | None, deque[bytes]] = {}
+        self._data: dict[int | None, bytes] = {}  # joined lines, for keys unchanged since
+
+    def data(self, ctx: Ctx, gpu: int | None) -> bytes:
+        self._sync(ctx.node)
+        data = self._data.get(gpu)
+        if data is None:
+            data = self._data[gpu] = b"".join(self._lines.get(gpu, ()))
+        return data
+
+    def _sync(self, node: Node) -> None:
+        log = node.log
+        if node is self._node and log and log[-1] is self._last:
+            return  # nothing new: the common case, no formatting, no join
+        start = self._find_last(node)
+        if start is None:
+            self._node, self._last, self._next = node, None, 0
+            self._seqs, self._lines, self._data = {}, {}, {}
+            start = 0
+        seqs, lines, data = self._seqs, self._lines, self._data
+        for k in range(start, len(log)):
+            e = log[k]
+            line = log_line(e).encode()
+            for key in (None, e.gpu) if e.gpu is not None else (None,):
+                if key not in seqs:
+                    seqs[key], lines[key] = deque(), deque()
+                seqs[key].append(self._next)
+                lines[key].append(line)
+                data.pop(key, None)
+            self._next += 1
+        self._last = log[-1] if log else None
+        first = self._next - len(log)  # the number of the log's first entry: older ones left it
+        for key, numbers in seqs.items():
+            while numbers and numbers[0] < first:
+                numbers.popleft()
+                lines[key].popleft()
+                data.pop(key, None)
+
+    def _find_last(self, node: Node) -> int | None:
+        """Where in the log the entries not yet formatted start, or None: format it all anew."""
+        if node is not self._node or self._last is None:
+            return None
+        log = node.log
+        for k in range(len(log) - 1, -1, -1):  # from the right: a few entries are new
+            if log[k] is self._last:
+                return k + 1
+        return None
+
+
+def gpu_dir(i: int, events: EventLogText | None = None) -> Dir:
     """gpuN/: its files are made at its first lookup (a 64-GPU mount answers sooner)."""
-    return lazy_static_dir(partial(_gpu_files, i))
+    return lazy_static_dir(partial(_gpu_files, i, events))
 
 
-def _gpu_files(i: int) -> dict[str, File]:
+def _gpu_files(i: int, events: EventLogText | None = None) -> dict[str, File]:
     target = gpu(i)
     files: dict[str, File] = {
         "info": text(partial(render_info, i=i)),
@@ -147,20 +219,22 @@ def _gpu_files(i: int) -> dict[str, File]:
         "lost": text(lambda ctx: "1\n" if ctx.node.gpus[i].lost else "0\n", write=control_writer(target, "lost")),
         "nvlink": text(partial(render_nvlink, i=i), write=control_writer(target, "nvlink")),
         "reset": const(b"", write=control_writer(target, "reset"), mode=0o200),
-        "events": text(partial(_events, gpu=i), size=None),  # grows: stat says its length
+        # grows: stat says its length
+        "events": File(partial(events.data, gpu=i), size=None) if events else text(partial(_events, gpu=i), size=None),
     }
     for signal, fmt in _SIGNALS.items():
         files[signal] = text(partial(_reading, i=i, fmt=fmt), write=control_writer(target, signal))
     return files
 
 
-def node_dir(scenario_status: Callable[[float], str] | None = None) -> Dir:
+def node_dir(scenario_status: Callable[[float], str] | None = None, events: EventLogText | None = None) -> Dir:
     files = {
         "profile": text(lambda ctx: f"{ctx.node.profile.name}\n"),
         "driver_version": text(lambda ctx: f"{ctx.node.config.driver_version}\n"),
         "cuda_version": text(lambda ctx: f"{ctx.node.config.cuda_version}\n"),
         "gpu_count": text(lambda ctx: f"{len(ctx.node.gpus)}\n"),
-        "events": text(partial(_events, gpu=None), size=None),
+        "events": File(partial(events.data, gpu=None), size=None) if events else text(partial(_events, gpu=None),
+                                                                                            size=None),
         "reset": const(b"", write=control_writer(NODE, "reset"), mode=0o200),
     }
     if scenario_status is not None:
@@ -172,6 +246,7 @@ def node_dir(scenario_status: Callable[[float], str] | None = None) -> Dir:
 
 def control_tree(gpu_count: int, scenario_status: Callable[[float], str] | None = None) -> dict[str, Dir]:
     """The `node/` and `gpuN/` directories for the mount's root."""
-    tree: dict[str, Dir] = {"node": node_dir(scenario_status)}
-    tree.update({f"gpu{i}": gpu_dir(i) for i in range(gpu_count)})
+    events = EventLogText()  # one per tree: the node's lines and each GPU's, formatted once
+    tree: dict[str, Dir] = {"node": node_dir(scenario_status, events)}
+    tree.update({f"gpu{i}": gpu_dir(i, events) for i in range(gpu_count)})
     return tree
