@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _node import PREFIX, WIDE_GPUS, WIDE_PROFILE, BenchNode, report
+from _node import PREFIX, WIDE_GPUS, WIDE_PROFILE, BenchNode, force_unmount, report
 
 
 def cli_start_s() -> float:
@@ -29,24 +29,29 @@ def cli_start_s() -> float:
 def bare_mount_s() -> float:
     """Seconds from starting bench/_floor_fs.py to its one file read back through the mount."""
     mnt = Path(tempfile.mkdtemp(prefix=PREFIX + "floor-"))
-    r, w = os.pipe()
-    t0 = time.perf_counter()
-    daemon = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_floor_fs.py")), str(mnt), str(w)],
-                              pass_fds=(w,))
-    os.close(w)
+    daemon = None
     try:
+        r, w = os.pipe()
+        t0 = time.perf_counter()
+        daemon = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_floor_fs.py")), str(mnt), str(w)],
+                                  pass_fds=(w,))
+        os.close(w)
         with os.fdopen(r, "rb") as pipe:
             if pipe.read(6) != b"ready\n":
                 raise RuntimeError("the floor file system did not start")
         (mnt / "temperature").read_bytes()
         return time.perf_counter() - t0
     finally:
+        # Interrupted anywhere (the daemon not mounted yet, or not answering), the same clean-up:
+        # unmount, stop the daemon, detach whatever mount is left, then remove the directory.
         subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
         try:
-            daemon.wait(10)
+            if daemon is not None:
+                daemon.wait(10)
         except subprocess.TimeoutExpired:
             daemon.kill()
             daemon.wait()
+        force_unmount(mnt)
         os.rmdir(mnt)
 
 
