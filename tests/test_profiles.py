@@ -350,10 +350,13 @@ def test_a_bad_fabric_names_the_key(tmp_path, bad, key):
     ("[{memory_mhz: 2619, graphics_max_mhz: 1980, graphics_min_mhz: 3450}]", "at most graphics_max_mhz"),
     ("[{memory_mhz: 2619, graphics_max_mhz: 1980, graphics_min_mhz: 345}]\n  graphics_step_mhz: 5",
      "clocks.graphics_step_mhz"),
+    # 1980, the default applications graphics clock, is not on steps of 15 from 1972
+    ("[{memory_mhz: 2619, graphics_max_mhz: 1972, graphics_min_mhz: 345}]", "default applications clocks"),
 ])
 def test_bad_supported_clocks_are_refused_with_the_rule(tmp_path, entries, words):
     """clocks.supported lists what NVML will answer: memory clocks once each, highest (max_mem)
-    first, graphics clocks within max_graphics and within what the shared state holds."""
+    first, graphics clocks within max_graphics and within what the shared state holds, the
+    default applications clocks one of its pairs."""
     text = _valid_yaml()
     assert "\n  supported:" in text
     start = text.index("\n  supported:") + 1

@@ -41,7 +41,7 @@ pytestmark = pytest.mark.level("shims")
 
 T0 = 1_800_000_000.0
 # What follows locked_clocks in an H100's gpuN/config, all at their defaults.
-LATER_DEFAULTS = "ecc_mode: 1\naccounting: 0\napplications_clocks: 2619 1980\nlocked_memory_clocks: 2619 2619\n"
+LATER_DEFAULTS = "ecc_mode: 1\naccounting: 0\napplications_clocks: 2619 1980\nlocked_memory_clocks: 1593 2619\n"
 DEFAULT_CONFIG = "persistence: 1\ncompute_mode: default\npower_limit: 700\nlocked_clocks: 345 1980\n" + LATER_DEFAULTS
 SW_POWER_CAP = 0x4
 NVML_NO_PERMISSION, NVML_INVALID_ARGUMENT, NVML_NOT_SUPPORTED, NVML_GPU_IS_LOST, NVML_UNKNOWN = 4, 2, 3, 15, 999
@@ -102,7 +102,7 @@ def test_a_configure_event_checks_its_own_value(args, reason):
         Configure(0, *args)
 
 
-H100_DEFAULTS = [True, "default", 700.0, (345, 1980), True, False, (2619, 1980), (2619, 2619)]
+H100_DEFAULTS = [True, "default", 700.0, (345, 1980), True, False, (2619, 1980), (1593, 2619)]
 
 
 def test_a_gpu_reset_keeps_persistence_and_a_node_reset_restores_every_default():
@@ -115,7 +115,7 @@ def test_a_gpu_reset_keeps_persistence_and_a_node_reset_restores_every_default()
     node.apply(Reset(1), T0 + 1)
     # Persistence, ECC mode (now in effect) and accounting are kept; the rest is back to the default.
     assert [node.setting(1, s) for s in SETTINGS] == [False, "default", 700.0, (345, 1980), False, True,
-                                                      (2619, 1980), (2619, 2619)]
+                                                      (2619, 1980), (1593, 2619)]
     assert not node.ecc_enabled(1)
     assert [node.setting(0, s) for s in SETTINGS] == changed and node.ecc_enabled(0)  # not reset
     node.apply(Reset(None), T0 + 2)
@@ -210,7 +210,13 @@ def test_applications_clocks_set_the_clocks_work_runs_at():
     node.apply(Pin(1, "utilization", (0, 0)), T0)
     assert node.readings(1, T0).clock_graphics == 345  # idle: the idle clock, no reason
     assert not node.readings(1, T0).throttle_mask & 0x2
-    for bad in ((1000, 1500), (2619, 2000), (2619, 100)):
+    # A pair nvmlDeviceGetSupportedMemoryClocks/GraphicsClocks list, and only those: the board's
+    # second memory clock, and graphics clocks on the list's 15 MHz steps from the top.
+    node.apply(Configure(1, "applications_clocks", (1593, 1980)), T0)
+    node.apply(Pin(1, "utilization", (90, 40)), T0)
+    loaded = node.readings(1, T0)
+    assert (loaded.clock_graphics, loaded.clock_mem) == (1980, 1593)
+    for bad in ((1000, 1500), (2619, 2000), (2619, 100), (2619, 1501), (1593, 1979), (2619, 330)):
         with pytest.raises(InvalidCommand, match="not a supported pair on h100"):
             node.apply(Configure(1, "applications_clocks", bad), T0)
     with pytest.raises(InvalidCommand, match="not h100's memory clocks"):
@@ -737,7 +743,7 @@ def test_every_setting_survives_a_daemon_restart_and_a_kill(node_factory):
                                         "\npower_limit: 450.5 (default 700)\nlocked_clocks: 345 1980\n"
                                         "ecc_mode: 0 (default 1) (current 1 until a reset)\naccounting: 1 (default 0)\n"
                                         "applications_clocks: 2619 1500 (default 2619 1980)\n"
-                                        "locked_memory_clocks: 2619 2619\n")
+                                        "locked_memory_clocks: 2619 2619 (default 1593 2619)\n")
     smi = subprocess.run([str(node.mnt / "driver/usr/bin/nvidia-smi"), "--format=csv,noheader",
                           "--query-gpu=index,persistence_mode,compute_mode,power.limit"],
                          env=env, capture_output=True, text=True, timeout=30)

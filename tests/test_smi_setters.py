@@ -328,17 +328,23 @@ def test_applications_and_memory_clocks_through_nvidia_smi(node_factory):
                           n.nvmlDeviceGetCurrentClocksEventReasons(h) & 0x2]))
     """)
     assert run_py_json(mount_env(node), read) == [1500, 2619, 1980, 1500, 1500, 2]
-    r = smi(node, "-ac", "1000,1500", "-i", "1")
-    assert (r.returncode, r.stdout) == (2, f'Specified clock combination "(MEM 1000, SM 1500)" is not supported for '
-                                           f"GPU {GPU1}. Run 'nvidia-smi -q -d SUPPORTED_CLOCKS' to see list of "
-                                           f"supported clock combinations\n" + TERMINATING)
+    # Only the pairs -q -d SUPPORTED_CLOCKS lists: not a memory clock the board lacks, not a
+    # graphics clock between the list's 15 MHz steps; the board's second memory clock is one.
+    for mem, sm in ((1000, 1500), (2619, 1501)):
+        r = smi(node, "-ac", f"{mem},{sm}", "-i", "1")
+        assert (r.returncode, r.stdout) == (2, f'Specified clock combination "(MEM {mem}, SM {sm})" is not supported '
+                                               f"for GPU {GPU1}. Run 'nvidia-smi -q -d SUPPORTED_CLOCKS' to see list "
+                                               f"of supported clock combinations\n" + TERMINATING)
+    assert "1593 MHz" in smi(node, "-q", "-d", "SUPPORTED_CLOCKS", "-i", "1").stdout
+    r = smi(node, "-ac", "1593,1980", "-i", "1")
+    assert (r.returncode, r.stdout) == (0, f'Applications clocks set to "(MEM 1593, SM 1980)" for GPU {GPU1}\nAll done.\n')
     r = smi(node, "-rac", "-i", "1")
     assert (r.returncode, r.stdout) == (0, "All done.\n")
     assert run_py_json(mount_env(node), read) == [1980, 2619, 1980, 1980, 1980, 0]
     r = smi(node, "-lmc", "2619", "-i", "1")
     assert (r.returncode, r.stdout) == (0, f'Memory clocks set to "(memClkMin 2619, memClkMax 2619)" for GPU '
                                            f"{GPU1}\nAll done.\n")
-    assert "locked_memory_clocks: 2619 2619\n" in node.read("gpu1/config")
+    assert "locked_memory_clocks: 2619 2619 (default 1593 2619)\n" in node.read("gpu1/config")
     r = smi(node, "-lmc", "1000,2619", "-i", "1")
     assert (r.returncode, r.stdout) == (2, f"Failed to lock memory clocks for GPU {GPU1}: Invalid Argument\n"
                                         + TERMINATING)

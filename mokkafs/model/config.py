@@ -140,22 +140,34 @@ def _check_app_clocks(value: object) -> None:
 
 
 def supported_memory_clocks(profile: GpuProfile) -> tuple[int, ...]:
-    """The memory clocks the board runs at: the profiles record the boost clock and the default
-    applications clock (one and the same on every captured board, whose HBM or GDDR runs at
-    one clock)."""
-    return tuple(sorted({profile.clocks.default_app_mem, profile.clocks.max_mem}))
+    """The memory clocks the board supports, lowest first: those its profile lists
+    (nvmlDeviceGetSupportedMemoryClocks, -q -d SUPPORTED_CLOCKS), or, where it lists none, its
+    default applications and boost memory clocks (one and the same on every captured board)."""
+    listed = {e.memory_mhz for e in profile.clocks.supported}
+    return tuple(sorted(listed or {profile.clocks.default_app_mem, profile.clocks.max_mem}))
 
 
 def _supported_app_clocks(profile: GpuProfile, value: object) -> None:
+    """A supported pair, as the driver's nvmlDeviceSetApplicationsClocks takes: a memory clock
+    the board lists, with one of the graphics clocks listed for it (every step from its top:
+    what nvmlDeviceGetSupportedGraphicsClocks answers). A board whose profile lists no clocks
+    takes any graphics clock in its range with its memory clock."""
     c = profile.clocks
     mem, graphics = value
-    # A supported pair: a memory clock the board has, and a graphics clock in its range (the
-    # real list of supported graphics clocks is every step of ~7-15 MHz in it; not modelled).
-    if mem not in supported_memory_clocks(profile) or not c.idle_graphics <= graphics <= c.max_graphics:
-        raise InvalidCommand(
-            f"applications clocks {mem} {graphics} MHz are not a supported pair on {profile.name} (memory "
-            f"{' or '.join(map(str, supported_memory_clocks(profile)))}, graphics {c.idle_graphics}..{c.max_graphics})"
-        )
+    entry = next((e for e in c.supported if e.memory_mhz == mem), None)
+    if c.supported:
+        if entry is not None and graphics in c.graphics_clocks(entry):
+            return
+        mems = " or ".join(str(e.memory_mhz) for e in c.supported)
+        allowed = (f"with {mem}: every {c.graphics_step_mhz:g} MHz from {c.graphics_clocks(entry)[0]} down to "
+                   f"{c.graphics_clocks(entry)[-1]}" if entry is not None else f"memory {mems}")
+    else:
+        if mem in supported_memory_clocks(profile) and c.idle_graphics <= graphics <= c.max_graphics:
+            return
+        allowed = (f"memory {' or '.join(map(str, supported_memory_clocks(profile)))}, graphics "
+                   f"{c.idle_graphics}..{c.max_graphics}")
+    raise InvalidCommand(f"applications clocks {mem} {graphics} MHz are not a supported pair on {profile.name} "
+                         f"({allowed}; nvidia-smi -q -d SUPPORTED_CLOCKS lists them)")
 
 
 def _in_memory_clocks(profile: GpuProfile, value: object) -> None:
