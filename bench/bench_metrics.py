@@ -41,15 +41,17 @@ def floor_server(body: bytes):
         f.write(body)
         f.flush()
         r, w = os.pipe()
+        # Its output goes nowhere: were it to outlive the bench, it would hold no caller's pipe.
         server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_floor_http.py")), f.name, str(w)],
-                                  pass_fds=(w,))
+                                  pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
         os.close(w)
         try:
             with os.fdopen(r) as pipe:
                 port = int(pipe.readline())
             yield f"http://127.0.0.1:{port}/metrics"
         finally:
-            server.kill()
+            server.kill()  # first, so that an interrupt landing here leaves no server behind
             server.wait()
 
 
