@@ -208,11 +208,6 @@ class Clocks(_Strict):
                                  "graphics clocks")
             if self.graphics_clocks(e)[0] > self.max_graphics:
                 raise ValueError(f"clocks.supported: {e.memory_mhz} MHz allows a graphics clock above max_graphics")
-        default = next((e for e in self.supported if e.memory_mhz == self.default_app_mem), None)
-        if self.supported and (default is None or self.default_app_graphics not in self.graphics_clocks(default)):
-            # The driver's default pair is one it would take from nvmlDeviceSetApplicationsClocks.
-            raise ValueError(f"clocks.supported: the default applications clocks ({self.default_app_mem} "
-                             f"{self.default_app_graphics} MHz) are not a pair the list allows")
         return self
 
     @model_validator(mode="after")
@@ -223,6 +218,16 @@ class Clocks(_Strict):
                           ("default_app_graphics", "max_graphics"), ("default_app_mem", "max_mem")):
             if getattr(self, low) > getattr(self, high):
                 raise ValueError(f"{low} {getattr(self, low)} MHz is above {high} {getattr(self, high)} MHz")
+        return self
+
+    @model_validator(mode="after")
+    def _default_pair_listed(self) -> "Clocks":
+        """The driver's default applications clocks are a pair its nvmlDeviceSetApplicationsClocks
+        would take. After the ceilings: a default above its maximum is said as that."""
+        default = next((e for e in self.supported if e.memory_mhz == self.default_app_mem), None)
+        if self.supported and (default is None or self.default_app_graphics not in self.graphics_clocks(default)):
+            raise ValueError(f"clocks.supported: the default applications clocks ({self.default_app_mem} "
+                             f"{self.default_app_graphics} MHz) are not a pair the list allows")
         return self
 
 
