@@ -174,6 +174,53 @@ class BenchNode:
         self.close()
 
 
+class FloorFs:
+    """bench/_floor_fs.py, the floor under any pyfuse3 file system, mounted on a fresh
+    mokka-bench-floor-* directory: `with FloorFs() as mnt:` reads of mnt/temperature are served.
+    Its output goes to /dev/null: were it to outlive its bench, it would hold none of the
+    caller's pipes. Its clean-up (unmount, stop, detach what is left, remove the directory)
+    holds SIGINT, SIGTERM and SIGHUP until done: a floor lives a fraction of a second, and an
+    interrupt that cut the clean-up short would leave it running and mounted."""
+
+    def __init__(self) -> None:
+        self.mnt: Path | None = None
+        self.daemon: subprocess.Popen | None = None
+
+    def __enter__(self) -> Path:
+        try:
+            self.mnt = Path(tempfile.mkdtemp(prefix=PREFIX + "floor-"))
+            r, w = os.pipe()
+            self.daemon = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("_floor_fs.py")), str(self.mnt), str(w)],
+                pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            os.close(w)
+            with os.fdopen(r, "rb") as pipe:
+                if pipe.read(6) != b"ready\n":
+                    raise RuntimeError("the floor file system did not start")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self.mnt
+
+    def __exit__(self, *exc) -> None:
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+        try:
+            if self.mnt is None:
+                return
+            subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True)
+            if self.daemon is not None:
+                try:
+                    self.daemon.wait(10)
+                except subprocess.TimeoutExpired:
+                    self.daemon.kill()
+                    self.daemon.wait()
+            force_unmount(self.mnt)
+            os.rmdir(self.mnt)
+            self.mnt = None
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 class BusyLoad:
     """`n` processes that only burn CPU, beside a measurement whose target names a load (the
     issue's "at load 4": on a machine with few CPUs the load average is mostly the bench's own).

@@ -9,16 +9,12 @@ is the floor the figure is reported against: what is above it is mokkafs's own s
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-from _node import PREFIX, WIDE_GPUS, WIDE_PROFILE, BenchNode, force_unmount, report
+from _node import WIDE_GPUS, WIDE_PROFILE, BenchNode, FloorFs, report
 
 
 def cli_start_s() -> float:
@@ -29,45 +25,10 @@ def cli_start_s() -> float:
 
 def bare_mount_s() -> float:
     """Seconds from starting bench/_floor_fs.py to its one file read back through the mount."""
-    mnt, daemon = None, None
-    try:
-        mnt = Path(tempfile.mkdtemp(prefix=PREFIX + "floor-"))
-        r, w = os.pipe()
-        t0 = time.perf_counter()
-        # Its own output goes nowhere: a daemon that outlived this bench must not hold the
-        # caller's pipes open (the caller would wait for their end forever).
-        daemon = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_floor_fs.py")), str(mnt), str(w)],
-                                  pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
-        os.close(w)
-        with os.fdopen(r, "rb") as pipe:
-            if pipe.read(6) != b"ready\n":
-                raise RuntimeError("the floor file system did not start")
+    t0 = time.perf_counter()
+    with FloorFs() as mnt:
         (mnt / "temperature").read_bytes()
         return time.perf_counter() - t0
-    finally:
-        # The floor lives a fifth of a second, so an interrupt (Ctrl-C, SIGTERM) often lands in
-        # this clean-up: it is held until the clean-up is done, then raised as usual.
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-        try:
-            _stop_floor(mnt, daemon)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
-
-
-def _stop_floor(mnt: Path | None, daemon: subprocess.Popen | None) -> None:
-    """Unmount, stop the daemon, detach whatever mount is left, remove the directory."""
-    if mnt is None:
-        return
-    subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
-    if daemon is not None:
-        try:
-            daemon.wait(10)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-    force_unmount(mnt)
-    os.rmdir(mnt)
 
 
 def main() -> None:

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-from _node import PREFIX, SHM, BenchNode, force_unmount, percentile, report
+from _node import PREFIX, SHM, BenchNode, FloorFs, percentile, report
 
 
 def read_loop(path: str, n: int) -> list[float]:
@@ -32,17 +29,8 @@ def main() -> None:
     shm = tempfile.NamedTemporaryFile(prefix=PREFIX, dir=SHM, delete=False)
     shm.write(b"29\n")
     shm.close()
-    floor_mnt = Path(tempfile.mkdtemp(prefix=PREFIX + "floor-"))
-    floor = None
     try:
-        r, w = os.pipe()
-        floor = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_floor_fs.py")), str(floor_mnt),
-                                  str(w)], pass_fds=(w,))
-        os.close(w)
-        if os.read(r, 16) != b"ready\n":
-            raise RuntimeError("the floor file system did not start")
-        os.close(r)
-        with BenchNode() as node:
+        with FloorFs() as floor_mnt, BenchNode() as node:
             path = str(node.mnt / "gpu0" / "temperature")
             floor_path = str(floor_mnt / "temperature")
             for p in (path, shm.name, floor_path):
@@ -54,15 +42,6 @@ def main() -> None:
                 tmpfs += read_loop(shm.name, args.n // 10)
                 bare += read_loop(floor_path, args.n // 10)
     finally:
-        subprocess.run(["fusermount3", "-u", str(floor_mnt)], capture_output=True)
-        if floor is not None:
-            try:
-                floor.wait(10)
-            except subprocess.TimeoutExpired:
-                floor.kill()
-                floor.wait()
-        force_unmount(floor_mnt)
-        floor_mnt.rmdir()
         os.unlink(shm.name)
     print(f"{'file':<32} {'p50 us':>8} {'p99 us':>8}")
     rows = (("mokkafs gpu0/temperature", fuse), ("tmpfs", tmpfs), ("do-nothing pyfuse3 (FUSE floor)", bare))
