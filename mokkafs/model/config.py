@@ -154,13 +154,15 @@ def _supported_app_clocks(profile: GpuProfile, value: object) -> None:
     takes any graphics clock in its range with its memory clock."""
     c = profile.clocks
     mem, graphics = value
-    entry = next((e for e in c.supported if e.memory_mhz == mem), None)
     if c.supported:
-        if entry is not None and graphics in c.graphics_clocks(entry):
+        if c.allows(mem, graphics):
             return
-        mems = " or ".join(str(e.memory_mhz) for e in c.supported)
-        allowed = (f"with {mem}: every {c.graphics_step_mhz:g} MHz from {c.graphics_clocks(entry)[0]} down to "
-                   f"{c.graphics_clocks(entry)[-1]}" if entry is not None else f"memory {mems}")
+        entry = c.listed(mem)
+        if entry is None:
+            allowed = "memory " + " or ".join(str(e.memory_mhz) for e in c.supported)
+        else:
+            listed = c.graphics_clocks(entry)
+            allowed = f"with {mem}: every {c.graphics_step_mhz:g} MHz from {listed[0]} down to {listed[-1]}"
     else:
         if mem in supported_memory_clocks(profile) and c.idle_graphics <= graphics <= c.max_graphics:
             return

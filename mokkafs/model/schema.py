@@ -193,6 +193,15 @@ class Clocks(_Strict):
         """The graphics clocks `entry`'s memory clock allows, highest first, as NVML lists them."""
         return graphics_clocks(entry, self.graphics_step_mhz)
 
+    def listed(self, memory_mhz: int) -> SupportedClock | None:
+        """The list's entry for a memory clock, or None when the board lists no such clock."""
+        return next((e for e in self.supported if e.memory_mhz == memory_mhz), None)
+
+    def allows(self, memory_mhz: int, graphics_mhz: int) -> bool:
+        """Whether the list gives this pair (what nvmlDeviceSetApplicationsClocks takes)."""
+        entry = self.listed(memory_mhz)
+        return entry is not None and graphics_mhz in self.graphics_clocks(entry)
+
     @model_validator(mode="after")
     def _supported(self) -> "Clocks":
         mems = [e.memory_mhz for e in self.supported]
@@ -224,8 +233,7 @@ class Clocks(_Strict):
     def _default_pair_listed(self) -> "Clocks":
         """The driver's default applications clocks are a pair its nvmlDeviceSetApplicationsClocks
         would take. After the ceilings: a default above its maximum is said as that."""
-        default = next((e for e in self.supported if e.memory_mhz == self.default_app_mem), None)
-        if self.supported and (default is None or self.default_app_graphics not in self.graphics_clocks(default)):
+        if self.supported and not self.allows(self.default_app_mem, self.default_app_graphics):
             raise ValueError(f"clocks.supported: the default applications clocks ({self.default_app_mem} "
                              f"{self.default_app_graphics} MHz) are not a pair the list allows")
         return self
