@@ -366,9 +366,13 @@ def _sample(node: Node, i: int, now: float, fabric: Fabric | None) -> Sample:
     return Sample(node.readings(i, now), node.gpus[i], (node.ecc_enabled(i), node.setting(i, "ecc_mode")), fabric)
 
 
-def _timed_values(node: Node, i: int, now: float) -> tuple:
-    s = _sample(node, i, now, node.profile.fabric)
+def _timed_of(s: Sample) -> tuple:
+    """The `timed` fields' values in a sample."""
     return tuple(f.value(s) for f in _TIMED)
+
+
+def _timed_values(node: Node, i: int, now: float) -> tuple:
+    return _timed_of(_sample(node, i, now, node.profile.fabric))
 
 
 @functools.lru_cache(maxsize=4)
@@ -426,7 +430,7 @@ def _gpu_lines(node: Node, i: int, now: float, host: str, hostname_label: str, w
                 v = own(instance) if own else f.value(s)
                 out.append(f"{name}{prefix}{v:f}\n" if f.is_float else f"{name}{prefix}{int(v)}\n")
             append("".join(out))
-    timed = None if not watch or g.lost or node.temperature_holds(i, now) else tuple(f.value(s) for f in _TIMED)
+    timed = None if not watch or g.lost or node.temperature_holds(i, now) else _timed_of(s)
     return lines, timed
 
 
