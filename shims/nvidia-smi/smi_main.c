@@ -307,7 +307,10 @@ int main(int argc, char **argv)
     }
     if (mode == M_TABLE && q)
         mode = x ? M_XML : M_QUERY;
-    int listing = mode == M_QAPPS || mode == M_QACCT || mode == M_QRETIRED || mode == M_QCLOCKS;
+    /* The listing a --query-* option other than --query-gpu selects, in the order of the
+       listings' field tables (compute apps, accounted apps, retired pages, supported clocks). */
+    int which = mode == M_QAPPS ? 0 : mode == M_QACCT ? 1 : mode == M_QRETIRED ? 2 : mode == M_QCLOCKS ? 3 : -1;
+    int listing = which >= 0;
     /* A missing or bad --format: below 570 as NVIDIA's 470-550 binaries (a missing one first, the
        fields next, below, then what it says); from 570 the invalid-combination line (unverified). */
     int format_error = 0;
@@ -373,7 +376,6 @@ int main(int argc, char **argv)
         if (ncols <= 0)
             return EXIT_INVALID;
     } else if (listing) {
-        int which = mode == M_QAPPS ? 0 : mode == M_QACCT ? 1 : mode == M_QRETIRED ? 2 : 3;
         ncols = parse_fields_of(fields, app_idx, app_spelled, 16, which);
         if (ncols <= 0)
             return EXIT_INVALID;
@@ -409,7 +411,7 @@ int main(int argc, char **argv)
         case M_QRETIRED:
         case M_QCLOCKS:
             if (it == 0)
-                print_apps_header(app_idx, ncols, mode == M_QAPPS ? 0 : mode == M_QACCT ? 1 : mode == M_QRETIRED ? 2 : 3);
+                print_apps_header(app_idx, ncols, which);
             if (mode == M_QCLOCKS)
                 query_clocks_once(app_idx, ncols);
             else if (mode == M_QACCT)
