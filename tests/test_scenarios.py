@@ -70,6 +70,21 @@ AFTERMATH = {
 }
 
 
+
+def test_a_daemon_imports_the_scenario_schema_at_its_first_scenario():
+    """model/scenario.py (its pydantic schemas) is ~12 ms of the start of a daemon that runs no
+    scenario: the daemon's modules leave it out until node/scenario is first written."""
+    code = (
+        "import sys\n"
+        "import mokkafs.daemon.lifetime\n"
+        "from mokkafs.model.events import StopScenario\n"
+        "from mokkafs.render.control import _scenario_request\n"
+        "assert 'mokkafs.model.scenario' not in sys.modules, 'imported by the daemon at its start'\n"
+        "assert isinstance(_scenario_request(b'stop\\n'), StopScenario)\n"
+        "assert 'mokkafs.model.scenario' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
 def test_the_library_is_documented_and_each_story_has_its_checks():
     shipped = shipped_scenarios()
     assert set(shipped) == set(AFTERMATH)

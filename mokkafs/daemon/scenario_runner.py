@@ -12,29 +12,29 @@ import errno
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from mokkafs.daemon.clock import Clock
 from mokkafs.daemon.controller import Controller
-from mokkafs.model.events import InvalidCommand
+from mokkafs.model.events import InvalidCommand, RunScenario, StopScenario
 from mokkafs.model.outcome import Outcome
-from mokkafs.model.scenario import (
-    MAX_DURATION_S,
-    MAX_SPEED,
-    Loaded,
-    Planned,
-    RunScenario,
-    ScenarioError,
-    StopScenario,
-    expand,
-    load_text,
-    plan_length,
-)
 from mokkafs.daemon.persist import StateError
 from mokkafs.render.control import iso_time
 
+if TYPE_CHECKING:
+    from mokkafs.model.scenario import Loaded, Planned
+
 log = logging.getLogger(__name__)
+
+
+def _scenarios():
+    """model/scenario.py, the schema and expansion, imported at the first scenario requested or
+    left running: most daemons never run one, and its import is ~12 ms of every start."""
+    from mokkafs.model import scenario
+
+    return scenario
 
 SHIPPED = [
     Path(__file__).resolve().parents[2] / "scenarios",  # a source checkout or editable install
@@ -102,7 +102,7 @@ class ScenarioRunner:
 
     def _plan(self, loaded: Loaded, seed: int) -> list[Planned]:
         node = self.controller.node
-        return expand(loaded, seed, len(node.gpus), node.validate)
+        return _scenarios().expand(loaded, seed, len(node.gpus), node.validate)
 
     def handle(self, event) -> Outcome:
         if isinstance(event, StopScenario):
@@ -114,8 +114,9 @@ class ScenarioRunner:
         seed = event.loaded.scenario.seed if event.seed is None else event.seed
         plan = self._plan(event.loaded, seed)  # refused whole here, before anything applies
         now = self.clock()
-        if event.start is not None and event.start > now + MAX_DURATION_S:
-            raise InvalidCommand(f"start {iso_time(event.start)} is more than {MAX_DURATION_S / 86400:g} days away")
+        most = _scenarios().MAX_DURATION_S
+        if event.start is not None and event.start > now + most:
+            raise InvalidCommand(f"start {iso_time(event.start)} is more than {most / 86400:g} days away")
         # A start in the past joins the timeline where it stands: what fell due is applied at
         # once, in order, as after a restart (an agent that sees a pool's start late).
         self.current = Run(event.loaded, seed, event.speed, now if event.start is None else event.start, plan)
@@ -123,7 +124,7 @@ class ScenarioRunner:
         log.info(
             "scenario %s (%s, seed %d, speed %g, start %s): %d commands over %g s",
             self.current.name, event.loaded.where, seed, event.speed, iso_time(self.current.start), len(plan),
-            plan_length(event.loaded.scenario, plan),
+            _scenarios().plan_length(event.loaded.scenario, plan),
         )
         self._wake()
         return Outcome()
@@ -163,18 +164,19 @@ class ScenarioRunner:
             missing = [k for k in ("text", "where", "seed", "speed", "start", "next") if k not in rec]
             if missing:
                 raise ValueError(f"{missing[0]}: missing")
-            loaded = load_text(str(rec["text"]), str(rec["where"]))
+            scenarios = _scenarios()
+            loaded = scenarios.load_text(str(rec["text"]), str(rec["where"]))
             seed, speed, start, nxt = int(rec["seed"]), float(rec["speed"]), float(rec["start"]), int(rec["next"])
             # The request's rule for its start holds for a restored one too: a start past it
             # (1e20, say) is no time a clock can show, and node/scenario could not render it.
-            for key, ok in (("seed", 0 <= seed <= 2**63 - 1), ("speed", 0 < speed <= MAX_SPEED),
-                            ("start", 0 <= start <= self.clock() + MAX_DURATION_S)):
+            for key, ok in (("seed", 0 <= seed <= 2**63 - 1), ("speed", 0 < speed <= scenarios.MAX_SPEED),
+                            ("start", 0 <= start <= self.clock() + scenarios.MAX_DURATION_S)):
                 if not ok:
                     raise ValueError(f"{key}: {str(rec[key])[:40]} out of range")
             plan = self._plan(loaded, seed)
             if not 0 <= nxt <= len(plan):
                 raise ValueError(f"next step {nxt} beyond the plan's {len(plan)}")
-        except (StateError, ScenarioError, InvalidCommand, KeyError, ValueError, TypeError) as e:
+        except (StateError, InvalidCommand, KeyError, ValueError, TypeError) as e:  # a ScenarioError too
             log.warning("%s: scenario left by the previous daemon aborted: %s", state.path / "scenario.json", e)
             self.last = f"aborted after a restart: {e}"
             state.save_scenario(None)
@@ -231,7 +233,7 @@ class ScenarioRunner:
             ("seed", run.seed),
             ("speed", f"{run.speed:g}"),
             ("started", iso_time(run.start)),
-            ("elapsed", f"{elapsed:.3f}s of {plan_length(s, run.plan):g}s"),
+            ("elapsed", f"{elapsed:.3f}s of {_scenarios().plan_length(s, run.plan):g}s"),
             *([("starts_in", f"{run.start - now:.3f}s")] if now < run.start else []),
             ("step", self._step_no(run)),
             ("next", str(run.plan[run.next]) if run.next < len(run.plan) else "end"),

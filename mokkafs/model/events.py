@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import errno
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mokkafs.model.counters import MemoryLocation
 from mokkafs.model.nvml_consts import CLOCKS_EVENT_REASONS
+
+if TYPE_CHECKING:  # the scenario schema is imported at the first scenario (model/scenario.py)
+    from mokkafs.model.scenario import Loaded
 
 # nvmlMemoryLocation_t order; names are what `inject_ecc` accepts.
 MEMORY_LOCATIONS = tuple(loc.spelling for loc in MemoryLocation)
@@ -299,3 +303,24 @@ class IbPortCommand(Event):
             raise InvalidCommand(f"unknown counter {self.counter!r}; known: {', '.join(IB_ERROR_COUNTERS)}")
         if self.action == "errors" and not 1 <= self.count <= MAX_COUNT:
             raise InvalidCommand(f"error count must be 1..{MAX_COUNT}, got {self.count}")
+
+
+# --- requests to the daemon's scenario runner (node/scenario, model/scenario.py) ------------------
+
+
+@dataclass(frozen=True)
+class RunScenario(Event):
+    """A write of `run [seed=N] [speed=X] [start=T] [file=NAME]` followed by the scenario's YAML
+    on the next lines. Not a node event: the controller hands it to the daemon's scenario runner.
+    `start`: the timeline's zero as seconds since the epoch (a node pool's shared start), else
+    when the daemon accepts it."""
+
+    loaded: Loaded = field(default=None, compare=False)
+    seed: int | None = None
+    speed: float = 1.0
+    start: float | None = None
+
+
+@dataclass(frozen=True)
+class StopScenario(Event):
+    """A write of `stop`."""

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mokkafs.model.commands import NODE, Command, gpu, parse_line
-from mokkafs.model.events import Event, InvalidCommand, decimal_number, whole_number
+from mokkafs.model.events import Event, InvalidCommand, RunScenario, StopScenario, decimal_number, whole_number
 from mokkafs.model.profiles import StrictLoader, too_deep
 
 MAX_SCENARIO_BYTES = 64 * 1024  # a file, and what one write to node/scenario may carry
@@ -497,26 +497,8 @@ def plan_length(s: Scenario, planned: list[Planned]) -> float:
     return s.duration if s.duration is not None else (planned[-1].offset if planned else 0.0)
 
 
-# --- the control file: node/scenario --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunScenario(Event):
-    """A write of `run [seed=N] [speed=X] [start=T] [file=NAME]` followed by the scenario's YAML
-    on the next lines. Not a node event: the controller hands it to the daemon's scenario runner.
-    `start`: the timeline's zero as seconds since the epoch (a node pool's shared start), else
-    when the daemon accepts it."""
-
-    loaded: Loaded = field(default=None, compare=False)
-    seed: int | None = None
-    speed: float = 1.0
-    start: float | None = None
-
-
-@dataclass(frozen=True)
-class StopScenario(Event):
-    """A write of `stop`."""
-
+# --- the control file: node/scenario (its requests, RunScenario and StopScenario, are in
+# model/events.py: the daemon's runner keys on them without importing this module) --------------
 
 MAX_SPEED = 10_000.0
 _HEADER = re.compile(  # each number then under the one rule (model/events.py, whole_number)

@@ -12,8 +12,15 @@ from mokkafs.model.commands import NODE, control_writer, gpu
 from mokkafs.model.config import SETTINGS
 from mokkafs.model.counters import ECC_ROWS, NVLINK_COUNTERS, ecc_total
 from mokkafs.model.state import LogEntry
-from mokkafs.model.scenario import parse_request
 from mokkafs.render.vfs import Ctx, Dir, File, const, lazy_static_dir, static_dir, text
+
+
+def _scenario_request(data: bytes):
+    """A write to node/scenario as its request (model/scenario.py, imported at the first one:
+    the scenario schema is not part of every daemon's start)."""
+    from mokkafs.model.scenario import parse_request
+
+    return parse_request(data)
 
 
 def iso_time(t: float) -> str:
@@ -240,7 +247,7 @@ def node_dir(scenario_status: Callable[[float], str] | None = None, events: Even
     if scenario_status is not None:
         # What runs, its step and the next one (the daemon's runner says); a write is a
         # scenario to run or `stop` (model/scenario.py, docs/scenarios.md).
-        files["scenario"] = text(lambda ctx: scenario_status(ctx.now), write=parse_request)
+        files["scenario"] = text(lambda ctx: scenario_status(ctx.now), write=_scenario_request)
     return static_dir(files)
 
 
