@@ -203,9 +203,12 @@ def topology_level(a: list[PciFunction], b: list[PciFunction]) -> int:
     host bridges of one NUMA node (NODE) or the CPUs' interconnect (SYSTEM)."""
     if a[-1].bdf == b[-1].bdf:
         return TOPOLOGY_INTERNAL
-    common = [x for x, y in zip(a[:-1], b[:-1]) if x.bdf == y.bdf]
-    if common:
-        return TOPOLOGY_SINGLE if common[-1].kind == "switch_up" else TOPOLOGY_MULTIPLE
+    # Two chains share bridges only below a common root port: most pairs of a node do not
+    # (a GPU per root port), and need no walk.
+    if a[0].bdf == b[0].bdf:
+        common = [x for x, y in zip(a[:-1], b[:-1]) if x.bdf == y.bdf]
+        if common:
+            return TOPOLOGY_SINGLE if common[-1].kind == "switch_up" else TOPOLOGY_MULTIPLE
     if a[-1].host_bridge == b[-1].host_bridge:
         return TOPOLOGY_HOSTBRIDGE
     return TOPOLOGY_NODE if a[-1].numa_node == b[-1].numa_node else TOPOLOGY_SYSTEM
