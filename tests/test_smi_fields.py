@@ -71,3 +71,39 @@ def test_every_profile_key_is_one_of_the_schema():
 
 def test_every_fact_is_shown_somewhere():
     assert [f.name for f in FIELDS.values() if not (f.query or f.q or f.x)] == []
+
+
+def _na_leaf(text: str, label: str, value: str) -> str:
+    """A record with its `label` block (the header and every deeper line) as one top-level leaf."""
+    lines, out, skipping = text.splitlines(keepends=True), [], False
+    col = next(l for l in lines if l.startswith("Timestamp")).index(": ")
+    for line in lines:
+        depth = len(line) - len(line.lstrip(" "))
+        if skipping and depth > 4 and line.strip():
+            continue
+        skipping = line == f"    {label}\n"
+        out.append(f"    {label}".ljust(col) + f": {value}\n" if skipping else line)
+    return "".join(out)
+
+
+@pytest.mark.parametrize("branch", [470, 525, 535, 550])
+def test_a_supported_clocks_block_is_one_run_time_list(gen, branch):
+    """A record's -q -d SUPPORTED_CLOCKS block (a Memory line per memory clock, a Graphics line per
+    graphics clock under it: 81 to 220 lines on our NVML) is the one run-time list row our
+    nvidia-smi fills from NVML, as a record's `Supported Clocks : N/A` was, not fixed lines; so is
+    its <supported_clocks> element, and a Processes block."""
+    records = gen.RECORDS / str(branch)
+    text = (records / "query-display.txt").read_text()
+    assert "\n    Supported Clocks\n        Memory " in text  # the record has a real list
+    rows = gen.text_skeleton(text, record=True)
+    assert [r for r in rows if r[1] == 3] == [(0, 3, "Supported Clocks", "supported_clocks", ""),
+                                              (0, 3, "Processes", "processes", "")]
+    assert rows == gen.text_skeleton(_na_leaf(text, "Supported Clocks", "N/A"), record=True)
+    # a Processes block (a node with a process) is one list row too, what follows it kept
+    procs = text.replace("    Processes                             : None\n",
+                         "    Processes\n        GPU instance ID                   : N/A\n"
+                         "        Process ID                        : 4242\n"
+                         "            Type                          : C\n")
+    assert procs != text and gen.text_skeleton(procs, record=True) == rows
+    xml = gen.xml_skeleton(records / "query.xml")[1]
+    assert [r for r in xml if "supported" in r[2] and "clock" in r[2]] == [(2, 3, "supported_clocks", "supported_clocks", "")]

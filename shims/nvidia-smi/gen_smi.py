@@ -159,26 +159,39 @@ def colon_column(body: list[str]) -> int:
     return line.index(": ")
 
 
+# -q labels whose body is a list our nvidia-smi builds from NVML at run time (smi_query.c): one
+# row of kind 3 stands for the whole block, whether the record shows it as an N/A or None leaf
+# (a board or node without one) or as a header over its entries (Supported Clocks: a Memory line
+# per nvmlDeviceGetSupportedMemoryClocks entry, a Graphics line under it per
+# nvmlDeviceGetSupportedGraphicsClocks entry; Processes: one block per process).
+TEXT_LISTS = {"Processes": "processes", "Supported Clocks": "supported_clocks"}
+
+
 def text_skeleton(text: str, record: bool = False) -> list[tuple[int, int, str, str, str]]:
     """Rows of the first GPU of the idle -q section of a capture, or of a whole record: (depth,
-    kind 0 header / 1 leaf, label, key, suffix)."""
+    kind 0 header / 1 leaf / 3 run-time list, label, key, suffix)."""
     body = (text if record else section(text, "idle :: query (-q)")).splitlines()
     col = colon_column(body)
     start = next(i for i, l in enumerate(body) if l.startswith("GPU ")) + 1
     rows = []
     stack: list[str] = []
+    in_list = -1  # the depth of the run-time list whose entries are being skipped
     for line in body[start:]:
         if not line.strip():
             break
         depth = (len(line) - len(line.lstrip(" "))) // 4 - 1
+        if in_list >= 0 and depth > in_list:
+            continue
+        in_list = -1
         leaf = len(line) > col and line[col] == ":"
         label = (line[:col] if leaf else line).strip()
         del stack[depth:]
         path = "/".join(stack + [label])
+        if path in TEXT_LISTS:
+            rows.append((depth, 3, label, TEXT_LISTS[path], ""))
+            in_list = depth
+            continue
         if leaf:
-            if path in ("Processes", "Supported Clocks"):  # lists (an N/A leaf in a record without them)
-                rows.append((depth, 3, label, "processes" if path == "Processes" else "supported_clocks", ""))
-                continue
             m = TEXT_MAP.get(path, "")
             key, suffix = m if isinstance(m, tuple) else (m, "")
             rows.append((depth, 1, label, key, suffix))
