@@ -80,6 +80,28 @@ def test_idle_readings_match_the_profile(h100):
     assert r.throttle_reasons == ["gpu_idle"]
 
 
+@pytest.mark.parametrize("driver, total, reserved", [("470.256.02", 40960 - 518, 0), ("535.261.03", 40960, 518)])
+def test_the_framebuffer_is_the_one_the_driver_branch_reports(driver, total, reserved):
+    """Before R510 the driver leaves its reserved share out of the total and reports none
+    reserved (an idle A100 40GB at 470: 0 MiB used, free = total); from R510 the total is the
+    board's and the reserved share is reported apart. Usable memory, and so free and the largest
+    memory pin, is the same on both; MIG mode's idle instances count as used on both."""
+    node = Node(compose(load_profile("a100"), gpus=2, hostname="test", driver_version=driver), T0)
+    assert (node.framebuffer.total_mib, node.framebuffer.reserved_mib) == (total, reserved)
+    r = node.readings(0, T0)
+    assert (r.memory_total_mib, r.memory_reserved_mib, r.memory_used_mib, r.memory_free_mib) == \
+        (total, reserved, 0, 40960 - 518)
+    node.apply(Pin(0, "memory_used", (40960 - 518,)), T0)
+    assert node.readings(0, T0).memory_free_mib == 0
+    with pytest.raises(InvalidCommand, match=f"memory_used at most {40960 - 518} MiB"):
+        node.validate(Pin(1, "memory_used", (40960 - 518 + 1,)))
+    for line in ("gpu=1 mig enable", "gpu=1 mig create 9,14,19"):
+        node.apply(parse_line(line).event, T0)
+    r = node.readings(1, T0)
+    assert (r.memory_total_mib, r.memory_reserved_mib, r.memory_used_mib) == (total, reserved, 26 + 17 + 9)
+    assert r.memory_free_mib == 40960 - 518 - 52
+
+
 # --- each Xid and its consequences (DESIGN §5) ---------------------------------------------
 
 
