@@ -80,7 +80,8 @@ def test_idle_readings_match_the_profile(h100):
     assert r.throttle_reasons == ["gpu_idle"]
 
 
-@pytest.mark.parametrize("driver, total, reserved", [("470.256.02", 40960 - 518, 0), ("535.261.03", 40960, 518)])
+@pytest.mark.parametrize("driver, total, reserved", [("470.256.02", 40960 - 518, 0), ("495.29.05", 40960 - 518, 0),
+                                                     ("510.47.03", 40960, 518), ("535.261.03", 40960, 518)])
 def test_the_framebuffer_is_the_one_the_driver_branch_reports(driver, total, reserved):
     """Before R510 the driver leaves its reserved share out of the total and reports none
     reserved (an idle A100 40GB at 470: 0 MiB used, free = total); from R510 the total is the
