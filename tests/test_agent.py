@@ -1126,7 +1126,7 @@ def test_fgo_configmap_is_what_fake_gpu_operator_reads():
     # a total without it (model/dynamics.py, framebuffer).
     a100 = load_profile("a100")
     mem = yaml.safe_load(fgo.configmap(a100, devs[:1], "470.256.02", "11.4", "x")["data"]["profile.yaml"])
-    assert mem["device_defaults"]["memory"]["total_bytes"] == (40960 - 518) << 20
+    assert mem["device_defaults"]["memory"]["total_bytes"] == 40536 << 20
     assert mem["device_defaults"]["memory"]["reserved_bytes"] == 0
 
 

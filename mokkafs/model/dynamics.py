@@ -58,11 +58,15 @@ class Framebuffer:
 
 
 def framebuffer(profile: GpuProfile, branch: int) -> Framebuffer:
-    """The framebuffer `profile`'s board reports under driver branch `branch` (the rule above)."""
+    """The framebuffer `profile`'s board reports under driver branch `branch` (the rule above).
+    The share held back differs by branch too: before R510 the board's `reserved_before_510_mib`
+    where its profile knows it (A100 40GB: 424 MiB, the 40536 MiB of every 460-470 capture,
+    against 518 at 570), else its `reserved_mib`."""
     m = profile.memory
     if branch >= REPORTED_RESERVED_BRANCH:
         return Framebuffer(m.total_mib, m.reserved_mib)
-    return Framebuffer(m.total_mib - m.reserved_mib, 0)
+    held = m.reserved_mib if m.reserved_before_510_mib is None else m.reserved_before_510_mib
+    return Framebuffer(m.total_mib - held, 0)
 
 
 @dataclass(frozen=True)
