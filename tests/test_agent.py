@@ -1122,6 +1122,12 @@ def test_fgo_configmap_is_what_fake_gpu_operator_reads():
     assert fgo.configmap(p, devs[:1], "550.54.14", "12.4", "x")["metadata"]["name"] == "gpu-profile-h100-nvl-x1"
     assert "nvlink" not in yaml.safe_load(fgo.configmap(load_profile("l4"), devs[:1], "550.90.07", "12.4", "x")
                                           ["data"]["profile.yaml"])
+    # The memory as the node's NVML reports it at its driver: before 510 no reserved share, and
+    # a total without it (model/dynamics.py, framebuffer).
+    a100 = load_profile("a100")
+    mem = yaml.safe_load(fgo.configmap(a100, devs[:1], "470.256.02", "11.4", "x")["data"]["profile.yaml"])
+    assert mem["device_defaults"]["memory"]["total_bytes"] == 40536 << 20
+    assert mem["device_defaults"]["memory"]["reserved_bytes"] == 0
 
 
 def _fgo_agent(cluster, node_factory, node_name: str, profile: str, gpus: int | None, namespace="gpu-operator"):

@@ -80,6 +80,37 @@ def test_idle_readings_match_the_profile(h100):
     assert r.throttle_reasons == ["gpu_idle"]
 
 
+@pytest.mark.parametrize("driver, total, reserved", [("470.256.02", 40536, 0), ("495.29.05", 40536, 0),
+                                                     ("510.47.03", 40960, 518), ("535.261.03", 40960, 518)])
+def test_the_framebuffer_is_the_one_the_driver_branch_reports(driver, total, reserved):
+    """Before R510 the driver leaves what it holds back out of the total and reports none
+    reserved (an idle A100 40GB at 470: "0MiB / 40536MiB"); from R510 the total is the board's
+    and the reserved share is reported apart. Free, and the largest memory pin, is what is left
+    either way; MIG mode's idle instances count as used on both."""
+    node = Node(compose(load_profile("a100"), gpus=2, hostname="test", driver_version=driver), T0)
+    usable = total - reserved
+    assert (node.framebuffer.total_mib, node.framebuffer.reserved_mib, node.framebuffer.usable_mib) == \
+        (total, reserved, usable)
+    r = node.readings(0, T0)
+    assert (r.memory_total_mib, r.memory_reserved_mib, r.memory_used_mib, r.memory_free_mib) == \
+        (total, reserved, 0, usable)
+    node.apply(Pin(0, "memory_used", (usable,)), T0)
+    assert node.readings(0, T0).memory_free_mib == 0
+    with pytest.raises(InvalidCommand, match=f"memory_used at most {usable} MiB"):
+        node.validate(Pin(1, "memory_used", (usable + 1,)))
+    for line in ("gpu=1 mig enable", "gpu=1 mig create 9,14,19"):
+        node.apply(parse_line(line).event, T0)
+    r = node.readings(1, T0)
+    assert (r.memory_total_mib, r.memory_reserved_mib, r.memory_used_mib) == (total, reserved, 26 + 17 + 9)
+    assert r.memory_free_mib == usable - 52
+
+
+def test_a_board_without_its_pre_510_share_holds_back_its_reserved_mib():
+    """A profile that does not know what a pre-510 driver held back (T4's) takes reserved_mib."""
+    node = Node(compose(load_profile("t4"), gpus=1, hostname="test", driver_version="470.256.02"), T0)
+    assert (node.framebuffer.total_mib, node.framebuffer.reserved_mib) == (15360 - 448, 0)
+
+
 # --- each Xid and its consequences (DESIGN §5) ---------------------------------------------
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from helpers_nvml import INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, SUCCESS, UNINITIALIZED, Published
+from mokkafs.model.commands import parse_line
 from mokkafs.model.events import InjectEcc, InjectXid, NvLinkCommand, Pin, Reset
 
 UNKNOWN = 999  # NVML_ERROR_UNKNOWN
@@ -446,3 +447,34 @@ def test_system_event_sets_report_a_driver_reload_as_unbind_then_bind(tmp_path):
         pub.close()
     assert second == {"events": [[1, 0x1800], [1, 0x1E00], [2, 0x1800], [2, 0x1E00]], "then": 10, "free": [0, 2],
                       "device": [[8, 13]]}  # a device set sees the Xid, and no system event
+
+
+class Memory(C.Structure):  # nvmlMemory_t (v1)
+    _fields_ = [("total", C.c_ulonglong), ("free", C.c_ulonglong), ("used", C.c_ulonglong)]
+
+
+@pytest.mark.parametrize("driver, total, reserved", [("470.256.02", 40536, 0), ("535.261.03", 40960, 518)])
+def test_memory_info_v1_is_the_branch_s(nvml, tmp_path, monkeypatch, driver, total, reserved):
+    """nvmlDeviceGetMemoryInfo (v1) of an idle A100 40GB: at 470 what the driver holds back is
+    left out of the total and nothing is used ("0MiB / 40536MiB" on a real 470 node); from R510
+    the total is the board's and v1's used counts the reserved share. On both, total = used +
+    free, and v2 says the same (its reserved apart), MIG mode too."""
+    pub = Published(tmp_path, "a100", gpus=2, driver_version=driver)
+    monkeypatch.setenv("MOKKA_STATE", str(pub.path))
+    try:
+        assert nvml.nvmlInit_v2() == SUCCESS
+        mib = 1 << 20
+
+        def both(i: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+            v1, v2 = Memory(), MemoryV2(version=0x02000028)
+            assert nvml.nvmlDeviceGetMemoryInfo(handle(nvml, i), C.byref(v1)) == SUCCESS
+            assert nvml.nvmlDeviceGetMemoryInfo_v2(handle(nvml, i), C.byref(v2)) == SUCCESS
+            assert v1.total == v1.used + v1.free and (v1.total, v1.free) == (v2.total, v2.free)
+            return (v1.total // mib, v1.used // mib, v1.free // mib), (v2.reserved // mib, v2.used // mib)
+
+        assert both(0) == ((total, reserved, total - reserved), (reserved, 0))
+        for line in ("gpu=1 mig enable", "gpu=1 mig create 9,14,19"):
+            pub.apply(parse_line(line).event)
+        assert both(1) == ((total, reserved + 52, total - reserved - 52), (reserved, 52))
+    finally:
+        pub.close()

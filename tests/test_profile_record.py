@@ -152,10 +152,12 @@ def test_recording_a_node_and_mounting_it_gives_the_node_back(board, tmp_path):
     # What no live surface shows: the temperature under full load, how many boards fit one node
     # (a form-factor fact), the MIG tables (reading the compute-instance profiles needs a GPU
     # instance, which only a write could create), the count of NVSwitches that are not on this
-    # host's PCI bus (HGX B200's), the bank count of a board without a row remapper, and the
-    # voltage where -q -x prints none (no Voltage from 580, N/A at 570, N/A on a board without one).
+    # host's PCI bus (HGX B200's), the bank count of a board without a row remapper, the
+    # voltage where -q -x prints none (no Voltage from 580, N/A at 570, N/A on a board without one),
+    # and what a driver before 510 holds back (a recording is of the driver it runs on).
     no_voltage = shipped.voltage_mv is None or driver_branch(shipped.node.driver_version) >= 570
-    assert filled == {"thermal.max_load_c", "max_gpus_per_node"} | ({"mig"} if shipped.mig else set()) | \
+    assert filled == {"thermal.max_load_c", "max_gpus_per_node", "memory.reserved_before_510_mib"} | \
+        ({"mig"} if shipped.mig else set()) | \
         ({"voltage_mv"} if no_voltage else set()) | \
         ({"memory.row_remap_banks"} if shipped.memory.row_remap_banks is None else set()) | \
         ({"node.nvswitches"} if shipped.node.nvswitches and shipped.node.nvswitch_device_id is None else set())

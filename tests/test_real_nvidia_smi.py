@@ -190,8 +190,6 @@ def _known_difference(branch: int, profile: str, field: str) -> str | None:
     is known to print something else than NVIDIA's on the same NVML answers."""
     if field == "power.draw.average" and profile in ("t4", "a100"):
         return "ours prints the instant power where NVML answers N/A (no 1 s average before Ada)"
-    if field == "memory.used" and branch == 470:
-        return "470 counts reserved memory as used (nvmlMemory_t v1); ours prints v2's used"
     return None
 
 
@@ -233,7 +231,6 @@ KNOWN_XML = {
     "gpu_part_number": ((470,), "470 prints the board part number there"),
     "gpu_module_id": ((470, 525), "470 and 525 print N/A where 535 and ours print nvmlDeviceGetModuleId"),
     "gsp_firmware_version": ((470,), "470 has no GSP firmware to report"),
-    "used": ((470,), "470 counts reserved memory as used (nvmlMemory_t v1)"),
 }
 XML_VARYING = ("timestamp", "power_draw", "temp", "clock", "util", "used", "free", "_volt", "energy")
 

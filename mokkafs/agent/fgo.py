@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import yaml
 
-from mokkafs.model.schema import GpuProfile
+from mokkafs.model.dynamics import framebuffer
+from mokkafs.model.schema import GpuProfile, driver_branch
 
 CM_NAME_PREFIX = "gpu-profile-"  # profile.CmNamePrefix
 CM_PROFILE_KEY = "profile.yaml"  # profile.CmProfileKey
@@ -65,6 +66,7 @@ def profile_document(profile: GpuProfile, devices: list[FgoDevice], driver_versi
     cuda_major, cuda_minor = _major_minor(cuda_version)
     mib = 1024 * 1024
     t = profile.thermal
+    fb = framebuffer(profile, driver_branch(driver_version))  # as the node's NVML reports it
     defaults = {
         "name": profile.product_name,
         "brand": profile.product_brand.lower(),
@@ -76,7 +78,7 @@ def profile_document(profile: GpuProfile, devices: list[FgoDevice], driver_versi
         "gpu_part_number": profile.gpu_part_number,
         "inforom": {"image_version": profile.inforom.image, "oem_object": profile.inforom.oem,
                     "ecc_object": profile.inforom.ecc, "pwr_object": profile.inforom.power},
-        "memory": {"total_bytes": profile.memory.total_mib * mib, "reserved_bytes": profile.memory.reserved_mib * mib,
+        "memory": {"total_bytes": fb.total_mib * mib, "reserved_bytes": fb.reserved_mib * mib,
                    "memory_bus_width": profile.memory.bus_width_bits},
         "bar1_memory": {"total_bytes": profile.memory.bar1_mib * mib},
         "l2_cache_bytes": profile.l2_cache_bytes,

@@ -33,6 +33,42 @@ EVENT_COUNTERS = ("sw_power_cap", "sync_boost", "sw_thermal_slowdown", "hw_therm
 _SLOWDOWN_FACTOR = {"hw_slowdown": 0.5, "sw_thermal_slowdown": 0.8, "sw_power_cap": 0.9}
 
 
+# The framebuffer as the driver reports it (nvmlDeviceGetMemoryInfo, nvidia-smi's FB Memory Usage,
+# cuMemGetInfo's total). From R510, the branch that added nvmlMemory_v2_t, the total is the board's
+# and the share the driver reserves for itself is reported apart: v2's `reserved`, and counted in
+# v1's `used` (the v1 header's "Sum of Reserved and Allocated"). Before R510 the reserved share is
+# not part of the total at all and nothing is reported reserved: v1's used is what was allocated,
+# total = free + used with nothing held back (a real idle A100-SXM4-40GB at 470.42.01 shows
+# "0MiB / 40536MiB", mbforbes/beaker-docker; V100 32GB and A16 -q at 470.129: Used 0 MiB, Free =
+# Total, no Reserved row; at 510.47.03 an idle A100 80GB shows "0MiB / 81920MiB", NVIDIA/gpu-operator#348).
+REPORTED_RESERVED_BRANCH = 510
+
+
+@dataclass(frozen=True)
+class Framebuffer:
+    """A GPU's framebuffer under one driver branch: the total and reserved the driver reports
+    (MiB); usable, what allocations may take, is the same on every branch."""
+
+    total_mib: int
+    reserved_mib: int
+
+    @property
+    def usable_mib(self) -> int:
+        return self.total_mib - self.reserved_mib
+
+
+def framebuffer(profile: GpuProfile, branch: int) -> Framebuffer:
+    """The framebuffer `profile`'s board reports under driver branch `branch` (the rule above).
+    The share held back differs by branch too: before R510 the board's `reserved_before_510_mib`
+    where its profile knows it (A100 40GB: 424 MiB, the 40536 MiB of every 460-470 capture,
+    against 518 at 570), else its `reserved_mib`."""
+    m = profile.memory
+    if branch >= REPORTED_RESERVED_BRANCH:
+        return Framebuffer(m.total_mib, m.reserved_mib)
+    held = m.reserved_mib if m.reserved_before_510_mib is None else m.reserved_before_510_mib
+    return Framebuffer(m.total_mib - held, 0)
+
+
 @dataclass(frozen=True)
 class Readings:
     """One GPU's observable values at one instant; every surface renders from this."""
@@ -125,10 +161,11 @@ def temperature_holds(profile: GpuProfile, g: GpuState, now: float) -> bool:
 
 
 def readings(profile: GpuProfile, g: GpuState, processes: tuple[tuple[int, int], ...],
-             event0_ns: tuple[int, ...], now: float, driver_bytes: int = 0) -> Readings:
+             event0_ns: tuple[int, ...], now: float, fb: Framebuffer, driver_bytes: int = 0) -> Readings:
     """GPU state `g` at `now`, with `processes` ((pid, used bytes) of its CUDA processes),
-    `event0_ns` (the event-reason counters at its checkpoint) and `driver_bytes` (memory the
-    driver holds besides them: its MIG instances' idle bytes)."""
+    `event0_ns` (the event-reason counters at its checkpoint), `fb` (the framebuffer as the
+    driver reports it) and `driver_bytes` (memory the driver holds besides them: its MIG
+    instances' idle bytes)."""
     p = profile
     limit = power_limit(p, g)
     demand = power_demand(p, g)
@@ -162,7 +199,7 @@ def readings(profile: GpuProfile, g: GpuState, processes: tuple[tuple[int, int],
         used_mib = pinned_mem[0]
     else:  # what the CUDA processes allocated, rounded up to whole MiB, at most what exists
         used_bytes = driver_bytes + sum(used for _, used in processes)
-        used_mib = min(-(-used_bytes // (1 << 20)), p.memory.total_mib - p.memory.reserved_mib)
+        used_mib = min(-(-used_bytes // (1 << 20)), fb.usable_mib)
     return Readings(
         temperature_c=temp,
         memory_temperature_c=mem_temp,
@@ -176,8 +213,8 @@ def readings(profile: GpuProfile, g: GpuState, processes: tuple[tuple[int, int],
         clock_mem=mem,
         clock_video=p.clocks.max_video if util_gpu else p.clocks.idle_video,
         throttle_mask=mask,
-        memory_total_mib=p.memory.total_mib,
-        memory_reserved_mib=p.memory.reserved_mib,
+        memory_total_mib=fb.total_mib,
+        memory_reserved_mib=fb.reserved_mib,
         memory_used_mib=used_mib,
         # a reason counts the time since the checkpoint when it holds now (the mask is
         # constant between checkpoints but for a temperature crossing a threshold)
@@ -230,8 +267,8 @@ def validate_pin(node: Node, pin: Pin) -> None:
     if not pin.values:
         return
     p = node.profile
-    if pin.signal == "memory_used" and pin.values[0] > p.memory.total_mib - p.memory.reserved_mib:
-        raise InvalidCommand(f"memory_used at most {p.memory.total_mib - p.memory.reserved_mib} MiB")
+    if pin.signal == "memory_used" and pin.values[0] > node.framebuffer.usable_mib:
+        raise InvalidCommand(f"memory_used at most {node.framebuffer.usable_mib} MiB")
     if pin.signal == "clocks":
         sm, mem = pin.values
         if not (0 < sm <= p.clocks.max_sm and 0 < mem <= p.clocks.max_mem):

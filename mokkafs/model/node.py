@@ -47,6 +47,9 @@ class Node:
         self.addressing_mode: int = (self.profile.nvml_addressing_mode
                                      if driver_branch(config.composition.driver_version) >= 570
                                      else ADDRESSING_MODES["NONE"])
+        # The framebuffer's total and reserved as this driver branch reports them (dynamics.py).
+        self.framebuffer: dynamics.Framebuffer = dynamics.framebuffer(
+            self.profile, driver_branch(config.composition.driver_version))
         # The persisted records (model/state.py).
         self.gpus: list[GpuState] = [
             GpuState(t0=now, temp0=float(self.profile.thermal.idle_c)) for _ in self.identities
@@ -136,7 +139,7 @@ class Node:
 
     def readings(self, i: int, now: float) -> Readings:
         return dynamics.readings(self.profile, self.gpus[i], self.processes[i], self._event0_ns[i], now,
-                                 driver_bytes=self.mig_idle_bytes(i))
+                                 self.framebuffer, driver_bytes=self.mig_idle_bytes(i))
 
     def temperature_holds(self, i: int, now: float) -> bool:
         """Whether GPU `i`'s readings hold from `now` until the next event but for the counters

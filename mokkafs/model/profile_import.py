@@ -513,6 +513,7 @@ OPTIONAL_REASONS = {
     "mig": "MIG tables come from nvidia-smi mig -lgip/-lgipp/-lcip, which this command does not read",
     "max_gpus_per_node": "a form-factor fact (an HGX baseboard's 8, a compute tray's 4) that no capture prints",
     "memory.row_remap_banks": "the capture has no row remapper histogram (no row remapper, or an older driver)",
+    "memory.reserved_before_510_mib": "what a driver before 510 holds back is not in a later one's capture",
     "voltage_mv": "the capture prints no graphics voltage (N/A from 570, no Voltage section from 580)",
     "sparse_operation_mode": "the capture has no Sparse Operation Mode (before 535)",
     "clocks.supported": "only -q -x (and -q -d SUPPORTED_CLOCKS) lists the supported clocks",
@@ -794,7 +795,7 @@ def fill(imported: Imported, board: GpuProfile, board_name: str) -> None:
                     f"mig: not filled: {board_name} is {board.product_name}, not {imported.values.get('product_name')}; "
                     f"its MIG tables would be another board's (mig_capable stays as captured, mig absent)")
             continue
-        if key in ("clocks.supported", "clocks.graphics_step_mhz") and \
+        if key in ("clocks.supported", "clocks.graphics_step_mhz", "memory.reserved_before_510_mib") and \
                 board.product_name != imported.values.get("product_name"):
             if key == "clocks.supported":
                 imported.notes.append(f"clocks.supported: not filled: {board_name} is {board.product_name}, not "

@@ -117,6 +117,9 @@ class PciIds(_Strict):
 class Memory(_Strict):
     total_mib: Annotated[int, Field(gt=0, le=1 << 24)]  # 16 TiB: past any GPU, within every field that holds it
     reserved_mib: Annotated[int, Field(ge=0)]
+    # the share a driver before R510 holds back, which it leaves out of the total it reports
+    # (model/dynamics.py, framebuffer); null: not known, reserved_mib stands in for it
+    reserved_before_510_mib: Annotated[int, Field(ge=0)] | None = None
     bar1_mib: Annotated[int, Field(gt=0)]
     bar1_used_mib: Annotated[int, Field(ge=0)] = 0  # what the idle board's driver maps (bar1_memory_usage/used)
     bus_width_bits: Annotated[int, Field(gt=0)]
@@ -129,6 +132,8 @@ class Memory(_Strict):
     def _reserved_fits(self) -> "Memory":
         if self.reserved_mib >= self.total_mib:
             raise ValueError("reserved_mib must be smaller than total_mib")
+        if self.reserved_before_510_mib is not None and self.reserved_before_510_mib >= self.total_mib:
+            raise ValueError("reserved_before_510_mib must be smaller than total_mib")
         if self.bar1_used_mib > self.bar1_mib:
             raise ValueError("bar1_used_mib must be at most bar1_mib")
         return self

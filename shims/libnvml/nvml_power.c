@@ -41,7 +41,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *
     ARG(memory);
     struct mem4 m;
     read_mem(s, g, mig_dev, &m);
-    /* v1 counts the reserved memory as used, as the real library's v1 does. */
+    /* v1 counts the reserved memory as used, as the real library's v1 does from R510; before,
+       the model publishes the total without it and nothing reserved (model/dynamics.py). */
     memory->total = m.total;
     memory->free = m.free;
     memory->used = m.used + m.reserved;

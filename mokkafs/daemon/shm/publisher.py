@@ -106,8 +106,8 @@ def fill_static(g, node: Node, i: int) -> None:
         ffi.memmove(g.fabric_cluster_uuid, bytes.fromhex(p.fabric.cluster_uuid.replace("-", "")), 16)
         g.fabric_health_mask = p.fabric.health.mask
         g.fabric_health_summary = p.fabric.health.summary_code
-    g.mem_total = p.memory.total_mib * mib
-    g.mem_reserved = p.memory.reserved_mib * mib
+    g.mem_total = node.framebuffer.total_mib * mib
+    g.mem_reserved = node.framebuffer.reserved_mib * mib
     g.bar1_total = p.memory.bar1_mib * mib
     g.mem_bus_width = p.memory.bus_width_bits
     g.pstate = 0
