@@ -91,6 +91,55 @@ async def test_what_the_kernel_may_keep(ops):
     assert (function.entry_timeout, function.attr_timeout) == (0, 0)
 
 
+async def _kept(ops, tops=("gpu0", "gpu1", "node", "sys", "proc", "dev")) -> dict[str, tuple]:
+    """What the kernel may keep of every entry under `tops`, by path, as lookups answer now:
+    (inode, type) while its name may be kept, plus (mode, size) while its attributes may."""
+    kept: dict[str, tuple] = {}
+
+    async def visit(inode: int, path: str) -> None:
+        for name in sorted(ops.tree.children(inode, ops._ctx()) or ()):
+            attr = await ops.lookup(inode, name.encode(), None)
+            child = f"{path}/{name}" if path else name
+            if attr.entry_timeout:
+                mode = stat.S_IFMT(attr.st_mode)
+                kept[child] = (attr.st_ino, mode) + ((attr.st_mode, attr.st_size) if attr.attr_timeout else ())
+            if stat.S_ISDIR(attr.st_mode):
+                await visit(attr.st_ino, child)
+
+    for top in tops:
+        await visit(await walk(ops, top), top)
+    return kept
+
+
+async def test_what_the_kernel_keeps_stays_true_after_any_event(ops):
+    """A name the kernel may keep (entry_timeout) must be there, the same inode and type, after
+    any event, and attributes it may keep (attr_timeout) the same: its invalidation notices are
+    asynchronous, so a kept name outlives the entry for CACHE_TIMEOUT_S. A MIG instance's
+    capability directory (`gpu1/mig/gi2` kept by `stat` after `mig clear`) and an event log's
+    size (stat kept the length at the last look, and `tail -f` waited for it to grow) did not."""
+    from mokkafs.model.commands import parse_line
+
+    events = ["gpu=1 mig enable", "gpu=1 mig create 3g.40gb,1g.10gb", "gpu=1 mig destroy_ci all all",
+              "gpu=1 mig clear", "gpu=0 xid 79", "gpu=0 reset", "gpu=1 mig disable", "gpu=0 lost 1",
+              "gpu=0 temperature 80", "node reset"]
+    before = await _kept(ops)
+    for line in events:
+        ops.controller.apply(parse_line(line).event)
+        for path, was in before.items():
+            parent, _, name = path.rpartition("/")
+            try:
+                parent_inode = await walk(ops, parent)
+            except pyfuse3.FUSEError:
+                continue  # the kernel asks again for the directory it kept the name in (a lost GPU's)
+            try:
+                attr = await ops.lookup(parent_inode, name.encode(), None)
+            except pyfuse3.FUSEError:
+                pytest.fail(f"after {line!r}: {path} was kept, and is gone")
+            now = (attr.st_ino, stat.S_IFMT(attr.st_mode)) + ((attr.st_mode, attr.st_size) if len(was) > 2 else ())
+            assert now == was, f"after {line!r}: {path}"
+        before = await _kept(ops)
+
+
 async def test_missing_names_are_enoent(ops):
     with pytest.raises(pyfuse3.FUSEError) as err:
         await ops.lookup(ROOT_INO, b"gpu2", None)

@@ -335,6 +335,11 @@ def test_the_event_log_reports_its_real_size_so_tail_shows_the_last_line(mounted
     assert last == text.splitlines(keepends=True)[-1]
     gpu3 = mounted.read("gpu3/events")
     assert (mounted.mnt / "gpu3/events").stat().st_size == len(gpu3.encode())
+    # A stat with no read between: the kernel keeps no size of a file that grows, or `tail -f`
+    # (which reads only when stat says the file grew) sat on the length it saw last.
+    mounted.write("gpu3/inject_xid", b"13\n")
+    assert (mounted.mnt / "gpu3/events").stat().st_size > len(gpu3.encode())
+    assert (mounted.mnt / "node/events").stat().st_size > len(text.encode())
 
 
 def test_umount_after_kill_9_clears_the_mount_and_the_socket_bound_in_it(node_factory):

@@ -160,9 +160,15 @@ class MokkaOperations(pyfuse3.Operations):
         # appear with an event (a lost GPU's sysfs entry) is never cached, or a reader right
         # after the write could still see it; the root's own attributes are kept a second
         # (ROOT_ATTR_TIMEOUT_S). (`mokka run` reads sysfs from the mirror, not from here.)
+        # A file that grows (an event log: `size` None) keeps its name but not its attributes: a
+        # kept st_size would be the length at the last look, and `tail -f` (which reads only
+        # when stat says the file grew) would wait out CACHE_TIMEOUT_S for the next line.
         timeout = CACHE_TIMEOUT_S if self.tree.in_stable_dir(inode, ctx) else 0
         attr.entry_timeout = timeout
-        attr.attr_timeout = ROOT_ATTR_TIMEOUT_S if inode == pyfuse3.ROOT_INODE else timeout
+        if inode == pyfuse3.ROOT_INODE:
+            attr.attr_timeout = ROOT_ATTR_TIMEOUT_S
+        else:
+            attr.attr_timeout = 0 if isinstance(entry, File) and entry.size is None else timeout
         kind = file_type(entry)
         attr.st_gid = 0
         if isinstance(entry, File):
