@@ -91,7 +91,7 @@ async def test_what_the_kernel_may_keep(ops):
     assert (function.entry_timeout, function.attr_timeout) == (0, 0)
 
 
-async def _kept(ops, tops=("gpu0", "gpu1", "node", "sys", "proc", "dev")) -> dict[str, tuple]:
+async def _kept(ops, tops=("gpu0", "gpu1", "node", "sys", "proc", "dev", "ib")) -> dict[str, tuple]:
     """What the kernel may keep of every entry under `tops`, by path, as lookups answer now:
     (inode, type) while its name may be kept, plus (mode, size) while its attributes may."""
     kept: dict[str, tuple] = {}
@@ -121,7 +121,8 @@ async def test_what_the_kernel_keeps_stays_true_after_any_event(ops):
 
     events = ["gpu=1 mig enable", "gpu=1 mig create 3g.40gb,1g.10gb", "gpu=1 mig destroy_ci all all",
               "gpu=1 mig clear", "gpu=0 xid 79", "gpu=0 reset", "gpu=1 mig disable", "gpu=0 lost 1",
-              "gpu=0 temperature 80", "node reset"]
+              "gpu=0 temperature 80", "gpu=0 ecc dbe 1", "gpu=1 nvlink 2 down", "hca=0 port down",
+              "gpu=1 power_limit 500", "gpu=1 ecc_mode 0", "node reset"]
     before = await _kept(ops)
     for line in events:
         ops.controller.apply(parse_line(line).event)
