@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from conftest import mokka_cmd
 from mokkafs.daemon.controller import Controller
-from mokkafs.daemon.mirror import Mirror, render
+from mokkafs.daemon.mirror import Mirror, _create as _real_create, render
 from mokkafs.model import Node, compose
 from mokkafs.model.events import (
     IbPortCommand,
@@ -422,3 +422,27 @@ def test_a_mirror_replaced_behind_the_daemon_is_never_written_through(node_and_m
     assert not os.path.lexists(mirror.path)
     ctl.apply(Reset(None))  # no mirror, nothing more said
     assert not os.path.lexists(mirror.path)
+
+
+async def test_catching_up_after_the_first_write_on_a_full_disk_leaves_the_daemon_serving(
+        node_and_mirror, monkeypatch, expect_log):
+    """Events while the first write ran are caught up on the event loop once it is done: a full
+    disk there is said, not raised out of the daemon; the next event's update finishes it."""
+    import mokkafs.daemon.mirror as mirror_module
+
+    expect_log(r"mirror: cannot bring it up to date .*No space left on device.*the next event does")
+    node, tree, mirror, ctl = node_and_mirror
+    real_write_all = mirror_module.Mirror._write_all
+
+    def write_all(base, items, stop=None):
+        real_write_all(base, items, stop)
+        failing_after(monkeypatch, 1)  # the disk fills up as the thread finishes
+
+    monkeypatch.setattr(mirror_module.Mirror, "_write_all", staticmethod(write_all))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(mirror.run, node)
+        ctl.apply(InjectXid(1, 79))  # while the worker thread writes
+    assert mirror.ready.is_set()
+    monkeypatch.setattr(mirror_module, "_create", _real_create)
+    ctl.apply(Pin(0, "temperature", (90,)))
+    assert on_disk(mirror.path) == render(Tree(root(node.config)), Ctx(node, T0))

@@ -184,7 +184,10 @@ class Mirror:
             return
         self._items, self._rendered_state, self._ready = items, state, True
         self._made = _identity(self.path)
-        self.sync(node)  # whatever events changed while the thread wrote
+        try:
+            self.sync(node)  # whatever events changed while the thread wrote
+        except OSError as e:  # as an event's update would be: the next event's finishes it
+            log.warning("%s: cannot bring it up to date (%s); the next event does", self.path, e)
         log.info("%s: mirror of %d entries ready", self.path, len(items))
         self.ready.set()
 
