@@ -11,6 +11,7 @@ import pytest
 from mokkafs.daemon.controller import Controller
 from mokkafs.daemon.fuse_ops import MokkaOperations
 from mokkafs.model import Node, compose
+from mokkafs.model.events import InjectXid
 from mokkafs.model.profiles import load_profile
 from mokkafs.render.tree import root
 from mokkafs.render.vfs import ROOT_INO, Tree
@@ -160,6 +161,35 @@ async def test_read_renders_at_open_and_slices_the_snapshot(ops):
     snapshot = first + rest
     assert b"health: healthy" in snapshot  # one consistent render, not a torn mix
     assert b"health: lost" in await read_file(ops, "gpu0/info")
+
+
+async def test_an_event_log_read_at_its_end_gives_what_was_appended_since_the_open(ops):
+    """`tail -f` keeps its descriptor and reads on from where it was: an event log's handle read
+    past its snapshot gives the lines appended since the open (it gave nothing, ever). Only
+    growth: once the log is full and drops its oldest line, the text is not the snapshot with
+    more at its end, and the snapshot is served whole rather than a torn mix."""
+    from mokkafs.model.state import LOG_LIMIT
+
+    inode = await walk(ops, "node/events")
+    info = await ops.open(inode, os.O_RDONLY, None)
+    assert await ops.read(info.fh, 0, 65536) == b""
+    await write_file(ops, "gpu1/inject_xid", b"13\n")
+    line = await ops.read(info.fh, 0, 65536)
+    assert b"): 13, pid='<unknown>'" in line and line.count(b"\n") == 1
+    await write_file(ops, "gpu0/inject_xid", b"48\n")
+    more = await ops.read(info.fh, len(line), 65536)
+    assert b": 48, " in more and await read_file(ops, "node/events") == line + more
+    await ops.release(info.fh)
+
+    node = ops.controller.node
+    while len(node.log) < LOG_LIMIT:
+        ops.controller.apply(InjectXid(len(node.log) % 2, 13))
+    info = await ops.open(inode, os.O_RDONLY, None)
+    whole = await ops.read(info.fh, 0, 1 << 20)
+    ops.controller.apply(InjectXid(1, 48))  # the oldest line leaves the log
+    assert await ops.read(info.fh, len(whole), 65536) == b""
+    assert await ops.read(info.fh, 0, 1 << 20) == whole
+    await ops.release(info.fh)
 
 
 async def test_a_control_write_applies_one_event(ops):
