@@ -131,7 +131,8 @@ def test_any_sequence_of_events_leaves_an_exact_mirror(node_and_mirror, events):
     mirror.start(node)
     for event in events:
         ctl.apply(event)
-    assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
+    # A fresh tree's rendering: the daemon's made its lazy directories at other states.
+    assert on_disk(mirror.path) == render(Tree(root(node.config)), Ctx(node, T0))
     ctl.apply(Reset(None))
 
 
@@ -253,7 +254,7 @@ def test_mig_changes_update_only_their_trees_and_leave_an_exact_mirror(node_and_
             assert os.stat(vendor).st_ino == inode
         assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
     ctl.apply(Reset(None))
-    assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
+    assert on_disk(mirror.path) == render(Tree(root(node.config)), Ctx(node, T0))
 
 
 def test_a_mig_change_renders_only_the_mig_trees(node_and_mirror, monkeypatch):
