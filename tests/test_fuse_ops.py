@@ -11,6 +11,7 @@ import pytest
 from mokkafs.daemon.controller import Controller
 from mokkafs.daemon.fuse_ops import MokkaOperations
 from mokkafs.model import Node, compose
+from mokkafs.model.events import InjectXid
 from mokkafs.model.profiles import load_profile
 from mokkafs.render.tree import root
 from mokkafs.render.vfs import ROOT_INO, Tree
@@ -91,6 +92,56 @@ async def test_what_the_kernel_may_keep(ops):
     assert (function.entry_timeout, function.attr_timeout) == (0, 0)
 
 
+async def _kept(ops, tops=("gpu0", "gpu1", "node", "sys", "proc", "dev", "ib")) -> dict[str, tuple]:
+    """What the kernel may keep of every entry under `tops`, by path, as lookups answer now:
+    (inode, type) while its name may be kept, plus (mode, size) while its attributes may."""
+    kept: dict[str, tuple] = {}
+
+    async def visit(inode: int, path: str) -> None:
+        for name in sorted(ops.tree.children(inode, ops._ctx()) or ()):
+            attr = await ops.lookup(inode, name.encode(), None)
+            child = f"{path}/{name}" if path else name
+            if attr.entry_timeout:
+                mode = stat.S_IFMT(attr.st_mode)
+                kept[child] = (attr.st_ino, mode) + ((attr.st_mode, attr.st_size) if attr.attr_timeout else ())
+            if stat.S_ISDIR(attr.st_mode):
+                await visit(attr.st_ino, child)
+
+    for top in tops:
+        await visit(await walk(ops, top), top)
+    return kept
+
+
+async def test_what_the_kernel_keeps_stays_true_after_any_event(ops):
+    """A name the kernel may keep (entry_timeout) must be there, the same inode and type, after
+    any event, and attributes it may keep (attr_timeout) the same: its invalidation notices are
+    asynchronous, so a kept name outlives the entry for CACHE_TIMEOUT_S. A MIG instance's
+    capability directory (`gpu1/mig/gi2` kept by `stat` after `mig clear`) and an event log's
+    size (stat kept the length at the last look, and `tail -f` waited for it to grow) did not."""
+    from mokkafs.model.commands import parse_line
+
+    events = ["gpu=1 mig enable", "gpu=1 mig create 3g.40gb,1g.10gb", "gpu=1 mig destroy_ci all all",
+              "gpu=1 mig clear", "gpu=0 xid 79", "gpu=0 reset", "gpu=1 mig disable", "gpu=0 lost 1",
+              "gpu=0 temperature 80", "gpu=0 ecc dbe 1", "gpu=1 nvlink 2 down", "hca=0 port down",
+              "gpu=1 power_limit 500", "gpu=1 ecc_mode 0", "node reset"]
+    before = await _kept(ops)
+    for line in events:
+        ops.controller.apply(parse_line(line).event)
+        for path, was in before.items():
+            parent, _, name = path.rpartition("/")
+            try:
+                parent_inode = await walk(ops, parent)
+            except pyfuse3.FUSEError:
+                continue  # the kernel asks again for the directory it kept the name in (a lost GPU's)
+            try:
+                attr = await ops.lookup(parent_inode, name.encode(), None)
+            except pyfuse3.FUSEError:
+                pytest.fail(f"after {line!r}: {path} was kept, and is gone")
+            now = (attr.st_ino, stat.S_IFMT(attr.st_mode)) + ((attr.st_mode, attr.st_size) if len(was) > 2 else ())
+            assert now == was, f"after {line!r}: {path}"
+        before = await _kept(ops)
+
+
 async def test_missing_names_are_enoent(ops):
     with pytest.raises(pyfuse3.FUSEError) as err:
         await ops.lookup(ROOT_INO, b"gpu2", None)
@@ -110,6 +161,35 @@ async def test_read_renders_at_open_and_slices_the_snapshot(ops):
     snapshot = first + rest
     assert b"health: healthy" in snapshot  # one consistent render, not a torn mix
     assert b"health: lost" in await read_file(ops, "gpu0/info")
+
+
+async def test_an_event_log_read_at_its_end_gives_what_was_appended_since_the_open(ops):
+    """`tail -f` keeps its descriptor and reads on from where it was: an event log's handle read
+    past its snapshot gives the lines appended since the open (it gave nothing, ever). Only
+    growth: once the log is full and drops its oldest line, the text is not the snapshot with
+    more at its end, and the snapshot is served whole rather than a torn mix."""
+    from mokkafs.model.state import LOG_LIMIT
+
+    inode = await walk(ops, "node/events")
+    info = await ops.open(inode, os.O_RDONLY, None)
+    assert await ops.read(info.fh, 0, 65536) == b""
+    await write_file(ops, "gpu1/inject_xid", b"13\n")
+    line = await ops.read(info.fh, 0, 65536)
+    assert b"): 13, pid='<unknown>'" in line and line.count(b"\n") == 1
+    await write_file(ops, "gpu0/inject_xid", b"48\n")
+    more = await ops.read(info.fh, len(line), 65536)
+    assert b": 48, " in more and await read_file(ops, "node/events") == line + more
+    await ops.release(info.fh)
+
+    node = ops.controller.node
+    while len(node.log) < LOG_LIMIT:
+        ops.controller.apply(InjectXid(len(node.log) % 2, 13))
+    info = await ops.open(inode, os.O_RDONLY, None)
+    whole = await ops.read(info.fh, 0, 1 << 20)
+    ops.controller.apply(InjectXid(1, 48))  # the oldest line leaves the log
+    assert await ops.read(info.fh, len(whole), 65536) == b""
+    assert await ops.read(info.fh, 0, 1 << 20) == whole
+    await ops.release(info.fh)
 
 
 async def test_a_control_write_applies_one_event(ops):

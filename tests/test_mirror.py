@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from conftest import mokka_cmd
 from mokkafs.daemon.controller import Controller
-from mokkafs.daemon.mirror import Mirror, render
+from mokkafs.daemon.mirror import Mirror, _create as _real_create, render
 from mokkafs.model import Node, compose
 from mokkafs.model.events import (
     IbPortCommand,
@@ -131,7 +131,8 @@ def test_any_sequence_of_events_leaves_an_exact_mirror(node_and_mirror, events):
     mirror.start(node)
     for event in events:
         ctl.apply(event)
-    assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
+    # A fresh tree's rendering: the daemon's made its lazy directories at other states.
+    assert on_disk(mirror.path) == render(Tree(root(node.config)), Ctx(node, T0))
     ctl.apply(Reset(None))
 
 
@@ -253,7 +254,7 @@ def test_mig_changes_update_only_their_trees_and_leave_an_exact_mirror(node_and_
             assert os.stat(vendor).st_ino == inode
         assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
     ctl.apply(Reset(None))
-    assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
+    assert on_disk(mirror.path) == render(Tree(root(node.config)), Ctx(node, T0))
 
 
 def test_a_mig_change_renders_only_the_mig_trees(node_and_mirror, monkeypatch):
@@ -304,3 +305,145 @@ def test_a_gpu_off_the_bus_renders_only_its_trees(node_and_mirror, monkeypatch):
     ctl.apply(IbPortCommand(None, hca=1, action="down"))  # not a GPU's presence: the whole tree
     assert rendered[-1][0] == mirror_module.TREES
     assert on_disk(mirror.path) == render(tree, Ctx(node, T0))
+
+
+def failing_after(monkeypatch, n: int, err: int = 28):
+    """Make the mirror's `n`-th file creation from now on, and every one after it, fail with `err`
+    (ENOSPC: a disk that filled up)."""
+    import errno as errno_module
+
+    import mokkafs.daemon.mirror as mirror_module
+
+    real, calls = mirror_module._create, [0]
+
+    def create(path, item):
+        calls[0] += 1
+        if calls[0] >= n:
+            raise OSError(err, errno_module.errorcode.get(err, "") and os.strerror(err), str(path))
+        return real(path, item)
+
+    monkeypatch.setattr(mirror_module, "_create", create)
+    return lambda: monkeypatch.setattr(mirror_module, "_create", real)
+
+
+def test_an_update_cut_short_is_finished_by_the_next_event(node_and_mirror, monkeypatch, expect_log):
+    """A write that fails half way through an update (a full disk) leaves some entries new and
+    some old; the next event, whatever it changes, finishes the job rather than taking the
+    half-written mirror for the last rendering (a GPU lost and reset before the disk had room
+    again left its half-removed tree in the mirror for good)."""
+    expect_log(r"subscriber .* failed on (InjectXid|SetMigMode)")
+    node, tree, mirror, ctl = node_and_mirror
+    mirror.start(node)
+    restore = failing_after(monkeypatch, 3)
+    ctl.apply(InjectXid(1, 79))  # applied; the mirror's update fails after a few entries
+    restore()
+    ctl.apply(Pin(0, "temperature", (90,)))  # no change of the trees: the mirror catches up anyway
+    assert on_disk(mirror.path) == render(Tree(root(node.config)), Ctx(node, T0))
+    restore = failing_after(monkeypatch, 3)
+    ctl.apply(InjectXid(2, 79))
+    restore()
+    ctl.apply(Reset(2))  # back to what the mirror last rendered whole
+    assert on_disk(mirror.path) == render(Tree(root(node.config)), Ctx(node, T0))
+    from mokkafs.model.commands import parse_line
+
+    restore = failing_after(monkeypatch, 2)
+    ctl.apply(parse_line("gpu=3 mig enable").event)
+    restore()
+    ctl.apply(parse_line("gpu=3 mig disable").event)
+    assert on_disk(mirror.path) == render(Tree(root(node.config)), Ctx(node, T0))
+
+
+async def test_a_first_write_that_finds_the_disk_full_leaves_the_daemon_serving(node_and_mirror, monkeypatch,
+                                                                                 expect_log):
+    """The daemon has said "ready" before the mirror's first write: a state disk with room for the
+    state but not for the mirror (thousands of files) must not stop it there. It says why, frees
+    what it wrote, and runs on without a mirror (`mokka run` binds the mount itself)."""
+    expect_log(r"mirror: cannot write it .*No space left on device.*`mokka run` reads the mount")
+    node, tree, mirror, ctl = node_and_mirror
+    failing_after(monkeypatch, 100)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(mirror.run, node)
+    assert mirror.ready.is_set()
+    assert not mirror.path.exists() and not mirror.path.with_name("mirror.new").exists()
+    ctl.apply(InjectXid(1, 79))  # no mirror to update, and nothing said
+    assert not mirror.path.exists()
+
+
+async def test_a_daemon_stopped_during_the_first_write_stops_there(node_and_mirror, monkeypatch):
+    """SIGTERM while the worker thread writes the first mirror: the daemon leaves at once (it
+    waited for the whole write, seconds at 64 GPUs, after it had unmounted), and does not put a
+    mirror in place for a node that no longer serves."""
+    import threading
+
+    import mokkafs.daemon.mirror as mirror_module
+
+    node, tree, mirror, ctl = node_and_mirror
+    started, release = threading.Event(), threading.Event()
+    real = mirror_module._create
+
+    def create(path, item):
+        started.set()
+        release.wait(10)
+        return real(path, item)
+
+    monkeypatch.setattr(mirror_module, "_create", create)
+    timer = threading.Timer(1.5, release.set)  # the thread's first file takes 1.5 s
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(mirror.run, node)
+            await trio.to_thread.run_sync(started.wait, 5)
+            timer.start()
+            t0 = time.monotonic()
+            nursery.cancel_scope.cancel()
+        waited = time.monotonic() - t0
+    finally:
+        timer.cancel()
+        release.set()
+    assert waited < 1, waited
+    assert not mirror.ready.is_set() and not mirror.path.exists()
+
+
+@pytest.mark.parametrize("replace", ["link", "removed"])
+def test_a_mirror_replaced_behind_the_daemon_is_never_written_through(node_and_mirror, tmp_path, expect_log,
+                                                                     replace):
+    """Someone replaced the mirror's directory with a link (or removed it): the daemon, root,
+    wrote the next update through the link into wherever it pointed (removing files there too),
+    or failed at every event. It removes the link, not its target, and runs on without a mirror."""
+    expect_log(r"mirror: replaced or removed since the daemon wrote it")
+    node, tree, mirror, ctl = node_and_mirror
+    mirror.start(node)
+    elsewhere = tmp_path / "elsewhere"
+    os.rename(mirror.path, elsewhere)
+    if replace == "link":
+        os.symlink(elsewhere, mirror.path)
+    before = on_disk(elsewhere)
+    ctl.apply(InjectXid(1, 79))
+    ctl.apply(IbPortCommand(None, hca=1, action="down"))
+    assert on_disk(elsewhere) == before
+    assert not os.path.lexists(mirror.path)
+    ctl.apply(Reset(None))  # no mirror, nothing more said
+    assert not os.path.lexists(mirror.path)
+
+
+async def test_catching_up_after_the_first_write_on_a_full_disk_leaves_the_daemon_serving(
+        node_and_mirror, monkeypatch, expect_log):
+    """Events while the first write ran are caught up on the event loop once it is done: a full
+    disk there is said, not raised out of the daemon; the next event's update finishes it."""
+    import mokkafs.daemon.mirror as mirror_module
+
+    expect_log(r"mirror: cannot bring it up to date .*No space left on device.*the next event does")
+    node, tree, mirror, ctl = node_and_mirror
+    real_write_all = mirror_module.Mirror._write_all
+
+    def write_all(base, items, stop=None):
+        real_write_all(base, items, stop)
+        failing_after(monkeypatch, 1)  # the disk fills up as the thread finishes
+
+    monkeypatch.setattr(mirror_module.Mirror, "_write_all", staticmethod(write_all))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(mirror.run, node)
+        ctl.apply(InjectXid(1, 79))  # while the worker thread writes
+    assert mirror.ready.is_set()
+    monkeypatch.setattr(mirror_module, "_create", _real_create)
+    ctl.apply(Pin(0, "temperature", (90,)))
+    assert on_disk(mirror.path) == render(Tree(root(node.config)), Ctx(node, T0))

@@ -335,6 +335,39 @@ def test_the_event_log_reports_its_real_size_so_tail_shows_the_last_line(mounted
     assert last == text.splitlines(keepends=True)[-1]
     gpu3 = mounted.read("gpu3/events")
     assert (mounted.mnt / "gpu3/events").stat().st_size == len(gpu3.encode())
+    # A stat with no read between: the kernel keeps no size of a file that grows, or `tail -f`
+    # (which reads only when stat says the file grew) sat on the length it saw last.
+    mounted.write("gpu3/inject_xid", b"13\n")
+    assert (mounted.mnt / "gpu3/events").stat().st_size > len(gpu3.encode())
+    assert (mounted.mnt / "node/events").stat().st_size > len(text.encode())
+
+
+def test_tail_f_follows_the_event_log(mounted: MountedNode):
+    """`tail -f node/events` keeps its descriptor, sleeps, stats it and reads on from where it
+    was: it printed nothing after its start, the size stat gave being kept by the kernel and
+    every read of the descriptor the text at its open."""
+    import select
+
+    from helpers import killed_at_end
+
+    assert mounted.write("gpu0/inject_xid", b"13\n") == 0
+    tail = subprocess.Popen(["tail", "-n", "1", "-s", "0.1", "-f", str(mounted.mnt / "node/events")],
+                            stdout=subprocess.PIPE)
+    out = b""
+
+    def next_line(timeout: float = 5.0) -> str:
+        nonlocal out
+        deadline = time.monotonic() + timeout
+        while b"\n" not in out and select.select([tail.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            out += os.read(tail.stdout.fileno(), 65536)
+        line, _, out = out.partition(b"\n")
+        return line.decode()
+
+    with killed_at_end(tail):
+        assert ": 13, " in next_line()  # it has opened the log and read to its end
+        for code in (48, 63):
+            assert mounted.write("gpu1/inject_xid", f"{code}\n".encode()) == 0
+            assert f"(PCI:0000:1e:00): {code}, " in next_line()
 
 
 def test_umount_after_kill_9_clears_the_mount_and_the_socket_bound_in_it(node_factory):

@@ -1,7 +1,8 @@
 """The thin FUSE edge: pyfuse3 Operations over a `Tree`. Raises only `FUSEError`.
 
 Files are rendered once at open() and served as slices of that snapshot with direct_io, so a
-reader that reads in chunks never sees a torn value. A write to a control file is one command:
+reader that reads in chunks never sees a torn value; a file that grows (an event log) read past
+the snapshot's end gives what was appended since. A write to a control file is one command:
 parsed by the entry's parser, applied by the controller, or refused with EINVAL. Only root (and
 the control group) may open one for writing; the kernel checks the modes too (docs/security.md).
 """
@@ -160,9 +161,15 @@ class MokkaOperations(pyfuse3.Operations):
         # appear with an event (a lost GPU's sysfs entry) is never cached, or a reader right
         # after the write could still see it; the root's own attributes are kept a second
         # (ROOT_ATTR_TIMEOUT_S). (`mokka run` reads sysfs from the mirror, not from here.)
+        # A file that grows (an event log: `size` None) keeps its name but not its attributes: a
+        # kept st_size would be the length at the last look, and `tail -f` (which reads only
+        # when stat says the file grew) would wait out CACHE_TIMEOUT_S for the next line.
         timeout = CACHE_TIMEOUT_S if self.tree.in_stable_dir(inode, ctx) else 0
         attr.entry_timeout = timeout
-        attr.attr_timeout = ROOT_ATTR_TIMEOUT_S if inode == pyfuse3.ROOT_INODE else timeout
+        if inode == pyfuse3.ROOT_INODE:
+            attr.attr_timeout = ROOT_ATTR_TIMEOUT_S
+        else:
+            attr.attr_timeout = 0 if isinstance(entry, File) and entry.size is None else timeout
         kind = file_type(entry)
         attr.st_gid = 0
         if isinstance(entry, File):
@@ -283,6 +290,14 @@ class MokkaOperations(pyfuse3.Operations):
         handle = self._handles.get(fh)
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
+        if off + size > len(handle.data) and handle.entry.size is None and not handle.writable:
+            # A file that grows (an event log), read at its end: what was appended since the
+            # open follows, as in a log file (`tail -f` keeps its descriptor and reads on from
+            # where it was). Only growth: a log that has dropped its oldest lines since is not
+            # the snapshot with more at its end, and the snapshot stays whole.
+            now = handle.entry.read(self._ctx())
+            if len(now) > len(handle.data) and now.startswith(handle.data):
+                handle.data = now
         return handle.data[off : off + size]
 
     @_fuse_errors

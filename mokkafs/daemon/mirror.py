@@ -15,15 +15,20 @@ then costs a few dozen entries, not the whole tree; one that changes only which 
 bus re-renders only their host bridges' subtrees, the bus's links and `proc/driver/nvidia/gpus`
 (`lost_trees`). The first, whole mirror is written off the event loop after the mount is ready
 (thousands of files for a big node) into `mirror.new/` and renamed into place when complete;
-until then `mokka run` binds the mount itself.
+until then `mokka run` binds the mount itself, and so it does for good where the first write
+finds no room (the daemon has said "ready" and runs on) or the mirror's directory is replaced
+or removed behind the daemon (never written through: it removes what is there). An update cut
+short (a full disk) is finished by the next event's.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
 import stat
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -103,6 +108,15 @@ def _under(tops: tuple[str, ...]) -> Callable[[str], object]:
     return re.compile("(?:" + "|".join(map(re.escape, tops)) + ")(?:/|$)").match
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the directory at `path`, never through a link; None for anything else."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+
 def _remove_path(path: Path) -> None:
     """Remove whatever is at `path` without following a link there: a symlink is unlinked, its
     target untouched; rmtree does not descend into links below a real directory."""
@@ -124,12 +138,16 @@ class Mirror:
         self._items: dict[str, Item] = {}
         self._rendered_state: tuple | None = None
         self._ready = False
-        self.ready = trio.Event()  # set once `run` has written the whole mirror
+        self._made: tuple[int, int] | None = None  # (st_dev, st_ino) of the directory it wrote
+        # Set once `run` is done with the first, whole write: the mirror is in place, or the
+        # disk had no room for it and the daemon runs without one.
+        self.ready = trio.Event()
 
     def start(self, node: Node) -> None:
         """Write the whole mirror now, replacing whatever an earlier daemon left there."""
         self._clear()
         self.path.mkdir(parents=True)
+        self._made = _identity(self.path)
         self._ready = True
         self.sync(node)
 
@@ -145,10 +163,31 @@ class Mirror:
             await after.wait()
         state, items = node.device_tree_state(), render(self.tree, Ctx(node, self.clock()))
         staging = self.path.with_name(self.path.name + ".new")
-        await trio.to_thread.run_sync(self._write_all, staging, items)
-        os.rename(staging, self.path)
+        # A daemon stopped meanwhile (SIGTERM) leaves at once, not after the whole write (seconds
+        # at 64 GPUs, after its unmount); the thread stops at its next entry and the next start
+        # clears what it made. A mirror is never put in place for a node that no longer serves.
+        stop = threading.Event()
+        try:
+            await trio.to_thread.run_sync(self._write_all, staging, items, stop, abandon_on_cancel=True)
+            os.rename(staging, self.path)
+        except trio.Cancelled:
+            stop.set()
+            raise
+        except OSError as e:
+            # The daemon said "ready" already: a state disk with room for the state but not for
+            # the mirror's thousands of files must not stop it now.
+            log.warning("%s: cannot write it (%s); the daemon runs without a mirror, and `mokka run` "
+                        "reads the mount itself", self.path, e)
+            with contextlib.suppress(OSError):
+                _remove_path(staging)  # the space it took, back to the state's writes
+            self.ready.set()
+            return
         self._items, self._rendered_state, self._ready = items, state, True
-        self.sync(node)  # whatever events changed while the thread wrote
+        self._made = _identity(self.path)
+        try:
+            self.sync(node)  # whatever events changed while the thread wrote
+        except OSError as e:  # as an event's update would be: the next event's finishes it
+            log.warning("%s: cannot bring it up to date (%s); the next event does", self.path, e)
         log.info("%s: mirror of %d entries ready", self.path, len(items))
         self.ready.set()
 
@@ -158,11 +197,14 @@ class Mirror:
             _remove_path(leftover)
 
     @staticmethod
-    def _write_all(base: Path, items: dict[str, Item]) -> None:
+    def _write_all(base: Path, items: dict[str, Item], stop: threading.Event | None = None) -> None:
         """The whole mirror into `base`, which nothing reads until it is renamed into place:
-        each entry is made where it belongs, without a temporary file and a rename."""
+        each entry is made where it belongs, without a temporary file and a rename. Returns
+        early once `stop` is set."""
         base.mkdir(parents=True)
         for rel, item in items.items():
+            if stop is not None and stop.is_set():
+                return
             _create(base / rel, item)
 
     def __call__(self, node: Node, outcome: Outcome) -> None:
@@ -177,8 +219,15 @@ class Mirror:
         state = node.device_tree_state()
         if state == self._rendered_state:
             return
+        if _identity(self.path) != self._made:
+            self._abandon()
+            return
         ctx = Ctx(node, self.clock())
         last = self._rendered_state
+        # Until this update is done, the mirror is no state's rendering: an update cut short (a
+        # full disk) leaves the next one to compare everything, even if the node went back to
+        # `last` meanwhile (a GPU lost, then reset). `_items` says what is on disk, entry by entry.
+        self._rendered_state = None
         if last is not None and state[:-1] == last[:-1]:
             # Only MIG layouts changed (the state's last part): re-render their two small trees.
             self._update(render(self.tree, ctx, MIG_TREES), _under(MIG_TREES))
@@ -189,6 +238,16 @@ class Mirror:
         else:
             self._update(render(self.tree, ctx), None)
         self._rendered_state = state
+
+    def _abandon(self) -> None:
+        """The mirror's directory is not the one this daemon wrote (removed, or replaced by a
+        link or another directory): writing through the path would write wherever a link points,
+        as root. What is there is removed (a link, not its target) and the daemon runs on without
+        a mirror; `mokka run` binds the mount itself, never a tree nobody keeps up to date."""
+        log.warning("%s: replaced or removed since the daemon wrote it; the daemon removes what is there "
+                    "and runs without a mirror (`mokka run` reads the mount itself)", self.path)
+        self._items, self._rendered_state, self._ready = {}, None, False
+        _remove_path(self.path)
 
     def _update(self, new: dict[str, Item], covers: Callable[[str], object] | None) -> None:
         """Make the entries `covers` selects (None: all) what `new` says (`new` holds exactly those)."""
@@ -201,10 +260,11 @@ class Mirror:
         for rel in sorted((p for p in old if new.get(p, (None,))[0] != old[p][0]), reverse=True):
             self._remove(rel, old[rel])
             del self._items[rel]
+        items = self._items
         for rel, item in new.items():  # parents come before their children
             if old.get(rel) != item:
                 self._write(rel, item, replace=rel in old and old[rel][0] == item[0])
-        self._items.update(new)
+                items[rel] = item  # on disk now, whatever fails after it
 
     def _remove(self, rel: str, item: Item) -> None:
         _remove_path(self.path / rel)  # may have gone with a directory removed before it

@@ -220,7 +220,10 @@ def _capabilities(ctx: Ctx) -> Mapping[str, Entry]:
         here[name] = const(capability(cap.minor, cap.mode), size=0, mode=cap.mode)
 
     def build(d: dict) -> Dir:
-        return static_dir({k: build(v) if isinstance(v, dict) else v for k, v in d.items()})
+        # Not stable: `gpuN/mig/` and `giX/` are the same paths, with other children, after the
+        # next MIG change; a name the kernel kept there would outlive a destroyed instance.
+        kids = {k: build(v) if isinstance(v, dict) else v for k, v in d.items()}
+        return Dir(lambda ctx: kids)
 
     return {"mig": _MIG_STATIC, **{k: build(v) for k, v in tree.items()}}
 
