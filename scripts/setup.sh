@@ -41,7 +41,7 @@ PYTHON="${PYTHON:-python3}"
 .venv/bin/python -m pip install -q -e '.[test]'
 # mokkafs's bytecode, written now as a wheel's install writes it. An editable install leaves it
 # to the first import, which a machine with PYTHONDONTWRITEBYTECODE set never writes: every
-# process would compile the sources it imports again: ~150 ms of `mokka mount`'s ~460.
+# process would compile the sources it imports again (`mokka mount`: 0.59 s against 0.52 s).
 .venv/bin/python -m compileall -q mokkafs >/dev/null
 
 if [ "$mount_node" -eq 1 ]; then
