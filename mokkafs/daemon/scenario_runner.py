@@ -36,6 +36,7 @@ def _scenarios():
 
     return scenario
 
+
 SHIPPED = [
     Path(__file__).resolve().parents[2] / "scenarios",  # a source checkout or editable install
     Path(__file__).resolve().parents[1] / "scenarios_data",  # a wheel (package-dir mapping)
