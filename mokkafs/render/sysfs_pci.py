@@ -233,13 +233,14 @@ class PciTree:
         return fn.kind != "gpu" or not ctx.node.gpus[fn.index].lost
 
     def _device_dir(self, fn: PciFunction) -> Dir:
-        """The device's directory; its files are made at its first lookup (functools.cache)."""
-        files = functools.cache(lambda: self._device_files(fn))
+        """The device's directory; its files are made at its first lookup."""
         kids = self._children.get(fn.bdf, [])
         if not any(kid.kind == "gpu" for kid in kids):
             # Children that never leave the bus: a stable directory the kernel may cache.
-            return lazy_static_dir(lambda: {**files(), **{kid.bdf.sysfs: self._dirs[kid.bdf] for kid in kids}},
-                                   mode=0o755)
+            return lazy_static_dir(
+                lambda: {**self._device_files(fn), **{kid.bdf.sysfs: self._dirs[kid.bdf] for kid in kids}},
+                mode=0o755)
+        files = functools.cache(lambda: self._device_files(fn))  # made once, listed with the GPUs present
 
         def children(ctx: Ctx) -> Mapping[str, Entry]:
             out = dict(files())
